@@ -1,0 +1,111 @@
+"""Every message that crosses a process boundary (server <-> ranks), as msgspec Structs.
+
+Rules: array_like (field order IS the wire format), fields append-only with defaults,
+integer tags, no pickle. Hot arrays travel as raw little-endian buffers (numpy
+`tobytes()`), never as lists of Python ints. Encoders/decoders are built once
+(`ENCODER`, `RANK_DECODER`, `SERVER_DECODER`).
+
+A step plan carries only what the ranks cannot derive themselves:
+
+    StepPlan(step_id, partitions=[PartitionPlan per TP group])
+      PartitionPlan
+        block_updates  table[req][family][first_page : first_page+n] = block_ids
+        freed_req_ids  forget these requests' tables (finished, aborted, preempted)
+        prefills       PrefillChunk(req_id, start_pos, token_ids, sample)
+        decode         DecodeBatch: R requests, row 0 = last committed token at start_pos,
+                       rows 1.. = drafts (K=7) -- num_rows[r] is 1 or 8; all rows publish
+
+Every rank receives the whole plan and runs its own partition's part (an empty part
+still runs the forward: the expert exchange needs every rank at every layer). Every rank
+answers with a StepResult; only TP-group leaders fill `token_ids`:
+    [one token per prefill chunk with sample=True, in plan order]
+    + [num_rows[r] predictions per decode request, in plan order]
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+
+class Hello(msgspec.Struct, array_like=True, tag=1):
+    """rank -> server once the rank has loaded its shard (or failed to)."""
+    protocol_version: int
+    rank: int
+    world_size: int
+    pid: int
+    num_blocks: list[int] = []  # per cache family: pages this rank can hold
+    error: str = ""
+    load_s: float = 0.0
+
+
+class PrefillChunk(msgspec.Struct, array_like=True):
+    req_id: int
+    start_pos: int  # absolute position of token_ids[0]
+    token_ids: bytes  # int32 [n]
+    sample: bool  # the chunk ends the prompt: return the greedy next token
+
+
+class DecodeBatch(msgspec.Struct, array_like=True):
+    req_ids: bytes  # int32 [R]
+    start_pos: bytes  # int32 [R] position of row 0 (the last committed token)
+    num_rows: bytes  # int8 [R] rows per request: 1 (K=0 / fallback) or 8 (verify)
+    token_ids: bytes  # int32 [sum(num_rows)] row-major per request
+
+
+class BlockUpdate(msgspec.Struct, array_like=True):
+    req_id: int
+    family: int
+    first_page: int
+    block_ids: bytes  # int32 [n]
+
+
+class PartitionPlan(msgspec.Struct, array_like=True):
+    block_updates: list[BlockUpdate] = []
+    freed_req_ids: list[int] = []
+    prefills: list[PrefillChunk] = []
+    decode: Union[DecodeBatch, None] = None
+
+
+class StepPlan(msgspec.Struct, array_like=True, tag=2):
+    step_id: int
+    partitions: list[PartitionPlan]
+
+
+class Shutdown(msgspec.Struct, array_like=True, tag=3):
+    reason: str = ""
+
+
+class StepResult(msgspec.Struct, array_like=True, tag=4):
+    step_id: int
+    rank: int
+    token_ids: bytes = b""  # int32, leaders only (see module docstring for the order)
+    compute_s: float = 0.0
+    error: str = ""  # non-empty: the rank failed this step; the engine is dead
+
+
+ServerToRank = Union[StepPlan, Shutdown]
+RankToServer = Union[Hello, StepResult]
+
+ENCODER = msgspec.msgpack.Encoder()
+RANK_DECODER = msgspec.msgpack.Decoder(ServerToRank)
+SERVER_DECODER = msgspec.msgpack.Decoder(RankToServer)
+
+
+def i32(values) -> bytes:
+    return np.ascontiguousarray(values, dtype=np.int32).tobytes()
+
+
+def i8(values) -> bytes:
+    return np.ascontiguousarray(values, dtype=np.int8).tobytes()
+
+
+def as_i32(buf: bytes) -> np.ndarray:
+    return np.frombuffer(buf, dtype=np.int32)
+
+
+def as_i8(buf: bytes) -> np.ndarray:
+    return np.frombuffer(buf, dtype=np.int8)

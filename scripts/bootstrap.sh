@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Creates .venv and installs dspark-loop with its test extras; idempotent and quick when
+# nothing changed. torch: the CPU build is installed first (DSPARK_TORCH overrides the
+# requirement, e.g. DSPARK_TORCH=skip on an NPU host where torch + torch_npu are already
+# installed in the interpreter given by PYTHON).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+. .venv/bin/activate
+stamp=.venv/.dspark-installed
+want=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+  torch_req=${DSPARK_TORCH:-torch==2.13.0}
+  if [ "$torch_req" != "skip" ] && ! python -c "import torch" >/dev/null 2>&1; then
+    echo "bootstrap: installing $torch_req (CPU build)" >&2
+    python -m pip install -q "$torch_req"
+  fi
+  echo "bootstrap: installing dspark-loop[test]" >&2
+  python -m pip install -q -e ".[test]"
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The serve command: installs what it needs, then starts the server (args go to
+# `python -m dspark_loop`; with none it serves the embedded tiny default model).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+exec .venv/bin/python -m dspark_loop "$@"
