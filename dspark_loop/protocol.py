@@ -109,3 +109,42 @@ def as_i32(buf: bytes) -> np.ndarray:
 
 def as_i8(buf: bytes) -> np.ndarray:
     return np.frombuffer(buf, dtype=np.int8)
+
+
+# ---- observability: one StepTrace per engine step on the debug tap (server -> tools.tap) ----
+
+class PartitionTrace(msgspec.Struct, array_like=True):
+    prefill_req_ids: list[int] = []
+    prefill_num_tokens: list[int] = []
+    decode_req_ids: list[int] = []
+    decode_num_rows: int = 0  # rows computed (sum over requests)
+    free_blocks: list[int] = []  # per cache family
+    leases_in_use: int = 0
+
+
+class StepTrace(msgspec.Struct, array_like=True, tag=5):
+    step_id: int
+    wall_time: float  # time.time() at step start
+    # phase wall times in seconds
+    schedule_s: float = 0.0
+    send_s: float = 0.0  # encode + send
+    compute_max_s: float = 0.0  # slowest rank's compute
+    compute_min_s: float = 0.0
+    gather_s: float = 0.0  # send done -> last result in
+    update_s: float = 0.0  # acceptance + finish checks
+    deliver_s: float = 0.0
+    partitions: list[PartitionTrace] = []
+    accepted_req_ids: list[int] = []  # per decode request this step ...
+    accepted_lens: list[int] = []  # ... tokens appended (1..8)
+    num_new_tokens: int = 0
+    preempted_req_ids: list[int] = []
+    aborted_req_ids: list[int] = []
+    finished_req_ids: list[int] = []
+    finished_reasons: list[str] = []
+    num_running: int = 0
+    num_waiting: int = 0
+    errors: list[str] = []
+    dropped_traces: int = 0  # traces the publisher dropped so far (full queue)
+
+
+TRACE_DECODER = msgspec.msgpack.Decoder(StepTrace)

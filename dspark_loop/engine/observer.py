@@ -1,0 +1,33 @@
+"""Hooks the engine calls so metrics and the debug tap stay out of the engine's logic."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dspark_loop.protocol import StepTrace
+
+
+@dataclass
+class RequestStats:
+    request_id: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+    finish_reason: str
+    arrival_time: float  # time.monotonic()
+    first_token_time: float | None
+    finish_time: float
+    inter_token_s: list[float] = field(default_factory=list)  # gaps between token deliveries
+    # DSpark (K=7) per-request counters; zero at K=0
+    num_verify_steps: int = 0
+    num_proposed: int = 0
+    num_matched: int = 0
+
+
+class EngineObserver:
+    """No-op base; metrics.Metrics and tap.TapPublisher subclass it."""
+
+    def on_step(self, trace: StepTrace) -> None:
+        pass
+
+    def on_request_finished(self, stats: RequestStats) -> None:
+        pass
