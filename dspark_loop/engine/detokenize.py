@@ -1,0 +1,155 @@
+"""Incremental detokenisation with stop strings, one Detokenizer per request.
+
+Deltas never contain broken UTF-8: a token that ends inside a multi-byte character
+contributes nothing until the character completes. Text that could still be the start of
+a stop string is held back until the next tokens decide it. Special tokens produce no text.
+
+Two decoding paths, chosen once per tokenizer by TokenText:
+- byte-level BPE (DeepSeek's tokenizer): a table of the bytes of every token id and an
+  incremental UTF-8 decoder; about a microsecond per token, no tokenizer call.
+- anything else: re-decode a short window of ids with the tokenizer (prefix/read offsets)
+  and emit what grew, unless it ends in U+FFFD (a partial character).
+"""
+from __future__ import annotations
+
+import codecs
+import json
+
+REPLACEMENT = "\ufffd"
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """The printable stand-in character byte-level BPE uses for each byte, inverted."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = {b: chr(b) for b in keep}
+    n = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + n)
+            n += 1
+    return {c: b for b, c in chars.items()}
+
+
+class TokenText:
+    """What a tokenizer's ids read as; built once per tokenizer and shared."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        added = tokenizer.get_added_tokens_decoder()  # {id: AddedToken}
+        self.special_ids = frozenset(i for i, t in added.items() if t.special)
+        self.token_bytes: list[bytes] | None = None
+        decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
+        kinds = [d.get("type") for d in decoder.get("decoders", [decoder])]
+        if kinds == ["ByteLevel"]:
+            self.token_bytes = self._byte_table(tokenizer, added)
+            if not self._agrees_with_tokenizer():
+                self.token_bytes = None
+
+    @property
+    def byte_level(self) -> bool:
+        return self.token_bytes is not None
+
+    def _byte_table(self, tokenizer, added) -> list[bytes]:
+        alphabet = _byte_level_alphabet()
+        vocab = tokenizer.get_vocab(with_added_tokens=True)
+        table = [b""] * (max(vocab.values(), default=-1) + 1)
+        for piece, i in vocab.items():
+            if i in added:
+                tok = added[i]
+                table[i] = b"" if tok.special else tok.content.encode("utf-8")
+            elif all(c in alphabet for c in piece):
+                table[i] = bytes(alphabet[c] for c in piece)
+            else:
+                table[i] = piece.encode("utf-8")
+        return table
+
+    def _agrees_with_tokenizer(self) -> bool:
+        # NOTE: a sanity check, not a proof: some byte-level tokenizers add normalising
+        # decoders we do not model; if a sample disagrees we use the generic path.
+        n = len(self.token_bytes)
+        sample = list(range(0, n, max(1, n // 512)))
+        mine = b"".join(self.token_bytes[i] for i in sample).decode("utf-8", "replace")
+        return mine == self.tokenizer.decode(sample, skip_special_tokens=True)
+
+
+class Detokenizer:
+    """Feed tokens with add(); take released text with take_delta(); finish() at the end."""
+
+    def __init__(self, text: TokenText, stop: list[str] | tuple[str, ...] = (),
+                 include_stop_str_in_output: bool = False):
+        self._text = text
+        self._stops = [s for s in stop if s]
+        self._include_stop = include_stop_str_in_output
+        self._stop_prefixes = {s[:k] for s in self._stops for k in range(1, len(s))}
+        self._max_hold = max((len(s) - 1 for s in self._stops), default=0)
+        self._pending = ""  # decoded, not yet released
+        self._held = 0  # trailing chars of _pending that may start a stop string
+        self.stop_matched: str | None = None
+        if text.byte_level:
+            self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        else:
+            self._ids: list[int] = []
+            self._prefix_offset = 0
+            self._read_offset = 0
+
+    def add(self, token_id: int, check_stop: bool = True) -> str | None:
+        """Append one token; returns the stop string if this token completed one."""
+        if self.stop_matched is not None:
+            raise RuntimeError("token added after a stop string matched")
+        new = self._decode(token_id)
+        if not new:
+            return None
+        self._pending += new
+        if self._stops:
+            if check_stop and self._find_stop():
+                return self.stop_matched
+            self._held = self._hold_len()
+        return None
+
+    def take_delta(self) -> str:
+        n = len(self._pending) - self._held
+        delta, self._pending = self._pending[:n], self._pending[n:]
+        return delta
+
+    def finish(self) -> str:
+        """Everything still held back (the request ended: nothing can match any more)."""
+        if self.stop_matched is None and self._text.byte_level:
+            self._pending += self._utf8.decode(b"", final=True)
+        self._held = 0
+        return self.take_delta()
+
+    # ---- internals --------------------------------------------------------------------
+    def _decode(self, token_id: int) -> str:
+        if self._text.byte_level:
+            table = self._text.token_bytes
+            return self._utf8.decode(table[token_id]) if token_id < len(table) else ""
+        self._ids.append(token_id)
+        decode = self._text.tokenizer.decode
+        prefix = decode(self._ids[self._prefix_offset:self._read_offset], skip_special_tokens=True)
+        full = decode(self._ids[self._prefix_offset:], skip_special_tokens=True)
+        if len(full) <= len(prefix) or full.endswith(REPLACEMENT):
+            return ""  # a partial character: wait for the next token
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        return full[len(prefix):]
+
+    def _find_stop(self) -> bool:
+        best, best_at = None, -1
+        for s in self._stops:
+            i = self._pending.find(s)
+            if i >= 0 and (best is None or i < best_at):
+                best, best_at = s, i
+        if best is None:
+            return False
+        end = best_at + len(best) if self._include_stop else best_at
+        self._pending = self._pending[:end]
+        self._held = 0
+        self.stop_matched = best
+        return True
+
+    def _hold_len(self) -> int:
+        p = self._pending
+        for k in range(min(self._max_hold, len(p)), 0, -1):
+            if p[-k:] in self._stop_prefixes:
+                return k
+        return 0

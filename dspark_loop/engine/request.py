@@ -1,0 +1,91 @@
+"""A request as the scheduler sees it.
+
+Positions: tokens = prompt + outputs. `num_computed` positions have their KV in the cache.
+While prefilling, chunks cover tokens[num_computed : prefill_target]; the chunk that
+reaches prefill_target samples the next token. Decoding, num_computed == len(tokens) - 1:
+row 0 of a decode step is the last token (not yet computed) and yields the next one.
+"""
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from dspark_loop.engine.acceptance import FinishRules
+from dspark_loop.engine.detokenize import Detokenizer
+from dspark_loop.engine.kv_cache import FamilyPages
+from dspark_loop.engine.outputs import SamplingParams
+
+
+class Status(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    FINISHED = 2
+
+
+class Request:
+    def __init__(self, request_id: str, prompt_ids, params: SamplingParams,
+                 rules: FinishRules, detokenizer: Detokenizer | None = None,
+                 arrival_time: float = 0.0):
+        self.req_id = -1  # the wire id; a fresh one each time the request is admitted
+        self.request_id = request_id
+        self.prompt_ids = np.asarray(prompt_ids, dtype=np.int32)  # [prompt_len]
+        self.output_ids: list[int] = []
+        self.params = params
+        self.rules = rules
+        self.detokenizer = detokenizer
+        self.status = Status.WAITING
+        self.partition = -1
+        self.num_computed = 0
+        self.prefill_target = 0
+        self.pages: list[FamilyPages] = []
+        self.map_limit = 0  # positions < map_limit are writable without allocating
+        self.release_pos = 0  # at num_computed >= this, ring pages can be released
+        self.sched_n = 0  # tokens/rows scheduled in the step being built
+        self.draft_ids: np.ndarray | None = None  # [K] pending drafts (K=7), else None
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.error: str | None = None
+        # timings (time.monotonic) and counters
+        self.arrival_time = arrival_time
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        self.finish_time: float | None = None
+        self.inter_token_s: list[float] = []
+        self.num_preemptions = 0
+        self.num_verify_steps = 0
+        self.num_proposed = 0
+        self.num_matched = 0
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def last_token(self) -> int:
+        return self.output_ids[-1] if self.output_ids else int(self.prompt_ids[-1])
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed < self.prefill_target
+
+    @property
+    def finished(self) -> bool:
+        return self.status == Status.FINISHED
+
+    def token_slice(self, start: int, end: int) -> np.ndarray:
+        """tokens[start:end] as int32 without building the whole list."""
+        p = len(self.prompt_ids)
+        if end <= p:
+            return self.prompt_ids[start:end]
+        head = self.prompt_ids[start:p] if start < p else self.prompt_ids[:0]
+        tail = np.asarray(self.output_ids[max(0, start - p):end - p], dtype=np.int32)
+        return np.concatenate([head, tail])
+
+    def __repr__(self) -> str:
+        return (f"Request({self.req_id}, {self.request_id!r}, {self.status.name}, "
+                f"computed={self.num_computed}/{self.num_tokens})")

@@ -1,0 +1,48 @@
+"""What schedule() decided for one step: the wire plan plus what update() needs to read
+the results back (which request each sampled token belongs to)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dspark_loop.engine.request import Request
+from dspark_loop.protocol import StepPlan
+
+
+@dataclass
+class PartitionStep:
+    # (request, num_tokens, sample) per prefill chunk, in plan order
+    prefills: list[tuple[Request, int, bool]] = field(default_factory=list)
+    decode_reqs: list[Request] = field(default_factory=list)
+    decode_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))  # [R]
+
+    @property
+    def num_sampled(self) -> int:
+        """Tokens the TP leader must answer with."""
+        return sum(1 for _, _, s in self.prefills if s) + int(self.decode_rows.sum())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefills and not self.decode_reqs
+
+
+@dataclass
+class ScheduledStep:
+    plan: StepPlan
+    partitions: list[PartitionStep]
+    preempted_req_ids: list[int] = field(default_factory=list)
+    aborted_req_ids: list[int] = field(default_factory=list)  # since the previous plan
+    # filled by update()
+    finished: list[Request] = field(default_factory=list)
+    accepted_req_ids: list[int] = field(default_factory=list)
+    accepted_lens: list[int] = field(default_factory=list)
+    num_new_tokens: int = 0
+
+    @property
+    def step_id(self) -> int:
+        return self.plan.step_id
+
+    @property
+    def is_empty(self) -> bool:
+        return all(p.is_empty for p in self.partitions)

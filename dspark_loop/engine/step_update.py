@@ -1,0 +1,125 @@
+"""Step 5: read the leaders' tokens back into requests (acceptance, finish checks, text).
+
+Token order per partition (protocol.py): one token per sampling prefill chunk in plan
+order, then num_rows predictions per decode request in plan order.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dspark_loop.engine.acceptance import accept_chain, truncate_at_finish
+from dspark_loop.engine.outputs import RequestOutput
+from dspark_loop.engine.request import Request, Status
+from dspark_loop.engine.scheduled_step import ScheduledStep
+from dspark_loop.errors import EngineDead
+from dspark_loop.protocol import as_i32
+
+if TYPE_CHECKING:
+    from dspark_loop.engine.scheduler import Partition, Scheduler
+
+
+def apply_results(sched: "Scheduler", step: ScheduledStep, results, outputs: list[RequestOutput],
+                  now: float) -> None:
+    if len(results) != len(step.partitions):
+        raise EngineDead(f"{len(results)} results for {len(step.partitions)} partitions")
+    for part, pstep, res in zip(sched.partitions, step.partitions, results):
+        if res.error:
+            raise EngineDead(f"rank {res.rank} failed step {res.step_id}: {res.error}")
+        if res.step_id != step.step_id:
+            raise EngineDead(f"result for step {res.step_id}, expected {step.step_id}")
+        tokens = as_i32(res.token_ids)  # [num_sampled]
+        if len(tokens) != pstep.num_sampled:
+            raise EngineDead(f"rank {res.rank}: {len(tokens)} tokens for {pstep.num_sampled} rows")
+        i = 0
+        for req, n, sample in pstep.prefills:
+            live = req.status == Status.RUNNING  # False: aborted while the step ran
+            if live:
+                req.num_computed += n
+            if sample:
+                if live:
+                    _commit(sched, part, step, req, tokens[i:i + 1], outputs, now)
+                i += 1
+            elif live:
+                _release_ring(part, req)
+        if pstep.decode_reqs:
+            _apply_decode(sched, part, step, pstep, tokens[i:], outputs, now)
+
+
+def _apply_decode(sched, part, step, pstep, tokens: np.ndarray, outputs, now) -> None:
+    rows = pstep.decode_rows  # [R]
+    reqs = pstep.decode_reqs
+    if rows.max() == 1:
+        num_accepted = np.ones(len(reqs), np.int64)  # [R]
+        starts = np.arange(len(reqs))
+    else:
+        starts = np.concatenate([[0], np.cumsum(rows[:-1], dtype=np.int64)])  # [R]
+        num_accepted = np.ones(len(reqs), np.int64)
+        verify = np.flatnonzero(rows > 1)  # requests that verified drafts
+        if len(verify):
+            k = int(rows[verify[0]]) - 1
+            preds = tokens[starts[verify][:, None] + np.arange(k + 1)]  # [V, k+1]
+            drafts = np.stack([reqs[j].draft_ids for j in verify])  # [V, k]
+            num_accepted[verify] = accept_chain(drafts, preds)
+    for j, req in enumerate(reqs):
+        if req.status != Status.RUNNING:
+            continue  # aborted while the step ran
+        a = int(num_accepted[j])
+        s = int(starts[j])
+        if rows[j] > 1:
+            req.num_verify_steps += 1
+            req.num_proposed += int(rows[j]) - 1
+            req.num_matched += a - 1
+            req.draft_ids = None  # NOTE: the next drafts come from the ranks (leases, later)
+        step.accepted_req_ids.append(req.req_id)
+        step.accepted_lens.append(a)
+        req.num_computed += a
+        _commit(sched, part, step, req, tokens[s:s + a], outputs, now)
+
+
+def _commit(sched, part: "Partition", step: ScheduledStep, req: Request, accepted: np.ndarray,
+            outputs: list[RequestOutput], now: float) -> None:
+    """Append accepted tokens, run the finish checks, emit the request's delta."""
+    kept, reason, stop_reason = truncate_at_finish(accepted, len(req.output_ids), req.prompt_len, req.rules)
+    detok = req.detokenizer
+    if detok is not None:
+        p = req.params
+        min_tokens = p.min_tokens
+        base = len(req.output_ids)
+        for j, t in enumerate(kept):
+            if reason is not None and j == len(kept) - 1 and reason == "stop" \
+                    and not p.include_stop_str_in_output:
+                break  # the EOS / stop id itself contributes no text
+            if detok.add(t, check_stop=base + j + 1 >= min_tokens) is not None:
+                del kept[j + 1:]
+                reason, stop_reason = "stop", detok.stop_matched
+                break
+    req.output_ids.extend(kept)
+    step.num_new_tokens += len(kept)
+    if req.first_token_time is None:
+        req.first_token_time = now
+    elif kept:
+        req.inter_token_s.append(now - req.last_token_time)
+    req.last_token_time = now
+    text = ""
+    if detok is not None:
+        text = detok.take_delta() if reason is None else detok.take_delta() + detok.finish()
+    if reason is not None:
+        part.running.remove(req)
+        sched._finish(req, reason)
+        req.stop_reason = stop_reason
+        req.finish_time = now
+        step.finished.append(req)
+    else:
+        _release_ring(part, req)
+    outputs.append(RequestOutput(
+        req.request_id, kept, text, finished=reason is not None, finish_reason=reason,
+        num_prompt_tokens=req.prompt_len, num_output_tokens=len(req.output_ids),
+        stop_reason=stop_reason))
+
+
+def _release_ring(part: "Partition", req: Request) -> None:
+    if req.num_computed >= req.release_pos:
+        part.cache.release_ring(req.pages, req.num_computed)
+        req.release_pos = part.cache.release_pos(req.pages)
