@@ -1,0 +1,298 @@
+"""The server's side of the rank mesh: one ZMQ ROUTER, one DEALER per rank. Torch-free.
+
+    Mesh (ROUTER, tcp://host:port)                       rank r (DEALER, identity rank<r>)
+      start():  spawn ranks, wait for N Hellos  <-------  Hello(version, num_blocks | error)
+      step():   the plan, encoded once, to all  ------->  StepPlan
+                gather one result per rank      <-------  StepResult(tokens | error)
+      close():  Shutdown to all, then SIGTERM/SIGKILL stragglers, reap
+
+ROUTER_MANDATORY makes a send to a rank that is not connected an error instead of a
+silent drop, and the Hello travels on the same DEALER, so a rank that said Hello is
+routable. Liveness: a rank that exits (polled every 0.2 s in a step, 0.5 s while idle),
+answers with an error, or misses step_timeout_s makes the mesh dead: `dead` says why,
+every other rank is stopped, and step() raises EngineDead.
+"""
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import os
+import socket
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from dspark_loop.errors import EngineDead, MeshStartError
+from dspark_loop.mesh_procs import RankProcs
+from dspark_loop.protocol import (ENCODER, PROTOCOL_VERSION, SERVER_DECODER, Hello, Shutdown,
+                                  StepPlan, StepResult)
+
+log = logging.getLogger("dspark_loop.mesh")
+
+POLL_S = 0.2  # how often a waiting step looks at the rank processes
+WATCH_S = 0.5  # how often the idle watcher does
+
+
+def identity(rank: int) -> bytes:  # NOTE: must match workers/rank.py
+    return b"rank%d" % rank
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def hello_problem(hello: Hello, sender: bytes, world_size: int, seen: set[int]) -> str | None:
+    """Why this Hello must stop the start-up, or None."""
+    if hello.protocol_version != PROTOCOL_VERSION:
+        return (f"rank {hello.rank} speaks protocol version {hello.protocol_version}, "
+                f"the server speaks {PROTOCOL_VERSION}: refused")
+    if hello.error:
+        return f"rank {hello.rank} failed to start: {hello.error}"
+    if hello.world_size != world_size or not 0 <= hello.rank < world_size:
+        return f"rank {hello.rank} of {hello.world_size} joined a mesh of {world_size} ranks"
+    if sender != identity(hello.rank):
+        return f"rank {hello.rank} said Hello from socket {sender!r}"
+    if hello.rank in seen:
+        return f"rank {hello.rank} said Hello twice"
+    return None
+
+
+def min_num_blocks(hellos: list[Hello]) -> list[int]:
+    families = {len(h.num_blocks) for h in hellos}
+    if len(families) != 1:
+        raise MeshStartError(f"ranks disagree on the number of cache families: {sorted(families)}")
+    return [min(col) for col in zip(*(h.num_blocks for h in hellos))]
+
+
+class Mesh:
+    def __init__(self, model_dir: str, world_size: int, tp: int, dtype: str = "bfloat16",
+                 block_size: int = 32, num_blocks: int | None = None,
+                 kv_cache_memory: int | None = None, backend: str = "cpu",
+                 devices: list[int] | None = None, log_level: str = "info",
+                 step_timeout_s: float = 60.0, start_timeout_s: float = 600.0,
+                 host: str = "127.0.0.1", launch: bool = True, runner: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        if world_size % tp:
+            raise ValueError(f"tp {tp} does not divide world size {world_size}")
+        self.model_dir, self.world_size, self.tp = model_dir, world_size, tp
+        self.dtype, self.block_size = dtype, block_size
+        self.num_blocks_arg, self.kv_cache_memory = num_blocks, kv_cache_memory
+        self.backend, self.devices, self.log_level = backend, devices, log_level
+        self.step_timeout_s, self.start_timeout_s = step_timeout_s, start_timeout_s
+        self.host, self.launch, self.runner, self.env = host, launch, runner, env or {}
+        self.num_blocks: list[int] = []  # per cache family, min over ranks (after start)
+        self.procs = RankProcs()
+        self.address = ""  # tcp://host:port of the ROUTER (after bind)
+        self.dist_init = ""  # tcp://host:port of the torch.distributed rendezvous
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._dead: str | None = None
+        self._started = False
+        self._watcher: asyncio.Task | None = None
+        self._close_task: asyncio.Future | None = None
+
+    @property
+    def num_groups(self) -> int:
+        return self.world_size // self.tp
+
+    @property
+    def dead(self) -> str | None:
+        return self._dead
+
+    @property
+    def pids(self) -> list[int]:
+        return self.procs.pids
+
+    # ---- start-up -----------------------------------------------------------------------
+    def bind(self) -> None:
+        """Open the ROUTER and pick the rendezvous port (start() does it if not done yet)."""
+        if self._sock is not None:
+            return
+        self._ctx = zmq.asyncio.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        port = self._sock.bind_to_random_port(f"tcp://{self.host}")
+        self.address = f"tcp://{self.host}:{port}"
+        self.dist_init = f"tcp://{self.host}:{free_port(self.host)}"
+
+    @property
+    def threads_per_rank(self) -> int:
+        if self.backend != "cpu":
+            return 1
+        return max(1, (os.cpu_count() or 1) // self.world_size)
+
+    def rank_argv(self, rank: int) -> list[str]:
+        devices = self.devices or list(range(self.world_size))
+        argv = ["--rank", str(rank), "--world-size", str(self.world_size), "--tp", str(self.tp),
+                "--connect", self.address, "--dist-init", self.dist_init,
+                "--model", str(self.model_dir), "--dtype", self.dtype,
+                "--block-size", str(self.block_size), "--backend", self.backend,
+                "--device-id", str(devices[rank] if self.backend != "cpu" else 0),
+                "--threads", str(self.threads_per_rank), "--parent-pid", str(os.getpid()),
+                "--log-level", self.log_level]
+        if self.num_blocks_arg is not None:
+            argv += ["--num-blocks", str(self.num_blocks_arg)]
+        if self.kv_cache_memory is not None:
+            argv += ["--kv-cache-memory", str(self.kv_cache_memory)]
+        if self.runner:
+            argv += ["--runner", self.runner]
+        return argv
+
+    async def start(self) -> None:
+        self.bind()
+        if self.launch:
+            env = {**os.environ, **self.env}
+            # NOTE: set before torch is imported in the rank: OpenMP sizes its pool at import.
+            env.setdefault("OMP_NUM_THREADS", str(self.threads_per_rank))
+            self.procs.spawn([self.rank_argv(r) for r in range(self.world_size)], env)
+            atexit.register(self.procs.kill_now)
+        try:
+            hellos = await self._await_hellos()
+            self.num_blocks = min_num_blocks(hellos)
+        except BaseException as exc:
+            self._dead = f"start-up failed: {exc}"
+            await self._shutdown(grace_s=0.0)
+            raise
+        self._started = True
+        log.info("mesh ready: %d ranks (tp %d, %d groups), num_blocks %s, slowest load %.2f s",
+                 self.world_size, self.tp, self.num_groups, self.num_blocks,
+                 max(h.load_s for h in hellos))
+        self._watcher = asyncio.create_task(self._watch())
+
+    async def _await_hellos(self) -> list[Hello]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.start_timeout_s
+        hellos: dict[int, Hello] = {}
+        exit_seen_at = None
+        while len(hellos) < self.world_size:
+            got = await self._recv(POLL_S)
+            if got is not None:
+                sender, msg = got
+                if not isinstance(msg, Hello):
+                    log.warning("dropped %s from %r during start-up", type(msg).__name__, sender)
+                    continue
+                problem = hello_problem(msg, sender, self.world_size, set(hellos))
+                if problem:
+                    raise MeshStartError(problem)
+                hellos[msg.rank] = msg
+                log.info("rank %d ready (pid %d, load %.2f s, num_blocks %s)",
+                         msg.rank, msg.pid, msg.load_s, msg.num_blocks)
+                continue
+            now = loop.time()
+            reason = self.procs.exit_reason()
+            # NOTE: a failing rank sends Hello(error) and then exits; give its message a
+            # moment to arrive so the error says why rather than only "exited with code 2".
+            if reason and exit_seen_at is None:
+                exit_seen_at = now
+            if reason and now - exit_seen_at > 1.0:
+                raise MeshStartError(f"{reason} before its Hello")
+            if now >= deadline:
+                missing = sorted(set(range(self.world_size)) - set(hellos))
+                raise MeshStartError(f"ranks {missing} did not say Hello within "
+                                     f"{self.start_timeout_s:.0f} s (loading too slowly or hung?)")
+        return [hellos[r] for r in range(self.world_size)]
+
+    # ---- the step -------------------------------------------------------------------------
+    async def step(self, plan: StepPlan) -> list[StepResult]:
+        """Send one plan to every rank; the TP leaders' results in partition order."""
+        if self._dead:
+            raise EngineDead(self._dead)
+        if not self._started:
+            raise EngineDead("the mesh is not started")
+        frame = ENCODER.encode(plan)
+        for rank in range(self.world_size):
+            try:
+                await self._sock.send_multipart([identity(rank), frame], copy=False)
+            except zmq.ZMQError as exc:
+                await self._die(self.procs.exit_reason() or
+                                f"could not send step {plan.step_id} to rank {rank}: {exc}")
+        return await self._gather(plan.step_id)
+
+    async def _gather(self, step_id: int) -> list[StepResult]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.step_timeout_s
+        results: dict[int, StepResult] = {}
+        while len(results) < self.world_size:
+            if self._dead:
+                raise EngineDead(self._dead)
+            got = await self._recv(POLL_S)
+            if got is None:
+                reason = self.procs.exit_reason()
+                if reason:
+                    await self._die(f"{reason} during step {step_id}")
+                if loop.time() >= deadline:
+                    missing = sorted(set(range(self.world_size)) - set(results))
+                    await self._die(f"ranks {missing} did not answer step {step_id} "
+                                    f"within {self.step_timeout_s:g} s")
+                continue
+            sender, msg = got
+            if not isinstance(msg, StepResult) or msg.step_id != step_id:
+                log.warning("dropped a stray %s from %r while waiting for step %d",
+                            type(msg).__name__, sender, step_id)
+                continue
+            if msg.error:
+                killed = [rc for rc in self.procs.exited() if rc[1] < 0]
+                cause = f"{self.procs.exit_reason()}; " if killed else ""
+                await self._die(f"{cause}rank {msg.rank} failed step {step_id}: {msg.error}")
+            results[msg.rank] = msg
+        return [results[g * self.tp] for g in range(self.num_groups)]
+
+    async def _recv(self, timeout_s: float):
+        """(sender, message) or None after timeout_s; undecodable frames are dropped."""
+        # NOTE: poll then NOBLOCK recv, never a cancelled recv future: nothing is half-read.
+        while await self._sock.poll(int(timeout_s * 1000), zmq.POLLIN):
+            sender, frame = await self._sock.recv_multipart(zmq.NOBLOCK)
+            try:
+                return sender, SERVER_DECODER.decode(frame)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.warning("dropped a malformed frame from %r: %s", sender, exc)
+        return None
+
+    # ---- liveness and shutdown --------------------------------------------------------------
+    async def _watch(self) -> None:
+        """Notices a dead rank while no step is running (so /health can say 503)."""
+        while not self._dead and self._close_task is None:
+            await asyncio.sleep(WATCH_S)
+            reason = self.procs.exit_reason()
+            if reason and self._close_task is None:
+                try:
+                    await self._die(reason)
+                except EngineDead:
+                    return
+
+    async def _die(self, reason: str):
+        if self._dead is None:
+            self._dead = reason
+            log.error("engine dead: %s; stopping every rank", reason)
+            await self.procs.stop(grace_s=0.0)
+            self.procs.log_exits()
+        raise EngineDead(self._dead)
+
+    async def close(self) -> None:
+        """Shut the ranks down in order. Safe to call twice, concurrently, or from a signal path."""
+        if self._close_task is None:
+            self._close_task = asyncio.ensure_future(self._shutdown(grace_s=5.0))
+        await asyncio.shield(self._close_task)
+
+    async def _shutdown(self, grace_s: float) -> None:
+        if self._watcher is not None and self._watcher is not asyncio.current_task():
+            self._watcher.cancel()
+        if self._sock is not None and self._started and not self._dead:
+            for rank in range(self.world_size):
+                try:
+                    await self._sock.send_multipart([identity(rank), ENCODER.encode(Shutdown("server closing"))])
+                except zmq.ZMQError:
+                    pass  # that rank is not connected any more: stop() below deals with it
+        await self.procs.stop(grace_s)
+        self.procs.log_exits()
+        atexit.unregister(self.procs.kill_now)
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._ctx.term()
+            self._sock = None
+        self._dead = self._dead or "closed"

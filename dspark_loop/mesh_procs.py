@@ -1,0 +1,98 @@
+"""The rank processes the server spawned on this host: start, watch, stop, reap.
+
+Each rank is `python -m workers ...` in its own session (so Ctrl-C on the server's
+terminal reaches only the server, which then shuts the ranks down in order) and with
+--parent-pid set (so a rank whose server died exits by itself). Torch-free.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+
+log = logging.getLogger("dspark_loop.mesh")
+
+
+class RankProcs:
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def spawn(self, argvs: list[list[str]], env: dict[str, str]) -> None:
+        for rank, argv in enumerate(argvs):
+            proc = subprocess.Popen([sys.executable, "-m", "workers", *argv], env=env,
+                                    start_new_session=True, stdin=subprocess.DEVNULL)
+            self.procs.append(proc)
+            log.info("rank %d spawned (pid %d)", rank, proc.pid)
+
+    def exited(self) -> list[tuple[int, int]]:
+        """(rank, exit code) of every rank that has exited; signal deaths first."""
+        done = [(r, p.poll()) for r, p in enumerate(self.procs) if p.poll() is not None]
+        return sorted(done, key=lambda rc: (rc[1] >= 0, rc[0]))
+
+    def exit_reason(self) -> str | None:
+        done = self.exited()
+        if not done:
+            return None
+        rank, code = done[0]
+        return f"rank {rank} (pid {self.procs[rank].pid}) exited with {describe_exit(code)}"
+
+    def signal_all(self, sig: int) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:  # NOTE: the rank leads its own session: its group holds any helpers it forked.
+                    os.killpg(p.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    try:
+                        p.send_signal(sig)
+                    except ProcessLookupError:
+                        pass
+
+    async def wait(self, timeout_s: float) -> bool:
+        """True when every rank has exited within timeout_s (each is reaped by poll)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while any(p.poll() is None for p in self.procs):
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    async def stop(self, grace_s: float) -> None:
+        """Wait grace_s for ranks to exit on their own, then SIGTERM, then SIGKILL; reap all."""
+        if await self.wait(grace_s):
+            return
+        self.signal_all(signal.SIGTERM)
+        if await self.wait(2.0):
+            return
+        self.signal_all(signal.SIGKILL)
+        await self.wait(5.0)
+
+    def kill_now(self) -> None:
+        """Synchronous last resort (atexit, a crashed loop): SIGKILL and reap."""
+        self.signal_all(signal.SIGKILL)
+        for p in self.procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log.error("rank pid %d did not die on SIGKILL", p.pid)
+
+    def log_exits(self) -> None:
+        for rank, p in enumerate(self.procs):
+            if p.returncode is not None:
+                log.info("rank %d (pid %d) exited with %s", rank, p.pid, describe_exit(p.returncode))
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"

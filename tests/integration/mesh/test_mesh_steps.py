@@ -1,0 +1,45 @@
+import numpy as np
+
+from dspark_loop.protocol import as_i32
+from tests.integration.mesh.conftest import alive, make_mesh, wait_until
+from tests.integration.mesh.fake_runner import expected_token
+from tests.integration.mesh.plans import decode_plan, expected_rows, prefill_plan
+from workers.comm import ShardSpec
+
+
+async def test_four_ranks_in_two_tp_groups_answer_twenty_steps_with_collective_results(fake_model_dir):
+    """4 ranks at tp 2 must handshake, report the per-family minimum of num_blocks, and answer
+    20 steps with the leaders' tokens in partition order, each token carrying the right
+    gather_tp / gather_world / argmax_tp results from the other processes."""
+    mesh = make_mesh(fake_model_dir, num_blocks=12)
+    await mesh.start()
+    try:
+        assert mesh.num_blocks == [12, 100 - 3]  # the fake gives 100 - rank pages in family 1
+        for step_id in range(20):
+            plan = prefill_plan(step_id, 2) if step_id == 0 else decode_plan(step_id, 2)
+            results = await mesh.step(plan)
+            assert [r.rank for r in results] == [0, 2]
+            for group, result in enumerate(results):
+                assert result.step_id == step_id and not result.error
+                leader = ShardSpec(rank=group * 2, world_size=4, tp_size=2)
+                want = [expected_token(req, pos, leader) for req, pos in expected_rows(step_id, group)]
+                np.testing.assert_array_equal(as_i32(result.token_ids), want)
+        assert mesh.dead is None
+    finally:
+        pids = mesh.pids
+        await mesh.close()
+    assert await wait_until(lambda: not any(alive(p) for p in pids), 5.0)
+
+
+async def test_close_is_safe_twice_and_concurrently(fake_model_dir):
+    """close() must shut every rank down once, however often and however concurrently it is
+    called (a signal handler and the normal exit path may both call it)."""
+    import asyncio
+
+    mesh = make_mesh(fake_model_dir, world_size=2, tp=1)
+    await mesh.start()
+    pids = mesh.pids
+    await asyncio.gather(mesh.close(), mesh.close())
+    await mesh.close()
+    assert not any(alive(p) for p in pids)
+    assert [p.returncode for p in mesh.procs.procs] == [0, 0]  # they obeyed Shutdown

@@ -1,0 +1,69 @@
+"""Which device a rank runs on, and which torch.distributed backend connects the ranks.
+
+    backend  device      collectives  needs
+    -------  ----------  -----------  ----------------------------
+    cpu      cpu         gloo         nothing
+    npu      npu:<id>    hccl         torch_npu (imported here, only here)
+    cuda     cuda:<id>   nccl         a CUDA build of torch
+
+`auto` picks npu, then cuda, then cpu, by what this interpreter can import and see.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+import torch
+
+DIST_BACKENDS = {"cpu": "gloo", "npu": "hccl", "cuda": "nccl"}
+
+DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The activation dtype for a --dtype name ("auto" is resolved by the caller)."""
+    try:
+        return DTYPES[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; one of {sorted(DTYPES)}") from None
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str  # cpu | npu | cuda
+    device_id: int = 0
+
+    @property
+    def dist_backend(self) -> str:
+        return DIST_BACKENDS[self.name]
+
+    @property
+    def device(self) -> torch.device:
+        if self.name == "cpu":
+            return torch.device("cpu")
+        return torch.device(f"{self.name}:{self.device_id}")
+
+    def activate(self) -> None:
+        """Import the device plugin and make this rank's device current (before any tensor)."""
+        if self.name == "npu":
+            import torch_npu  # noqa: F401  (registers torch.npu and the hccl backend)
+            torch.npu.set_device(self.device_id)
+        elif self.name == "cuda":
+            torch.cuda.set_device(self.device_id)
+
+
+def select_backend(name: str, device_id: int = 0) -> Backend:
+    if name == "auto":
+        if importlib.util.find_spec("torch_npu") is not None:
+            name = "npu"
+        elif torch.cuda.is_available():
+            name = "cuda"
+        else:
+            name = "cpu"
+    if name not in DIST_BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; one of {sorted(DIST_BACKENDS)} or auto")
+    return Backend(name, device_id)
