@@ -1,0 +1,80 @@
+"""One rank process driven by hand through its own entry point (no Mesh)."""
+import asyncio
+import os
+import subprocess
+import sys
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from dspark_loop.mesh import free_port
+from dspark_loop.protocol import ENCODER, SERVER_DECODER, Hello, Shutdown, StepResult
+from tests.integration.mesh.conftest import FAKE_RUNNER, REPO, alive, fake_env, wait_until
+from tests.integration.mesh.plans import prefill_plan
+
+
+def rank_argv(address: str, model_dir: str, parent_pid: int | str = 0) -> list[str]:
+    return [sys.executable, "-m", "workers", "--rank", "0", "--world-size", "1", "--tp", "1",
+            "--connect", address, "--dist-init", f"tcp://127.0.0.1:{free_port('127.0.0.1')}",
+            "--model", model_dir, "--dtype", "float32", "--runner", FAKE_RUNNER,
+            "--parent-pid", str(parent_pid), "--log-level", "warning"]
+
+
+@pytest.fixture
+async def router():
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    yield sock, f"tcp://127.0.0.1:{port}"
+    sock.close(linger=0)
+    ctx.term()
+
+
+async def recv(sock, timeout_s: float = 30.0):
+    sender, frame = await asyncio.wait_for(sock.recv_multipart(), timeout_s)
+    return sender, SERVER_DECODER.decode(frame)
+
+
+async def test_malformed_frames_are_dropped_and_the_rank_keeps_serving(router, fake_model_dir):
+    """Frames that do not decode as a plan (garbage, a wrong message type) must be dropped
+    unexecuted; the next good plan must still be answered, and Shutdown must end the rank
+    with exit code 0."""
+    sock, address = router
+    env = {**os.environ, **fake_env()}
+    proc = subprocess.Popen(rank_argv(address, fake_model_dir), env=env, cwd=REPO)
+    try:
+        sender, hello = await recv(sock)
+        assert isinstance(hello, Hello) and not hello.error and hello.pid == proc.pid
+        for junk in [b"\xc1not msgpack", b"", ENCODER.encode(Hello(1, 0, 1, 0))]:
+            await sock.send_multipart([sender, junk])
+        await sock.send_multipart([sender, ENCODER.encode(prefill_plan(7, 1))])
+        _, result = await recv(sock)
+        assert isinstance(result, StepResult) and result.step_id == 7 and not result.error
+        assert len(result.token_ids) == 2 * 4  # two sampled prefills, int32 each
+        await sock.send_multipart([sender, ENCODER.encode(Shutdown("test done"))])
+        assert await wait_until(lambda: proc.poll() is not None, 10.0)
+        assert proc.returncode == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_rank_exits_by_itself_when_its_server_dies(router, fake_model_dir):
+    """A rank whose parent (the server) is killed must exit on its own within seconds."""
+    _, address = router
+    env = {**os.environ, **fake_env()}
+    # NOTE: the shell is the rank's parent; $$ is its pid, handed to --parent-pid.
+    argv = " ".join(rank_argv(address, fake_model_dir, parent_pid="$$"))
+    shell = subprocess.Popen(["sh", "-c", f"{argv} & echo $!; wait"],
+                             env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    rank_pid = int(shell.stdout.readline())
+    try:
+        await asyncio.sleep(0.5)
+        assert alive(rank_pid)
+        shell.kill()
+        shell.wait()
+        assert await wait_until(lambda: not alive(rank_pid), 5.0)
+    finally:
+        if alive(rank_pid):
+            os.kill(rank_pid, 9)
