@@ -112,6 +112,7 @@ class Scheduler:
             self._aborted_req_ids.append(req.req_id)
         self._finish(req, "abort")
         req.finish_time = time.monotonic()
+        self._early_finished.append(req)  # observers see it with the next update
         return True
 
     # ---- state ------------------------------------------------------------------------

@@ -1,0 +1,238 @@
+"""The engine loop: one asyncio task that turns requests into steps on the mesh.
+
+    generate() --inbox--> [1 drain] -> [2 schedule] -> [3 send, 4 gather: mesh.step()]
+                 <-queue-- [6 deliver + observers] <- [5 update]
+
+Only steps 3-4 await. Any exception in the loop (EngineDead or a bug) ends every request
+with finish_reason "error" and leaves the engine dead: later generate() calls answer with
+an error at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import AsyncIterator
+
+from dspark_loop.engine.detokenize import Detokenizer, TokenText
+from dspark_loop.engine.observer import EngineObserver, RequestStats
+from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
+from dspark_loop.engine.request import Request
+from dspark_loop.engine.scheduled_step import ScheduledStep
+from dspark_loop.engine.scheduler import Scheduler
+from dspark_loop.protocol import PartitionTrace, StepTrace
+
+log = logging.getLogger(__name__)
+
+
+def error_output(request_id: str, message: str, num_prompt_tokens: int = 0,
+                 num_output_tokens: int = 0) -> RequestOutput:
+    return RequestOutput(request_id, [], "", finished=True, finish_reason="error", error=message,
+                         num_prompt_tokens=num_prompt_tokens, num_output_tokens=num_output_tokens)
+
+
+class EngineLoop:
+    def __init__(self, scheduler: Scheduler, mesh, tokenizer,
+                 observers: list[EngineObserver] | None = None):
+        self.scheduler = scheduler
+        self.mesh = mesh
+        self.token_text = TokenText(tokenizer) if tokenizer is not None else None
+        self.observers = list(observers or [])
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._inbox: list[Request] = []
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._dead_reason: str | None = None
+        self._stopping = False
+        self.num_steps = 0
+
+    # ---- public ------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-loop")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wakeup.set()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        self._fail_all("the engine stopped")
+
+    @property
+    def ready(self) -> bool:
+        return self._task is not None and self._dead_reason is None and not self._stopping
+
+    @property
+    def dead_reason(self) -> str | None:
+        return self._dead_reason
+
+    @property
+    def num_running(self) -> int:
+        return self.scheduler.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler.num_waiting + len(self._inbox)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler.max_model_len
+
+    async def generate(self, g: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        if self._dead_reason is not None or self._stopping:
+            yield error_output(g.request_id, f"the engine is not running: {self._dead_reason or 'stopped'}")
+            return
+        if g.request_id in self._queues:
+            yield error_output(g.request_id, f"duplicate request id {g.request_id!r}")
+            return
+        try:
+            det = None
+            if self.token_text is not None:
+                det = Detokenizer(self.token_text, g.params.stop, g.params.include_stop_str_in_output)
+            req = self.scheduler.make_request(g, det)
+        except ValueError as e:
+            yield error_output(g.request_id, str(e), len(g.prompt_token_ids))
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[g.request_id] = queue
+        self._inbox.append(req)
+        self._wakeup.set()
+        finished = False
+        try:
+            while not finished:
+                out = await queue.get()
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:  # the consumer went away (aclose / cancellation)
+                self.abort(g.request_id)
+
+    def abort(self, request_id: str) -> bool:
+        """Abort now: the request's pages go back to the pool before this returns."""
+        if self._queues.pop(request_id, None) is None:
+            return False
+        for i, r in enumerate(self._inbox):
+            if r.request_id == request_id:
+                del self._inbox[i]
+                return True
+        return self.scheduler.abort(request_id)
+
+    async def run_offline(self, reqs: list[GenerateRequest]) -> list[list[RequestOutput]]:
+        """Run requests to completion (the CLI's --prompt mode); outputs per request."""
+        async def collect(g):
+            return [o async for o in self.generate(g)]
+        return list(await asyncio.gather(*(collect(g) for g in reqs)))
+
+    # ---- the loop ------------------------------------------------------------------------
+    async def _run(self) -> None:
+        sched = self.scheduler
+        try:
+            while not self._stopping:
+                # 1. drain the inbox (aborts were applied when they happened)
+                inbox, self._inbox = self._inbox, []
+                for req in inbox:
+                    try:
+                        sched.add(req)
+                    except ValueError as e:
+                        self._deliver([error_output(req.request_id, str(e), req.prompt_len)])
+                if not sched.has_work:
+                    sched.check_integrity()
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                wall, t0 = time.time(), time.perf_counter()
+                # 2. schedule
+                step = sched.schedule()
+                t1 = time.perf_counter()
+                # 3-4. send the plan, gather the leaders' results
+                results = [] if step.is_empty else await self.mesh.step(step.plan)
+                t2 = time.perf_counter()
+                # 5. update
+                outputs = sched.update(step, results)
+                t3 = time.perf_counter()
+                # 6. deliver
+                self._deliver(outputs)
+                t4 = time.perf_counter()
+                self.num_steps += 1
+                self._observe(step, results, wall, t0, t1, t2, t3, t4)
+                if step.is_empty and not outputs:
+                    # nothing could run (e.g. every queue waits on pages): do not spin
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                else:
+                    await asyncio.sleep(0)  # let consumers and new requests in
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 -- any failure ends the engine, as data
+            reason = f"{type(e).__name__}: {e}"
+            log.exception("engine loop died: %s", reason)
+            self._dead_reason = reason
+            self._fail_all(reason)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            queue = self._queues.get(out.request_id)
+            if queue is None:
+                continue  # aborted by its consumer meanwhile
+            if out.finished:
+                del self._queues[out.request_id]
+            queue.put_nowait(out)
+
+    def _fail_all(self, reason: str) -> None:
+        for request_id, queue in list(self._queues.items()):
+            req = self.scheduler.requests.get(request_id)
+            n_prompt = req.prompt_len if req else 0
+            n_out = len(req.output_ids) if req else 0
+            queue.put_nowait(error_output(request_id, reason, n_prompt, n_out))
+        self._queues.clear()
+        self._inbox.clear()
+
+    def _observe(self, step: ScheduledStep, results, wall, t0, t1, t2, t3, t4) -> None:
+        if not self.observers:
+            return
+        trace = self._trace(step, results, wall, t0, t1, t2, t3, t4)
+        stats = [self._stats(r) for r in step.finished]
+        for obs in self.observers:
+            try:
+                obs.on_step(trace)
+                for s in stats:
+                    obs.on_request_finished(s)
+            except Exception:  # noqa: BLE001 -- an observer must never kill the engine
+                log.exception("observer %r failed", obs)
+
+    def _trace(self, step: ScheduledStep, results, wall, t0, t1, t2, t3, t4) -> StepTrace:
+        sched = self.scheduler
+        parts = []
+        for p, ps in enumerate(step.partitions):
+            parts.append(PartitionTrace(
+                prefill_req_ids=[r.req_id for r, _, _ in ps.prefills],
+                prefill_num_tokens=[n for _, n, _ in ps.prefills],
+                decode_req_ids=[r.req_id for r in ps.decode_reqs],
+                decode_num_rows=int(ps.decode_rows.sum()),
+                free_blocks=sched.num_free_blocks(p)))
+        compute = [r.compute_s for r in results] or [0.0]
+        return StepTrace(
+            step_id=step.step_id, wall_time=wall, schedule_s=t1 - t0,
+            compute_max_s=max(compute), compute_min_s=min(compute), gather_s=t2 - t1,
+            update_s=t3 - t2, deliver_s=t4 - t3, partitions=parts,
+            accepted_req_ids=step.accepted_req_ids, accepted_lens=step.accepted_lens,
+            num_new_tokens=step.num_new_tokens, preempted_req_ids=step.preempted_req_ids,
+            aborted_req_ids=step.aborted_req_ids,
+            finished_req_ids=[r.req_id for r in step.finished],
+            finished_reasons=[r.finish_reason or "" for r in step.finished],
+            num_running=sched.num_running, num_waiting=self.num_waiting)
+
+    @staticmethod
+    def _stats(req: Request) -> RequestStats:
+        return RequestStats(
+            request_id=req.request_id, num_prompt_tokens=req.prompt_len,
+            num_output_tokens=len(req.output_ids), num_cached_tokens=0,
+            finish_reason=req.finish_reason or "", arrival_time=req.arrival_time,
+            first_token_time=req.first_token_time, finish_time=req.finish_time or time.monotonic(),
+            inter_token_s=req.inter_token_s, num_verify_steps=req.num_verify_steps,
+            num_proposed=req.num_proposed, num_matched=req.num_matched)

@@ -1,0 +1,64 @@
+import pytest
+
+from dspark_loop.engine.kv_cache import BlockPool, PartitionCache, map_limit, pages_needed
+from tests.unit.engine.factories import make_layout
+
+
+def test_block_pool_hands_out_lowest_ids_and_reuses_freed_ones_last():
+    """Allocation must be FIFO over the free list: fresh ids in order, freed ids at the back."""
+    pool = BlockPool(4)
+    assert pool.allocate(2) == [0, 1]
+    pool.free([0])
+    assert pool.allocate(2) == [2, 3]
+    assert pool.allocate(1) == [0]
+    assert pool.num_free == 0 and not pool.can_allocate(1)
+
+
+def test_block_pool_refuses_double_free_and_overdraw():
+    """Freeing a free block or allocating past the pool must raise, never corrupt state."""
+    pool = BlockPool(2)
+    ids = pool.allocate(1)
+    pool.free(ids)
+    with pytest.raises(RuntimeError):
+        pool.free(ids)
+    with pytest.raises(RuntimeError):
+        pool.allocate(3)
+
+
+def test_pages_needed_follow_tokens_for_swa_and_boundaries_for_compressed():
+    """swa needs the page of every written position; c4 only the page of each written
+    compressed row (a row exists once its 4th token is written)."""
+    swa, c4 = make_layout().families  # swa: 4 tokens/page; c4: 4 rows (16 tokens)/page
+    assert [pages_needed(swa, e) for e in (1, 4, 5, 8, 9)] == [1, 1, 2, 2, 3]
+    assert [pages_needed(c4, e) for e in (3, 4, 16, 19, 20)] == [0, 1, 1, 1, 2]
+    # map_limit is the inverse: the largest end that needs no new page
+    assert map_limit(swa, 2) == 8
+    assert map_limit(c4, 1) == 19 and pages_needed(c4, 19) == 1 and pages_needed(c4, 20) == 2
+
+
+def test_ring_pages_are_released_exactly_when_they_leave_the_window():
+    """A swa page must be released once the next write position is window-1 tokens past
+    it, never earlier; c4 pages must stay until the request is freed."""
+    layout = make_layout()  # window 8, swa page 4 tokens
+    cache = PartitionCache(layout, [8, 4])
+    pages = cache.new_pages()
+    cache.allocate(pages, cache.num_new_pages(pages, 12))  # positions 0..11
+    # c4 rows 0..2 (boundaries at positions 3, 7, 11) all live on c4 page 0
+    assert pages[0].block_ids == [0, 1, 2] and pages[1].block_ids == [0]
+    # next write at 11: reads reach back to 4 -> page 0 (positions 0..3) is dead
+    assert cache.release_pos(pages) == 11
+    assert cache.release_ring(pages, 10) == []
+    assert cache.release_ring(pages, 11) == [(0, [0])]
+    assert (pages[0].first_page, pages[0].block_ids) == (1, [1, 2])
+    assert cache.num_free() == [6, 3]
+    cache.check_integrity([pages])
+
+
+def test_integrity_check_finds_a_leaked_block():
+    """A block neither free nor owned by a request must fail check_integrity()."""
+    cache = PartitionCache(make_layout(), [4, 4])
+    pages = cache.new_pages()
+    cache.allocate(pages, [2, 0])
+    pages[0].block_ids.pop()  # the request forgets block 1
+    with pytest.raises(AssertionError, match="ref counts"):
+        cache.check_integrity([pages])
