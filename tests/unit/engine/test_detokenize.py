@@ -1,0 +1,91 @@
+from dspark_loop.engine.detokenize import Detokenizer, TokenText, _byte_level_alphabet
+from tests.unit.engine.factories import token_text
+from tests.unit.engine.tiny_tokenizer import eos_id, make_tokenizer
+
+_CHAR = {b: c for c, b in _byte_level_alphabet().items()}
+
+
+def byte_tokens(text: str) -> list[int]:
+    """One token per UTF-8 byte, so multi-byte characters span several tokens."""
+    tok = make_tokenizer()
+    return [tok.token_to_id(_CHAR[b]) for b in text.encode("utf-8")]
+
+
+def feed(det: Detokenizer, ids) -> list[str]:
+    deltas = []
+    for t in ids:
+        det.add(t)
+        deltas.append(det.take_delta())
+    return deltas
+
+
+def test_byte_level_table_matches_the_tokenizer():
+    """The byte table must decode every id exactly as tokenizer.decode does."""
+    tt = token_text()
+    assert tt.byte_level
+    ids = make_tokenizer().encode("héllo wörld 日本語 😀 STOP <eos> done").ids
+    assert "".join(feed(Detokenizer(tt), ids)) == make_tokenizer().decode(ids)
+
+
+def test_multibyte_characters_are_never_split_across_deltas():
+    """A delta must only ever contain whole characters; a partial one waits."""
+    text = "a日😀é"
+    deltas = feed(Detokenizer(token_text()), byte_tokens(text))
+    assert deltas == ["a", "", "", "日", "", "", "", "😀", "", "é"]
+
+
+def test_generic_path_holds_back_partial_characters_too():
+    """Without the byte table (other tokenizers) deltas must still be whole characters."""
+    tt = TokenText(make_tokenizer())
+    tt.token_bytes = None  # force the re-decode path
+    text = "x😀 日本"
+    deltas = feed(Detokenizer(tt), byte_tokens(text))
+    assert "".join(deltas) == text
+    assert all("\ufffd" not in d for d in deltas)
+    assert deltas[1:5] == ["", "", "", "😀"]
+
+
+def test_special_tokens_produce_no_text():
+    """Special tokens (EOS, BOS) must be skipped in the text."""
+    assert feed(Detokenizer(token_text()), [eos_id()] + byte_tokens("ok")) == ["", "o", "k"]
+
+
+def test_stop_string_across_tokens_is_held_back_then_cut():
+    """Text that may start a stop string must be held until decided; the stop string
+    and everything after it must not appear in the output."""
+    det = Detokenizer(token_text(), stop=["STOP"])
+    deltas = []
+    for t in byte_tokens("hi STOP after"):
+        if det.add(t) is not None:
+            deltas.append(det.finish())
+            break
+        deltas.append(det.take_delta())
+    assert deltas == ["h", "i", " ", "", "", "", ""]
+    assert det.stop_matched == "STOP"
+
+
+def test_held_text_is_released_when_the_stop_string_does_not_complete():
+    """A held prefix ("ST") must be released as soon as the next text rules it out."""
+    det = Detokenizer(token_text(), stop=["STOP"])
+    assert feed(det, byte_tokens("aSTx")) == ["a", "", "", "STx"]
+    assert det.finish() == ""
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string():
+    """With include_stop_str_in_output the output must end with the stop string."""
+    det = Detokenizer(token_text(), stop=["STOP", "end"], include_stop_str_in_output=True)
+    out = ""
+    for t in byte_tokens("the end STOP"):
+        if det.add(t):
+            out += det.finish()
+            break
+        out += det.take_delta()
+    assert out == "the end" and det.stop_matched == "end"
+
+
+def test_finish_flushes_held_text_and_an_incomplete_character():
+    """At the end nothing may be lost: held text is released, a dangling byte becomes U+FFFD."""
+    det = Detokenizer(token_text(), stop=["STOP"])
+    assert feed(det, byte_tokens("aS")) == ["a", ""]
+    det.add(byte_tokens("日")[0])
+    assert det.finish() == "S\ufffd"

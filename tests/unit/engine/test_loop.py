@@ -1,0 +1,107 @@
+"""EngineLoop end to end with the fake mesh under asyncio."""
+import asyncio
+
+import pytest
+
+from dspark_loop.engine.loop import EngineLoop
+from dspark_loop.engine.observer import EngineObserver
+from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
+from tests.unit.engine.factories import make_mesh, make_scheduler, prompt_ids
+from tests.unit.engine.tiny_tokenizer import make_tokenizer
+
+
+class Recorder(EngineObserver):
+    def __init__(self):
+        self.traces, self.finished = [], []
+
+    def on_step(self, trace):
+        self.traces.append(trace)
+
+    def on_request_finished(self, stats):
+        self.finished.append(stats)
+
+
+def gen_request(i, prompt_len=8, max_tokens=6, **params):
+    return GenerateRequest(f"r{i}", prompt_ids(i, prompt_len), SamplingParams(max_tokens=max_tokens, **params))
+
+
+@pytest.fixture
+async def engine():
+    sched = make_scheduler(num_partitions=2, max_num_seqs=8)
+    mesh = make_mesh(sched)
+    rec = Recorder()
+    loop = EngineLoop(sched, mesh, make_tokenizer(), [rec])
+    loop.start()
+    loop.recorder = rec
+    yield loop
+    await loop.stop()
+
+
+async def collect(loop, g):
+    return [o async for o in loop.generate(g)]
+
+
+async def test_many_concurrent_requests_all_finish_with_their_own_tokens(engine):
+    """Every generate() must stream its own deltas to a finished output; observers must
+    see every step and every finished request; the pools must be full afterwards."""
+    outs = await asyncio.gather(*(collect(engine, gen_request(i, max_tokens=5 + i % 3)) for i in range(20)))
+    for i, o in enumerate(outs):
+        assert o[-1].finished and o[-1].finish_reason == "length"
+        assert sum(len(x.new_token_ids) for x in o) == 5 + i % 3 == o[-1].num_output_tokens
+        assert all(x.request_id == f"r{i}" for x in o)
+    assert sorted(s.request_id for s in engine.recorder.finished) == sorted(f"r{i}" for i in range(20))
+    assert engine.recorder.traces and engine.num_running == 0 and engine.num_waiting == 0
+    engine.scheduler.check_integrity()
+    assert all(p.cache.usage() == 0 for p in engine.scheduler.partitions)
+
+
+async def test_a_consumer_that_goes_away_aborts_its_request(engine):
+    """Closing the generator early must abort the request and free its pages at once."""
+    gen = engine.generate(gen_request(0, max_tokens=200))
+    first = await gen.__anext__()
+    assert not first.finished and engine.num_running == 1
+    await gen.aclose()
+    assert engine.num_running == 0 and engine.scheduler.kv_cache_usage() == 0
+
+
+async def test_a_cancelled_consumer_task_aborts_its_request(engine):
+    """Cancelling the task that iterates generate() must abort the request."""
+    engine.mesh.delay_s = 0.001
+    started = asyncio.Event()
+
+    async def consume():
+        async for _ in engine.generate(gen_request(0, max_tokens=200)):
+            started.set()
+
+    task = asyncio.create_task(consume())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert engine.num_running == 0 and engine.scheduler.kv_cache_usage() == 0
+    # the engine keeps serving
+    assert (await collect(engine, gen_request(1)))[-1].finish_reason == "length"
+
+
+async def test_a_dead_mesh_fails_every_request_with_error(engine):
+    """EngineDead from the mesh must end all in-flight requests with "error", mark the
+    engine dead, and make later generate() calls fail at once."""
+    engine.mesh.fail_at_step = 3
+    outs = await asyncio.gather(*(collect(engine, gen_request(i, max_tokens=50)) for i in range(5)))
+    assert all(o[-1].finish_reason == "error" and "stopped answering" in o[-1].error for o in outs)
+    assert not engine.ready and "stopped answering" in engine.dead_reason
+    late = await collect(engine, gen_request(9))
+    assert len(late) == 1 and late[0].finish_reason == "error"
+
+
+async def test_a_prompt_longer_than_the_context_yields_an_error_output(engine):
+    """A request that can never fit must get one error output, not an exception."""
+    outs = await collect(engine, gen_request(0, prompt_len=engine.max_model_len))
+    assert len(outs) == 1 and outs[0].finish_reason == "error" and engine.ready
+
+
+async def test_run_offline_returns_each_requests_outputs(engine):
+    """run_offline must return one output list per request, in request order."""
+    res = await engine.run_offline([gen_request(i, max_tokens=3) for i in range(3)])
+    assert [r[-1].request_id for r in res] == ["r0", "r1", "r2"]
+    assert [r[-1].num_output_tokens for r in res] == [3, 3, 3]
