@@ -92,6 +92,7 @@ class Mesh:
         self._sock: zmq.asyncio.Socket | None = None
         self._dead: str | None = None
         self._started = False
+        self._closing = False
         self._watcher: asyncio.Task | None = None
         self._close_task: asyncio.Future | None = None
 
@@ -199,11 +200,11 @@ class Mesh:
 
     # ---- the step -------------------------------------------------------------------------
     async def step(self, plan: StepPlan) -> list[StepResult]:
-        """Send one plan to every rank; the TP leaders' results in partition order."""
-        if self._dead:
-            raise EngineDead(self._dead)
-        if not self._started:
-            raise EngineDead("the mesh is not started")
+        """Send one plan to every rank; the TP leaders' results in partition order.
+        One step at a time: the caller awaits each step before sending the next."""
+        if self._dead or self._closing or not self._started:
+            raise EngineDead(self._dead or ("the mesh is closing" if self._closing
+                                            else "the mesh is not started"))
         frame = ENCODER.encode(plan)
         for rank in range(self.world_size):
             try:
@@ -218,8 +219,8 @@ class Mesh:
         deadline = loop.time() + self.step_timeout_s
         results: dict[int, StepResult] = {}
         while len(results) < self.world_size:
-            if self._dead:
-                raise EngineDead(self._dead)
+            if self._dead or self._closing:
+                raise EngineDead(self._dead or "the mesh is closing")
             got = await self._recv(POLL_S)
             if got is None:
                 reason = self.procs.exit_reason()
@@ -245,41 +246,49 @@ class Mesh:
     async def _recv(self, timeout_s: float):
         """(sender, message) or None after timeout_s; undecodable frames are dropped."""
         # NOTE: poll then NOBLOCK recv, never a cancelled recv future: nothing is half-read.
-        while await self._sock.poll(int(timeout_s * 1000), zmq.POLLIN):
-            sender, frame = await self._sock.recv_multipart(zmq.NOBLOCK)
+        while True:
+            try:
+                if not await self._sock.poll(int(timeout_s * 1000), zmq.POLLIN):
+                    return None
+                sender, frame = await self._sock.recv_multipart(zmq.NOBLOCK)
+            except (zmq.ZMQError, AttributeError):
+                if self._closing:  # close() shut the socket under a waiting step
+                    raise EngineDead(self._dead or "the mesh is closing") from None
+                raise
             try:
                 return sender, SERVER_DECODER.decode(frame)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 log.warning("dropped a malformed frame from %r: %s", sender, exc)
-        return None
 
     # ---- liveness and shutdown --------------------------------------------------------------
     async def _watch(self) -> None:
         """Notices a dead rank while no step is running (so /health can say 503)."""
-        while not self._dead and self._close_task is None:
+        while not self._dead and not self._closing:
             await asyncio.sleep(WATCH_S)
             reason = self.procs.exit_reason()
-            if reason and self._close_task is None:
+            if reason and not self._closing:
                 try:
                     await self._die(reason)
                 except EngineDead:
                     return
 
     async def _die(self, reason: str):
-        if self._dead is None:
+        if self._dead is None and not self._closing:
             self._dead = reason
             log.error("engine dead: %s; stopping every rank", reason)
             await self.procs.stop(grace_s=0.0)
             self.procs.log_exits()
-        raise EngineDead(self._dead)
+        raise EngineDead(self._dead or "the mesh is closing")
 
-    async def close(self) -> None:
-        """Shut the ranks down in order. Safe to call twice, concurrently, or from a signal path."""
+    async def close(self, grace_s: float = 5.0) -> None:
+        """Shut the ranks down in order (Shutdown, then SIGTERM/SIGKILL after grace_s).
+        Safe to call twice, concurrently, or from a signal path; the first call's grace wins."""
         if self._close_task is None:
-            self._close_task = asyncio.ensure_future(self._shutdown(grace_s=5.0))
+            self._close_task = asyncio.ensure_future(self._shutdown(grace_s))
         await asyncio.shield(self._close_task)
 
     async def _shutdown(self, grace_s: float) -> None:
+        self._closing = True
         if self._watcher is not None and self._watcher is not asyncio.current_task():
             self._watcher.cancel()
         if self._sock is not None and self._started and not self._dead:

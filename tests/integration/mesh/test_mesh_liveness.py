@@ -82,3 +82,32 @@ async def test_close_after_death_is_quiet_and_final(fake_model_dir):
     assert await wait_until(lambda: mesh.dead is not None, 3.0)
     await asyncio.wait_for(mesh.close(), 3.0)
     assert "SIGKILL" in mesh.dead
+
+
+async def test_ranks_ignore_sigint_but_die_on_sigterm(fake_model_dir):
+    """Ctrl-C must not take a rank down behind the server's back (the server shuts ranks down
+    in order), while SIGTERM must still end it and the mesh must notice."""
+    mesh = make_mesh(fake_model_dir, world_size=1, tp=1)
+    await mesh.start()
+    try:
+        os.kill(mesh.pids[0], signal.SIGINT)
+        results = await mesh.step(prefill_plan(0, 1))
+        assert len(results) == 1 and not results[0].error
+        os.kill(mesh.pids[0], signal.SIGTERM)
+        assert await wait_until(lambda: mesh.dead is not None, 3.0)
+        assert "SIGTERM" in mesh.dead
+    finally:
+        await mesh.close()
+
+
+async def test_close_during_a_step_fails_that_step_and_stops_the_ranks(fake_model_dir):
+    """close() while a step is waiting must end that step with EngineDead (not hang, not a
+    socket error) and still stop every rank."""
+    mesh = make_mesh(fake_model_dir, world_size=2, tp=1, step_timeout_s=30.0)
+    await mesh.start()
+    step = asyncio.ensure_future(mesh.step(prefill_plan(0, 2, req_id_override=HANG_REQ)))
+    await asyncio.sleep(0.3)
+    await asyncio.wait_for(mesh.close(grace_s=0.5), 10.0)
+    with pytest.raises(EngineDead):
+        await asyncio.wait_for(step, 5.0)
+    assert not any(alive(p) for p in mesh.pids)
