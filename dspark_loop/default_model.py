@@ -1,0 +1,71 @@
+"""The embedded default model: a tiny random checkpoint made once and cached on disk.
+
+Size tiny, a fixed seed, float32, with the DSpark drafter (mtp.0..2) so the default
+server can speculate; transformers ignores the mtp.* tensors.
+
+Lives in ${DSPARK_CACHE_DIR:-${XDG_CACHE_HOME:-~/.cache}/dspark_loop}/default-v1. A
+directory counts only when its completion marker lists every file at its size; a
+half-written or damaged one is replaced. Two processes may race: each builds in a private
+temporary directory and renames it into place; the loser discards its copy. Torch-free.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+from tools.make_checkpoint import make_checkpoint
+
+DEFAULT_NAME = "default-v1"
+DEFAULT_SEED = 20260731
+MARKER = "dspark_default.complete"
+
+
+def default_cache_dir() -> str:
+    if os.environ.get("DSPARK_CACHE_DIR"):
+        return os.environ["DSPARK_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "dspark_loop")
+
+
+def is_complete(path: str) -> bool:
+    try:
+        with open(os.path.join(path, MARKER), encoding="utf-8") as f:
+            marker = json.load(f)
+        return marker.get("name") == DEFAULT_NAME and all(
+            os.path.getsize(os.path.join(path, name)) == size for name, size in marker["files"].items())
+    except (OSError, ValueError, KeyError, AttributeError):
+        return False
+
+
+def ensure_default_model(cache_dir: str | None = None) -> str:
+    """Path of the default checkpoint, building it first if it is absent or incomplete."""
+    root = cache_dir or default_cache_dir()
+    final = os.path.join(root, DEFAULT_NAME)
+    if is_complete(final):
+        return final
+    os.makedirs(root, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=f".{DEFAULT_NAME}.build-", dir=root)
+    try:
+        built = make_checkpoint(os.path.join(work, DEFAULT_NAME), size="tiny", seed=DEFAULT_SEED,
+                                dtype="float32", with_drafter=True, quiet=True)
+        files = {n: os.path.getsize(os.path.join(built, n)) for n in sorted(os.listdir(built))}
+        with open(os.path.join(built, MARKER), "w", encoding="utf-8") as f:
+            json.dump({"name": DEFAULT_NAME, "seed": DEFAULT_SEED, "files": files}, f, indent=1)
+        if os.path.exists(final) and not is_complete(final):
+            # NOTE: an incomplete directory (crash, manual edit) is moved aside, never read;
+            # the rename is atomic so a racing reader sees it either whole or gone.
+            try:
+                os.rename(final, os.path.join(work, "stale"))
+            except OSError:
+                pass
+        try:
+            os.rename(built, final)
+        except OSError:
+            pass  # another process renamed its copy first; it is identical
+        if not is_complete(final):
+            raise RuntimeError(f"could not create the default model at {final}")
+        return final
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
