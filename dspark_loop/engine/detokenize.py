@@ -107,6 +107,9 @@ class Detokenizer:
         return None
 
     def take_delta(self) -> str:
+        if not self._held:
+            delta, self._pending = self._pending, ""
+            return delta
         n = len(self._pending) - self._held
         delta, self._pending = self._pending[:n], self._pending[n:]
         return delta

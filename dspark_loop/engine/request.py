@@ -30,9 +30,13 @@ class Request:
         self.req_id = -1  # the wire id; a fresh one each time the request is admitted
         self.request_id = request_id
         self.prompt_ids = np.asarray(prompt_ids, dtype=np.int32)  # [prompt_len]
+        self.prompt_len = len(self.prompt_ids)
         self.output_ids: list[int] = []
         self.params = params
         self.rules = rules
+        # token ids that may end the request (EOS unless ignored, stop ids)
+        self.finish_ids = frozenset(rules.stop_token_ids) | (
+            frozenset() if rules.ignore_eos else frozenset(rules.eos_token_ids))
         self.detokenizer = detokenizer
         self.status = Status.WAITING
         self.partition = -1
@@ -56,10 +60,6 @@ class Request:
         self.num_verify_steps = 0
         self.num_proposed = 0
         self.num_matched = 0
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prompt_ids)
 
     @property
     def num_tokens(self) -> int:

@@ -29,7 +29,7 @@ def apply_results(sched: "Scheduler", step: ScheduledStep, results, outputs: lis
             raise EngineDead(f"rank {res.rank} failed step {res.step_id}: {res.error}")
         if res.step_id != step.step_id:
             raise EngineDead(f"result for step {res.step_id}, expected {step.step_id}")
-        tokens = as_i32(res.token_ids)  # [num_sampled]
+        tokens = as_i32(res.token_ids).tolist()  # [num_sampled]; Python ints from here on
         if len(tokens) != pstep.num_sampled:
             raise EngineDead(f"rank {res.rank}: {len(tokens)} tokens for {pstep.num_sampled} rows")
         i = 0
@@ -47,29 +47,35 @@ def apply_results(sched: "Scheduler", step: ScheduledStep, results, outputs: lis
             _apply_decode(sched, part, step, pstep, tokens[i:], outputs, now)
 
 
-def _apply_decode(sched, part, step, pstep, tokens: np.ndarray, outputs, now) -> None:
+def _apply_decode(sched, part, step, pstep, tokens: list[int], outputs, now) -> None:
     rows = pstep.decode_rows  # [R]
     reqs = pstep.decode_reqs
-    if rows.max() == 1:
-        num_accepted = np.ones(len(reqs), np.int64)  # [R]
-        starts = np.arange(len(reqs))
-    else:
-        starts = np.concatenate([[0], np.cumsum(rows[:-1], dtype=np.int64)])  # [R]
-        num_accepted = np.ones(len(reqs), np.int64)
-        verify = np.flatnonzero(rows > 1)  # requests that verified drafts
-        if len(verify):
-            k = int(rows[verify[0]]) - 1
-            preds = tokens[starts[verify][:, None] + np.arange(k + 1)]  # [V, k+1]
-            drafts = np.stack([reqs[j].draft_ids for j in verify])  # [V, k]
-            num_accepted[verify] = accept_chain(drafts, preds)
+    running = Status.RUNNING
+    if rows.max() == 1:  # K=0 fast path: one token per request, in order
+        for req, t in zip(reqs, tokens):
+            if req.status == running:
+                step.accepted_req_ids.append(req.req_id)
+                step.accepted_lens.append(1)
+                req.num_computed += 1
+                _commit(sched, part, step, req, [t], outputs, now)
+        return
+    starts = np.concatenate([[0], np.cumsum(rows[:-1], dtype=np.int64)])  # [R]
+    num_accepted = np.ones(len(reqs), np.int64)  # [R]
+    verify = np.flatnonzero(rows > 1)  # requests that verified drafts
+    if len(verify):
+        k = int(rows[verify[0]]) - 1
+        preds = np.asarray(tokens, np.int32)[starts[verify][:, None] + np.arange(k + 1)]  # [V, k+1]
+        drafts = np.stack([reqs[j].draft_ids for j in verify])  # [V, k]
+        num_accepted[verify] = accept_chain(drafts, preds)
+    num_accepted, starts, row_list = num_accepted.tolist(), starts.tolist(), rows.tolist()
     for j, req in enumerate(reqs):
-        if req.status != Status.RUNNING:
+        if req.status != running:
             continue  # aborted while the step ran
-        a = int(num_accepted[j])
-        s = int(starts[j])
-        if rows[j] > 1:
+        a = num_accepted[j]
+        s = starts[j]
+        if row_list[j] > 1:
             req.num_verify_steps += 1
-            req.num_proposed += int(rows[j]) - 1
+            req.num_proposed += row_list[j] - 1
             req.num_matched += a - 1
             req.draft_ids = None  # NOTE: the next drafts come from the ranks (leases, later)
         step.accepted_req_ids.append(req.req_id)
@@ -78,20 +84,26 @@ def _apply_decode(sched, part, step, pstep, tokens: np.ndarray, outputs, now) ->
         _commit(sched, part, step, req, tokens[s:s + a], outputs, now)
 
 
-def _commit(sched, part: "Partition", step: ScheduledStep, req: Request, accepted: np.ndarray,
+def _commit(sched, part: "Partition", step: ScheduledStep, req: Request, accepted: list[int],
             outputs: list[RequestOutput], now: float) -> None:
     """Append accepted tokens, run the finish checks, emit the request's delta."""
-    kept, reason, stop_reason = truncate_at_finish(accepted, len(req.output_ids), req.prompt_len, req.rules)
+    rules = req.rules
+    n_after = len(req.output_ids) + len(accepted)
+    # NOTE: the common case (nothing can finish) skips the per-token rule walk.
+    if n_after < rules.max_tokens and req.prompt_len + n_after < rules.max_model_len \
+            and req.finish_ids.isdisjoint(accepted):
+        kept, reason, stop_reason = accepted, None, None
+    else:
+        kept, reason, stop_reason = truncate_at_finish(accepted, len(req.output_ids), req.prompt_len, rules)
     detok = req.detokenizer
     if detok is not None:
         p = req.params
-        min_tokens = p.min_tokens
-        base = len(req.output_ids)
+        base = len(req.output_ids) + 1 - p.min_tokens  # >= 0: stop strings apply
+        last = len(kept) - 1 if reason == "stop" and not p.include_stop_str_in_output else -1
         for j, t in enumerate(kept):
-            if reason is not None and j == len(kept) - 1 and reason == "stop" \
-                    and not p.include_stop_str_in_output:
+            if j == last:
                 break  # the EOS / stop id itself contributes no text
-            if detok.add(t, check_stop=base + j + 1 >= min_tokens) is not None:
+            if detok.add(t, base + j >= 0) is not None:
                 del kept[j + 1:]
                 reason, stop_reason = "stop", detok.stop_matched
                 break
