@@ -116,6 +116,7 @@ class EngineLoop:
         """Abort now: the request's pages go back to the pool before this returns."""
         if self._queues.pop(request_id, None) is None:
             return False
+        self._wakeup.set()  # freed pages may let a waiting request in
         for i, r in enumerate(self._inbox):
             if r.request_id == request_id:
                 del self._inbox[i]

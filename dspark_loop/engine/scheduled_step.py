@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dspark_loop.engine.request import Request
-from dspark_loop.protocol import StepPlan
+from dspark_loop.protocol import DecodeBatch, StepPlan, i8, i32
 
 
 @dataclass
@@ -46,3 +46,22 @@ class ScheduledStep:
     @property
     def is_empty(self) -> bool:
         return all(p.is_empty for p in self.partitions)
+
+
+def decode_batch(decodes: list[Request], pstep: PartitionStep) -> DecodeBatch:
+    """The wire DecodeBatch: row 0 = last token, rows 1.. = drafts when verifying."""
+    rows = np.fromiter((r.sched_n for r in decodes), np.int8, len(decodes))  # [R]
+    last = np.fromiter((r.output_ids[-1] for r in decodes), np.int32, len(decodes))  # [R]
+    if rows.max() == 1:
+        tokens = last  # [R]
+    else:
+        tokens = np.empty(int(rows.sum()), np.int32)  # [sum(rows)]
+        starts = np.concatenate([[0], np.cumsum(rows[:-1], dtype=np.int64)])
+        tokens[starts] = last
+        for r, s, k in zip(decodes, starts, rows):
+            if k > 1:
+                tokens[s + 1:s + k] = r.draft_ids
+    pstep.decode_rows = rows
+    return DecodeBatch(req_ids=i32([r.req_id for r in decodes]),
+                       start_pos=i32([r.num_computed for r in decodes]),
+                       num_rows=i8(rows), token_ids=tokens.tobytes())

@@ -16,9 +16,9 @@ from dspark_loop.engine.acceptance import FinishRules
 from dspark_loop.engine.kv_cache import PartitionCache
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.request import Request, Status
-from dspark_loop.engine.scheduled_step import PartitionStep, ScheduledStep
+from dspark_loop.engine.scheduled_step import PartitionStep, ScheduledStep, decode_batch
 from dspark_loop.engine.step_update import apply_results
-from dspark_loop.protocol import BlockUpdate, DecodeBatch, PartitionPlan, PrefillChunk, StepPlan, i8, i32
+from dspark_loop.protocol import BlockUpdate, PartitionPlan, PrefillChunk, StepPlan, i32
 
 MAX_CHUNK = 8192  # the seeds' prefill dispatch bound
 
@@ -214,7 +214,7 @@ class Scheduler:
                           for r, n, s in pstep.prefills]
         if decodes:
             pstep.decode_reqs = decodes
-            pplan.decode = self._decode_batch(decodes, pstep)
+            pplan.decode = decode_batch(decodes, pstep)
         if pstep.is_empty:
             pplan.freed_req_ids = []  # keep them for a plan that is actually sent
         else:
@@ -256,23 +256,6 @@ class Scheduler:
         for fam, first_page, ids in cache.allocate(req.pages, counts):
             updates.append(BlockUpdate(req.req_id, fam, first_page, i32(ids)))
         req.map_limit = cache.map_limit(req.pages)
-
-    def _decode_batch(self, decodes: list[Request], pstep: PartitionStep) -> DecodeBatch:
-        rows = np.fromiter((r.sched_n for r in decodes), np.int8, len(decodes))  # [R]
-        last = np.fromiter((r.output_ids[-1] for r in decodes), np.int32, len(decodes))  # [R]
-        if rows.max() == 1:
-            tokens = last  # [R]
-        else:
-            tokens = np.empty(int(rows.sum()), np.int32)  # [sum(rows)]
-            starts = np.concatenate([[0], np.cumsum(rows[:-1], dtype=np.int64)])
-            tokens[starts] = last
-            for r, s, k in zip(decodes, starts, rows):
-                if k > 1:
-                    tokens[s + 1:s + k] = r.draft_ids
-        pstep.decode_rows = rows
-        return DecodeBatch(req_ids=i32([r.req_id for r in decodes]),
-                           start_pos=i32([r.num_computed for r in decodes]),
-                           num_rows=i8(rows), token_ids=tokens.tobytes())
 
     # ---- step 5 -----------------------------------------------------------------------
     def update(self, step: ScheduledStep, results, now: float | None = None) -> list[RequestOutput]:
