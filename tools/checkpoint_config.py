@@ -57,6 +57,8 @@ def resolve_size(size: str, overrides: dict) -> dict:
         raise ValueError(f"unknown checkpoint overrides: {sorted(unknown)}")
     p.update({k: v for k, v in overrides.items() if v is not None})
     n = p["num_hidden_layers"]
+    if overrides.get("num_hash_layers") is None:
+        p["num_hash_layers"] = min(p["num_hash_layers"], n)
     if p["compress_ratios"] is None:
         p["compress_ratios"] = default_ratios(n, p["num_sliding_layers"],
                                               p["compress_rate_csa"], p["compress_rate_hca"])
