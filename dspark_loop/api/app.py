@@ -1,0 +1,73 @@
+"""create_app: the aiohttp application and its routes.
+
+    GET  /health              200 {"status":"ok"} | 503 not_ready | 503 dead + reason
+    GET  /v1/models           the served model (OpenAI list)
+    POST /v1/completions      completions.py
+    POST /tokenize /detokenize tokenize.py
+    GET  /metrics /metrics/json   when a Metrics object is given
+"""
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from dspark_loop.api.completions import CompletionsRoute
+from dspark_loop.api.context import ServingContext
+from dspark_loop.api.errors import error_middleware
+from dspark_loop.api.prompt import PromptEncoder
+from dspark_loop.api.tokenize import TokenizeRoutes
+from dspark_loop.config import ServerConfig, served_name_for
+from dspark_loop.model_config import ModelConfig
+
+MAX_BODY_BYTES = 64 * 2 ** 20  # a 1M-token prompt as ids fits
+CONTEXT_KEY = web.AppKey("ctx", ServingContext)
+
+
+def create_app(engine, tokenizer, cfg: ServerConfig, model_cfg: ModelConfig,
+               metrics=None) -> web.Application:
+    encoder = PromptEncoder(tokenizer, model_cfg.bos_token_id, model_cfg.vocab_size)
+    name = cfg.served_model_name or served_name_for(cfg.model)
+    ctx = ServingContext(engine, encoder, name, cfg.generate, cfg.model)
+    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
+    app[CONTEXT_KEY] = ctx
+    completions = CompletionsRoute(ctx)
+    tokenize = TokenizeRoutes(ctx)
+    created = int(time.time())
+
+    async def health(request: web.Request) -> web.Response:
+        if engine.dead_reason is not None:
+            return web.json_response({"status": "dead", "reason": engine.dead_reason}, status=503)
+        if not engine.ready:
+            return web.json_response({"status": "not_ready"}, status=503)
+        return web.json_response({"status": "ok"})
+
+    async def models(request: web.Request) -> web.Response:
+        card = {"id": name, "object": "model", "created": created, "owned_by": "dspark_loop",
+                "root": cfg.model or name, "parent": None, "max_model_len": engine.max_model_len,
+                "permission": []}
+        return web.json_response({"object": "list", "data": [card]})
+
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", completions.handle)
+    app.router.add_post("/tokenize", tokenize.tokenize)
+    app.router.add_post("/detokenize", tokenize.detokenize)
+    if metrics is not None:
+        add_metrics_routes(app, metrics)
+    return app
+
+
+def add_metrics_routes(app: web.Application, metrics) -> None:
+    """metrics: render_prometheus() -> str and snapshot() -> dict (dspark_loop.metrics)."""
+
+    async def prometheus(request: web.Request) -> web.Response:
+        return web.Response(text=metrics.render_prometheus(),
+                            content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Format": "prometheus-0.0.4"})
+
+    async def as_json(request: web.Request) -> web.Response:
+        return web.json_response(metrics.snapshot())
+
+    app.router.add_get("/metrics", prometheus)
+    app.router.add_get("/metrics/json", as_json)

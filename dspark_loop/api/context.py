@@ -1,0 +1,49 @@
+"""ServingContext: what every route needs (engine, prompt encoder, served name, defaults)."""
+from __future__ import annotations
+
+import itertools
+import uuid
+
+from dspark_loop.api.errors import ApiError, model_not_found
+from dspark_loop.api.prompt import PromptEncoder
+from dspark_loop.config import GenerateDefaults
+
+
+class ServingContext:
+    def __init__(self, engine, encoder: PromptEncoder, model_name: str,
+                 defaults: GenerateDefaults, model_path: str | None = None):
+        self.engine = engine
+        self.encoder = encoder
+        self.model_name = model_name
+        self.defaults = defaults
+        self.model_path = model_path
+        self._prefix = uuid.uuid4().hex[:12]
+        self._counter = itertools.count()
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def new_request_id(self, kind: str = "cmpl") -> str:
+        # NOTE: a per-process random prefix + a counter: unique across restarts and requests.
+        return f"{kind}-{self._prefix}{next(self._counter):08x}"
+
+    def check_model(self, model: str | None) -> None:
+        """None means the served model (as vLLM); any other name is a 404."""
+        if model is not None and model != self.model_name:
+            raise model_not_found(model)
+
+    def check_ready(self) -> None:
+        if self.engine.dead_reason is not None:
+            raise ApiError(503, f"The engine is dead: {self.engine.dead_reason}",
+                           code="engine_dead")
+        if not self.engine.ready:
+            raise ApiError(503, "The engine is not ready yet; retry shortly.", code="engine_not_ready")
+
+    def check_context(self, prompt_len: int) -> None:
+        limit = self.max_model_len
+        if prompt_len >= limit:
+            raise ApiError(400, f"This model's maximum context length is {limit} tokens, but "
+                                f"the prompt has {prompt_len} tokens; it must be shorter than "
+                                f"{limit} to leave room for at least one output token.",
+                           param="prompt", code="context_length_exceeded")

@@ -1,0 +1,59 @@
+"""ApiError: a failed request as data, rendered as OpenAI's error body.
+
+    {"error": {"message": ..., "type": "invalid_request_error", "param": "max_tokens",
+               "code": "invalid_value"}}
+
+4xx for what the client sent (never 500 for user input), 503 while the engine is not
+ready or dead, 500 only for an engine failure.
+"""
+from __future__ import annotations
+
+from aiohttp import web
+
+ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
+               413: "invalid_request_error", 500: "server_error", 503: "server_error"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message,
+                          "type": ERROR_TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.code}}
+
+    def response(self) -> web.Response:
+        return web.json_response(self.body(), status=self.status)
+
+
+def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def unsupported(param: str, message: str) -> ApiError:
+    return ApiError(400, message, param=param, code="unsupported_parameter")
+
+
+def model_not_found(model: str) -> ApiError:
+    return ApiError(404, f"The model `{model}` does not exist.", param="model",
+                    code="model_not_found")
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler):
+    """ApiError -> its JSON body; aiohttp's own 4xx (404 route, 405 method) -> the same shape."""
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return e.response()
+    except web.HTTPException as e:
+        if e.status >= 400 and e.content_type != "application/json":
+            return ApiError(e.status, e.reason or e.text or "error",
+                            code=e.reason.lower().replace(" ", "_") if e.reason else None).response()
+        raise

@@ -1,0 +1,93 @@
+"""A completion request's generation fields -> SamplingParams, or a 400 naming the field.
+
+Greedy is the only mode (the decode tile has no temperature ABI): sampling knobs are
+accepted only at values that mean greedy. max_tokens defaults to --generate-config's
+max_new_tokens, else 16 (OpenAI's default), and is capped to the context left after the
+prompt rather than refused.
+"""
+from __future__ import annotations
+
+from dspark_loop.api.errors import bad_request, unsupported
+from dspark_loop.api.prompt import PromptEncoder
+from dspark_loop.api.schemas import CompletionRequest
+from dspark_loop.config import GenerateDefaults
+from dspark_loop.engine.outputs import SamplingParams
+
+DEFAULT_MAX_TOKENS = 16
+GREEDY = "greedy decoding (temperature 0) is the only sampling mode of this server"
+
+
+def check_greedy(req: CompletionRequest) -> None:
+    if req.temperature is not None:
+        if req.temperature < 0:
+            raise bad_request(f"temperature must be >= 0, got {req.temperature}.", "temperature")
+        if req.temperature > 0:
+            raise unsupported("temperature", f"temperature {req.temperature} is not supported: "
+                                             f"{GREEDY}; send temperature 0 or omit it.")
+    if req.top_p not in (None, 1, 1.0):
+        raise unsupported("top_p", f"top_p {req.top_p} is not supported: {GREEDY}; send 1 or omit it.")
+    if req.top_k not in (None, -1, 0, 1):
+        raise unsupported("top_k", f"top_k {req.top_k} is not supported: {GREEDY}; send -1, 0 "
+                                   f"or omit it.")
+    for name in ("n", "best_of"):
+        value = getattr(req, name)
+        if value is not None and value < 1:
+            raise bad_request(f"{name} must be at least 1, got {value}.", name)
+        if value is not None and value > 1:
+            raise unsupported(name, f"{name} {value} is not supported: greedy decoding gives one "
+                                    f"completion per prompt; send {name} 1.")
+    if req.logprobs is not None:
+        raise unsupported("logprobs", "logprobs are not supported by this server.")
+    for name, neutral in (("frequency_penalty", 0), ("presence_penalty", 0), ("repetition_penalty", 1)):
+        value = getattr(req, name)
+        if value is not None and value != neutral:
+            raise unsupported(name, f"{name} {value} is not supported: {GREEDY} without "
+                                    f"penalties; send {neutral} or omit it.")
+    if req.logit_bias:
+        raise unsupported("logit_bias", "logit_bias is not supported by this server.")
+    if req.suffix:
+        raise unsupported("suffix", "suffix (insertion) is not supported by this server.")
+
+
+def requested_max_tokens(req: CompletionRequest, defaults: GenerateDefaults) -> int:
+    if (req.max_tokens is not None and req.max_completion_tokens is not None
+            and req.max_tokens != req.max_completion_tokens):
+        raise bad_request(f"max_tokens ({req.max_tokens}) and max_completion_tokens "
+                          f"({req.max_completion_tokens}) disagree; send one of them.", "max_tokens")
+    param = "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"
+    value = req.max_tokens if req.max_tokens is not None else req.max_completion_tokens
+    if value is None:
+        return defaults.max_new_tokens or DEFAULT_MAX_TOKENS
+    if value < 1:
+        raise bad_request(f"{param} must be at least 1, got {value}.", param)
+    return value
+
+
+def stop_strings(req: CompletionRequest, defaults: GenerateDefaults) -> list[str]:
+    if req.stop is None:
+        return list(defaults.stop)
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop)
+    if any(s == "" for s in stops):
+        raise bad_request("stop strings must not be empty.", "stop")
+    return stops
+
+
+def sampling_params(req: CompletionRequest, defaults: GenerateDefaults, encoder: PromptEncoder,
+                    prompt_len: int, max_model_len: int) -> SamplingParams:
+    """Validated params; the caller has already checked prompt_len < max_model_len."""
+    check_greedy(req)
+    wanted = requested_max_tokens(req, defaults)
+    max_tokens = min(wanted, max_model_len - prompt_len)
+    min_tokens = req.min_tokens or 0
+    if min_tokens < 0:
+        raise bad_request(f"min_tokens must be >= 0, got {min_tokens}.", "min_tokens")
+    if min_tokens > wanted:
+        raise bad_request(f"min_tokens ({min_tokens}) must be at most max_tokens ({wanted}).",
+                          "min_tokens")
+    stop_ids = encoder.check_ids(req.stop_token_ids or [], "stop_token_ids")
+    return SamplingParams(
+        max_tokens=max_tokens, min_tokens=min(min_tokens, max_tokens),
+        stop=stop_strings(req, defaults), stop_token_ids=stop_ids,
+        ignore_eos=defaults.ignore_eos if req.ignore_eos is None else req.ignore_eos,
+        include_stop_str_in_output=bool(req.include_stop_str_in_output),
+        seed=defaults.seed if req.seed is None else req.seed)

@@ -1,0 +1,95 @@
+"""Request bodies as msgspec Structs, decoded strictly: a wrong type or an unknown field is
+a 400 naming the field (as vLLM's strict mode), never a silent default.
+
+Accepted but only at their greedy/neutral values (anything else is a 400 saying so):
+temperature, top_p, top_k, n, best_of, logprobs, frequency/presence/repetition_penalty,
+logit_bias, suffix. Ignored: user (client metadata), seed (greedy is deterministic).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+from dspark_loop.api.errors import ApiError
+
+
+class Strict(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    pass
+
+
+class StreamOptions(Strict):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+
+class CompletionRequest(Strict):
+    model: str | None = None
+    prompt: Any = None  # str | list[int] | [str] | [list[int]]: checked in prompt.py
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    min_tokens: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    seed: int | None = None
+    echo: bool | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    return_token_ids: bool | None = None
+    # greedy / neutral values only
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    n: int | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    suffix: str | None = None
+    user: str | None = None
+
+
+class TokenizeRequest(Strict):
+    model: str | None = None
+    prompt: str | None = None
+    text: str | None = None  # alias of prompt
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = None
+
+
+class DetokenizeRequest(Strict):
+    tokens: list[int]
+    model: str | None = None
+
+
+_PATH = re.compile(r" - at `\$\.([A-Za-z0-9_]+)[^`]*`$")
+_UNKNOWN = re.compile(r"unknown field `([^`]+)`")
+_MISSING = re.compile(r"missing required field `([^`]+)`")
+
+
+def decode_body(body: bytes, kind: type):
+    """JSON bytes -> `kind`, or an ApiError(400) whose param names the offending field."""
+    if not body.strip():
+        raise ApiError(400, "The request body is empty; expected a JSON object.", code="invalid_json")
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as e:
+        msg = str(e)
+        if m := _UNKNOWN.search(msg):
+            raise ApiError(400, f"Unknown parameter `{m.group(1)}`: this server does not accept "
+                                f"it.", param=m.group(1), code="unknown_parameter") from None
+        if m := _MISSING.search(msg):
+            raise ApiError(400, f"Missing required parameter `{m.group(1)}`.", param=m.group(1),
+                           code="missing_required_parameter") from None
+        if m := _PATH.search(msg):
+            param = m.group(1)
+            raise ApiError(400, f"Invalid type for `{param}`: {msg[:m.start()]}.", param=param,
+                           code="invalid_type") from None
+        raise ApiError(400, f"Invalid request body: {msg}.", code="invalid_type") from None
+    except msgspec.DecodeError as e:
+        raise ApiError(400, f"The request body is not valid JSON: {e}.", code="invalid_json") from None

@@ -1,0 +1,42 @@
+"""serve: run an aiohttp app until SIGINT/SIGTERM (or `stop` is set), then shut down cleanly.
+
+Handler cancellation is on: a client that disconnects cancels its handler, which closes
+the engine generator and so aborts the request at once, even before the next token.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+
+async def serve(app: web.Application, host: str, port: int, *, stop: asyncio.Event | None = None,
+                started: asyncio.Event | None = None, shutdown_timeout_s: float = 10.0) -> None:
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            pass
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=shutdown_timeout_s)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        log.info("serving on %s", ", ".join(f"http://{a[0]}:{a[1]}" for a in runner.addresses))
+        if started is not None:
+            started.set()
+        await stop.wait()
+        log.info("shutting down the HTTP server")
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()

@@ -1,0 +1,272 @@
+"""ServerConfig: what the server was asked to run, and the start-up rules it must obey.
+
+`fill_defaults(cfg)` completes the topology and the sizes the user left out;
+`validate(cfg, model)` checks the result against the checkpoint and raises one
+ConfigError listing every violated rule, each naming its flag. Torch-free.
+
+Two rule sets: the production Flash shape (hidden 4096, 43 layers, 256 experts) gets
+exactly the seeds' rules (tp 4, ep 8/16, dp = ep/4, block 32, ...); any other checkpoint
+(tests, the embedded default) may use any consistent topology down to one rank.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field, replace
+
+from dspark_loop.cache_layout import CacheLayout
+from dspark_loop.model_config import ModelConfig
+
+QUERY_WIDTH = 7  # the DSpark decode tile: 1 committed row + 7 draft rows
+FLASH_SHAPE = dict(hidden_size=4096, num_hidden_layers=43, n_routed_experts=256)
+MAX_CONTEXT = 1048576
+MAX_CHUNK = 8192  # the seeds' prefill dispatch bound
+SEQS_PER_GROUP = 64  # requests per TP group in the decode tile
+CPU_KV_CACHE_MEMORY = 256 * 2 ** 20  # bytes per rank when --backend cpu and no flag
+DEFAULT_RING_HEAP = (2 * 2 ** 30, 2 * 2 ** 30, 4 * 2 ** 30, 8 * 2 ** 30)  # the seeds' profile
+DRAFTER_KEYS = ("dspark_target_layer_ids", "dspark_noise_token_id", "dspark_markov_rank")
+POSITIVE_FIELDS = ("dp", "tp", "ep", "max_model_len", "block_size", "max_num_seqs",
+                   "max_num_batched_tokens", "long_prefill_token_threshold")
+GENERATE_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+
+
+class ConfigError(ValueError):
+    """Start-up configuration that cannot run; the message lists every violated rule."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str = "dspark"
+    num_speculative_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class GenerateDefaults:
+    """--generate-config: request defaults for fields a request leaves out."""
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str | None = None  # checkpoint directory; None = the embedded default
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    backend: str = "cpu"
+    platform: str | None = None
+    devices: tuple[int, ...] | None = None
+    dp: int | None = None
+    tp: int | None = None
+    ep: int | None = None
+    dtype: str = "auto"
+    max_model_len: int = 1024
+    block_size: int = 32
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int = 8192
+    long_prefill_token_threshold: int | None = None
+    enable_prefix_caching: bool = False
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    ring_heap: tuple[int, ...] = DEFAULT_RING_HEAP
+    generate: GenerateDefaults = field(default_factory=GenerateDefaults)
+    prompts: tuple[str, ...] = ()  # --prompt: offline mode
+    max_tokens: int = 16  # offline mode's max_tokens per prompt
+    log_level: str = "info"
+    kv_cache_memory: int | None = None  # bytes per rank for KV pages
+    num_blocks: int | None = None
+    debug_tap: str | None = None
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return self.speculative.num_speculative_tokens
+
+    @property
+    def world_size(self) -> int:
+        return self.ep or 1
+
+
+def fill_defaults(cfg: ServerConfig) -> ServerConfig:
+    """Complete what the user left out: topology (devices == ep == dp*tp), dtype, sizes."""
+    dp, tp, ep = cfg.dp, cfg.tp, cfg.ep
+    known_ep = ep or (len(cfg.devices) if cfg.devices else None)
+    if known_ep is None and dp and tp:
+        known_ep = dp * tp
+    if tp is None:
+        tp = known_ep // dp if known_ep and dp and known_ep % dp == 0 else 1
+    if dp is None:
+        dp = max(1, known_ep // tp) if known_ep else 1
+    if ep is None:
+        ep = known_ep or dp * tp
+    devices = cfg.devices if cfg.devices is not None else tuple(range(ep))
+    dtype = cfg.dtype
+    if dtype == "auto":
+        dtype = "float32" if cfg.backend == "cpu" else "bfloat16"
+    mnbt = cfg.max_num_batched_tokens
+    threshold = cfg.long_prefill_token_threshold
+    if threshold is None:
+        threshold = min(mnbt, MAX_CHUNK)
+    kv_mem = cfg.kv_cache_memory
+    if kv_mem is None and cfg.backend == "cpu" and cfg.num_blocks is None:
+        kv_mem = CPU_KV_CACHE_MEMORY
+    name = cfg.served_model_name or served_name_for(cfg.model)
+    return replace(cfg, dp=dp, tp=tp, ep=ep, devices=tuple(devices), dtype=dtype,
+                   max_num_seqs=cfg.max_num_seqs or SEQS_PER_GROUP * dp,
+                   long_prefill_token_threshold=threshold, kv_cache_memory=kv_mem,
+                   served_model_name=name)
+
+
+def served_name_for(model_dir: str | None) -> str:
+    if model_dir is None:
+        from dspark_loop.default_model import DEFAULT_NAME
+        return DEFAULT_NAME
+    return os.path.basename(os.path.normpath(model_dir))
+
+
+def is_flash(model: ModelConfig) -> bool:
+    return all(getattr(model, k) == v for k, v in FLASH_SHAPE.items())
+
+
+def validate(cfg: ServerConfig, model: ModelConfig) -> None:
+    """Raise ConfigError naming every rule `cfg` breaks for this checkpoint (after fill_defaults)."""
+    # NOTE: the size rules divide by these; with a non-positive one only that is reported.
+    problems = _positive_rules(cfg)
+    if not problems:
+        problems = _flash_rules(cfg, model) if is_flash(model) else _general_rules(cfg, model)
+        problems += _common_rules(cfg, model)
+    if problems:
+        raise ConfigError(problems)
+
+
+def _flash_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
+    out = []
+    flash = "DeepSeek-V4-Flash DSpark"
+    if cfg.tp != 4:
+        out.append(f"--tp must be 4 for {flash} (got {cfg.tp})")
+    if cfg.ep not in (8, 16):
+        out.append(f"--ep must be 8 or 16 for {flash} (got {cfg.ep})")
+    elif cfg.dp != cfg.ep // 4:
+        out.append(f"--dp must be ep/4 = {cfg.ep // 4} for {flash} with --ep {cfg.ep} (got {cfg.dp})")
+    if len(cfg.devices) != cfg.ep:
+        out.append(f"--devices must list exactly --ep {cfg.ep} devices (got {len(cfg.devices)})")
+    if cfg.block_size != 32:
+        out.append(f"--block-size must be 32 for {flash} (got {cfg.block_size})")
+    cap = SEQS_PER_GROUP * cfg.dp
+    if cfg.max_num_seqs > cap:
+        out.append(f"--max-num-seqs must be at most 64 per TP group = {cap} with --dp {cfg.dp} "
+                   f"(got {cfg.max_num_seqs})")
+    ctx = min(MAX_CONTEXT, model.max_position_embeddings)
+    if cfg.max_model_len > ctx:
+        out.append(f"--max-model-len must be at most min(1048576, max_position_embeddings) = "
+                   f"{ctx} (got {cfg.max_model_len})")
+    return out
+
+
+def _general_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
+    out = []
+    if len(cfg.devices) != cfg.ep:
+        out.append(f"--devices must list exactly --ep {cfg.ep} devices (got {len(cfg.devices)})")
+    if cfg.ep != cfg.dp * cfg.tp:
+        out.append(f"--ep must equal --dp x --tp = {cfg.dp} x {cfg.tp} = {cfg.dp * cfg.tp} "
+                   f"(got {cfg.ep})")
+    heads, groups = model.num_attention_heads, model.o_groups
+    if heads % cfg.tp or groups % cfg.tp:
+        out.append(f"--tp {cfg.tp} must divide the checkpoint's num_attention_heads ({heads}) "
+                   f"and o_groups ({groups})")
+    if model.n_routed_experts % cfg.ep:
+        out.append(f"--ep {cfg.ep} must divide the checkpoint's n_routed_experts "
+                   f"({model.n_routed_experts})")
+    bs = cfg.block_size
+    if bs & (bs - 1):
+        out.append(f"--block-size must be a power of two (got {bs})")
+    else:
+        try:
+            CacheLayout.for_model(model, bs)
+        except ValueError as e:
+            out.append(f"--block-size {bs} does not fit the checkpoint's cache pages: {e}")
+    if cfg.max_model_len > model.max_position_embeddings:
+        out.append(f"--max-model-len must be at most the checkpoint's max_position_embeddings = "
+                   f"{model.max_position_embeddings} (got {cfg.max_model_len})")
+    return out
+
+
+def _positive_rules(cfg: ServerConfig) -> list[str]:
+    return [f"--{name.replace('_', '-')} must be a positive integer (got {value})"
+            for name in POSITIVE_FIELDS
+            if not isinstance(value := getattr(cfg, name), int) or value < 1]
+
+
+def _common_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
+    out = []
+    if cfg.max_num_seqs < cfg.dp:
+        out.append(f"--max-num-seqs must be at least --dp = {cfg.dp}: one request per cache "
+                   f"partition (got {cfg.max_num_seqs})")
+    spec = cfg.speculative
+    k = spec.num_speculative_tokens
+    if spec.method != "dspark":
+        out.append(f'--speculative-config method must be "dspark" (got {spec.method!r})')
+    if k not in (0, QUERY_WIDTH):
+        out.append(f"--speculative-config num_speculative_tokens must be 0 or {QUERY_WIDTH}: "
+                   f"DSpark's query width is fixed at DSPARK_QUERY_WIDTH = {QUERY_WIDTH} "
+                   f"(got {k})")
+    elif k == QUERY_WIDTH:
+        missing = missing_drafter_parts(model, cfg.model)
+        if missing:
+            out.append(f"--speculative-config num_speculative_tokens=7 needs the checkpoint's "
+                       f"DSpark drafter; missing: {', '.join(missing)}")
+    out += _generate_rules(cfg.generate)
+    return out
+
+
+def _generate_rules(g: GenerateDefaults) -> list[str]:
+    out = []
+    if g.temperature not in (None, 0, 0.0):
+        out.append(f"--generate-config temperature must be 0: greedy is the only sampling mode "
+                   f"(got {g.temperature})")
+    if g.top_p not in (None, 1, 1.0):
+        out.append(f"--generate-config top_p must be 1: greedy is the only sampling mode "
+                   f"(got {g.top_p})")
+    if g.top_k not in (None, -1, 0, 1):
+        out.append(f"--generate-config top_k must be -1, 0 or 1: greedy is the only sampling "
+                   f"mode (got {g.top_k})")
+    return out
+
+
+def missing_drafter_parts(model: ModelConfig, model_dir: str | None) -> list[str]:
+    """What K=7 needs and the checkpoint lacks: config keys and mtp.0..2 tensors."""
+    missing = [f"{k} in config.json" for k in DRAFTER_KEYS if k not in model.raw]
+    names = checkpoint_tensor_names(model_dir) if model_dir else None
+    if names is not None:
+        stages = [f"mtp.{i}" for i in range(3)
+                  if not any(n.startswith(f"mtp.{i}.") for n in names)]
+        if stages:
+            missing.append(f"drafter stage tensors {', '.join(stages)}")
+    return missing
+
+
+def checkpoint_tensor_names(model_dir: str) -> set[str] | None:
+    """Tensor names from the safetensors headers (no tensor data read); None if unreadable."""
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    try:
+        if os.path.exists(index):
+            with open(index, encoding="utf-8") as f:
+                return set(json.load(f)["weight_map"])
+        names: set[str] = set()
+        files = [n for n in os.listdir(model_dir) if n.endswith(".safetensors")]
+        for name in files:
+            with open(os.path.join(model_dir, name), "rb") as f:
+                (header_len,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(header_len))
+            names.update(k for k in header if k != "__metadata__")
+        return names if files else None
+    except (OSError, ValueError, KeyError, struct.error):
+        return None

@@ -1,0 +1,88 @@
+"""FakeEngine: the engine interface the API codes against, streaming scripted deltas.
+
+By default each request gets max_tokens tokens of a fixed reply (one token per delta,
+finish "length"). `script(g)` overrides the deltas; `hang=True` blocks forever after the
+script (a request the client must abandon). It records every request and every generator
+that was closed before its request finished (an abort).
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+
+from tokenizers import Tokenizer
+
+from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
+from dspark_loop.model_config import ModelConfig
+from tools.checkpoint_config import build_config, resolve_size
+from tools.checkpoint_tokenizer import tokenizer_json
+
+REPLY = " the quick brown fox jumps over the lazy dog."
+
+
+@functools.lru_cache(maxsize=1)
+def tiny_tokenizer() -> Tokenizer:
+    return Tokenizer.from_str(tokenizer_json(1024))
+
+
+@functools.lru_cache(maxsize=1)
+def tiny_model_config() -> ModelConfig:
+    return ModelConfig.from_dict(build_config(resolve_size("tiny", {}), dtype="float32",
+                                              w8a8=False, with_drafter=True))
+
+
+def reply_ids() -> list[int]:
+    return tiny_tokenizer().encode(REPLY, add_special_tokens=False).ids
+
+
+def reply_deltas(g: GenerateRequest) -> list[RequestOutput]:
+    """max_tokens tokens of REPLY (cycled), one per delta; the last says "length"."""
+    tok, ids = tiny_tokenizer(), reply_ids()
+    n = g.params.max_tokens
+    outs = []
+    for i in range(n):
+        t = ids[i % len(ids)]
+        outs.append(RequestOutput(g.request_id, [t], tok.decode([t]), finished=i == n - 1,
+                                  finish_reason="length" if i == n - 1 else None,
+                                  num_prompt_tokens=len(g.prompt_token_ids), num_output_tokens=i + 1))
+    return outs
+
+
+class FakeEngine:
+    def __init__(self, *, max_model_len: int = 64, ready: bool = True, script=reply_deltas,
+                 hang: bool = False, delay_s: float = 0.0):
+        self.max_model_len = max_model_len
+        self.ready = ready
+        self.dead_reason: str | None = None
+        self.script = script
+        self.hang = hang
+        self.delay_s = delay_s
+        self.num_running = 0
+        self.num_waiting = 0
+        self.requests: list[GenerateRequest] = []
+        self.aborted: list[str] = []
+        self.closed = asyncio.Event()  # set when any generator ends (finished or aborted)
+
+    def die(self, reason: str) -> None:
+        self.dead_reason = reason
+        self.ready = False
+
+    async def generate(self, g: GenerateRequest):
+        self.requests.append(g)
+        self.num_running += 1
+        finished = False
+        try:
+            for out in self.script(g):
+                if self.delay_s:
+                    await asyncio.sleep(self.delay_s)
+                finished = out.finished
+                yield out
+                if finished:
+                    return
+            if self.hang:
+                await asyncio.Event().wait()
+        finally:
+            self.num_running -= 1
+            if not finished:
+                self.aborted.append(g.request_id)
+            self.closed.set()
