@@ -1,0 +1,86 @@
+"""/health, /v1/models, /tokenize, /detokenize, /metrics."""
+from __future__ import annotations
+
+from dspark_loop.api.app import add_metrics_routes
+from tests.unit.api.fake_engine import FakeEngine, tiny_tokenizer
+from tests.unit.api.harness import MODEL, serving
+
+
+async def test_health_is_503_until_ready_ok_while_ready_and_503_with_reason_after_death():
+    """/health must follow the engine: not_ready -> ok -> dead with its reason."""
+    engine = FakeEngine(ready=False)
+    async with serving(engine) as client:
+        r = await client.get("/health")
+        assert (r.status, await r.json()) == (503, {"status": "not_ready"})
+        engine.ready = True
+        r = await client.get("/health")
+        assert (r.status, await r.json()) == (200, {"status": "ok"})
+        engine.die("rank 2 stopped answering")
+        r = await client.get("/health")
+        assert r.status == 503
+        assert await r.json() == {"status": "dead", "reason": "rank 2 stopped answering"}
+
+
+async def test_models_lists_the_served_name_and_context():
+    """/v1/models must list exactly the served model with its max_model_len."""
+    async with serving(served_model_name="dsv4-flash-w8a8") as client:
+        body = await (await client.get("/v1/models")).json()
+        assert body["object"] == "list"
+        [card] = body["data"]
+        assert (card["id"], card["object"], card["max_model_len"]) == ("dsv4-flash-w8a8", "model", 64)
+        r = await client.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
+        assert r.status == 404  # the directory name no longer answers
+        r = await client.post("/v1/completions", json={"model": "dsv4-flash-w8a8", "prompt": "x"})
+        assert r.status == 200
+
+
+async def test_tokenize_matches_what_completions_send_and_detokenize_round_trips():
+    """/tokenize with special tokens must give the completion's prompt ids (BOS first);
+    /detokenize of those ids must give the BOS text plus the original text."""
+    async with serving() as client:
+        text = "the quick brown fox"
+        tok = await (await client.post("/tokenize", json={"prompt": text})).json()
+        await client.post("/v1/completions", json={"prompt": text, "max_tokens": 1})
+        assert tok["tokens"] == client.engine.requests[0].prompt_token_ids
+        assert tok["count"] == len(tok["tokens"]) and tok["max_model_len"] == 64
+        plain = await (await client.post("/tokenize", json={"text": text, "add_special_tokens": False})).json()
+        assert plain["tokens"] == tok["tokens"][1:]
+        back = await (await client.post("/detokenize", json={"tokens": plain["tokens"]})).json()
+        assert back == {"prompt": text}
+        with_bos = await (await client.post("/detokenize", json={"tokens": tok["tokens"]})).json()
+        assert with_bos["prompt"] == tiny_tokenizer().id_to_token(0) + text
+
+
+async def test_tokenize_routes_reject_bad_bodies():
+    """Missing prompt, unknown model, non-int or out-of-vocab tokens must be 400/404."""
+    async with serving() as client:
+        cases = [("/tokenize", {}, 400, "prompt"), ("/tokenize", {"prompt": "a", "model": "x"}, 404, "model"),
+                 ("/tokenize", {"prompt": "a", "text": "b"}, 400, "prompt"),
+                 ("/detokenize", {"tokens": ["a"]}, 400, "tokens"),
+                 ("/detokenize", {"tokens": [99999]}, 400, "tokens"),
+                 ("/detokenize", {}, 400, "tokens")]
+        for path, body, status, param in cases:
+            r = await client.post(path, json=body)
+            assert r.status == status, (path, body)
+            assert (await r.json())["error"]["param"] == param, (path, body)
+
+
+class StubMetrics:
+    def render_prometheus(self) -> str:
+        return "vllm:num_requests_running 0\n"
+
+    def snapshot(self) -> dict:
+        return {"num_requests_running": 0}
+
+
+async def test_metrics_routes_serve_the_renderers():
+    """/metrics must serve render_prometheus() as text and /metrics/json the snapshot."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+    app = web.Application()
+    add_metrics_routes(app, StubMetrics())
+    async with TestClient(TestServer(app)) as client:
+        r = await client.get("/metrics")
+        assert r.headers["Content-Type"].startswith("text/plain")
+        assert await r.text() == "vllm:num_requests_running 0\n"
+        assert await (await client.get("/metrics/json")).json() == {"num_requests_running": 0}
