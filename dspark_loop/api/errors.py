@@ -8,7 +8,11 @@ ready or dead, 500 only for an engine failure.
 """
 from __future__ import annotations
 
+import logging
+
 from aiohttp import web
+
+log = logging.getLogger(__name__)
 
 ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
                413: "invalid_request_error", 500: "server_error", 503: "server_error"}
@@ -57,3 +61,9 @@ async def error_middleware(request: web.Request, handler):
             return ApiError(e.status, e.reason or e.text or "error",
                             code=e.reason.lower().replace(" ", "_") if e.reason else None).response()
         raise
+    except ConnectionResetError:
+        raise  # the client is gone; nobody to answer
+    except Exception as e:  # a bug: answer in the OpenAI shape and keep serving
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return ApiError(500, f"Internal server error: {type(e).__name__}: {e}",
+                        code="internal_error").response()

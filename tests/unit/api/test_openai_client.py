@@ -49,3 +49,22 @@ async def test_openai_client_raises_its_own_errors_for_our_error_bodies():
         with pytest.raises(openai.NotFoundError, match="does not exist"):
             await oc.completions.create(model="other", prompt="hi")
         await oc.close()
+
+
+async def test_openai_client_raises_on_an_error_event_mid_stream():
+    """An engine failure after the headers must surface in the client as an APIError
+    carrying the engine's message."""
+    from dspark_loop.engine.outputs import RequestOutput
+    from tests.unit.api.fake_engine import FakeEngine
+
+    def script(g):
+        return [RequestOutput(g.request_id, [9], "a", num_output_tokens=1),
+                RequestOutput(g.request_id, [], "", finished=True, finish_reason="error",
+                              error="rank 1 failed the step")]
+    async with serving(FakeEngine(script=script)) as tc:
+        oc = _client(tc)
+        stream = await oc.completions.create(model=MODEL, prompt="hi", max_tokens=4, stream=True)
+        with pytest.raises(openai.APIError, match="rank 1 failed the step"):
+            async for _ in stream:
+                pass
+        await oc.close()

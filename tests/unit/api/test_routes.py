@@ -84,3 +84,17 @@ async def test_metrics_routes_serve_the_renderers():
         assert r.headers["Content-Type"].startswith("text/plain")
         assert await r.text() == "vllm:num_requests_running 0\n"
         assert await (await client.get("/metrics/json")).json() == {"num_requests_running": 0}
+
+
+async def test_an_unexpected_exception_is_a_json_500_and_the_server_keeps_serving():
+    """A bug inside a route must answer 500 in the OpenAI error shape, not a traceback page."""
+    engine = FakeEngine()
+    async with serving(engine) as client:
+        def broken(g):
+            raise RuntimeError("scheduler bug")
+        engine.script = broken
+        r = await client.post("/v1/completions", json={"prompt": "x"})
+        assert r.status == 500
+        assert (await r.json())["error"]["code"] == "internal_error"
+        engine.script = FakeEngine().script
+        assert (await client.post("/v1/completions", json={"prompt": "x"})).status == 200
