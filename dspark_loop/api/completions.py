@@ -22,6 +22,7 @@ from dspark_loop.api.sse import SSEStream
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 
 log = logging.getLogger(__name__)
+BIG_BODY_BYTES = 64 * 1024
 
 
 class Completion:
@@ -91,7 +92,10 @@ class CompletionsRoute:
         return Completion(ctx, req, prompt_ids, prompt_text, g)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        c = self.accept(await request.read())
+        body = await request.read()
+        # NOTE: tokenising a long prompt takes milliseconds per 100 KB; off the event loop it
+        # cannot stall the other requests' streams.
+        c = self.accept(body) if len(body) < BIG_BODY_BYTES else await asyncio.to_thread(self.accept, body)
         log.info("request %s received: prompt_tokens=%d max_tokens=%d stream=%s", c.request_id,
                  len(c.prompt_ids), c.generate.params.max_tokens, bool(c.req.stream))
         gen = self.ctx.engine.generate(c.generate)

@@ -133,3 +133,19 @@ async def test_requests_are_refused_with_503_until_ready_and_after_death():
         r = await client.post("/v1/completions", json={"prompt": "x"})
         assert r.status == 503 and "rank 0 hung" in (await r.json())["error"]["message"]
         assert engine.requests == []
+
+
+async def test_long_prompts_are_tokenised_like_short_ones():
+    """A prompt big enough to be tokenised off the event loop must give the same ids as
+    direct tokenisation, and still be refused past the context with the numbers."""
+    text = "the quick brown fox " * 5000  # 100 KB
+    async with serving(FakeEngine(max_model_len=100000), max_model_len=100000) as client:
+        r = await client.post("/v1/completions", json={"prompt": text, "max_tokens": 1})
+        assert r.status == 200
+        ids = tiny_tokenizer().encode(text, add_special_tokens=False).ids
+        assert client.engine.requests[0].prompt_token_ids == [BOS, *ids]
+    async with serving() as client:
+        r = await client.post("/v1/completions", json={"prompt": text})
+        assert r.status == 400
+        message = (await r.json())["error"]["message"]
+        assert f"{len(ids) + 1} tokens" in message and "64 tokens" in message
