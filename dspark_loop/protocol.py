@@ -145,6 +145,7 @@ class StepTrace(msgspec.Struct, array_like=True, tag=5):
     num_waiting: int = 0
     errors: list[str] = []
     dropped_traces: int = 0  # traces the publisher dropped so far (full queue)
+    accepted_num_drafts: list[int] = []  # per accepted_lens entry: drafts it verified (0 or 7)
 
 
 TRACE_DECODER = msgspec.msgpack.Decoder(StepTrace)
