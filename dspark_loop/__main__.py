@@ -1,0 +1,22 @@
+"""python -m dspark_loop (also the `dspark-loop` console script)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dspark_loop.cli import load_config
+    from dspark_loop.launch import run_offline_mode, run_server
+
+    cfg, model = load_config(argv)
+    logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if cfg.prompts:
+        return asyncio.run(run_offline_mode(cfg, model))
+    return asyncio.run(run_server(cfg, model))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Wiring: config -> mesh (ranks) -> scheduler + engine loop -> HTTP app (or offline).
+
+The HTTP server starts first and answers /health with 503 until the ranks have said
+Hello, so a client polling /health sees the server come up.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+
+from tokenizers import Tokenizer
+
+from dspark_loop.cache_layout import CacheLayout
+from dspark_loop.config import ServerConfig
+from dspark_loop.engine.loop import EngineLoop
+from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
+from dspark_loop.engine.scheduler import Scheduler
+from dspark_loop.errors import MeshStartError
+from dspark_loop.mesh import Mesh
+from dspark_loop.model_config import ModelConfig
+
+log = logging.getLogger("dspark_loop")
+
+
+class PendingEngine:
+    """Stands in for the EngineLoop until the ranks are up (then delegates to it)."""
+
+    def __init__(self, max_model_len: int) -> None:
+        self.inner: EngineLoop | None = None
+        self.start_error: str | None = None
+        self.max_model_len = max_model_len
+
+    @property
+    def ready(self) -> bool:
+        return self.inner is not None and self.inner.ready
+
+    @property
+    def dead_reason(self) -> str | None:
+        return self.start_error if self.inner is None else self.inner.dead_reason
+
+    @property
+    def num_running(self) -> int:
+        return 0 if self.inner is None else self.inner.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return 0 if self.inner is None else self.inner.num_waiting
+
+    def __getattr__(self, name):  # dspark_summary() and friends, once started
+        if self.inner is None:
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    async def generate(self, req: GenerateRequest):
+        if self.inner is None:
+            reason = self.start_error or "the engine is starting; retry when /health is ok"
+            yield RequestOutput(req.request_id, [], "", finished=True, finish_reason="error",
+                                error=reason, num_prompt_tokens=len(req.prompt_token_ids))
+            return
+        async for out in self.inner.generate(req):
+            yield out
+
+    def abort(self, request_id: str) -> bool:
+        return False if self.inner is None else self.inner.abort(request_id)
+
+
+def make_mesh(cfg: ServerConfig) -> Mesh:
+    return Mesh(cfg.model, world_size=cfg.world_size, tp=cfg.tp, dtype=cfg.dtype,
+                block_size=cfg.block_size, num_blocks=cfg.num_blocks,
+                kv_cache_memory=cfg.kv_cache_memory, backend=cfg.backend,
+                devices=list(cfg.devices) if cfg.devices else None, log_level=cfg.log_level,
+                **mesh_extra_kwargs(cfg))
+
+
+def mesh_extra_kwargs(cfg: ServerConfig) -> dict:
+    """Options that only some configurations pass to the ranks."""
+    return {}
+
+
+def make_engine(cfg: ServerConfig, model: ModelConfig, mesh: Mesh, tokenizer: Tokenizer,
+                observers: list) -> EngineLoop:
+    layout = CacheLayout.for_model(model, cfg.block_size)
+    scheduler = Scheduler(layout, num_partitions=cfg.dp, num_blocks=mesh.num_blocks,
+                          max_num_seqs=cfg.max_num_seqs,
+                          max_num_batched_tokens=cfg.max_num_batched_tokens,
+                          long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+                          max_model_len=cfg.max_model_len, eos_token_ids=model.eos_token_ids,
+                          **scheduler_extra_kwargs(cfg))
+    return EngineLoop(scheduler, mesh, tokenizer, observers=observers)
+
+
+def scheduler_extra_kwargs(cfg: ServerConfig) -> dict:
+    return {"spec_k": cfg.num_speculative_tokens}
+
+
+def load_tokenizer(model_dir: str) -> Tokenizer:
+    path = os.path.join(model_dir, "tokenizer.json")
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: argument --model: {model_dir} has no tokenizer.json")
+    return Tokenizer.from_file(path)
+
+
+async def start_engine(cfg: ServerConfig, model: ModelConfig, tokenizer: Tokenizer,
+                       mesh: Mesh, observers: list) -> EngineLoop:
+    t0 = time.monotonic()
+    log.info("starting %d rank(s): dp=%d tp=%d ep=%d backend=%s dtype=%s model=%s",
+             cfg.world_size, cfg.dp, cfg.tp, cfg.ep, cfg.backend, cfg.dtype, cfg.model)
+    await mesh.start()
+    engine = make_engine(cfg, model, mesh, tokenizer, observers)
+    engine.start()
+    log.info("ready in %.1fs: %s pages per partition (families %s), max_model_len=%d, K=%d",
+             time.monotonic() - t0, mesh.num_blocks,
+             [f.name for f in CacheLayout.for_model(model, cfg.block_size).families],
+             cfg.max_model_len, cfg.num_speculative_tokens)
+    return engine
+
+
+def make_observers(cfg: ServerConfig, mesh: Mesh | None = None) -> tuple[list, object | None]:
+    """(observers, metrics) -- metrics and the debug tap when those modules are present."""
+    observers: list = []
+    metrics = None
+    try:
+        from dspark_loop.metrics import Metrics
+        metrics = Metrics(cfg.served_model_name, None)
+        observers.append(metrics)
+    except ImportError:
+        pass
+    if cfg.debug_tap:
+        from dspark_loop.tap import TapPublisher
+        observers.append(TapPublisher(cfg.debug_tap))
+    return observers, metrics
+
+
+async def run_server(cfg: ServerConfig, model: ModelConfig) -> int:
+    from dspark_loop.api.app import create_app
+    from dspark_loop.api.server import serve
+
+    tokenizer = load_tokenizer(cfg.model)
+    pending = PendingEngine(cfg.max_model_len)
+    observers, metrics = make_observers(cfg)
+    app = create_app(pending, tokenizer, cfg, model, metrics=metrics)
+    mesh = make_mesh(cfg)
+    stop = asyncio.Event()
+    started = asyncio.Event()
+    server = asyncio.create_task(serve(app, cfg.host, cfg.port, stop=stop, started=started))
+    code = 0
+    try:
+        await asyncio.wait([server, asyncio.ensure_future(started.wait())],
+                           return_when=asyncio.FIRST_COMPLETED)
+        if server.done():
+            server.result()  # raises the bind error
+        try:
+            pending.inner = await start_engine(cfg, model, tokenizer, mesh, observers)
+        except MeshStartError as e:
+            pending.start_error = f"ranks failed to start: {e}"
+            log.error("%s", pending.start_error)
+            stop.set()
+            code = 1
+        await server
+    finally:
+        if pending.inner is not None:
+            await pending.inner.stop()
+        await mesh.close()
+        for ob in observers:
+            close = getattr(ob, "close", None)
+            if close is not None:
+                close()
+        log.info("stopped")
+    return code
+
+
+async def run_offline_mode(cfg: ServerConfig, model: ModelConfig) -> int:
+    from dspark_loop.api.offline import run_offline
+
+    tokenizer = load_tokenizer(cfg.model)
+    mesh = make_mesh(cfg)
+    try:
+        engine = await start_engine(cfg, model, tokenizer, mesh, [])
+        try:
+            await run_offline(engine, tokenizer, list(cfg.prompts), cfg.max_tokens,
+                              bos_token_id=model.bos_token_id, stop=list(cfg.generate.stop),
+                              ignore_eos=cfg.generate.ignore_eos)
+        except (ValueError, RuntimeError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        finally:
+            await engine.stop()
+    except MeshStartError as e:
+        print(f"error: ranks failed to start: {e}", file=sys.stderr)
+        return 1
+    finally:
+        await mesh.close()
+    return 0
