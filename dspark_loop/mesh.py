@@ -25,18 +25,15 @@ import zmq
 import zmq.asyncio
 
 from dspark_loop.errors import EngineDead, MeshStartError
+from dspark_loop.mesh_handshake import hello_problem, identity, min_num_blocks
 from dspark_loop.mesh_procs import RankProcs
-from dspark_loop.protocol import (ENCODER, PROTOCOL_VERSION, SERVER_DECODER, Hello, Shutdown,
-                                  StepPlan, StepResult)
+from dspark_loop.protocol import ENCODER, SERVER_DECODER, Hello, Shutdown, StepPlan, StepResult
 
 log = logging.getLogger("dspark_loop.mesh")
 
 POLL_S = 0.2  # how often a waiting step looks at the rank processes
 WATCH_S = 0.5  # how often the idle watcher does
-
-
-def identity(rank: int) -> bytes:  # NOTE: must match workers/rank.py
-    return b"rank%d" % rank
+TROUBLE_WINDOW_S = 0.5  # after a first failure, how long a step collects evidence of its cause
 
 
 def free_port(host: str) -> int:
@@ -45,30 +42,12 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def hello_problem(hello: Hello, sender: bytes, world_size: int, seen: set[int]) -> str | None:
-    """Why this Hello must stop the start-up, or None."""
-    if hello.protocol_version != PROTOCOL_VERSION:
-        return (f"rank {hello.rank} speaks protocol version {hello.protocol_version}, "
-                f"the server speaks {PROTOCOL_VERSION}: refused")
-    if hello.error:
-        return f"rank {hello.rank} failed to start: {hello.error}"
-    if hello.world_size != world_size or not 0 <= hello.rank < world_size:
-        return f"rank {hello.rank} of {hello.world_size} joined a mesh of {world_size} ranks"
-    if sender != identity(hello.rank):
-        return f"rank {hello.rank} said Hello from socket {sender!r}"
-    if hello.rank in seen:
-        return f"rank {hello.rank} said Hello twice"
-    return None
-
-
-def min_num_blocks(hellos: list[Hello]) -> list[int]:
-    families = {len(h.num_blocks) for h in hellos}
-    if len(families) != 1:
-        raise MeshStartError(f"ranks disagree on the number of cache families: {sorted(families)}")
-    return [min(col) for col in zip(*(h.num_blocks for h in hellos))]
-
-
 class Mesh:
+    """launch=False: the ranks are started elsewhere (other hosts) with `address` and
+    `dist_init` (bind() first to learn them); liveness then rests on step_timeout_s.
+    runner: the ranks' runner class as module:Class (tests pass a fake); env: extra
+    environment for spawned ranks."""
+
     def __init__(self, model_dir: str, world_size: int, tp: int, dtype: str = "bfloat16",
                  block_size: int = 32, num_blocks: int | None = None,
                  kv_cache_memory: int | None = None, backend: str = "cpu",
@@ -93,6 +72,7 @@ class Mesh:
         self._dead: str | None = None
         self._started = False
         self._closing = False
+        self._in_step = False  # a step watches the ranks itself; the idle watcher stands down
         self._watcher: asyncio.Task | None = None
         self._close_task: asyncio.Future | None = None
 
@@ -205,43 +185,59 @@ class Mesh:
         if self._dead or self._closing or not self._started:
             raise EngineDead(self._dead or ("the mesh is closing" if self._closing
                                             else "the mesh is not started"))
-        frame = ENCODER.encode(plan)
-        for rank in range(self.world_size):
-            try:
-                await self._sock.send_multipart([identity(rank), frame], copy=False)
-            except zmq.ZMQError as exc:
-                await self._die(self.procs.exit_reason() or
-                                f"could not send step {plan.step_id} to rank {rank}: {exc}")
-        return await self._gather(plan.step_id)
+        self._in_step = True
+        try:
+            frame = ENCODER.encode(plan)
+            for rank in range(self.world_size):
+                try:
+                    await self._sock.send_multipart([identity(rank), frame], copy=False)
+                except zmq.ZMQError as exc:
+                    await self._die(self.procs.exit_reason() or
+                                    f"could not send step {plan.step_id} to rank {rank}: {exc}")
+            return await self._gather(plan.step_id)
+        finally:
+            self._in_step = False
 
     async def _gather(self, step_id: int) -> list[StepResult]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.step_timeout_s
         results: dict[int, StepResult] = {}
+        errors: list[StepResult] = []  # in arrival order
+        trouble_since = None  # first error result or rank exit seen
         while len(results) < self.world_size:
             if self._dead or self._closing:
                 raise EngineDead(self._dead or "the mesh is closing")
-            got = await self._recv(POLL_S)
-            if got is None:
-                reason = self.procs.exit_reason()
-                if reason:
-                    await self._die(f"{reason} during step {step_id}")
-                if loop.time() >= deadline:
-                    missing = sorted(set(range(self.world_size)) - set(results))
-                    await self._die(f"ranks {missing} did not answer step {step_id} "
-                                    f"within {self.step_timeout_s:g} s")
-                continue
-            sender, msg = got
-            if not isinstance(msg, StepResult) or msg.step_id != step_id:
-                log.warning("dropped a stray %s from %r while waiting for step %d",
-                            type(msg).__name__, sender, step_id)
-                continue
-            if msg.error:
-                killed = [rc for rc in self.procs.exited() if rc[1] < 0]
-                cause = f"{self.procs.exit_reason()}; " if killed else ""
-                await self._die(f"{cause}rank {msg.rank} failed step {step_id}: {msg.error}")
-            results[msg.rank] = msg
+            got = await self._recv(POLL_S if trouble_since is None else 0.02)
+            if got is not None:
+                sender, msg = got
+                if not isinstance(msg, StepResult) or msg.step_id != step_id:
+                    log.warning("dropped a stray %s from %r while waiting for step %d",
+                                type(msg).__name__, sender, step_id)
+                elif msg.error:
+                    errors.append(msg)
+                else:
+                    results[msg.rank] = msg
+            now = loop.time()
+            if trouble_since is None and (errors or self.procs.exited()):
+                trouble_since = now
+            # NOTE: one failure brings a cascade (a killed rank's peers report "connection
+            # reset", then exit): collect evidence briefly so the reason names the cause.
+            if trouble_since is not None and now - trouble_since >= TROUBLE_WINDOW_S:
+                await self._die(self._failure_reason(step_id, errors))
+            if now >= deadline:
+                missing = sorted(set(range(self.world_size)) - set(results))
+                await self._die(f"ranks {missing} did not answer step {step_id} "
+                                f"within {self.step_timeout_s:g} s")
         return [results[g * self.tp] for g in range(self.num_groups)]
+
+    def _failure_reason(self, step_id: int, errors: list[StepResult]) -> str:
+        """A rank killed by a signal, else the first rank's own error, else the first exit."""
+        exited = self.procs.exited()
+        if exited and exited[0][1] < 0:
+            return f"{self.procs.exit_reason()} during step {step_id}"
+        if errors:
+            return f"rank {errors[0].rank} failed step {step_id}: {errors[0].error}"
+        return f"{self.procs.exit_reason()} during step {step_id}"
 
     async def _recv(self, timeout_s: float):
         """(sender, message) or None after timeout_s; undecodable frames are dropped."""
@@ -266,7 +262,7 @@ class Mesh:
         while not self._dead and not self._closing:
             await asyncio.sleep(WATCH_S)
             reason = self.procs.exit_reason()
-            if reason and not self._closing:
+            if reason and not self._closing and not self._in_step:
                 try:
                     await self._die(reason)
                 except EngineDead:

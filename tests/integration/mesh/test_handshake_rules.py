@@ -2,7 +2,7 @@
 import pytest
 
 from dspark_loop.errors import MeshStartError
-from dspark_loop.mesh import hello_problem, identity, min_num_blocks
+from dspark_loop.mesh_handshake import hello_problem, identity, min_num_blocks
 from dspark_loop.protocol import PROTOCOL_VERSION, Hello
 
 

@@ -5,7 +5,8 @@ import zmq
 import zmq.asyncio
 
 from dspark_loop.errors import MeshStartError
-from dspark_loop.mesh import Mesh, identity
+from dspark_loop.mesh import Mesh
+from dspark_loop.mesh_handshake import identity
 from dspark_loop.protocol import ENCODER, PROTOCOL_VERSION, Hello
 from tests.integration.mesh.conftest import alive, make_mesh
 
