@@ -1,0 +1,109 @@
+"""Small building blocks: row-invariant projections, RMSNorm, interleaved rope, mHC mixing,
+the Walsh-Hadamard rotation. Norms, hc and softmaxes run in fp32 as transformers does."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROW_TILE = 8
+
+
+def linear_rows(lin, x: torch.Tensor) -> torch.Tensor:
+    """lin(x) for x [rows, in] (a Linear or any row-wise callable), in fixed tiles of
+    ROW_TILE rows.
+
+    NOTE: a BLAS gemm picks its kernel by the number of rows, so a row's result changes
+    with its neighbours' count (measured on CPU). Calling it on fixed-size tiles makes every
+    row's bits independent of the batch: a request gives the same tokens alone or packed,
+    and a verify tile writes the same cache rows as a 1-row step.
+    """
+    rows = x.shape[0]
+    if rows == 0:
+        return lin(x)
+    pad = (-rows) % ROW_TILE
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, *x.shape[1:])])
+    out = [lin(x[i:i + ROW_TILE]) for i in range(0, rows + pad, ROW_TILE)]
+    return torch.cat(out)[:rows]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=torch.float32), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * xf).to(x.dtype)
+
+
+def rms_unweighted(x: torch.Tensor, eps: float) -> torch.Tensor:  # [..., dim]
+    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
+    """positions [n] -> cos, sin [n, rope_dim/2] (computed in fp32, stored in dtype)."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    return freqs.cos().to(dtype), freqs.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Interleaved rope on the LAST 2*cos.shape[-1] channels: pairs (x0, x1) of consecutive
+    channels rotate together. x [n, ..., dim], cos/sin [n, rope_dim/2]; pass -sin to undo."""
+    extra = x.dim() - 2
+    cos = cos.repeat_interleave(2, dim=-1).view(cos.shape[0], *([1] * extra), -1)  # [n, 1.., rd]
+    sin = sin.repeat_interleave(2, dim=-1).view(sin.shape[0], *([1] * extra), -1)
+    rd = cos.shape[-1]
+    nope, rope = x[..., :-rd], x[..., -rd:]
+    rotated = torch.stack((-rope[..., 1::2], rope[..., 0::2]), dim=-1).flatten(-2)
+    out = rope.float() * cos + rotated.float() * sin
+    return torch.cat([nope, out.to(x.dtype)], dim=-1)
+
+
+def hc_pre(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
+           sinkhorn_iters: int, hc_eps: float, norm_eps: float):
+    """mHC weights for one sublayer. h [rows, hc, d] -> post [rows, hc], comb [rows, hc, hc]
+    (comb[j, k]: stream j into stream k), collapsed input [rows, d]."""
+    hc = h.shape[1]
+    flat = rms_unweighted(h.flatten(1).float(), norm_eps)  # [rows, hc*d]
+    mix = linear_rows(lambda t: F.linear(t, fn.float()), flat)  # [rows, (2+hc)*hc]
+    pre_w, post_w, comb_w = mix.split([hc, hc, hc * hc], dim=-1)
+    pre_b, post_b, comb_b = base.split([hc, hc, hc * hc])
+    pre = torch.sigmoid(pre_w * scale[0] + pre_b) + hc_eps
+    post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
+    comb = comb_w.view(-1, hc, hc) * scale[2] + comb_b.view(hc, hc)
+    comb = torch.softmax(comb, dim=-1) + hc_eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
+    for _ in range(sinkhorn_iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
+    collapsed = (pre.unsqueeze(-1) * h).sum(dim=1).to(h.dtype)  # [rows, d]
+    return post, comb, collapsed
+
+
+def hc_post(h: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """h'[k] = post[k]*out + sum_j comb[j, k]*h[j]. h [rows, hc, d], out [rows, d]."""
+    dtype = h.dtype
+    return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), h)
+
+
+def hc_head(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
+            hc_eps: float, norm_eps: float) -> torch.Tensor:
+    """Final collapse of the streams: h [rows, hc, d] -> [rows, d] (no Sinkhorn)."""
+    flat = rms_unweighted(h.flatten(1).float(), norm_eps)
+    mix = linear_rows(lambda t: F.linear(t, fn.float()), flat)  # [rows, hc]
+    pre = torch.sigmoid(mix * scale.float() + base.float()) + hc_eps
+    return (pre.unsqueeze(-1) * h).sum(dim=1).to(h.dtype)
+
+
+def hadamard_matrix(dim: int) -> torch.Tensor:
+    """Orthonormal Walsh-Hadamard matrix [dim, dim] (Sylvester; dim a power of two)."""
+    if dim & (dim - 1):
+        raise ValueError(f"the indexer Hadamard needs a power-of-two index_head_dim, got {dim}")
+    m = torch.ones(1, 1)
+    while m.shape[0] < dim:
+        m = torch.cat([torch.cat([m, m], 1), torch.cat([m, -m], 1)], 0)
+    return m / dim ** 0.5

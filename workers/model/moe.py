@@ -1,0 +1,99 @@
+"""Mixture of experts: sqrt-softplus router (hash-routed in the first layers), clamped
+SwiGLU experts, routed experts EP-sharded over the world, shared expert replicated.
+
+EP exchange (gather-then-sum in rank order, never an all_reduce):
+    1. gather_world (x, expert ids, weights) of every rank; keep one copy per TP group
+       (ranks g*tp hold the group's tokens)
+    2. each rank runs its local experts on every group's tokens -> partial [sum T_g, d]
+    3. gather_world the partials; each rank sums, in rank order, its own group's slice
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dspark_loop.model_config import ModelConfig
+from workers.model.config import LocalDims
+from workers.model.layers import linear_rows
+from workers.model.linear import Linear
+
+
+class Expert(nn.Module):
+    def __init__(self, hidden: int, inter: int, limit: float, dtype: torch.dtype, w8a8, prefix: str) -> None:
+        super().__init__()
+        self.limit = limit
+        self.w1 = Linear(hidden, inter, dtype, w8a8(prefix + "w1"))
+        self.w2 = Linear(inter, hidden, dtype, w8a8(prefix + "w2"))
+        self.w3 = Linear(hidden, inter, dtype, w8a8(prefix + "w3"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [rows, hidden]
+        gate = linear_rows(self.w1, x).clamp(max=self.limit)
+        up = linear_rows(self.w3, x).clamp(min=-self.limit, max=self.limit)
+        return linear_rows(self.w2, F.silu(gate) * up)
+
+
+class Gate(nn.Module):
+    def __init__(self, cfg: ModelConfig, is_hash: bool) -> None:
+        super().__init__()
+        self.is_hash, self.topk = is_hash, cfg.num_experts_per_tok
+        self.scale = cfg.routed_scaling_factor
+        self.weight = nn.Parameter(torch.zeros(cfg.n_routed_experts, cfg.hidden_size), requires_grad=False)
+        if is_hash:
+            self.register_buffer("tid2eid", torch.zeros(cfg.vocab_size, self.topk, dtype=torch.long))
+        else:
+            self.bias = nn.Parameter(torch.zeros(cfg.n_routed_experts), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, d] -> expert ids [T, k] (long), weights [T, k] fp32."""
+        logits = linear_rows(lambda t: F.linear(t.float(), self.weight.float()), x)  # [T, E]
+        scores = F.softplus(logits).sqrt()
+        if self.is_hash:
+            idx = self.tid2eid[token_ids].long()
+        else:
+            # NOTE: lowest expert id wins a tie (stable sort), whatever the batch shape.
+            idx = torch.sort(scores + self.bias.float(), dim=-1, descending=True, stable=True).indices[:, :self.topk]
+        w = scores.gather(1, idx)
+        return idx, w / (w.sum(dim=-1, keepdim=True) + 1e-20) * self.scale
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, dims: LocalDims, dtype: torch.dtype, w8a8) -> None:
+        super().__init__()
+        p = f"layers.{layer}.ffn."
+        self.gate = Gate(cfg, cfg.is_hash_layer(layer))
+        self.expert_lo, self.expert_hi = dims.expert_lo, dims.expert_hi
+        inter, limit = cfg.moe_intermediate_size, cfg.swiglu_limit
+        self.experts = nn.ModuleDict({
+            str(e): Expert(cfg.hidden_size, inter, limit, dtype, w8a8, f"{p}experts.{e}.")
+            for e in range(dims.expert_lo, dims.expert_hi)})
+        self.shared_experts = Expert(cfg.hidden_size, inter * cfg.n_shared_experts, limit, dtype, w8a8,
+                                     p + "shared_experts.")
+
+    def routed(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """This rank's experts' share of the routed sum: x [T, d], idx/w [T, k] -> [T, d]."""
+        out = torch.zeros_like(x)
+        for e in range(self.expert_lo, self.expert_hi):  # ascending id: a fixed order per row
+            rows, slot = torch.nonzero(idx == e, as_tuple=True)
+            if rows.numel():
+                y = self.experts[str(e)](x[rows]) * w[rows, slot, None].to(x.dtype)
+                out.index_add_(0, rows, y)
+        return out
+
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor, comm) -> torch.Tensor:  # [T, d]
+        idx, w = self.gate(x, token_ids)
+        shard = comm.shard
+        if shard.world_size == 1:
+            routed = self.routed(x, idx, w)
+        else:
+            tp = shard.tp_size
+            xs = comm.gather_world(x)[::tp]  # one copy per TP group
+            idxs = comm.gather_world(idx)[::tp]
+            ws = comm.gather_world(w)[::tp]
+            partial = torch.cat([self.routed(a, b, c) for a, b, c in zip(xs, idxs, ws)])  # [sum T_g, d]
+            start = sum(t.shape[0] for t in xs[:shard.group])
+            parts = [p[start:start + x.shape[0]] for p in comm.gather_world(partial)]
+            routed = parts[0]
+            for p in parts[1:]:
+                routed = routed + p
+        return routed + self.shared_experts(x)

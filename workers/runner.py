@@ -1,0 +1,84 @@
+"""ModelRunner: what a rank process calls every step.
+
+    execute(PartitionPlan) -> int32 greedy tokens, in the protocol's order:
+        one per prefill chunk with sample=True (plan order), then num_rows per decode request
+
+It mirrors the partition's block tables from the plan's deltas, turns prefill chunks and
+the decode batch into segments (a chunk publishes all its rows; a decode request is 1 or 8
+rows, every row a logit row), stages them and runs one packed forward.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dspark_loop.cache_layout import CacheLayout
+from dspark_loop.model_config import ModelConfig
+from dspark_loop.protocol import PartitionPlan, as_i32, as_i8
+from workers.comm import Comm, LocalComm, ShardSpec
+from workers.kv_pool import SCRATCH_ROWS, KVPool, blocks_for_budget
+from workers.model.dsv4 import ForwardOutput
+from workers.staging import BlockTables, Segment, stage
+from workers.weights import load_model
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def segments_of(part: PartitionPlan) -> list[Segment]:
+    segs = []
+    for chunk in part.prefills:
+        toks = as_i32(chunk.token_ids)
+        logit = np.array([len(toks) - 1] if chunk.sample else [], np.int64)
+        segs.append(Segment(chunk.req_id, chunk.start_pos, toks, len(toks), logit))
+    d = part.decode
+    if d is not None:
+        req_ids, starts, num_rows = as_i32(d.req_ids), as_i32(d.start_pos), as_i8(d.num_rows)
+        toks = as_i32(d.token_ids)
+        offsets = np.concatenate([[0], np.cumsum(num_rows, dtype=np.int64)])
+        for i, req in enumerate(req_ids):
+            n = int(num_rows[i])
+            segs.append(Segment(int(req), int(starts[i]), toks[offsets[i]:offsets[i] + n], n,
+                                np.arange(n, dtype=np.int64)))
+    return segs
+
+
+class ModelRunner:
+    def __init__(self, model_dir: str, dtype: str | torch.dtype = "float32", shard: ShardSpec | None = None,
+                 comm: Comm | None = None, block_size: int = 32, num_blocks: int | list[int] | None = None,
+                 kv_cache_memory: int | None = None, device: str = "cpu", scratch_rows: int = SCRATCH_ROWS,
+                 hadamard: bool = True, quiet: bool = False) -> None:
+        self.dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+        self.comm = comm or LocalComm()
+        self.shard = shard or self.comm.shard
+        self.device = torch.device(device)
+        self.cfg = ModelConfig.from_dir(model_dir)
+        self.layout = CacheLayout.for_model(self.cfg, block_size)
+        self.model = load_model(model_dir, self.cfg, self.shard, self.dtype, device, hadamard, quiet)
+        if num_blocks is None:
+            if kv_cache_memory is None:
+                raise ValueError("give num_blocks or kv_cache_memory")
+            blocks = blocks_for_budget(self.cfg, self.layout, kv_cache_memory, self.dtype, scratch_rows)
+        elif isinstance(num_blocks, int):
+            blocks = [num_blocks] * len(self.layout.families)
+        else:
+            blocks = list(num_blocks)
+        self.pool = KVPool(self.cfg, self.layout, blocks, self.dtype, self.device, scratch_rows)
+        self.tables = BlockTables(len(self.layout.families))
+
+    @property
+    def num_blocks(self) -> list[int]:
+        return self.pool.num_blocks
+
+    def apply_tables(self, part: PartitionPlan) -> None:
+        self.tables.free(part.freed_req_ids)
+        for u in part.block_updates:
+            self.tables.apply(u)
+
+    def forward(self, segments: list[Segment], tap_layers: tuple[int, ...] = ()) -> ForwardOutput:
+        batch = stage(segments, self.tables, self.layout, self.cfg, self.pool, self.device)
+        return self.model(batch, self.pool, self.comm, tap_layers)
+
+    def execute(self, part: PartitionPlan) -> np.ndarray:
+        self.apply_tables(part)
+        out = self.forward(segments_of(part))
+        return out.token_ids.to(torch.int32).cpu().numpy()
