@@ -11,6 +11,7 @@ No prometheus_client at run time: the exposition is a few lines of text written 
 from __future__ import annotations
 
 import bisect
+import collections
 import math
 
 from dspark_loop.engine.observer import EngineObserver, RequestStats
@@ -137,36 +138,35 @@ class Metrics(EngineObserver):
         bonus token included) means its first a-1 drafts matched. One that ran 1 row verified
         nothing (K=0, or a DSpark fallback) and always has a = 1."""
         lens = trace.accepted_lens
-        drafts = trace.accepted_num_drafts
-        if len(drafts) != len(lens):
-            drafts = None
-        k = self.num_speculative_tokens or DSPARK_K
-        for i, a in enumerate(lens):
+        if not lens:
+            return
+        # NOTE: counted per distinct length (at most 8), not per request: this runs every step.
+        for a, n in collections.Counter(lens).items():
             if a > 1:
-                self._count_accepted(a - 1)
-            if drafts is not None:
-                if drafts[i] > 0:
-                    self.num_drafts += 1
-                    self.num_draft_tokens += drafts[i]
-                elif self.num_speculative_tokens:
-                    self.num_fallbacks += 1
-        if drafts is None:
+                self._count_accepted(a - 1, n)
+        drafts = trace.accepted_num_drafts
+        if len(drafts) == len(lens):
+            num_verifies = len(drafts) - drafts.count(0)
+            num_draft_tokens = sum(drafts)
+        else:
             # NOTE: a producer that does not fill accepted_num_drafts still reports rows per
             # partition; rows beyond one per request are drafts, K of them per verify.
             num_draft_tokens = sum(max(0, p.decode_num_rows - len(p.decode_req_ids))
                                    for p in trace.partitions)
-            num_verifies = num_draft_tokens // k
-            self.num_draft_tokens += num_draft_tokens
-            self.num_drafts += num_verifies
-            if self.num_speculative_tokens:
-                self.num_fallbacks += max(0, len(lens) - num_verifies)
+            num_verifies = num_draft_tokens // (self.num_speculative_tokens or DSPARK_K)
+        self.num_drafts += num_verifies
+        self.num_draft_tokens += num_draft_tokens
+        if self.num_speculative_tokens:
+            self.num_fallbacks += max(0, len(lens) - num_verifies)
 
-    def _count_accepted(self, num_matched: int) -> None:
-        self.num_accepted_tokens += num_matched
-        if num_matched > len(self.accepted_per_pos):
-            self.accepted_per_pos.extend([0] * (num_matched - len(self.accepted_per_pos)))
+    def _count_accepted(self, num_matched: int, num_requests: int) -> None:
+        """num_requests requests each matched their first num_matched drafts."""
+        self.num_accepted_tokens += num_matched * num_requests
+        per_pos = self.accepted_per_pos
+        if num_matched > len(per_pos):
+            per_pos.extend([0] * (num_matched - len(per_pos)))
         for pos in range(num_matched):
-            self.accepted_per_pos[pos] += 1
+            per_pos[pos] += num_requests
 
     # ---- renderers ----
 
