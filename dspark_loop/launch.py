@@ -109,6 +109,9 @@ async def start_engine(cfg: ServerConfig, model: ModelConfig, tokenizer: Tokeniz
     log.info("starting %d rank(s): dp=%d tp=%d ep=%d backend=%s dtype=%s model=%s",
              cfg.world_size, cfg.dp, cfg.tp, cfg.ep, cfg.backend, cfg.dtype, cfg.model)
     await mesh.start()
+    for ob in observers:
+        if hasattr(ob, "set_num_blocks_total"):
+            ob.set_num_blocks_total(mesh.num_blocks)
     engine = make_engine(cfg, model, mesh, tokenizer, observers)
     engine.start()
     log.info("ready in %.1fs: %s pages per partition (families %s), max_model_len=%d, K=%d",
@@ -124,9 +127,10 @@ def make_observers(cfg: ServerConfig, mesh: Mesh | None = None) -> tuple[list, o
     metrics = None
     try:
         from dspark_loop.metrics import Metrics
-        metrics = Metrics(cfg.served_model_name, None)
+        metrics = Metrics(cfg.served_model_name, None,
+                          num_speculative_tokens=cfg.num_speculative_tokens)
         observers.append(metrics)
-    except ImportError:
+    except ImportError:  # pragma: no cover - metrics ships with the package
         pass
     if cfg.debug_tap:
         from dspark_loop.tap import TapPublisher
