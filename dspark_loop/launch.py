@@ -20,7 +20,9 @@ from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.errors import MeshStartError
 from dspark_loop.mesh import Mesh
+from dspark_loop.metrics import Metrics
 from dspark_loop.model_config import ModelConfig
+from dspark_loop.tap import TapPublisher
 
 log = logging.getLogger("dspark_loop")
 
@@ -121,19 +123,12 @@ async def start_engine(cfg: ServerConfig, model: ModelConfig, tokenizer: Tokeniz
     return engine
 
 
-def make_observers(cfg: ServerConfig, mesh: Mesh | None = None) -> tuple[list, object | None]:
-    """(observers, metrics) -- metrics and the debug tap when those modules are present."""
-    observers: list = []
-    metrics = None
-    try:
-        from dspark_loop.metrics import Metrics
-        metrics = Metrics(cfg.served_model_name, None,
-                          num_speculative_tokens=cfg.num_speculative_tokens)
-        observers.append(metrics)
-    except ImportError:  # pragma: no cover - metrics ships with the package
-        pass
+def make_observers(cfg: ServerConfig) -> tuple[list, Metrics]:
+    """(observers, metrics): metrics always, the debug tap when --debug-tap is given."""
+    metrics = Metrics(cfg.served_model_name, None,
+                      num_speculative_tokens=cfg.num_speculative_tokens)
+    observers: list = [metrics]
     if cfg.debug_tap:
-        from dspark_loop.tap import TapPublisher
         observers.append(TapPublisher(cfg.debug_tap))
     return observers, metrics
 
