@@ -232,7 +232,7 @@ class EngineLoop:
     def _stats(req: Request) -> RequestStats:
         return RequestStats(
             request_id=req.request_id, num_prompt_tokens=req.prompt_len,
-            num_output_tokens=len(req.output_ids), num_cached_tokens=0,
+            num_output_tokens=len(req.output_ids), num_cached_tokens=req.num_cached_tokens,
             finish_reason=req.finish_reason or "", arrival_time=req.arrival_time,
             first_token_time=req.first_token_time, finish_time=req.finish_time or time.monotonic(),
             inter_token_s=req.inter_token_s, num_verify_steps=req.num_verify_steps,

@@ -16,6 +16,8 @@ from dspark_loop.engine.detokenize import Detokenizer
 from dspark_loop.engine.kv_cache import FamilyPages
 from dspark_loop.engine.outputs import SamplingParams
 
+NEVER = 1 << 62  # a position no request reaches
+
 
 class Status(enum.IntEnum):
     WAITING = 0
@@ -46,6 +48,11 @@ class Request:
         self.map_limit = 0  # positions < map_limit are writable without allocating
         self.release_pos = 0  # at num_computed >= this, ring pages can be released
         self.sched_n = 0  # tokens/rows scheduled in the step being built
+        # prefix cache (prefix_cache.py)
+        self.num_cached_tokens = 0  # prompt tokens the first admission found cached
+        self.prefix_hashes: list[int] = []  # chained hashes of whole chunks of tokens
+        self.registered_len = 0  # full pages below this position are keyed in the cache
+        self.register_pos = NEVER  # at num_computed >= this, another page is full
         self.draft_ids: np.ndarray | None = None  # [K] pending drafts (K=7), else None
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None

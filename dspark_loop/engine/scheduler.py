@@ -15,6 +15,7 @@ from dspark_loop.cache_layout import CacheLayout
 from dspark_loop.engine.acceptance import FinishRules
 from dspark_loop.engine.kv_cache import PartitionCache
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
+from dspark_loop.engine.prefix_cache import PrefixCache, stop_registering
 from dspark_loop.engine.request import Request, Status
 from dspark_loop.engine.scheduled_step import PartitionStep, ScheduledStep, decode_batch
 from dspark_loop.engine.step_update import apply_results
@@ -42,7 +43,7 @@ class Scheduler:
     def __init__(self, layout: CacheLayout, num_partitions: int, num_blocks: list[int],
                  max_num_seqs: int, max_num_batched_tokens: int,
                  long_prefill_token_threshold: int, max_model_len: int,
-                 eos_token_ids, spec_k: int = 0):
+                 eos_token_ids, spec_k: int = 0, enable_prefix_caching: bool = True):
         if spec_k not in (0, 7):
             raise ValueError(f"spec_k must be 0 or 7 (the verify tile is 8 rows), got {spec_k}")
         if max_num_seqs < num_partitions:
@@ -57,6 +58,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.eos_token_ids = tuple(int(e) for e in eos_token_ids)
         self.spec_k = spec_k
+        self.prefix = PrefixCache(layout, spec_k) if enable_prefix_caching else None
         self.requests: dict[str, Request] = {}  # live (waiting or running), by API id
         self._next_req_id = 0
         self._next_step_id = 0
@@ -92,7 +94,13 @@ class Scheduler:
                              f"of {self.max_model_len}")
         if req.request_id in self.requests:
             raise ValueError(f"duplicate request id {req.request_id!r}")
-        part = min(self.partitions, key=lambda p: (p.num_requests, p.index))
+        # NOTE: the longest prefix hit picks the partition (its pages live there only);
+        # ties and misses go to the partition with the fewest requests.
+        if self.prefix is None:
+            part = min(self.partitions, key=lambda p: (p.num_requests, p.index))
+        else:
+            part = min(self.partitions, key=lambda p: (-self.prefix.hit_len(p.cache, req),
+                                                       p.num_requests, p.index))
         req.partition = part.index
         req.status = Status.WAITING
         part.waiting.append(req)
@@ -225,11 +233,13 @@ class Scheduler:
         cache = part.cache
         while part.waiting and budget > 0 and len(part.running) < self.max_seqs_per_partition:
             req = part.waiting[0]
-            n = min(req.num_tokens, self.chunk_cap, budget)
-            if not req.pages:
-                req.pages = cache.new_pages()
-            counts = cache.num_new_pages(req.pages, n)
-            if not cache.can_allocate(counts):
+            hit = self.prefix.find(cache, req) if self.prefix is not None else None
+            start = hit.num_tokens if hit else 0
+            n = min(req.num_tokens - start, self.chunk_cap, budget)
+            req.pages = hit.pages if hit else cache.new_pages()
+            counts = cache.num_new_pages(req.pages, start + n)
+            if not cache.can_allocate(counts, req.pages if hit else None):
+                req.pages = []
                 if part.running:
                     return  # wait for pages to come back
                 # NOTE: alone in an empty partition and still no room: it can never run.
@@ -244,9 +254,17 @@ class Scheduler:
             req.req_id = self._next_req_id
             self._next_req_id += 1
             req.status = Status.RUNNING
-            req.num_computed = 0
+            req.num_computed = start
             req.prefill_target = req.num_tokens
+            if req.num_preemptions == 0:
+                req.num_cached_tokens = start
             part.running.append(req)
+            if hit:
+                cache.share(req.pages)
+                updates += [BlockUpdate(req.req_id, f, fp.first_page, i32(fp.block_ids))
+                            for f, fp in enumerate(req.pages) if fp.block_ids]
+            if self.prefix is not None:
+                self.prefix.start(req, start)
             self._map(cache, req, counts, updates)
             req.sched_n = n
             prefills.append((req, n))
@@ -278,6 +296,7 @@ class Scheduler:
         req.prefill_target = 0
         req.draft_ids = None
         req.sched_n = 0
+        stop_registering(req)
         req.status = Status.WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -302,4 +321,5 @@ class Scheduler:
         self._early_finished.append(req)
         self._early_outputs.append(RequestOutput(
             req.request_id, [], "", finished=True, finish_reason="error", error=message,
-            num_prompt_tokens=req.prompt_len, num_output_tokens=len(req.output_ids)))
+            num_prompt_tokens=req.prompt_len, num_output_tokens=len(req.output_ids),
+            num_cached_tokens=req.num_cached_tokens))

@@ -42,6 +42,7 @@ def apply_results(sched: "Scheduler", step: ScheduledStep, results, outputs: lis
                     _commit(sched, part, step, req, tokens[i:i + 1], outputs, now)
                 i += 1
             elif live:
+                _register_pages(sched, part, req)
                 _release_ring(part, req)
         if pstep.decode_reqs:
             _apply_decode(sched, part, step, pstep, tokens[i:], outputs, now)
@@ -109,6 +110,7 @@ def _commit(sched, part: "Partition", step: ScheduledStep, req: Request, accepte
                 break
     req.output_ids.extend(kept)
     step.num_new_tokens += len(kept)
+    _register_pages(sched, part, req)  # before finish or ring release gives pages away
     if req.first_token_time is None:
         req.first_token_time = now
     elif kept:
@@ -128,7 +130,12 @@ def _commit(sched, part: "Partition", step: ScheduledStep, req: Request, accepte
     outputs.append(RequestOutput(
         req.request_id, kept, text, finished=reason is not None, finish_reason=reason,
         num_prompt_tokens=req.prompt_len, num_output_tokens=len(req.output_ids),
-        stop_reason=stop_reason))
+        num_cached_tokens=req.num_cached_tokens, stop_reason=stop_reason))
+
+
+def _register_pages(sched, part: "Partition", req: Request) -> None:
+    if req.num_computed >= req.register_pos:  # a page became full (prefix caching is on)
+        sched.prefix.register(part.cache, req)
 
 
 def _release_ring(part: "Partition", req: Request) -> None:

@@ -2,9 +2,16 @@
 rank would, checks every write and read against them, and answers with a deterministic
 "model": next = f(token at p, token at p-1 read back from the cache, p).
 
-Because the previous token is read through the block table, a page that was released too
-early, mapped to two live requests, or never mapped makes the fake raise (or the tokens
-change), so scheduler bugs cannot hide behind plausible output.
+Cache slots hold content tags, not owner ids: position p's swa slot holds (p, token,
+chain[p]) and compressed row j holds (j, chain at its boundary), where chain[p] =
+hash(chain[p-1], token p) names the whole token prefix. A request admitted on a prefix hit
+starts with no history: its chains are recovered from the swa slot just before its first
+chunk (through `lineage`, every chain's parent), and then every compressed row it can
+read and the whole window before that chunk must hold exactly its prefix's content.
+
+Because reads go through the block table, a page that was released too early, mapped to
+the wrong prefix, written while another request maps it, or never mapped makes the fake
+raise (or the tokens change), so scheduler bugs cannot hide behind plausible output.
 """
 from __future__ import annotations
 
@@ -24,12 +31,15 @@ class FakeRank:
         self.tables: dict[int, list[dict[int, int]]] = {}  # req_id -> family -> page -> block
         self.next_pos: dict[int, int] = {}  # req_id -> position after its committed rows
         self.store: list[dict[int, tuple]] = [{} for _ in layout.families]  # slot -> tag
+        self.chains: dict[int, list[int]] = {}  # req_id -> chain per position [0, written)
+        self.lineage: dict[int, int] = {}  # chain -> parent chain (0 before position 0)
 
     def run(self, part) -> list[int]:
         for rid in part.freed_req_ids:
             assert rid in self.tables, f"freed unknown req {rid}"
             del self.tables[rid]
             self.next_pos.pop(rid, None)
+            self.chains.pop(rid, None)
         for u in part.block_updates:
             table = self.tables.setdefault(u.req_id, [{} for _ in self.layout.families])[u.family]
             for k, b in enumerate(as_i32(u.block_ids)):
@@ -48,16 +58,16 @@ class FakeRank:
                 toks = [int(t) for t in all_toks[cu:cu + k]]
                 cu += k
                 segments.append((int(rid), int(start), toks, list(range(k))))
-        written: list[dict[int, int]] = [{} for _ in self.layout.families]  # block -> req
+        live = self._live_owners()
         for rid, start, toks, _ in segments:  # write first, as the real ranks do
             self.next_pos[rid] = start  # reads of this step reach back from here
-            self._write(rid, start, toks, written)
-        self._check_no_shared_live_pages()
+            self._write(rid, start, toks, live)
         out = []
         for rid, start, toks, sampled in segments:
+            self._check_reads(rid, start)
             for i in sampled:
                 p = start + i
-                prev = self._read_prev(rid, p)
+                prev = self._check_reads(rid, p)
                 out.append(self.model(toks[i], prev, p))
             # NOTE: exact for prefill and 1-row decode; an upper bound for verify rows
             self.next_pos[rid] = start + len(toks)
@@ -72,45 +82,80 @@ class FakeRank:
         block = table[fam.index][page]
         return block, block * per + pos_or_row % per
 
-    def _write(self, rid, start, toks, written) -> None:
+    def _history(self, rid: int, start: int) -> list[int]:
+        """rid's chains for positions [0, start); recovered from the cache after a hit."""
+        chains = self.chains.get(rid)
+        if chains is not None and len(chains) >= start:
+            del chains[start:]  # rejected verify rows are rewritten from here
+            return chains
+        assert chains is None, f"req {rid} skips positions {len(chains)}..{start - 1}"
+        chains = []
+        if start > 0:
+            _, slot = self._slot(rid, self.layout.families[0], start - 1)
+            tag = self.store[0].get(slot)
+            assert tag is not None and tag[0] == start - 1, f"req {rid} hit at {start} finds {tag}"
+            c = tag[2]
+            while c:
+                chains.append(c)
+                c = self.lineage[c]
+            chains.reverse()
+            assert len(chains) == start, f"req {rid} hit at {start}: a prefix of {len(chains)}"
+        self.chains[rid] = chains
+        for fam in self.layout.families:  # a hit must bring every compressed row back
+            for row in range(start // fam.ratio if fam.ratio else 0):
+                self._check_row(rid, fam, row)
+        return chains
+
+    def _write(self, rid, start, toks, live) -> None:
+        chains = self._history(rid, start)
         for i, t in enumerate(toks):
             p = start + i
+            c = hash((chains[-1] if chains else 0, t))
+            self.lineage[c] = chains[-1] if chains else 0
+            chains.append(c)
             for fam in self.layout.families:
                 if fam.ratio == 0:
-                    key, tag = p, (rid, p, t)
+                    key, tag = p, (p, t, c)
                 elif (p + 1) % fam.ratio == 0:
-                    key, tag = p // fam.ratio, (rid, p // fam.ratio)
+                    key, tag = p // fam.ratio, (p // fam.ratio, c)
                 else:
                     continue
                 block, slot = self._slot(rid, fam, key)
-                owner = written[fam.index].setdefault(block, rid)
-                assert owner == rid, f"{fam.name} block {block} written by reqs {owner} and {rid}"
+                others = live[fam.index].get(block, set()) - {rid}
+                assert not others, f"req {rid} writes {fam.name} block {block} live in reqs {others}"
                 self.store[fam.index][slot] = tag
 
-    def _read_prev(self, rid: int, p: int) -> int:
-        for fam in self.layout.families:  # the newest compressed row must be intact too
-            if fam.ratio and (p + 1) // fam.ratio > 0:
-                row = (p + 1) // fam.ratio - 1
-                _, slot = self._slot(rid, fam, row)
-                assert self.store[fam.index].get(slot) == (rid, row), \
-                    f"req {rid} {fam.name} row {row} holds {self.store[fam.index].get(slot)}"
-        if p == 0:
-            return -1
-        swa = self.layout.families[0]
-        _, slot = self._slot(rid, swa, p - 1)
-        tag = self.store[0].get(slot)
-        assert tag is not None and tag[:2] == (rid, p - 1), f"req {rid} pos {p - 1} holds {tag}"
-        return tag[2]
+    def _check_row(self, rid: int, fam, row: int) -> None:
+        _, slot = self._slot(rid, fam, row)
+        want = (row, self.chains[rid][(row + 1) * fam.ratio - 1])
+        got = self.store[fam.index].get(slot)
+        assert got == want, f"req {rid} {fam.name} row {row} holds {got}, wants {want}"
 
-    def _check_no_shared_live_pages(self) -> None:
+    def _check_reads(self, rid: int, p: int) -> int:
+        """What row p reads: the newest compressed rows and the window; returns token p-1."""
         for fam in self.layout.families:
-            owner: dict[int, int] = {}
+            if fam.ratio and (p + 1) // fam.ratio > 0:
+                self._check_row(rid, fam, (p + 1) // fam.ratio - 1)
+        swa = self.layout.families[0]
+        chains = self.chains[rid]
+        tag = None
+        for q in range(max(0, p - swa.window + 1), p):
+            _, slot = self._slot(rid, swa, q)
+            tag = self.store[0].get(slot)
+            assert tag is not None and tag[0] == q and tag[2] == chains[q], \
+                f"req {rid} pos {q} holds {tag}"
+        return tag[1] if p > 0 else -1
+
+    def _live_owners(self) -> list[dict[int, set[int]]]:
+        """family -> block -> the requests that may still read it (before this step)."""
+        live: list[dict[int, set[int]]] = [{} for _ in self.layout.families]
+        for fam in self.layout.families:
             for rid, table in self.tables.items():
                 live_from = fam.first_live_page(self.next_pos.get(rid, 0)) if fam.ring else 0
                 for page, block in table[fam.index].items():
                     if page >= live_from:
-                        other = owner.setdefault(block, rid)
-                        assert other == rid, f"{fam.name} block {block} live in reqs {other} and {rid}"
+                        live[fam.index].setdefault(block, set()).add(rid)
+        return live
 
 
 def default_model(allowed: list[int]):
