@@ -15,7 +15,7 @@ from torch import nn
 from dspark_loop.model_config import ModelConfig
 from workers.model.compressor import Compressor
 from workers.model.config import LocalDims
-from workers.model.layers import RMSNorm, apply_rope, linear_rows, rms_unweighted
+from workers.model.layers import RMSNorm, apply_rope, linear_rows, rms_unweighted, row_tiles
 from workers.model.linear import Linear
 from workers.staging import KEY_BUCKET, RatioIndex
 
@@ -23,6 +23,10 @@ from workers.staging import KEY_BUCKET, RatioIndex
 def attend(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, sink: torch.Tensor,
            scale: float) -> torch.Tensor:
     """q [T, H, D], keys [T, K, D] (K = V), mask [T, K], sink [H] -> [T, H, D]."""
+    return row_tiles(lambda a, b, c: _attend(a, b, c, sink, scale), q, keys, mask)
+
+
+def _attend(q, keys, mask, sink, scale):
     logits = torch.einsum("thd,tkd->thk", q, keys) * scale  # [T, H, K]
     logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
     sinks = sink.to(logits.dtype)[None, :, None].expand(q.shape[0], -1, 1)  # [T, H, 1]
@@ -59,7 +63,8 @@ class Indexer(nn.Module):
             q = linear_rows(lambda t: t @ hadamard.to(t.dtype), q)  # [T, nh, di]
         slots = ri.key_slots  # [T, N]
         keys = keys_cache[slots.clamp(min=0)]  # [T, N, di]
-        scores = torch.einsum("thd,tnd->thn", q.float(), keys.float()).relu() * self.dim ** -0.5
+        scores = row_tiles(lambda a, b: torch.einsum("thd,tnd->thn", a.float(), b.float()), q, keys)
+        scores = scores.relu() * self.dim ** -0.5  # [T, nh, N]
         w = linear_rows(self.weights_proj, x).float() * self.num_heads ** -0.5  # [T, nh]
         score = (scores * w[..., None]).sum(dim=1).masked_fill(slots < 0, float("-inf"))  # [T, N]
         # NOTE: ties (relu zeros are common) go to the LOWEST entry: a stable descending sort,
@@ -102,7 +107,7 @@ class Attention(nn.Module):
         cos, sin = ctx.rope_compress if self.ratio else ctx.rope_main  # [T, rd/2]
         qr = self.q_norm(linear_rows(self.wq_a, x))  # [T, q_lora]
         q = linear_rows(self.wq_b, qr).view(rows, self.num_heads, self.head_dim)
-        q = apply_rope(rms_unweighted(q, self.eps), cos, sin)  # [T, H, D]
+        q = apply_rope(row_tiles(lambda t: rms_unweighted(t, self.eps), q), cos, sin)  # [T, H, D]
         kv = apply_rope(self.kv_norm(linear_rows(self.wkv, x)), cos, sin)  # [T, D]
         pool.raw_kv[L][b.write_slots] = kv.to(pool.dtype)
         keys = pool.raw_kv[L][b.raw_slots.clamp(min=0)].to(q.dtype)  # [T, W, D]

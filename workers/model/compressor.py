@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from workers.model.layers import RMSNorm, linear_rows
+from workers.model.layers import RMSNorm, linear_rows, row_tiles
 from workers.model.linear import Linear
 
 
@@ -33,6 +33,9 @@ class Compressor(nn.Module):
     def pool(self, kv: torch.Tensor, score: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """kv, score [E, S, coff*dim] state rows in position order (S = 2r overlapping, else r),
         valid [E, S] (False: an empty slot before position 0) -> entries [E, dim] (normed)."""
+        return row_tiles(self._pool, kv, score, valid)
+
+    def _pool(self, kv: torch.Tensor, score: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         r, d = self.ratio, self.dim
         ape = self.ape.repeat(2, 1) if self.overlap else self.ape  # [S, coff*dim]
         score = score.float() + ape  # [E, S, coff*dim]

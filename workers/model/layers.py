@@ -13,18 +13,26 @@ def linear_rows(lin, x: torch.Tensor) -> torch.Tensor:
     """lin(x) for x [rows, in] (a Linear or any row-wise callable), in fixed tiles of
     ROW_TILE rows.
 
-    NOTE: a BLAS gemm picks its kernel by the number of rows, so a row's result changes
-    with its neighbours' count (measured on CPU). Calling it on fixed-size tiles makes every
-    row's bits independent of the batch: a request gives the same tokens alone or packed,
-    and a verify tile writes the same cache rows as a 1-row step.
+    NOTE: a BLAS gemm (and a batched matmul over rows) picks its kernel and tail handling
+    by the number of rows, so a row's result changes with its neighbours' count (measured
+    on CPU). Calling it on fixed-size tiles makes every row's bits independent of the
+    batch: a request gives the same tokens alone or packed, and a verify tile writes the
+    same cache rows as a 1-row step.
     """
-    rows = x.shape[0]
+    return row_tiles(lin, x)
+
+
+def row_tiles(fn, *xs: torch.Tensor) -> torch.Tensor:
+    """fn(*tile) over fixed ROW_TILE-row tiles of row-aligned tensors xs (zero-padded)."""
+    rows = xs[0].shape[0]
     if rows == 0:
-        return lin(x)
+        return fn(*xs)
     pad = (-rows) % ROW_TILE
     if pad:
-        x = torch.cat([x, x.new_zeros(pad, *x.shape[1:])])
-    out = [lin(x[i:i + ROW_TILE]) for i in range(0, rows + pad, ROW_TILE)]
+        xs = tuple(torch.cat([x, x.new_zeros(pad, *x.shape[1:])]) for x in xs)
+    out = [fn(*(x[i:i + ROW_TILE] for x in xs)) for i in range(0, rows + pad, ROW_TILE)]
+    if isinstance(out[0], tuple):
+        return tuple(torch.cat(parts)[:rows] for parts in zip(*out))
     return torch.cat(out)[:rows]
 
 
@@ -34,7 +42,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, dtype=torch.float32), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [rows, ..., dim]
+        return row_tiles(self._norm, x)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight * xf).to(x.dtype)
@@ -67,9 +78,15 @@ def hc_pre(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
            sinkhorn_iters: int, hc_eps: float, norm_eps: float):
     """mHC weights for one sublayer. h [rows, hc, d] -> post [rows, hc], comb [rows, hc, hc]
     (comb[j, k]: stream j into stream k), collapsed input [rows, d]."""
+    # NOTE: tiled like linear_rows: softmax / sums over tiny inner dims vectorise across
+    # rows, with tail handling that depends on the row count.
+    return row_tiles(lambda t: _hc_pre(t, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps), h)
+
+
+def _hc_pre(h, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps):
     hc = h.shape[1]
     flat = rms_unweighted(h.flatten(1).float(), norm_eps)  # [rows, hc*d]
-    mix = linear_rows(lambda t: F.linear(t, fn.float()), flat)  # [rows, (2+hc)*hc]
+    mix = F.linear(flat, fn.float())  # [rows, (2+hc)*hc]
     pre_w, post_w, comb_w = mix.split([hc, hc, hc * hc], dim=-1)
     pre_b, post_b, comb_b = base.split([hc, hc, hc * hc])
     pre = torch.sigmoid(pre_w * scale[0] + pre_b) + hc_eps
@@ -86,15 +103,29 @@ def hc_pre(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
 
 def hc_post(h: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """h'[k] = post[k]*out + sum_j comb[j, k]*h[j]. h [rows, hc, d], out [rows, d]."""
+    return row_tiles(_hc_post, h, out, post, comb)
+
+
+def _hc_post(h, out, post, comb):
     dtype = h.dtype
-    return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), h)
+    comb = comb.to(dtype)
+    # NOTE: elementwise in a fixed order, not a batched matmul over rows (its tail handling
+    # depends on the row count, see linear_rows).
+    mixed = comb[:, 0, :, None] * h[:, 0:1, :]  # [rows, hc, d]
+    for j in range(1, h.shape[1]):
+        mixed = mixed + comb[:, j, :, None] * h[:, j:j + 1, :]
+    return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + mixed
 
 
 def hc_head(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
             hc_eps: float, norm_eps: float) -> torch.Tensor:
     """Final collapse of the streams: h [rows, hc, d] -> [rows, d] (no Sinkhorn)."""
+    return row_tiles(lambda t: _hc_head(t, fn, base, scale, hc_eps, norm_eps), h)
+
+
+def _hc_head(h, fn, base, scale, hc_eps, norm_eps):
     flat = rms_unweighted(h.flatten(1).float(), norm_eps)
-    mix = linear_rows(lambda t: F.linear(t, fn.float()), flat)  # [rows, hc]
+    mix = F.linear(flat, fn.float())  # [rows, hc]
     pre = torch.sigmoid(mix * scale.float() + base.float()) + hc_eps
     return (pre.unsqueeze(-1) * h).sum(dim=1).to(h.dtype)
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from dspark_loop.model_config import ModelConfig
 from workers.model.config import LocalDims
-from workers.model.layers import linear_rows
+from workers.model.layers import linear_rows, row_tiles
 from workers.model.linear import Linear
 
 
@@ -46,7 +46,11 @@ class Gate(nn.Module):
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, d] -> expert ids [T, k] (long), weights [T, k] fp32."""
-        logits = linear_rows(lambda t: F.linear(t.float(), self.weight.float()), x)  # [T, E]
+        # NOTE: in fixed row tiles (see layers.linear_rows): bits must not depend on the batch.
+        return row_tiles(self._route, x, token_ids)
+
+    def _route(self, x: torch.Tensor, token_ids: torch.Tensor):
+        logits = F.linear(x.float(), self.weight.float())  # [T, E]
         scores = F.softplus(logits).sqrt()
         if self.is_hash:
             idx = self.tid2eid[token_ids].long()
