@@ -173,9 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-num-batched-tokens", type=positive_int, default=8192)
     a("--long-prefill-token-threshold", type=positive_int, default=None,
       help="largest prefill chunk per request (default min(8192, --max-num-batched-tokens))")
-    a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
-      help="accepted for compatibility; prefix caching is implemented by a later release, "
-           "until then the flag has no effect")
+    a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+      help="reuse cached KV pages of shared prompt prefixes (hits align to the LCM of the "
+           "cache page sizes, 128 tokens for Flash; K=7 keeps the last 128 prompt tokens "
+           "to replay); on by default")
     a("--speculative-config", type=speculative_config, default=SpeculativeConfig(),
       metavar="JSON", help='{"method":"dspark","num_speculative_tokens":0|7}')
     a("--ring-heap", type=ring_heap, default=DEFAULT_RING_HEAP, metavar="BYTES",

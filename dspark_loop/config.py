@@ -75,7 +75,7 @@ class ServerConfig:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int = 8192
     long_prefill_token_threshold: int | None = None
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     ring_heap: tuple[int, ...] = DEFAULT_RING_HEAP
     generate: GenerateDefaults = field(default_factory=GenerateDefaults)

@@ -64,7 +64,7 @@ def test_no_flags_mean_the_embedded_default_on_one_cpu_rank():
     assert (cfg.backend, cfg.dtype, cfg.host, cfg.port) == ("cpu", "float32", "127.0.0.1", 8000)
     assert (cfg.max_model_len, cfg.block_size, cfg.max_num_seqs) == (1024, 32, 64)
     assert (cfg.max_num_batched_tokens, cfg.long_prefill_token_threshold) == (8192, 8192)
-    assert cfg.num_speculative_tokens == 0 and not cfg.enable_prefix_caching
+    assert cfg.num_speculative_tokens == 0 and cfg.enable_prefix_caching
     assert cfg.kv_cache_memory == CPU_KV_CACHE_MEMORY
 
 
@@ -115,7 +115,8 @@ def test_missing_topology_values_are_filled_in(argv, topology):
     assert cfg.max_num_seqs == 64 * cfg.dp
 
 
-def test_help_says_prefix_caching_is_a_later_release(capsys):
-    """--help must say prefix caching is accepted but implemented by a later release."""
+def test_prefix_caching_is_on_by_default_and_the_help_says_so(capsys):
+    """--help must describe prefix caching as implemented and on by default."""
     help_text = build_parser().format_help()
-    assert "--enable-prefix-caching" in help_text and "later release" in help_text
+    assert "--enable-prefix-caching" in help_text and "on by default" in help_text
+    assert "later release" not in help_text
