@@ -110,7 +110,8 @@ class StreamingChatParser:
     def finish(self) -> list[ChatDelta]:
         if self.error:
             raise self.error
-        self._buf += self._raw
+        if self._state != "done":  # after the block only EOS may come; a cut EOS is dropped
+            self._buf += self._raw
         self._raw = ""
         out = self._run()
         if self._state in ("reasoning", "content") and self._buf:
