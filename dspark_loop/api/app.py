@@ -4,7 +4,8 @@
     GET  /v1/models           the served model (OpenAI list)
     POST /v1/completions      completions.py
     POST /tokenize /detokenize tokenize.py
-    GET  /metrics /metrics/json   when a Metrics object is given
+    GET  /metrics /metrics/json   when a Metrics object is given (the JSON adds the
+                              engine's page pools under "engine" once it runs)
 """
 from __future__ import annotations
 
@@ -54,12 +55,13 @@ def create_app(engine, tokenizer, cfg: ServerConfig, model_cfg: ModelConfig,
     app.router.add_post("/tokenize", tokenize.tokenize)
     app.router.add_post("/detokenize", tokenize.detokenize)
     if metrics is not None:
-        add_metrics_routes(app, metrics)
+        add_metrics_routes(app, metrics, engine)
     return app
 
 
-def add_metrics_routes(app: web.Application, metrics) -> None:
-    """metrics: render_prometheus() -> str and snapshot() -> dict (dspark_loop.metrics)."""
+def add_metrics_routes(app: web.Application, metrics, engine=None) -> None:
+    """metrics: render_prometheus() -> str and snapshot() -> dict (dspark_loop.metrics);
+    engine (optional): cache_stats() -> dict, served as the snapshot's "engine" key."""
 
     async def prometheus(request: web.Request) -> web.Response:
         return web.Response(text=metrics.render_prometheus(),
@@ -67,7 +69,11 @@ def add_metrics_routes(app: web.Application, metrics) -> None:
                             headers={"X-Content-Format": "prometheus-0.0.4"})
 
     async def as_json(request: web.Request) -> web.Response:
-        return web.json_response(metrics.snapshot())
+        snap = metrics.snapshot()
+        cache_stats = getattr(engine, "cache_stats", None)  # absent until the ranks are up
+        if cache_stats is not None:
+            snap = {**snap, "engine": cache_stats()}
+        return web.json_response(snap)
 
     app.router.add_get("/metrics", prometheus)
     app.router.add_get("/metrics/json", as_json)

@@ -65,11 +65,14 @@ class EngineLoop:
 
     @property
     def ready(self) -> bool:
-        return self._task is not None and self._dead_reason is None and not self._stopping
+        return self._task is not None and self.dead_reason is None and not self._stopping
 
     @property
     def dead_reason(self) -> str | None:
-        return self._dead_reason
+        # NOTE: the mesh's idle watcher notices a rank that died between steps; /health
+        # must say 503 then too, not only after the next step fails.
+        mesh_dead = None if self._stopping else getattr(self.mesh, "dead", None)
+        return self._dead_reason or (mesh_dead if isinstance(mesh_dead, str) else None)
 
     @property
     def num_running(self) -> int:
@@ -83,9 +86,24 @@ class EngineLoop:
     def max_model_len(self) -> int:
         return self.scheduler.max_model_len
 
+    def cache_stats(self) -> dict:
+        """Read-only: free/total pages per family per partition and what still holds pages
+        (live requests, open output queues); once idle, free == total everywhere."""
+        sched = self.scheduler
+        return {
+            "families": [f.name for f in sched.layout.families],
+            "partitions": [{"free": p.cache.num_free(),
+                            "total": [pool.num_blocks for pool in p.cache.pools],
+                            "num_running": len(p.running), "num_waiting": len(p.waiting)}
+                           for p in sched.partitions],
+            "num_requests": len(sched.requests),
+            "num_open_streams": len(self._queues),
+            "num_steps": self.num_steps,
+        }
+
     async def generate(self, g: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        if self._dead_reason is not None or self._stopping:
-            yield error_output(g.request_id, f"the engine is not running: {self._dead_reason or 'stopped'}")
+        if self.dead_reason is not None or self._stopping:
+            yield error_output(g.request_id, f"the engine is not running: {self.dead_reason or 'stopped'}")
             return
         if g.request_id in self._queues:
             yield error_output(g.request_id, f"duplicate request id {g.request_id!r}")
