@@ -52,6 +52,7 @@ class CheckpointFiles:
             raise FileNotFoundError(f"no *.safetensors in {model_dir}")
         self.where: dict[str, tuple[str, str]] = {}
         self.dtypes: dict[str, str] = {}
+        self.handles: dict = {}
         for path in files:
             with safe_open(path, "pt") as f:
                 for stored in f.keys():
@@ -74,11 +75,15 @@ class CheckpointFiles:
 
     def read(self, name: str, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
         path, stored = self.where[name]
-        with safe_open(path, "pt") as f:
-            sl = f.get_slice(stored)
-            if rows is None and cols is None:
-                return sl[:]
-            return sl[rows or slice(None), cols or slice(None)] if cols is not None else sl[rows]
+        if path not in self.handles:
+            self.handles[path] = safe_open(path, "pt")
+        sl = self.handles[path].get_slice(stored)
+        if rows is None and cols is None:
+            return sl[:]
+        return sl[rows or slice(None), cols or slice(None)] if cols is not None else sl[rows]
+
+    def close(self) -> None:
+        self.handles.clear()
 
 
 def shard_slices(name: str, cfg: ModelConfig, dims: LocalDims) -> tuple[slice | None, slice | None]:
@@ -142,6 +147,7 @@ def load_model(model_dir: str, cfg: ModelConfig, shard: ShardSpec = ShardSpec(),
         state[name] = t.to(device)
         if quiet is False and not sys.stderr.isatty() and (i + 1) % every == 0:
             log.info("loaded %d/%d tensors", i + 1, len(names))
+    ckpt.close()
     model.load_state_dict(state, strict=True, assign=True)
     model.eval()
     log.info("loaded %s (rank %d, %d tensors) in %.2f s", model_dir, shard.rank, len(names),

@@ -48,6 +48,17 @@ def _hc_params(n: int, hidden: int, hc: int) -> tuple[nn.Parameter, ...]:
             nn.Parameter(torch.zeros(3 if n > hc else 1), requires_grad=False))
 
 
+class Embedding(nn.Module):
+    """A plain table (nn.Embedding's random init is slow even on the meta device)."""
+
+    def __init__(self, vocab: int, hidden: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(vocab, hidden, dtype=dtype), requires_grad=False)
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
+        return self.weight[token_ids]
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, dims: LocalDims, dtype: torch.dtype, w8a8) -> None:
         super().__init__()
@@ -75,8 +86,7 @@ class Transformer(nn.Module):
                  hadamard: bool = True) -> None:
         super().__init__()
         self.cfg, self.dims, self.dtype, self.use_hadamard = cfg, dims, dtype, hadamard
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-        self.embed.weight.requires_grad_(False)
+        self.embed = Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
         self.layers = nn.ModuleList(Block(cfg, i, dims, dtype, w8a8) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hc_head_fn, self.hc_head_base, self.hc_head_scale = _hc_params(cfg.hc_mult, cfg.hidden_size,
