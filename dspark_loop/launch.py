@@ -95,7 +95,8 @@ def make_engine(cfg: ServerConfig, model: ModelConfig, mesh: Mesh, tokenizer: To
 
 
 def scheduler_extra_kwargs(cfg: ServerConfig) -> dict:
-    return {"spec_k": cfg.num_speculative_tokens}
+    return {"spec_k": cfg.num_speculative_tokens,
+            "enable_prefix_caching": cfg.enable_prefix_caching}
 
 
 def load_tokenizer(model_dir: str) -> Tokenizer:
