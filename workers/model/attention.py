@@ -129,7 +129,7 @@ class Attention(nn.Module):
             else:
                 out = self._dense_compressed(q, keys, mask, ri, pool.comp_kv[L], scale)
         out = apply_rope(out, cos, -sin)  # undo the rotation V picked up, at the query position
-        grouped = out.reshape(rows, self.num_groups, -1)  # [T, G, H/G*D]
+        grouped = out.reshape(rows, self.num_groups, self.num_heads // self.num_groups * self.head_dim)
         w = self.wo_a.weight.view(self.num_groups, -1, grouped.shape[-1])  # [G, R, H/G*D]
         y = linear_rows(lambda t: torch.einsum("tgi,gri->tgr", t, w.to(t.dtype)), grouped)  # [T, G, R]
         return ctx.comm.sum_tp(linear_rows(self.wo_b, y.flatten(1)))

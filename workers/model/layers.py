@@ -65,9 +65,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Interleaved rope on the LAST 2*cos.shape[-1] channels: pairs (x0, x1) of consecutive
     channels rotate together. x [n, ..., dim], cos/sin [n, rope_dim/2]; pass -sin to undo."""
     extra = x.dim() - 2
-    cos = cos.repeat_interleave(2, dim=-1).view(cos.shape[0], *([1] * extra), -1)  # [n, 1.., rd]
-    sin = sin.repeat_interleave(2, dim=-1).view(sin.shape[0], *([1] * extra), -1)
-    rd = cos.shape[-1]
+    rd = 2 * cos.shape[-1]
+    cos = cos.repeat_interleave(2, dim=-1).view(cos.shape[0], *([1] * extra), rd)  # [n, 1.., rd]
+    sin = sin.repeat_interleave(2, dim=-1).view(sin.shape[0], *([1] * extra), rd)
     nope, rope = x[..., :-rd], x[..., -rd:]
     rotated = torch.stack((-rope[..., 1::2], rope[..., 0::2]), dim=-1).flatten(-2)
     out = rope.float() * cos + rotated.float() * sin
@@ -91,7 +91,7 @@ def _hc_pre(h, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps):
     pre_b, post_b, comb_b = base.split([hc, hc, hc * hc])
     pre = torch.sigmoid(pre_w * scale[0] + pre_b) + hc_eps
     post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
-    comb = comb_w.view(-1, hc, hc) * scale[2] + comb_b.view(hc, hc)
+    comb = comb_w.view(comb_w.shape[0], hc, hc) * scale[2] + comb_b.view(hc, hc)
     comb = torch.softmax(comb, dim=-1) + hc_eps
     comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
     for _ in range(sinkhorn_iters - 1):
