@@ -3,7 +3,7 @@
 Built from tool_call_grammar's EBNF and the serving tokenizer; xgrammar compiles the grammar
 against the vocab and fills a bitmask per step. In thinking mode the grammar starts after
 the `</think>` token; before it every token is allowed except `｜DSML｜` (no block inside the
-reasoning) and EOS (the call is required). Greedy only: the mask is applied to argmax.
+reasoning) and, unless tool_choice is "auto", EOS (the call is required). Greedy only: the mask is applied to argmax.
 
     ToolConstraint.build(tokenizer, tools, tool_choice, start_in_reasoning=...)
     mask = c.allowed_token_mask(generated_ids)   # [vocab] bool
@@ -61,10 +61,14 @@ def _compiler(tokenizer, vocab_size: int, eos_id: int) -> xg.GrammarCompiler:
 
 class ToolConstraint:
     def __init__(self, matcher: xg.GrammarMatcher, vocab_size: int, *, eos_id: int,
-                 think_end_id: int | None, dsml_id: int | None, max_rollback: int):
+                 think_end_id: int | None, dsml_id: int | None, max_rollback: int,
+                 call_required: bool = True):
         self._matcher = matcher
         self.vocab_size = vocab_size
-        self._eos_id, self._think_end_id, self._dsml_id = eos_id, think_end_id, dsml_id
+        self._eos_id, self._think_end_id = eos_id, think_end_id
+        # Tokens refused while reasoning: no block inside it, no end before a required call.
+        self._reasoning_refused = {t for t in (dsml_id, eos_id if call_required else None)
+                                   if t is not None}
         self._max_rollback = max_rollback
         self._ids: list[int] = []  # every token accepted so far
         self._grammar_start = 0 if think_end_id is None else None  # index where grammar began
@@ -83,7 +87,8 @@ class ToolConstraint:
         matcher = xg.GrammarMatcher(compiled, max_rollback_tokens=max_rollback)
         think_end = tokenizer.token_to_id(THINK_END) if start_in_reasoning else None
         return cls(matcher, vocab_size, eos_id=eos_id, think_end_id=think_end,
-                   dsml_id=tokenizer.token_to_id(DSML), max_rollback=max_rollback)
+                   dsml_id=tokenizer.token_to_id(DSML), max_rollback=max_rollback,
+                   call_required=tool_choice != "auto")
 
     def _sync(self, generated_ids: list[int]) -> None:
         """Make the accepted history equal `generated_ids` (rolling back rejected drafts)."""
@@ -115,9 +120,7 @@ class ToolConstraint:
         self._sync(list(generated_ids))
         if self._grammar_start is None:
             mask = np.ones(self.vocab_size, dtype=bool)
-            for tid in (self._dsml_id, self._eos_id):
-                if tid is not None:
-                    mask[tid] = False
+            mask[list(self._reasoning_refused)] = False
             return mask
         if self._matcher.is_terminated():  # EOS accepted: nothing may follow but padding
             mask = np.zeros(self.vocab_size, dtype=bool)
@@ -130,7 +133,7 @@ class ToolConstraint:
     def accept(self, token_id: int) -> bool:
         """Advance by one token; False (and no change) if the grammar forbids it."""
         if self._grammar_start is None:
-            if token_id in (self._dsml_id, self._eos_id):
+            if token_id in self._reasoning_refused:
                 return False
             self._ids.append(token_id)
             if token_id == self._think_end_id:

@@ -12,6 +12,7 @@ value can open or close a tag. tool_choice "auto" lets free text run until the b
 from __future__ import annotations
 
 import json
+import re
 
 from dspark_loop.api.chat_render import DSML, INVOKE_END, PARAMETER_END, TOOL_CALLS_END, TOOL_CALLS_START
 
@@ -137,6 +138,10 @@ class _Builder:
         required = set(schema.get("required") or [])
         for key in required - set(props):
             raise UnsupportedToolSchema(f"{where}: required property {key!r} has no schema")
+        for key in props:
+            if not re.fullmatch(r'[^"<>\n\\]+', key):
+                raise UnsupportedToolSchema(f"{where}: property name {key!r} cannot be a "
+                                            "parameter name")
         items = [(make(k, s, f"{where}.properties.{k}"), k in required) for k, s in props.items()]
         # first_i: nothing written yet; rest_i: something written, so `sep` comes first.
         first, rest = '""', '""'
@@ -178,5 +183,17 @@ def tool_call_grammar(tools: list[dict], tool_choice, *, parallel_tool_calls: bo
                 "loop_after_dispatch=false)\ntool_block ::= " + block)
     else:
         root = f"root ::= {lit(chr(10) * 2 + TOOL_CALLS_START)} {block}"
-    lines = [root] + [f"{name} ::= {body}" for name, body in b.rules.items()]
+    lines = [root] + [f"{name} ::= {body}" for name, body in _reachable(b.rules, root).items()]
     return "\n".join(lines) + JSON_RULES.replace("{REP}", b.rep)
+
+
+def _reachable(rules: dict[str, str], root: str) -> dict[str, str]:
+    """The builder's rules that `root` uses (the unused first_/rest_ links are dropped)."""
+    seen: dict[str, str] = {}
+    todo = [root]
+    while todo:
+        for name in re.findall(r"\b[a-z]+_\d+\b", todo.pop()):
+            if name in rules and name not in seen:
+                seen[name] = rules[name]
+                todo.append(rules[name])
+    return dict(sorted(seen.items(), key=lambda kv: int(kv[0].rsplit("_", 1)[1])))

@@ -119,6 +119,8 @@ def test_thinking_mode_reasons_freely_then_must_call(tok):
 
 def test_auto_allows_plain_text_or_a_valid_block(tok):
     """tool_choice auto must allow EOS and text at once, and constrain a block once opened."""
+    thinking = ToolConstraint.build(tok, TOOLS, "auto", start_in_reasoning=True)
+    assert thinking.allowed_token_mask([])[EOS_ID]
     c = ToolConstraint.build(tok, TOOLS, "auto", start_in_reasoning=False, max_value_len=6)
     mask = c.allowed_token_mask([])
     assert mask[EOS_ID] and mask.sum() > VOCAB // 2
