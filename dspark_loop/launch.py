@@ -145,7 +145,13 @@ async def run_server(cfg: ServerConfig, model: ModelConfig) -> int:
     mesh = make_mesh(cfg)
     stop = asyncio.Event()
     started = asyncio.Event()
-    server = asyncio.create_task(serve(app, cfg.host, cfg.port, stop=stop, started=started))
+
+    async def stop_engine() -> None:  # before the HTTP server closes: streams end cleanly
+        if pending.inner is not None:
+            await pending.inner.stop()
+
+    server = asyncio.create_task(serve(app, cfg.host, cfg.port, stop=stop, started=started,
+                                       before_cleanup=stop_engine))
     code = 0
     try:
         await asyncio.wait([server, asyncio.ensure_future(started.wait())],

@@ -2,6 +2,8 @@
 
 Handler cancellation is on: a client that disconnects cancels its handler, which closes
 the engine generator and so aborts the request at once, even before the next token.
+On a signal, `before_cleanup` (the engine's stop) runs while connections are still open,
+so every open stream ends with an error event and [DONE] instead of being cut off.
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ log = logging.getLogger(__name__)
 
 
 async def serve(app: web.Application, host: str, port: int, *, stop: asyncio.Event | None = None,
-                started: asyncio.Event | None = None, shutdown_timeout_s: float = 10.0) -> None:
+                started: asyncio.Event | None = None, shutdown_timeout_s: float = 10.0,
+                before_cleanup=None) -> None:
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     installed = []
@@ -36,6 +39,8 @@ async def serve(app: web.Application, host: str, port: int, *, stop: asyncio.Eve
             started.set()
         await stop.wait()
         log.info("shutting down the HTTP server")
+        if before_cleanup is not None:
+            await before_cleanup()
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)

@@ -1,0 +1,94 @@
+"""An SSE client for /v1/completions streams, as a test wants to see them.
+
+    stream = await open_stream(session, url, body)     # status checked, headers in
+    async for event in stream.events(): ...             # dicts, then "[DONE]"
+    result = await stream_completion(session, url, body)  # everything, collected
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+DONE = "[DONE]"
+
+
+@dataclass
+class StreamResult:
+    events: list = field(default_factory=list)  # decoded JSON chunks and the final "[DONE]"
+    first_token_s: float | None = None  # since the request was sent
+    total_s: float = 0.0
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for e in self.chunks for c in e["choices"] for t in c.get("token_ids", [])]
+
+    @property
+    def text(self) -> str:
+        return "".join(c["text"] for e in self.chunks for c in e["choices"])
+
+    @property
+    def chunks(self) -> list[dict]:
+        return [e for e in self.events if isinstance(e, dict) and e.get("choices")]
+
+    @property
+    def errors(self) -> list[dict]:
+        return [e for e in self.events if isinstance(e, dict) and "error" in e]
+
+    @property
+    def finish_reason(self) -> str | None:
+        reasons = [c["finish_reason"] for e in self.chunks for c in e["choices"] if c["finish_reason"]]
+        return reasons[-1] if reasons else None
+
+    @property
+    def usage(self) -> dict | None:
+        usages = [e["usage"] for e in self.events if isinstance(e, dict) and e.get("usage")]
+        return usages[-1] if usages else None
+
+    @property
+    def done(self) -> bool:
+        return bool(self.events) and self.events[-1] == DONE
+
+
+class Stream:
+    def __init__(self, response: aiohttp.ClientResponse, sent_at: float):
+        self.response = response
+        self.sent_at = sent_at
+
+    async def events(self):
+        """Each `data:` payload (a dict, or "[DONE]") as it arrives."""
+        async for raw in self.response.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            payload = line[len("data: "):]
+            yield payload if payload == DONE else json.loads(payload)
+
+    def close(self) -> None:
+        """Drop the connection (a client that goes away mid-stream)."""
+        self.response.close()
+
+
+async def open_stream(session: aiohttp.ClientSession, url: str, body: dict) -> Stream:
+    sent_at = time.perf_counter()
+    resp = await session.post(url + "/v1/completions", json={**body, "stream": True})
+    if resp.status != 200:
+        text = await resp.text()
+        resp.release()
+        raise AssertionError(f"stream refused: {resp.status} {text}")
+    return Stream(resp, sent_at)
+
+
+async def stream_completion(session: aiohttp.ClientSession, url: str, body: dict) -> StreamResult:
+    stream = await open_stream(session, url, body)
+    result = StreamResult()
+    async with stream.response:
+        async for event in stream.events():
+            if result.first_token_s is None and isinstance(event, dict) and any(
+                    c.get("token_ids") or c.get("text") for c in event.get("choices", [])):
+                result.first_token_s = time.perf_counter() - stream.sent_at
+            result.events.append(event)
+    result.total_s = time.perf_counter() - stream.sent_at
+    return result
