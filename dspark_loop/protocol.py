@@ -14,6 +14,7 @@ A step plan carries only what the ranks cannot derive themselves:
         prefills       PrefillChunk(req_id, start_pos, token_ids, sample)
         decode         DecodeBatch: R requests, row 0 = last committed token at start_pos,
                        rows 1.. = drafts (K=7) -- num_rows[r] is 1 or 8; all rows publish
+        token_masks    TokenMask(req_id, bits): argmax of that request's row over allowed ids
 
 Every rank receives the whole plan and runs its own partition's part (an empty part
 still runs the forward: the expert exchange needs every rank at every layer). Every rank
@@ -63,11 +64,18 @@ class BlockUpdate(msgspec.Struct, array_like=True):
     block_ids: bytes  # int32 [n]
 
 
+class TokenMask(msgspec.Struct, array_like=True):
+    """The tokens a constrained request's logit row may pick (tool-call grammars)."""
+    req_id: int
+    bits: bytes  # uint8 [ceil(vocab/8)], np.packbits(allowed, bitorder="little")
+
+
 class PartitionPlan(msgspec.Struct, array_like=True):
     block_updates: list[BlockUpdate] = []
     freed_req_ids: list[int] = []
     prefills: list[PrefillChunk] = []
     decode: Union[DecodeBatch, None] = None
+    token_masks: list[TokenMask] = []  # K=0 rows only: a constrained request never speculates
 
 
 class StepPlan(msgspec.Struct, array_like=True, tag=2):
@@ -109,6 +117,20 @@ def as_i32(buf: bytes) -> np.ndarray:
 
 def as_i8(buf: bytes) -> np.ndarray:
     return np.frombuffer(buf, dtype=np.int8)
+
+
+def pack_mask(allowed) -> bytes:
+    """[vocab] bool -> TokenMask.bits: uint8 [ceil(vocab/8)], bit v (little-endian) = id v."""
+    return np.packbits(np.asarray(allowed, dtype=bool), bitorder="little").tobytes()
+
+
+def unpack_mask(bits: bytes, start: int, stop: int) -> np.ndarray:
+    """TokenMask.bits -> [stop - start] bool for ids start..stop-1 (False past the mask)."""
+    allowed = np.unpackbits(np.frombuffer(bits, np.uint8), bitorder="little").astype(bool)
+    out = np.zeros(stop - start, dtype=bool)
+    part = allowed[start:stop]
+    out[:len(part)] = part
+    return out
 
 
 # ---- observability: one StepTrace per engine step on the debug tap (server -> tools.tap) ----

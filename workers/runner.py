@@ -2,6 +2,7 @@
 
     execute(PartitionPlan) -> int32 greedy tokens, in the protocol's order:
         one per prefill chunk with sample=True (plan order), then num_rows per decode request
+        (a row with a TokenMask: the argmax over its allowed ids only)
 
 It mirrors the partition's block tables from the plan's deltas, turns prefill chunks and
 the decode batch into segments (a chunk publishes all its rows; a decode request is 1 or 8
@@ -17,6 +18,7 @@ from dspark_loop.model_config import ModelConfig
 from dspark_loop.protocol import PartitionPlan, as_i32, as_i8
 from workers.comm import Comm, LocalComm, ShardSpec
 from workers.kv_pool import SCRATCH_ROWS, KVPool, blocks_for_budget
+from workers.logit_masks import masked_argmax
 from workers.model.dsv4 import ForwardOutput
 from workers.staging import BlockTables, Segment, stage
 from workers.weights import load_model
@@ -81,4 +83,7 @@ class ModelRunner:
     def execute(self, part: PartitionPlan) -> np.ndarray:
         self.apply_tables(part)
         out = self.forward(segments_of(part))
-        return out.token_ids.to(torch.int32).cpu().numpy()
+        tokens = out.token_ids  # [L]
+        if part.token_masks:
+            tokens = masked_argmax(out.logits, part, self.comm, self.model.dims.vocab_offset)
+        return tokens.to(torch.int32).cpu().numpy()

@@ -37,6 +37,7 @@ class TokenText:
         self.tokenizer = tokenizer
         added = tokenizer.get_added_tokens_decoder()  # {id: AddedToken}
         self.special_ids = frozenset(i for i, t in added.items() if t.special)
+        self.special_text = {i: t.content for i, t in added.items() if t.special}
         self.token_bytes: list[bytes] | None = None
         decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
         kinds = [d.get("type") for d in decoder.get("decoders", [decoder])]
@@ -76,8 +77,9 @@ class Detokenizer:
     """Feed tokens with add(); take released text with take_delta(); finish() at the end."""
 
     def __init__(self, text: TokenText, stop: list[str] | tuple[str, ...] = (),
-                 include_stop_str_in_output: bool = False):
+                 include_stop_str_in_output: bool = False, skip_special_tokens: bool = True):
         self._text = text
+        self._skip_special = skip_special_tokens
         self._stops = [s for s in stop if s]
         self._include_stop = include_stop_str_in_output
         self._stop_prefixes = {s[:k] for s in self._stops for k in range(1, len(s))}
@@ -123,6 +125,10 @@ class Detokenizer:
 
     # ---- internals --------------------------------------------------------------------
     def _decode(self, token_id: int) -> str:
+        if not self._skip_special and token_id in self._text.special_text:
+            # NOTE: chat output needs </think> and ｜DSML｜ as text to split reasoning and
+            # tool calls; a special token never splits a character, so flushing is safe.
+            return self._flush() + self._text.special_text[token_id]
         if self._text.byte_level:
             table = self._text.token_bytes
             return self._utf8.decode(table[token_id]) if token_id < len(table) else ""
@@ -135,6 +141,12 @@ class Detokenizer:
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
         return full[len(prefix):]
+
+    def _flush(self) -> str:
+        """Bytes of a character left incomplete before a special token, as U+FFFD."""
+        if self._text.byte_level:
+            return self._utf8.decode(b"", final=True)
+        return ""
 
     def _find_stop(self) -> bool:
         best, best_at = None, -1

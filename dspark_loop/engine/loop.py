@@ -111,7 +111,8 @@ class EngineLoop:
         try:
             det = None
             if self.token_text is not None:
-                det = Detokenizer(self.token_text, g.params.stop, g.params.include_stop_str_in_output)
+                det = Detokenizer(self.token_text, g.params.stop, g.params.include_stop_str_in_output,
+                                  g.params.skip_special_tokens)
             req = self.scheduler.make_request(g, det)
         except ValueError as e:
             yield error_output(g.request_id, str(e), len(g.prompt_token_ids))

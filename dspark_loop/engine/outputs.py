@@ -15,6 +15,7 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     seed: int | None = None  # accepted for API compatibility; greedy ignores it
+    skip_special_tokens: bool = True  # False: special tokens (</think>, ｜DSML｜) appear in text
 
 
 @dataclass
@@ -25,6 +26,8 @@ class GenerateRequest:
     # Parser for chat/tool output may need the raw token ids; text is always produced.
     arrival_time: float = 0.0
     # Optional logit constraint (tool_choice required/named), see api/ tools; None = free.
+    # Duck-typed: allowed_token_mask(output_ids) -> bool [vocab]; asked every step for the
+    # request's one sampled row (a constrained request never speculates).
     constraint: object | None = None
 
 

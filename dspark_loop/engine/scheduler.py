@@ -19,6 +19,7 @@ from dspark_loop.engine.prefix_cache import PrefixCache, stop_registering
 from dspark_loop.engine.request import Request, Status
 from dspark_loop.engine.scheduled_step import PartitionStep, ScheduledStep, decode_batch
 from dspark_loop.engine.step_update import apply_results
+from dspark_loop.engine.token_masks import token_masks
 from dspark_loop.protocol import BlockUpdate, PartitionPlan, PrefillChunk, StepPlan, i32
 
 MAX_CHUNK = 8192  # the seeds' prefill dispatch bound
@@ -86,6 +87,7 @@ class Scheduler:
                             max_model_len=self.max_model_len)
         req = Request(g.request_id, g.prompt_token_ids, p, rules,
                       detokenizer, g.arrival_time or time.monotonic())
+        req.constraint = g.constraint
         return req
 
     def add(self, req: Request) -> None:
@@ -178,7 +180,8 @@ class Scheduler:
             if req.is_prefilling:
                 continue
             k = 1
-            if self.spec_k and req.draft_ids is not None and req.num_computed + self.spec_k + 1 <= decode_limit:
+            if self.spec_k and req.draft_ids is not None and req.constraint is None \
+                    and req.num_computed + self.spec_k + 1 <= decode_limit:
                 k = self.spec_k + 1
             if k <= budget:
                 req.sched_n = k
@@ -227,6 +230,7 @@ class Scheduler:
             pplan.freed_req_ids = []  # keep them for a plan that is actually sent
         else:
             pplan.freed_req_ids, part.freed_req_ids = part.freed_req_ids, []
+        pplan.token_masks = token_masks(self, part, pstep)  # after the frees: may fail a request
         return pstep, pplan
 
     def _admit(self, part: Partition, budget: int, prefills: list, updates: list) -> None:

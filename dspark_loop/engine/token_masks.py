@@ -1,0 +1,41 @@
+"""Allowed-token masks for constrained requests (tool-call grammars), one per sampled row.
+
+A constrained request has exactly one sampled row per step (a finishing prefill chunk or
+a K=0 decode row); its constraint is asked which tokens may follow the outputs so far, and
+the answer travels packed in the plan. A constraint that fails finishes only its request.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dspark_loop.engine.scheduled_step import PartitionStep
+from dspark_loop.protocol import TokenMask, pack_mask
+
+if TYPE_CHECKING:
+    from dspark_loop.engine.scheduler import Partition, Scheduler
+
+log = logging.getLogger(__name__)
+
+
+def token_masks(sched: "Scheduler", part: "Partition", pstep: PartitionStep) -> list[TokenMask]:
+    sampled = [r for r, _, sample in pstep.prefills if sample] + list(pstep.decode_reqs)
+    masks = []
+    for req in sampled:
+        if req.constraint is None:
+            continue
+        try:
+            allowed = req.constraint.allowed_token_mask(req.output_ids)  # [vocab] bool
+            if not np.any(allowed):
+                raise ValueError("the constraint allows no token")
+        except Exception as e:  # noqa: BLE001 -- one request's constraint, not the engine
+            log.exception("constraint of request %s failed", req.request_id)
+            # NOTE: the row still runs (it is in the plan); update() skips a request that
+            # is no longer running, and its pages are freed in the next plan.
+            part.running.remove(req)
+            sched._fail(req, f"the output constraint failed: {type(e).__name__}: {e}")
+            continue
+        masks.append(TokenMask(req.req_id, pack_mask(allowed)))
+    return masks

@@ -1,0 +1,45 @@
+"""Constrained rows: argmax over the allowed tokens only (the plan's TokenMasks).
+
+Each rank of the TP group masks its own vocab slice [offset, offset + V/tp) and the
+group's argmax is taken again, so every rank answers the same masked token.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dspark_loop.protocol import PartitionPlan, as_i8, unpack_mask
+from workers.comm import Comm
+
+
+def logit_row_of(part: PartitionPlan) -> dict[int, int]:
+    """req_id -> its first logit row (sampling prefill chunks, then decode rows, in order)."""
+    rows: dict[int, int] = {}
+    n = 0
+    for chunk in part.prefills:
+        if chunk.sample:
+            rows.setdefault(chunk.req_id, n)
+            n += 1
+    if part.decode is not None:
+        req_ids = np.frombuffer(part.decode.req_ids, np.int32)
+        for req, k in zip(req_ids.tolist(), as_i8(part.decode.num_rows).tolist()):
+            rows.setdefault(req, n)
+            n += k
+    return rows
+
+
+def masked_argmax(logits: torch.Tensor, part: PartitionPlan, comm: Comm,
+                  vocab_offset: int) -> torch.Tensor:
+    """logits [L, V/tp] fp32 -> [L] greedy ids with the masked rows' refused ids at -inf.
+
+    NOTE: a collective (argmax_tp): every rank of the group calls it for the same plan."""
+    rows = logit_row_of(part)
+    local_vocab = logits.shape[1]
+    masked = logits.clone()  # [L, V/tp]
+    for m in part.token_masks:
+        row = rows.get(m.req_id)
+        if row is None:
+            raise ValueError(f"token mask for request {m.req_id}, which has no logit row")
+        allowed = torch.from_numpy(unpack_mask(m.bits, vocab_offset, vocab_offset + local_vocab))
+        masked[row].masked_fill_(~allowed.to(masked.device), float("-inf"))
+    return comm.argmax_tp(masked, vocab_offset)
