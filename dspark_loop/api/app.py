@@ -3,6 +3,7 @@
     GET  /health              200 {"status":"ok"} | 503 not_ready | 503 dead + reason
     GET  /v1/models           the served model (OpenAI list)
     POST /v1/completions      completions.py
+    POST /v1/chat/completions chat_completions.py
     POST /tokenize /detokenize tokenize.py
     GET  /metrics /metrics/json   when a Metrics object is given (the JSON adds the
                               engine's page pools under "engine" once it runs)
@@ -13,6 +14,7 @@ import time
 
 from aiohttp import web
 
+from dspark_loop.api.chat_completions import ChatCompletionsRoute
 from dspark_loop.api.completions import CompletionsRoute
 from dspark_loop.api.context import ServingContext
 from dspark_loop.api.errors import error_middleware
@@ -33,6 +35,7 @@ def create_app(engine, tokenizer, cfg: ServerConfig, model_cfg: ModelConfig,
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
     app[CONTEXT_KEY] = ctx
     completions = CompletionsRoute(ctx)
+    chat = ChatCompletionsRoute(ctx)
     tokenize = TokenizeRoutes(ctx)
     created = int(time.time())
 
@@ -52,6 +55,7 @@ def create_app(engine, tokenizer, cfg: ServerConfig, model_cfg: ModelConfig,
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", completions.handle)
+    app.router.add_post("/v1/chat/completions", chat.handle)
     app.router.add_post("/tokenize", tokenize.tokenize)
     app.router.add_post("/detokenize", tokenize.detokenize)
     if metrics is not None:
