@@ -74,11 +74,28 @@ def make_mesh(cfg: ServerConfig) -> Mesh:
                 block_size=cfg.block_size, num_blocks=cfg.num_blocks,
                 kv_cache_memory=cfg.kv_cache_memory, backend=cfg.backend,
                 devices=list(cfg.devices) if cfg.devices else None, log_level=cfg.log_level,
-                **mesh_extra_kwargs(cfg))
+                **mesh_extra_kwargs(cfg), **spec_mesh_kwargs(cfg))
+
+
+def spec_mesh_kwargs(cfg: ServerConfig) -> dict:
+    """K=7: the ranks load the drafter, one lease per request slot of a group, and learn the
+    position ceiling (no drafts for an anchor whose 8-row window would pass it)."""
+    k = cfg.num_speculative_tokens
+    if not k:
+        return {}
+    return {"spec_k": k, "num_leases": cfg.max_num_seqs // cfg.dp, "max_model_len": cfg.max_model_len}
 
 
 def mesh_extra_kwargs(cfg: ServerConfig) -> dict:
-    """Options that only some configurations pass to the ranks."""
+    """Options that only some configurations pass to the ranks.
+
+    DSPARK_TEST_RUNNER=module:Class (tests only, e.g. workers.scripted_runner:ScriptedRunner)
+    swaps the ranks' runner; the ranks inherit the environment, so its own settings (such
+    as DSPARK_TEST_SCRIPT) reach it too."""
+    runner = os.environ.get("DSPARK_TEST_RUNNER")
+    if runner:
+        log.warning("test-only runner %s selected by DSPARK_TEST_RUNNER", runner)
+        return {"runner": runner}
     return {}
 
 

@@ -181,11 +181,14 @@ class ChatCompletionsRoute:
         except ToolParseError as e:
             c.log_finished("malformed tool call")
             raise malformed_output(e) from None
-        c.log_finished(reason)
         if reason not in OK_REASONS:
+            c.log_finished(reason)
             raise engine_failure(self.ctx, last)
+        reason = c.output.finish_reason(reason)
+        c.log_finished(reason)
+        self._log_truncation(c)
         choice = {"index": 0, "message": c.output.message(), "logprobs": None,
-                  "finish_reason": c.output.finish_reason(reason), "stop_reason": last.stop_reason}
+                  "finish_reason": reason, "stop_reason": last.stop_reason}
         return web.json_response({**c.envelope([choice]), "usage": c.usage()})
 
     # ---- server-sent events -----------------------------------------------------------------
@@ -232,8 +235,12 @@ class ChatCompletionsRoute:
             await sse.finish()
         except ConnectionResetError:
             reason = "client disconnected"
+        self._log_truncation(c)
+        c.log_finished(reason)
+        return sse.response
+
+    @staticmethod
+    def _log_truncation(c: ChatCompletion) -> None:
         if c.output.truncated_calls:
             log.info("request %s: parallel_tool_calls=false dropped %d call(s)", c.request_id,
                      c.output.truncated_calls)
-        c.log_finished(reason)
-        return sse.response
