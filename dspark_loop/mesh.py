@@ -54,7 +54,8 @@ class Mesh:
                  devices: list[int] | None = None, log_level: str = "info",
                  step_timeout_s: float = 60.0, start_timeout_s: float = 600.0,
                  host: str = "127.0.0.1", launch: bool = True, runner: str | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, spec_k: int = 0, num_leases: int = 0,
+                 max_model_len: int = 0) -> None:
         if world_size % tp:
             raise ValueError(f"tp {tp} does not divide world size {world_size}")
         self.model_dir, self.world_size, self.tp = model_dir, world_size, tp
@@ -63,6 +64,7 @@ class Mesh:
         self.backend, self.devices, self.log_level = backend, devices, log_level
         self.step_timeout_s, self.start_timeout_s = step_timeout_s, start_timeout_s
         self.host, self.launch, self.runner, self.env = host, launch, runner, env or {}
+        self.spec_k, self.num_leases, self.max_model_len = spec_k, num_leases, max_model_len  # DSpark
         self.num_blocks: list[int] = []  # per cache family, min over ranks (after start)
         self.procs = RankProcs()
         self.address = ""  # tcp://host:port of the ROUTER (after bind)
@@ -122,6 +124,10 @@ class Mesh:
             argv += ["--kv-cache-memory", str(self.kv_cache_memory)]
         if self.runner:
             argv += ["--runner", self.runner]
+        if self.spec_k:
+            argv += ["--spec-k", str(self.spec_k), "--num-leases", str(self.num_leases)]
+            if self.max_model_len:
+                argv += ["--max-model-len", str(self.max_model_len)]
         return argv
 
     async def start(self) -> None:

@@ -21,6 +21,8 @@ still runs the forward: the expert exchange needs every rank at every layer). Ev
 answers with a StepResult; only TP-group leaders fill `token_ids`:
     [one token per prefill chunk with sample=True, in plan order]
     + [num_rows[r] predictions per decode request, in plan order]
+At K=7 leaders also return the next 7 drafts (+ confidences) per request that ran the
+drafter this step (draft_req_ids names them).
 """
 from __future__ import annotations
 
@@ -76,6 +78,11 @@ class PartitionPlan(msgspec.Struct, array_like=True):
     prefills: list[PrefillChunk] = []
     decode: Union[DecodeBatch, None] = None
     token_masks: list[TokenMask] = []  # K=0 rows only: a constrained request never speculates
+    # DSpark (K=7): drafter leases (group-local ids) given to requests admitted in this plan,
+    # and leases whose ring blocks the ranks must zero first (a re-admitted request)
+    lease_req_ids: bytes = b""  # int32 [n]
+    lease_ids: bytes = b""  # int32 [n]
+    scrub_lease_ids: bytes = b""  # int32 [m]
 
 
 class StepPlan(msgspec.Struct, array_like=True, tag=2):
@@ -93,6 +100,10 @@ class StepResult(msgspec.Struct, array_like=True, tag=4):
     token_ids: bytes = b""  # int32, leaders only (see module docstring for the order)
     compute_s: float = 0.0
     error: str = ""  # non-empty: the rank failed this step; the engine is dead
+    # DSpark (K=7), leaders only: the next drafts of every request that ran the drafter
+    draft_req_ids: bytes = b""  # int32 [n]
+    draft_token_ids: bytes = b""  # int32 [n, 7] row-major
+    draft_confidence: bytes = b""  # float32 [n, 7]
 
 
 ServerToRank = Union[StepPlan, Shutdown]
@@ -109,6 +120,14 @@ def i32(values) -> bytes:
 
 def i8(values) -> bytes:
     return np.ascontiguousarray(values, dtype=np.int8).tobytes()
+
+
+def f32(values) -> bytes:
+    return np.ascontiguousarray(values, dtype=np.float32).tobytes()
+
+
+def as_f32(buf: bytes) -> np.ndarray:
+    return np.frombuffer(buf, dtype=np.float32)
 
 
 def as_i32(buf: bytes) -> np.ndarray:

@@ -33,6 +33,9 @@ def parse_args(argv: list[str] | None = None) -> RankArgs:
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
     p.add_argument("--runner", default=DEFAULT_RUNNER, help="module:Class (tests use a fake)")
     p.add_argument("--dist-timeout-s", type=float, default=600.0)
+    p.add_argument("--spec-k", type=int, default=0, choices=[0, 7], help="DSpark speculative tokens")
+    p.add_argument("--num-leases", type=int, default=0, help="drafter leases per TP group (K=7)")
+    p.add_argument("--max-model-len", type=int, default=1 << 30, help="position ceiling (K=7)")
     p.add_argument("--log-level", default="info")
     ns = p.parse_args(argv)
     if ns.world_size % ns.tp or not 0 <= ns.rank < ns.world_size:

@@ -26,7 +26,7 @@ import numpy as np
 import zmq
 
 from dspark_loop.protocol import (ENCODER, PROTOCOL_VERSION, RANK_DECODER, Hello, Shutdown,
-                                  StepPlan, StepResult)
+                                  StepPlan, StepResult, f32, i32)
 
 log = logging.getLogger("workers.rank")
 
@@ -55,6 +55,9 @@ class RankArgs:
     parent_pid: int = 0  # 0: started by hand, nobody to watch
     runner: str = DEFAULT_RUNNER  # module:Class
     dist_timeout_s: float = 600.0
+    spec_k: int = 0  # DSpark: 0 or 7 (7 loads the drafter and its rings)
+    num_leases: int = 0  # drafter leases per TP group (max_num_seqs // dp)
+    max_model_len: int = 1 << 30  # the position ceiling (the drafter skips anchors past it)
 
 
 def summarize(exc: BaseException, max_chars: int = 4000) -> str:
@@ -112,9 +115,11 @@ class Rank:
         groups = init_distributed(shard, a.dist_init, backend.dist_backend, a.dist_timeout_s)
         comm = GlooComm(shard, groups[shard.group])
         runner_cls = load_runner_class(a.runner)
+        spec = {"spec_k": a.spec_k, "num_leases": a.num_leases, "max_model_len": a.max_model_len} \
+            if a.spec_k else {}
         self.runner = runner_cls(a.model, torch_dtype(a.dtype), shard, comm, a.block_size,
                                  num_blocks=a.num_blocks, kv_cache_memory=a.kv_cache_memory,
-                                 device=str(backend.device))
+                                 device=str(backend.device), **spec)
 
     def send(self, msg) -> None:
         self.sock.send(ENCODER.encode(msg))
@@ -132,7 +137,15 @@ class Rank:
         tokens = self.runner.execute(plan.partitions[self.group])
         compute_s = time.perf_counter() - t0
         token_ids = np.ascontiguousarray(tokens, dtype=np.int32).tobytes() if self.is_leader else b""
-        return StepResult(plan.step_id, self.args.rank, token_ids, compute_s)
+        result = StepResult(plan.step_id, self.args.rank, token_ids, compute_s)
+        take = getattr(self.runner, "take_drafts", None)
+        drafts = take() if take is not None else None
+        if drafts is not None and self.is_leader:
+            req_ids, tokens7, conf = drafts
+            result.draft_req_ids = i32(req_ids)
+            result.draft_token_ids = i32(tokens7)
+            result.draft_confidence = f32(conf)
+        return result
 
     def serve(self) -> int:
         """The step loop; returns the process exit code."""

@@ -17,10 +17,12 @@ from dspark_loop.cache_layout import CacheLayout
 from dspark_loop.model_config import ModelConfig
 from dspark_loop.protocol import PartitionPlan, as_i32, as_i8
 from workers.comm import Comm, LocalComm, ShardSpec
+from workers.drafter_runner import SpecRunner
 from workers.kv_pool import SCRATCH_ROWS, KVPool, blocks_for_budget
 from workers.logit_masks import masked_argmax
 from workers.model.dsv4 import ForwardOutput
 from workers.staging import BlockTables, Segment, stage
+from workers.test_drafter import TestDrafter
 from workers.weights import load_model
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -48,7 +50,8 @@ class ModelRunner:
     def __init__(self, model_dir: str, dtype: str | torch.dtype = "float32", shard: ShardSpec | None = None,
                  comm: Comm | None = None, block_size: int = 32, num_blocks: int | list[int] | None = None,
                  kv_cache_memory: int | None = None, device: str = "cpu", scratch_rows: int = SCRATCH_ROWS,
-                 hadamard: bool = True, quiet: bool = False) -> None:
+                 hadamard: bool = True, quiet: bool = False, spec_k: int = 0, num_leases: int = 0,
+                 max_model_len: int = 1 << 30, test_drafter=None) -> None:
         self.dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
         self.comm = comm or LocalComm()
         self.shard = shard or self.comm.shard
@@ -66,6 +69,17 @@ class ModelRunner:
             blocks = list(num_blocks)
         self.pool = KVPool(self.cfg, self.layout, blocks, self.dtype, self.device, scratch_rows)
         self.tables = BlockTables(len(self.layout.families))
+        # DSpark (K=7): leases, rings and the drafter; K=0 loads and allocates none of it
+        self.spec: SpecRunner | None = None
+        if spec_k:
+            if spec_k != 7:
+                raise ValueError(f"num_speculative_tokens must be 0 or 7, got {spec_k}")
+            if test_drafter is None:
+                test_drafter = TestDrafter.from_env(self.cfg.vocab_size, self.cfg.dspark.noise_token_id
+                                                    if self.cfg.dspark else 0)
+            self.spec = SpecRunner(self.cfg, model_dir, self.shard, self.dtype, self.device, num_leases,
+                                   max_model_len, test_drafter)
+            self.spec.bind_trunk(self.model.embed, self.model.head)
 
     @property
     def num_blocks(self) -> list[int]:
@@ -82,8 +96,18 @@ class ModelRunner:
 
     def execute(self, part: PartitionPlan) -> np.ndarray:
         self.apply_tables(part)
-        out = self.forward(segments_of(part))
+        if self.spec is not None:
+            self.spec.begin(part)
+        out = self.forward(segments_of(part), self.spec.tap_layers if self.spec is not None else ())
         tokens = out.token_ids  # [L]
         if part.token_masks:
             tokens = masked_argmax(out.logits, part, self.comm, self.model.dims.vocab_offset)
-        return tokens.to(torch.int32).cpu().numpy()
+        tokens = tokens.to(torch.int32).cpu().numpy()
+        if self.spec is not None:
+            self.spec.after_forward(part, out, tokens, self.comm)
+        return tokens
+
+    def take_drafts(self):
+        """(req_ids int32 [n], drafts int32 [n, 7], confidence float32 [n, 7]) of the last
+        execute, or None at K=0."""
+        return None if self.spec is None else self.spec.take()

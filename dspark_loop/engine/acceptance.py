@@ -1,4 +1,5 @@
-"""Linear-chain acceptance (greedy DSpark verify) and finish truncation.
+"""Linear-chain acceptance (greedy DSpark verify; the function lives in
+dspark_loop/acceptance.py so the ranks share it) and finish truncation.
 
 A verify step feeds 8 rows per request: row 0 the last committed token, rows 1..7 the
 drafts d[0..6]. The target predicts p[i] = argmax after row i. Row i+1 was the right
@@ -13,15 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-
-def accept_chain(drafts: np.ndarray, predictions: np.ndarray) -> np.ndarray:
-    """drafts [R, K] int, predictions [R, K+1] int -> num_accepted [R] in 1..K+1."""
-    match = drafts == predictions[:, :-1]  # [R, K]
-    # NOTE: cumprod keeps only the unbroken leading run of matches; a later lucky match
-    # after a mismatch was predicted from a wrong input and must not count.
-    return np.cumprod(match, axis=1).sum(axis=1).astype(np.int64) + 1  # [R]
+from dspark_loop.acceptance import accept_chain  # noqa: F401 -- re-exported
 
 
 @dataclass(frozen=True)

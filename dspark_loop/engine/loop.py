@@ -101,6 +101,13 @@ class EngineLoop:
             "num_steps": self.num_steps,
         }
 
+    def dspark_summary(self) -> dict:
+        """DSpark (K=7) totals so far: verifies, proposed/matched drafts, accepted tokens,
+        mean accepted length, fallback steps, lease scrubs; all zero at K=0."""
+        leases = [p.leases.num_in_use for p in self.scheduler.partitions if p.leases is not None]
+        return {"num_speculative_tokens": self.scheduler.spec_k, **self.scheduler.spec.summary(),
+                "leases_in_use": sum(leases)}
+
     async def generate(self, g: GenerateRequest) -> AsyncIterator[RequestOutput]:
         if self.dead_reason is not None or self._stopping:
             yield error_output(g.request_id, f"the engine is not running: {self.dead_reason or 'stopped'}")
@@ -234,13 +241,15 @@ class EngineLoop:
                 prefill_num_tokens=[n for _, n, _ in ps.prefills],
                 decode_req_ids=[r.req_id for r in ps.decode_reqs],
                 decode_num_rows=int(ps.decode_rows.sum()),
-                free_blocks=sched.num_free_blocks(p)))
+                free_blocks=sched.num_free_blocks(p),
+                leases_in_use=sched.partitions[p].leases.num_in_use if sched.partitions[p].leases else 0))
         compute = [r.compute_s for r in results] or [0.0]
         return StepTrace(
             step_id=step.step_id, wall_time=wall, schedule_s=t1 - t0,
             compute_max_s=max(compute), compute_min_s=min(compute), gather_s=t2 - t1,
             update_s=t3 - t2, deliver_s=t4 - t3, partitions=parts,
             accepted_req_ids=step.accepted_req_ids, accepted_lens=step.accepted_lens,
+            accepted_num_drafts=step.accepted_num_drafts,
             num_new_tokens=step.num_new_tokens, preempted_req_ids=step.preempted_req_ids,
             aborted_req_ids=step.aborted_req_ids,
             finished_req_ids=[r.req_id for r in step.finished],
@@ -255,4 +264,5 @@ class EngineLoop:
             finish_reason=req.finish_reason or "", arrival_time=req.arrival_time,
             first_token_time=req.first_token_time, finish_time=req.finish_time or time.monotonic(),
             inter_token_s=req.inter_token_s, num_verify_steps=req.num_verify_steps,
-            num_proposed=req.num_proposed, num_matched=req.num_matched)
+            num_proposed=req.num_proposed, num_matched=req.num_matched,
+            num_accepted=req.num_accepted, num_fallback_steps=req.num_fallback_steps)

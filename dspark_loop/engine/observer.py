@@ -21,6 +21,8 @@ class RequestStats:
     num_verify_steps: int = 0
     num_proposed: int = 0
     num_matched: int = 0
+    num_accepted: int = 0  # tokens accepted by verifies (before finish truncation)
+    num_fallback_steps: int = 0
 
 
 class EngineObserver:

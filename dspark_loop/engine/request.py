@@ -68,6 +68,9 @@ class Request:
         self.num_verify_steps = 0
         self.num_proposed = 0
         self.num_matched = 0
+        self.num_accepted = 0  # tokens the chain accepted over all verifies (before truncation)
+        self.num_fallback_steps = 0
+        self.lease = -1  # drafter lease while running at K=7 (engine/leases.py)
 
     @property
     def num_tokens(self) -> int:

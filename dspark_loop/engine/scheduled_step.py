@@ -37,6 +37,7 @@ class ScheduledStep:
     finished: list[Request] = field(default_factory=list)
     accepted_req_ids: list[int] = field(default_factory=list)
     accepted_lens: list[int] = field(default_factory=list)
+    accepted_num_drafts: list[int] = field(default_factory=list)  # per accepted_lens: 7 or 0
     num_new_tokens: int = 0
 
     @property

@@ -14,9 +14,11 @@ import numpy as np
 from dspark_loop.cache_layout import CacheLayout
 from dspark_loop.engine.acceptance import FinishRules
 from dspark_loop.engine.kv_cache import PartitionCache
+from dspark_loop.engine.leases import LeasePool
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.prefix_cache import PrefixCache, stop_registering
 from dspark_loop.engine.request import Request, Status
+from dspark_loop.engine.spec_counters import SpecCounters
 from dspark_loop.engine.scheduled_step import PartitionStep, ScheduledStep, decode_batch
 from dspark_loop.engine.step_update import apply_results
 from dspark_loop.engine.token_masks import token_masks
@@ -34,6 +36,9 @@ class Partition:
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
         self.freed_req_ids: list[int] = []  # for the next plan
+        self.leases: LeasePool | None = None  # K=7 drafter leases
+        self.new_leases: list[tuple[int, int]] = []  # (req_id, lease) for the next plan
+        self.scrub_lease_ids: list[int] = []
 
     @property
     def num_requests(self) -> int:
@@ -67,6 +72,10 @@ class Scheduler:
         self._early_outputs: list[RequestOutput] = []  # finished outside a step (errors)
         self._early_finished: list[Request] = []
         self.num_preemptions = 0
+        self.spec = SpecCounters()
+        if spec_k:
+            for part in self.partitions:
+                part.leases = LeasePool(self.max_seqs_per_partition)
 
     # ---- intake -----------------------------------------------------------------------
     def make_request(self, g: GenerateRequest, detokenizer=None) -> Request:
@@ -150,6 +159,8 @@ class Scheduler:
                 if any(fp.block_ids for fp in r.pages):
                     raise AssertionError(f"waiting {r} holds pages")
             part.cache.check_integrity([r.pages for r in part.running])
+            if part.leases is not None:
+                part.leases.check_integrity({r.lease: r.req_id for r in part.running})
 
     # ---- step 2 -----------------------------------------------------------------------
     def schedule(self) -> ScheduledStep:
@@ -230,6 +241,11 @@ class Scheduler:
             pplan.freed_req_ids = []  # keep them for a plan that is actually sent
         else:
             pplan.freed_req_ids, part.freed_req_ids = part.freed_req_ids, []
+        if part.new_leases:  # admissions only happen in a non-empty step
+            pplan.lease_req_ids = i32([r for r, _ in part.new_leases])
+            pplan.lease_ids = i32([lease for _, lease in part.new_leases])
+            pplan.scrub_lease_ids = i32(part.scrub_lease_ids)
+            part.new_leases, part.scrub_lease_ids = [], []
         pplan.token_masks = token_masks(self, part, pstep)  # after the frees: may fail a request
         return pstep, pplan
 
@@ -263,6 +279,8 @@ class Scheduler:
             if req.num_preemptions == 0:
                 req.num_cached_tokens = start
             part.running.append(req)
+            if part.leases is not None:
+                self._take_lease(part, req)
             if hit:
                 cache.share(req.pages)
                 updates += [BlockUpdate(req.req_id, f, fp.first_page, i32(fp.block_ids))
@@ -291,6 +309,20 @@ class Scheduler:
         return outputs
 
     # ---- transitions --------------------------------------------------------------------
+    def _take_lease(self, part: Partition, req: Request) -> None:
+        req.lease = part.leases.take(req.req_id)
+        part.new_leases.append((req.req_id, req.lease))
+        if req.num_preemptions:
+            # NOTE: a re-admitted request must not read its old incarnation's ring rows
+            part.scrub_lease_ids.append(req.lease)
+            self.spec.num_lease_scrubs += 1
+
+    def _free_lease(self, part: Partition, req: Request) -> None:
+        if req.lease >= 0:
+            part.leases.free(req.lease)
+            req.lease = -1
+        req.draft_ids = None
+
     def _preempt(self, part: Partition, req: Request) -> None:
         part.running.remove(req)
         part.cache.free(req.pages)
@@ -298,7 +330,7 @@ class Scheduler:
         req.release_pos = 0
         req.num_computed = 0
         req.prefill_target = 0
-        req.draft_ids = None
+        self._free_lease(part, req)
         req.sched_n = 0
         stop_registering(req)
         req.status = Status.WAITING
@@ -313,6 +345,7 @@ class Scheduler:
         if req.status == Status.RUNNING:
             part.cache.free(req.pages)
             part.freed_req_ids.append(req.req_id)
+            self._free_lease(part, req)
         req.status = Status.FINISHED
         req.finish_reason = reason
         req.map_limit = 0

@@ -46,17 +46,35 @@ def apply_results(sched: "Scheduler", step: ScheduledStep, results, outputs: lis
                 _release_ring(part, req)
         if pstep.decode_reqs:
             _apply_decode(sched, part, step, pstep, tokens[i:], outputs, now)
+        if sched.spec_k:
+            _take_drafts(part, res)
+    if sched.spec_k:
+        sched.spec.add_verifies(sum(1 for n in step.accepted_num_drafts if n))
+
+
+def _take_drafts(part: "Partition", res) -> None:
+    """The ranks' next drafts (K=7) for requests still running; the rest are stale."""
+    req_ids = as_i32(res.draft_req_ids)
+    if not len(req_ids):
+        return
+    drafts = as_i32(res.draft_token_ids).reshape(len(req_ids), -1)  # [n, 7]
+    by_id = {r.req_id: r for r in part.running}
+    for j, rid in enumerate(req_ids.tolist()):
+        req = by_id.get(rid)
+        if req is not None and not req.is_prefilling:
+            req.draft_ids = drafts[j].copy()
 
 
 def _apply_decode(sched, part, step, pstep, tokens: list[int], outputs, now) -> None:
     rows = pstep.decode_rows  # [R]
     reqs = pstep.decode_reqs
     running = Status.RUNNING
-    if rows.max() == 1:  # K=0 fast path: one token per request, in order
+    if rows.max() == 1 and not sched.spec_k:  # K=0 fast path: one token per request, in order
         for req, t in zip(reqs, tokens):
             if req.status == running:
                 step.accepted_req_ids.append(req.req_id)
                 step.accepted_lens.append(1)
+                step.accepted_num_drafts.append(0)
                 req.num_computed += 1
                 _commit(sched, part, step, req, [t], outputs, now)
         return
@@ -74,13 +92,26 @@ def _apply_decode(sched, part, step, pstep, tokens: list[int], outputs, now) -> 
             continue  # aborted while the step ran
         a = num_accepted[j]
         s = starts[j]
+        spec = sched.spec
         if row_list[j] > 1:
+            if req.num_verify_steps == 0:
+                spec.num_requests += 1
             req.num_verify_steps += 1
             req.num_proposed += row_list[j] - 1
             req.num_matched += a - 1
-            req.draft_ids = None  # NOTE: the next drafts come from the ranks (leases, later)
+            req.num_accepted += a
+            spec.num_verify_steps += 1
+            spec.num_proposed += row_list[j] - 1
+            spec.num_matched += a - 1
+            spec.num_accepted += a
+        elif req.num_computed + row_list[j] + sched.spec_k > sched.max_model_len:
+            req.num_fallback_steps += 1  # the 8-row window would pass the position ceiling
+            spec.num_fallback_steps += 1
+        # NOTE: drafts are for one anchor only; the ranks send the next ones with this result
+        req.draft_ids = None
         step.accepted_req_ids.append(req.req_id)
         step.accepted_lens.append(a)
+        step.accepted_num_drafts.append(row_list[j] - 1)
         req.num_computed += a
         _commit(sched, part, step, req, tokens[s:s + a], outputs, now)
 

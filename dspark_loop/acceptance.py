@@ -1,0 +1,25 @@
+"""Linear-chain acceptance (greedy DSpark verify), shared by the host and the ranks.
+
+A verify step feeds 8 rows per request: row 0 the last committed token, rows 1..7 the
+drafts d[0..6]. The target predicts p[i] = argmax after row i. Row i+1 was the right
+input iff d[i] == p[i], so the chain holds while drafts equal predictions; with m the
+length of that matching prefix, the target itself produced p[0..m] -- m matched drafts
+plus the target's own token at the first mismatch (or the bonus after 7 matches).
+That is 1..8 tokens, exactly what greedy K=0 decoding would emit over m+1 steps, so
+speculation changes speed, never tokens.
+
+NOTE: torch-free and engine-free on purpose: a rank applies the same function right after
+its verify (the drafter's next anchor and context rows depend on the accepted length),
+and the host applies it again; both must agree bit for bit.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def accept_chain(drafts: np.ndarray, predictions: np.ndarray) -> np.ndarray:
+    """drafts [R, K] int, predictions [R, K+1] int -> num_accepted [R] in 1..K+1."""
+    match = drafts == predictions[:, :-1]  # [R, K]
+    # NOTE: cumprod keeps only the unbroken leading run of matches; a later lucky match
+    # after a mismatch was predicted from a wrong input and must not count.
+    return np.cumprod(match, axis=1).sum(axis=1).astype(np.int64) + 1  # [R]

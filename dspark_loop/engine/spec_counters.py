@@ -1,0 +1,45 @@
+"""DSpark (K=7) totals over the engine's life, updated by step_update and read at run time
+(EngineLoop.dspark_summary()); per-request counters live on Request."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+log = logging.getLogger("dspark_loop.engine.dspark")
+
+LOG_EVERY = 10  # verifies between progress lines (and the first verify)
+
+
+@dataclass
+class SpecCounters:
+    num_requests: int = 0  # requests that verified at least once
+    num_verify_steps: int = 0  # per request: one 8-row verify
+    num_proposed: int = 0  # drafts verified (7 per verify)
+    num_matched: int = 0  # drafts that matched the target's prediction
+    num_accepted: int = 0  # tokens accepted by the chain (before finish truncation)
+    num_fallback_steps: int = 0  # 1-row steps forced by the position ceiling
+    num_lease_scrubs: int = 0
+
+    @property
+    def mean_accepted_len(self) -> float:
+        return self.num_accepted / self.num_verify_steps if self.num_verify_steps else 0.0
+
+    def add_verifies(self, num_verifies: int) -> None:
+        """Called after a step's verifies were counted: logs the progress line at the
+        first verify and whenever the total crosses a multiple of LOG_EVERY."""
+        before = self.num_verify_steps - num_verifies
+        if num_verifies and (before == 0 or before // LOG_EVERY != self.num_verify_steps // LOG_EVERY):
+            log.info("%s", self.progress_line())
+
+    def progress_line(self) -> str:
+        return (f"DSpark speculation progress: requests={self.num_requests} "
+                f"verifies={self.num_verify_steps} matched={self.num_matched} "
+                f"proposed={self.num_proposed} accepted={self.num_accepted} "
+                f"mean_len={self.mean_accepted_len:.2f} fallbacks={self.num_fallback_steps}")
+
+    def summary(self) -> dict:
+        return {"num_requests": self.num_requests, "num_verify_steps": self.num_verify_steps,
+                "num_proposed": self.num_proposed, "num_matched": self.num_matched,
+                "num_accepted": self.num_accepted, "num_fallback_steps": self.num_fallback_steps,
+                "num_lease_scrubs": self.num_lease_scrubs,
+                "mean_accepted_len": round(self.mean_accepted_len, 4)}

@@ -1,0 +1,107 @@
+"""Run the real engine (Scheduler + EngineLoop) over in-process ModelRunners (one rank per
+partition, LocalComm) on a tiny checkpoint, at K=0 or K=7, and collect every request's
+tokens, finish reason and counters."""
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from dspark_loop.cache_layout import CacheLayout
+from dspark_loop.engine.loop import EngineLoop
+from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
+from dspark_loop.engine.scheduler import Scheduler
+from dspark_loop.model_config import ModelConfig
+from dspark_loop.protocol import StepResult, f32, i32
+from workers.runner import ModelRunner
+
+BLOCK_SIZE = 8
+
+
+class LocalMesh:
+    """mesh.step() over one in-process runner per partition (what a TP leader answers)."""
+
+    def __init__(self, runners: list[ModelRunner]) -> None:
+        self.runners = runners
+        self.num_blocks = runners[0].num_blocks
+
+    async def step(self, plan) -> list[StepResult]:
+        out = []
+        for g, (runner, part) in enumerate(zip(self.runners, plan.partitions)):
+            tokens = runner.execute(part)
+            res = StepResult(plan.step_id, g, i32(tokens))
+            drafts = runner.take_drafts()
+            if drafts is not None:
+                res.draft_req_ids, res.draft_token_ids, res.draft_confidence = \
+                    i32(drafts[0]), i32(drafts[1]), f32(drafts[2])
+            out.append(res)
+        return out
+
+
+@dataclass
+class Run:
+    tokens: dict[str, list[int]]
+    reasons: dict[str, str]
+    texts: dict[str, str]
+    summary: dict
+    runners: list[ModelRunner] = field(repr=False)
+    engine: EngineLoop = field(repr=False)
+
+
+def make_engine(path: str, spec_k: int, *, dp: int = 1, max_num_seqs: int = 8, num_blocks: int = 64,
+                max_model_len: int = 512, max_num_batched_tokens: int = 256,
+                long_prefill_token_threshold: int = 0, test_drafter=None,
+                enable_prefix_caching: bool = False) -> tuple[EngineLoop, list[ModelRunner]]:
+    cfg = ModelConfig.from_dir(path)
+    runners = [ModelRunner(path, "float32", block_size=BLOCK_SIZE, num_blocks=num_blocks, quiet=True,
+                           spec_k=spec_k, num_leases=max_num_seqs // dp, max_model_len=max_model_len,
+                           test_drafter=test_drafter() if callable(test_drafter) else test_drafter)
+               for _ in range(dp)]
+    sched = Scheduler(CacheLayout.for_model(cfg, BLOCK_SIZE), dp, runners[0].num_blocks, max_num_seqs,
+                      max_num_batched_tokens, long_prefill_token_threshold, max_model_len,
+                      cfg.eos_token_ids, spec_k=spec_k, enable_prefix_caching=enable_prefix_caching)
+    tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+    return EngineLoop(sched, LocalMesh(runners), tok), runners
+
+
+async def _run(engine: EngineLoop, reqs: list[GenerateRequest], abort_after: dict[str, int]):
+    engine.start()
+    tokens = {g.request_id: [] for g in reqs}
+    reasons, texts = {}, {g.request_id: "" for g in reqs}
+
+    async def one(g):
+        async for out in engine.generate(g):
+            tokens[g.request_id] += out.new_token_ids
+            texts[g.request_id] += out.new_text
+            if out.finished:
+                reasons[g.request_id] = out.finish_reason
+            if len(tokens[g.request_id]) >= abort_after.get(g.request_id, 1 << 30):
+                reasons[g.request_id] = "abort"
+                break
+
+    await asyncio.gather(*(one(g) for g in reqs))
+    await asyncio.sleep(0)
+    return tokens, reasons, texts
+
+
+def run(path: str, spec_k: int, prompts: dict[str, list[int]], params: dict[str, SamplingParams],
+        abort_after: dict[str, int] | None = None, **engine_kw) -> Run:
+    engine, runners = make_engine(path, spec_k, **engine_kw)
+    reqs = [GenerateRequest(rid, list(p), params[rid]) for rid, p in prompts.items()]
+
+    async def main():
+        try:
+            return await _run(engine, reqs, abort_after or {})
+        finally:
+            engine.scheduler.check_integrity()
+            await engine.stop()
+
+    tokens, reasons, texts = asyncio.run(main())
+    return Run(tokens, reasons, texts, engine.dspark_summary(), runners, engine)
+
+
+def prompt(seed: int, n: int, vocab: int) -> list[int]:
+    return np.random.default_rng(seed).integers(10, vocab, n).tolist()

@@ -1,0 +1,70 @@
+"""A scripted drafter for tests (K=7): it knows each prompt's true greedy continuation and is
+wrong on purpose at one draft index, so every verify accepts exactly a chosen length.
+
+Selected only by a test-only option: env DSPARK_TEST_DRAFTER=/path/spec.json read by the
+rank (or ModelRunner(test_drafter=...)). The spec:
+
+    {"cases": [{"prompt": [ids], "reference": [ids], "error_at": m}, ...]}
+
+reference = the K=0 greedy output the test computed; m in 0..7 (7 = never wrong). At an
+anchor at position L it proposes seq[L+1 .. L+7] (seq = prompt + reference) with the token
+at index m replaced by a different one, so a verify accepts m+1 tokens (until the end).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+ENV = "DSPARK_TEST_DRAFTER"
+K = 7
+
+
+class TestDrafter:
+    __test__ = False  # not a pytest class
+
+    def __init__(self, spec: dict | str, vocab_size: int, noise_token_id: int = 0) -> None:
+        if isinstance(spec, str):
+            with open(spec, encoding="utf-8") as f:
+                spec = json.load(f)
+        self.cases = [(np.asarray(list(c["prompt"]) + list(c["reference"]), np.int64), int(c["error_at"]))
+                      for c in spec["cases"]]
+        for _, m in self.cases:
+            if not 0 <= m <= K:
+                raise ValueError(f"error_at must be in 0..{K}, got {m}")
+        self.vocab_size, self.noise = vocab_size, noise_token_id
+        self.case_of: dict[int, int] = {}  # req_id -> case index (-1: no case matches)
+
+    @classmethod
+    def from_env(cls, vocab_size: int, noise_token_id: int) -> "TestDrafter | None":
+        path = os.environ.get(ENV)
+        return cls(path, vocab_size, noise_token_id) if path else None
+
+    def observe(self, req_id: int, start_pos: int, token_ids: np.ndarray) -> None:
+        """A prefill chunk's tokens: the first chunk of a request picks its case."""
+        if req_id in self.case_of:
+            return
+        n = len(token_ids)
+        self.case_of[req_id] = next(
+            (i for i, (seq, _) in enumerate(self.cases)
+             if len(seq) >= start_pos + n and np.array_equal(seq[start_pos:start_pos + n], token_ids)), -1)
+
+    def forget(self, req_id: int) -> None:
+        self.case_of.pop(req_id, None)
+
+    def propose(self, req_ids: list[int], anchor_pos: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """-> drafts int32 [R, 7], confidence float32 [R, 7] (1 up to the planted error, then 0)."""
+        drafts = np.full((len(req_ids), K), self.noise, np.int32)
+        conf = np.zeros((len(req_ids), K), np.float32)
+        for r, (req, pos) in enumerate(zip(req_ids, anchor_pos)):
+            case = self.case_of.get(req, -1)
+            if case < 0:
+                continue
+            seq, m = self.cases[case]
+            truth = seq[pos + 1:pos + 1 + K]
+            drafts[r, :len(truth)] = truth
+            if m < K:
+                drafts[r, m] = (drafts[r, m] + 1) % self.vocab_size
+            conf[r, :m] = 1.0
+        return drafts, conf
