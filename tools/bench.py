@@ -107,19 +107,19 @@ def print_table(rows: list[dict], hf: dict | None, args) -> None:
     n = args.streams
     print(f"\ntiny checkpoint, prompt {args.prompt_len} ids, {args.max_tokens} new tokens, greedy, "
           f"{os.cpu_count()} CPUs\n")
-    head = (f"{'system':<34} {'startup s':>9} {'1-stream tok/s':>14} {'TTFT s':>7} "
+    head = (f"{'system':<44} {'startup s':>9} {'1-stream tok/s':>14} {'TTFT s':>7} "
             f"{f'{n}-stream tok/s':>15} {'mean TTFT s':>11}")
     print(head)
     print("-" * len(head))
     for r in rows:
         s, b = r.get("single", {}), r.get("batch", {})
         name = f"served, {r['ranks']} rank(s) ({r['topology']})"
-        print(f"{name:<34} {fmt(r.get('startup_s')):>9} {fmt(s.get('tok_s')):>14} "
+        print(f"{name:<44} {fmt(r.get('startup_s')):>9} {fmt(s.get('tok_s')):>14} "
               f"{fmt(s.get('ttft_s'), '.3f'):>7} {fmt(b.get('tok_s')):>15} {fmt(b.get('ttft_s'), '.3f'):>11}")
         if "error" in r:
-            print(f"{'':<34} serving failed: {r['error']}")
+            print(f"{'':<44} serving failed: {r['error']}")
     if hf:
-        print(f"{'transformers generate() fp32':<34} {'-':>9} {fmt(hf['single']['tok_s']):>14} "
+        print(f"{'transformers generate() fp32':<44} {'-':>9} {fmt(hf['single']['tok_s']):>14} "
               f"{fmt(hf['single']['ttft_s'], '.3f'):>7} {fmt(hf['batch']['tok_s']):>15} "
               f"{fmt(hf['batch']['ttft_s'], '.3f'):>11}")
         print("\nratios served / transformers (tokens/s):")

@@ -1,5 +1,6 @@
-"""Fixtures: one tiny checkpoint, a 4-rank server (dp2/tp2/ep4) for the session, the
-transformers reference, and the rule every served test ends with: the pools are full."""
+"""Fixtures: one tiny checkpoint, a 4-rank server (dp2/tp2/ep4) and a 1-rank server for the
+session, the transformers reference, and the rule every served test ends with: the pools
+are full."""
 from __future__ import annotations
 
 import os
@@ -29,6 +30,15 @@ def server4(tiny_ckpt):
     assert code == 0, server.log()[-4000:]
 
 
+@pytest.fixture(scope="session")
+def server1(tiny_ckpt):
+    """One rank: the reference topology, and the cheap place for long requests."""
+    server = ServerProcess(["--model", tiny_ckpt])
+    yield server
+    code = server.stop()
+    assert code == 0, server.log()[-4000:]
+
+
 class SoloResults:
     """Each prompt served alone (non-stream), memoised: what concurrency must not change."""
 
@@ -46,6 +56,11 @@ class SoloResults:
 @pytest.fixture(scope="session")
 def solo4(server4) -> SoloResults:
     return SoloResults(server4)
+
+
+@pytest.fixture(scope="session")
+def solo1(server1) -> SoloResults:
+    return SoloResults(server1)
 
 
 @pytest.fixture(scope="session")

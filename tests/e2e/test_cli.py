@@ -14,14 +14,14 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_offline_prompts_print_the_served_completions(tiny_ckpt, solo4):
+def test_offline_prompts_print_the_served_completions(tiny_ckpt, server1):
     """--prompt (twice) must print each prompt's greedy completion, the same text the HTTP
     server gives for it, in order, and exit 0."""
     prompts = ["hello world", "The quick brown fox"]
     done = run_cli("--model", tiny_ckpt, "--prompt", prompts[0], "--prompt", prompts[1],
                    "--max-tokens", "5", "--generate-config", '{"ignore_eos": true}')
     assert done.returncode == 0, done.stderr[-3000:]
-    expected = "".join(f"--- prompt {i + 1}: {p!r}\n{solo4.server.complete(p, 5)['choices'][0]['text']}\n"
+    expected = "".join(f"--- prompt {i + 1}: {p!r}\n{server1.complete(p, 5)['choices'][0]['text']}\n"
                        for i, p in enumerate(prompts))
     assert done.stdout == expected
 
