@@ -62,16 +62,15 @@ def plan_drafts(part: PartitionPlan, tokens: np.ndarray, window: int, max_model_
         row += n
     d = part.decode
     if d is not None:
-        toks = as_i32(d.token_ids)
+        toks, cu = as_i32(d.token_ids), 0  # cu: this request's first row in the decode tokens
         for req, L, k in zip(as_i32(d.req_ids).tolist(), as_i32(d.start_pos).tolist(), as_i8(d.num_rows).tolist()):
             preds = tokens[li:li + k]
             a = 1
             if k > 1:
-                a = int(accept_chain(toks[row + 1:row + k][None, :], preds[None, :])[0])
+                a = int(accept_chain(toks[cu + 1:cu + k][None, :], preds[None, :])[0])
             b.context(req, L, row, a)
             b.anchor(req, L + a, int(preds[a - 1]), max_model_len)
-            row += k
-            li += k
+            row, li, cu = row + k, li + k, cu + k
     return b
 
 

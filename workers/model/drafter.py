@@ -128,10 +128,10 @@ class Drafter(nn.Module):
             slots = torch.where(ring_mask, slots, torch.full_like(slots, filler_row))
             ring_keys = rings[k][slots]  # [R, W, D]
             h = self._stage(stage, h, tokens, ring_keys, mask, cos, sin, comm)
-        x = hc_head(h.view(R, K1, c.hc_mult, -1)[:, 1:].reshape(R * (K1 - 1), c.hc_mult, -1),
+        x = hc_head(h.view(R, K1, c.hc_mult, c.hidden_size)[:, 1:].reshape(R * (K1 - 1), c.hc_mult, c.hidden_size),
                     self.hc_head_fn, self.hc_head_base, self.hc_head_scale, c.hc_eps, c.rms_norm_eps)  # [R*7, d]
-        logits = linear_rows(head, self.norm(x)).float().view(R, K1 - 1, -1)  # [R, 7, V/tp]
-        x = x.view(R, K1 - 1, -1)
+        logits = linear_rows(head, self.norm(x)).float().view(R, K1 - 1, self.dims.vocab_size)  # [R, 7, V/tp]
+        x = x.view(R, K1 - 1, c.hidden_size)
         drafts = torch.zeros(R, K1 - 1, dtype=torch.long, device=lease.device)
         conf = torch.zeros(R, K1 - 1, dtype=torch.float32, device=lease.device)
         if R == 0:
@@ -164,9 +164,9 @@ class Drafter(nn.Module):
         q = linear_rows(attn.wq_b, qr).view(rows, attn.num_heads, attn.head_dim)
         q = apply_rope(row_tiles(lambda t: rms_unweighted(t, attn.eps), q), cos, sin)  # [R*8, H, D]
         kv = apply_rope(attn.kv_norm(linear_rows(attn.wkv, x)), cos, sin)  # [R*8, D]
-        block = kv.view(R, 1, K1, -1).expand(-1, K1, -1, -1)  # [R, 8, 8, D]
+        block = kv.view(R, 1, K1, attn.head_dim).expand(-1, K1, -1, -1)  # [R, 8, 8, D]
         ring = ring_keys.to(q.dtype).unsqueeze(1).expand(-1, K1, -1, -1)  # [R, 8, W, D]
-        keys = torch.cat([ring, block], dim=2).reshape(rows, -1, attn.head_dim)  # [R*8, W+8, D]
+        keys = torch.cat([ring, block], dim=2).reshape(rows, ring.shape[2] + K1, attn.head_dim)  # [R*8, W+8, D]
         out = attend(q, keys, mask, attn.attn_sink, attn.head_dim ** -0.5)
         out = apply_rope(out, cos, -sin)
         grouped = out.reshape(rows, attn.num_groups, attn.num_heads // attn.num_groups * attn.head_dim)

@@ -54,7 +54,7 @@ class Run:
 def make_engine(path: str, spec_k: int, *, dp: int = 1, max_num_seqs: int = 8, num_blocks: int = 64,
                 max_model_len: int = 512, max_num_batched_tokens: int = 256,
                 long_prefill_token_threshold: int = 0, test_drafter=None,
-                enable_prefix_caching: bool = False) -> tuple[EngineLoop, list[ModelRunner]]:
+                enable_prefix_caching: bool = False, observers=None) -> tuple[EngineLoop, list[ModelRunner]]:
     cfg = ModelConfig.from_dir(path)
     runners = [ModelRunner(path, "float32", block_size=BLOCK_SIZE, num_blocks=num_blocks, quiet=True,
                            spec_k=spec_k, num_leases=max_num_seqs // dp, max_model_len=max_model_len,
@@ -64,7 +64,7 @@ def make_engine(path: str, spec_k: int, *, dp: int = 1, max_num_seqs: int = 8, n
                       max_num_batched_tokens, long_prefill_token_threshold, max_model_len,
                       cfg.eos_token_ids, spec_k=spec_k, enable_prefix_caching=enable_prefix_caching)
     tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
-    return EngineLoop(sched, LocalMesh(runners), tok), runners
+    return EngineLoop(sched, LocalMesh(runners), tok, observers=observers), runners
 
 
 async def _run(engine: EngineLoop, reqs: list[GenerateRequest], abort_after: dict[str, int]):
