@@ -51,7 +51,7 @@ class Run:
     engine: EngineLoop = field(repr=False)
 
 
-def make_engine(path: str, spec_k: int, *, dp: int = 1, max_num_seqs: int = 8, num_blocks: int = 64,
+def make_engine(path: str, spec_k: int, *, dp: int = 1, max_num_seqs: int = 8, num_blocks: int | list[int] = 64,
                 max_model_len: int = 512, max_num_batched_tokens: int = 256,
                 long_prefill_token_threshold: int = 0, test_drafter=None,
                 enable_prefix_caching: bool = False, observers=None) -> tuple[EngineLoop, list[ModelRunner]]:
