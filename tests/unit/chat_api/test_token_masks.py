@@ -1,0 +1,104 @@
+"""The scheduler asks a constrained request's constraint for one mask per sampled row and
+ships it packed in the plan; constrained requests never verify drafts; a failing
+constraint ends only its own request."""
+from __future__ import annotations
+
+import numpy as np
+
+from dspark_loop.protocol import as_i8, pack_mask, unpack_mask
+from tests.unit.engine.factories import (allowed_tokens, make_mesh, make_requests, make_scheduler,
+                                         run_step, run_to_completion)
+from tests.unit.engine.tiny_tokenizer import make_tokenizer
+
+VOCAB = make_tokenizer().get_vocab_size()
+
+
+class RecordingConstraint:
+    """Allows the two ordinary tokens after the number of outputs so far; records each ask."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.asked: list[list[int]] = []
+        self.fail_at = fail_at
+
+    def allowed(self, n: int) -> np.ndarray:
+        mask = np.zeros(VOCAB, dtype=bool)
+        ok = allowed_tokens()
+        mask[[ok[n % len(ok)], ok[(n + 1) % len(ok)]]] = True
+        return mask
+
+    def allowed_token_mask(self, output_ids: list[int]) -> np.ndarray:
+        self.asked.append(list(output_ids))
+        if self.fail_at is not None and len(output_ids) >= self.fail_at:
+            raise ValueError("grammar broke")
+        return self.allowed(len(output_ids))
+
+
+def test_pack_and_unpack_round_trip_any_vocab_slice():
+    """Packed bits must unpack to the same allowed ids for any [start, stop) slice, with
+    ids past the mask refused."""
+    rng = np.random.default_rng(0)
+    allowed = rng.random(1000) < 0.3
+    bits = pack_mask(allowed)
+    assert len(bits) == 125
+    assert np.array_equal(unpack_mask(bits, 0, 1000), allowed)
+    assert np.array_equal(unpack_mask(bits, 500, 1000), allowed[500:])
+    assert not unpack_mask(bits, 990, 1010)[10:].any()
+
+
+def test_each_sampled_row_of_a_constrained_request_carries_its_mask():
+    """The finishing prefill chunk and every decode row of a constrained request must carry
+    the constraint's mask for the outputs so far; chunks that do not sample and
+    unconstrained requests carry none."""
+    sched = make_scheduler(max_num_batched_tokens=8)  # 12-token prompt: two chunks
+    free, bound = make_requests(sched, 2, prompt_len=12, max_tokens=3)
+    c = RecordingConstraint()
+    bound.constraint = c
+    sched.add(free)
+    sched.add(bound)
+    mesh = make_mesh(sched)
+    seen = []
+    while sched.has_work:
+        step, _ = run_step(sched, mesh)
+        for m in step.plan.partitions[0].token_masks:
+            assert m.req_id == bound.req_id
+            seen.append(unpack_mask(m.bits, 0, VOCAB))
+    assert c.asked == [[], bound.output_ids[:1], bound.output_ids[:2]]
+    assert [list(np.flatnonzero(s)) for s in seen] == \
+        [list(np.flatnonzero(c.allowed(n))) for n in range(3)]
+
+
+def test_constrained_requests_decode_one_row_even_with_drafts():
+    """With K=7 a constrained request must be scheduled one row per step even when it has
+    drafts; an unconstrained neighbour with drafts verifies 8 rows."""
+    sched = make_scheduler(spec_k=7)
+    free, bound = make_requests(sched, 2, prompt_len=4, max_tokens=20)
+    bound.constraint = RecordingConstraint()
+    sched.add(free)
+    sched.add(bound)
+    mesh = make_mesh(sched)
+    run_step(sched, mesh)  # prefill both
+    free.draft_ids = bound.draft_ids = np.full(7, allowed_tokens()[0], np.int32)
+    step, _ = run_step(sched, mesh)
+    decode = step.plan.partitions[0].decode
+    rows = dict(zip(np.frombuffer(decode.req_ids, np.int32).tolist(), as_i8(decode.num_rows).tolist()))
+    assert rows == {free.req_id: 8, bound.req_id: 1}
+    assert [m.req_id for m in step.plan.partitions[0].token_masks] == [bound.req_id]
+
+
+def test_a_failing_constraint_ends_only_its_request_with_an_error():
+    """A constraint that raises must finish its request with finish_reason error (pages
+    freed) while the other request runs to its normal end."""
+    sched = make_scheduler()
+    free, bound = make_requests(sched, 2, prompt_len=6, max_tokens=5)
+    bound.constraint = RecordingConstraint(fail_at=2)
+    sched.add(free)
+    sched.add(bound)
+    got = run_to_completion(sched, make_mesh(sched))
+    last = got[bound.request_id][-1]
+    assert last.finished and last.finish_reason == "error" and "grammar broke" in last.error
+    assert len(bound.output_ids) == 2
+    assert got[free.request_id][-1].finish_reason == "length"
+    assert sum(len(o.new_token_ids) for o in got[free.request_id]) == 5
+    sched.check_integrity()
+    assert all(p.cache.num_free() == [pool.num_blocks for pool in p.cache.pools]
+               for p in sched.partitions)
