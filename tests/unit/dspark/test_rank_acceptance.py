@@ -1,0 +1,38 @@
+"""The rank's view of a step (workers/drafter_runner.plan_drafts) applies the shared
+acceptance table exactly as the host does: context rows = the accepted rows, next anchor =
+the last accepted token one past them."""
+import numpy as np
+import pytest
+
+from dspark_loop.acceptance import accept_chain
+from dspark_loop.protocol import DecodeBatch, PartitionPlan, PrefillChunk, i8, i32
+from tests.unit.engine.acceptance_cases import CASES
+from workers.drafter_runner import plan_drafts
+
+ANCHOR_TOKEN = 5
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_rank_accepts_the_same_chain_as_the_host(case):
+    """After a verify at L the rank must write context rows L..L+a-1 and draft from the
+    a-th prediction at L+a, a = the table's accepted length."""
+    L = 40
+    part = PartitionPlan(decode=DecodeBatch(i32([3]), i32([L]), i8([8]), i32((ANCHOR_TOKEN,) + case.drafts)))
+    b = plan_drafts(part, np.asarray(case.predictions, np.int32), window=16, max_model_len=1000)
+    a = case.num_accepted
+    assert int(accept_chain(np.array([case.drafts]), np.array([case.predictions]))[0]) == a
+    assert b.ctx_pos == list(range(L, L + a)) and b.ctx_rows == list(range(a))
+    assert (b.q_req, b.q_pos, b.q_tok) == ([3], [L + a], [case.predictions[a - 1]])
+
+
+def test_prefill_tail_and_decode_rows_follow_the_packed_row_order():
+    """A chunk contributes its last `window` rows; decode rows start after all chunk rows;
+    an anchor whose 8-row window passes the ceiling is not drafted."""
+    part = PartitionPlan(prefills=[PrefillChunk(1, 0, i32(range(30)), True), PrefillChunk(2, 0, i32(range(10)), False)],
+                         decode=DecodeBatch(i32([7, 8]), i32([50, 92]), i8([1, 1]), i32([4, 4])))
+    b = plan_drafts(part, np.array([11, 12, 13], np.int32), window=16, max_model_len=100)
+    assert b.ctx_req == [1] * 16 + [2] * 10 + [7, 8]
+    assert b.ctx_pos == list(range(14, 30)) + list(range(10)) + [50, 92]
+    assert b.ctx_rows == list(range(14, 30)) + list(range(30, 40)) + [40, 41]
+    # req 8's next anchor at 93: 93 + 8 > 100, so the host will run it as 1 row (fallback)
+    assert (b.q_req, b.q_pos, b.q_tok) == ([1, 7], [30, 51], [11, 12])
