@@ -127,18 +127,24 @@ class ChatCompletionsRoute:
         except ApiError as e:
             e.param = "messages"
             raise
-        n_left = ctx.max_model_len - len(prompt_ids)
-        default = None
+        overrides = {}
         if req.max_tokens is None and req.max_completion_tokens is None:
-            default = ctx.defaults.max_new_tokens or n_left  # chat's default: the context left
-        params = sampling_params(as_completion_request(req, max_tokens=default) if default
-                                 else as_completion_request(req),
-                                 ctx.defaults, ctx.encoder, len(prompt_ids), ctx.max_model_len)
+            # chat's default length: the context left (unless --generate-config sets one)
+            overrides["max_tokens"] = ctx.defaults.max_new_tokens or ctx.max_model_len - len(prompt_ids)
+        params = sampling_params(as_completion_request(req, **overrides), ctx.defaults,
+                                 ctx.encoder, len(prompt_ids), ctx.max_model_len)
         params = dataclasses.replace(params, skip_special_tokens=False)
         g = GenerateRequest(ctx.new_request_id("chatcmpl"), prompt_ids, params,
                             arrival_time=time.monotonic())
-        return ChatCompletion(ctx, req, prompt_ids, prompt_text, g,
-                              [] if req.tool_choice == "none" else declared_tools(req))
+        c = ChatCompletion(ctx, req, prompt_ids, prompt_text, g,
+                           [] if req.tool_choice == "none" else declared_tools(req))
+        if c.constrained:
+            # NOTE: the grammar ends with EOS; tokens forced past it would break the grammar.
+            for name, value in (("ignore_eos", params.ignore_eos), ("min_tokens", params.min_tokens)):
+                if value:
+                    raise unsupported(name, f"{name} cannot be combined with constrained tool "
+                                            "calls (tool_choice required/named, strict tools).")
+        return c
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()

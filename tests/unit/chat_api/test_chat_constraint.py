@@ -94,3 +94,14 @@ def test_starting_the_server_imports_neither_torch_nor_xgrammar():
             "print(sorted(m for m in ('torch', 'xgrammar') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("field", [{"ignore_eos": True}, {"min_tokens": 3}])
+async def test_tokens_forced_past_the_grammar_are_refused_for_constrained_requests(field):
+    """ignore_eos and min_tokens would force tokens after the grammar's EOS: a constrained
+    request asking for them must get a 400 naming the field."""
+    async with serving(chat_engine()) as client:
+        r = await client.post("/v1/chat/completions", json={
+            "messages": HI, "tools": [WEATHER], "tool_choice": "required", **field})
+        out = await r.json()
+    assert r.status == 400 and out["error"]["param"] == next(iter(field))
