@@ -8,8 +8,11 @@ DSPARK_TEST_SCRIPT=/path/script.json, a list of entries
 A request whose prompt text (special tokens included) ends with a key gets that entry's
 output tokens, then EOS forever, in place of the model's greedy predictions (the longest
 matching key wins). Every other request, and the forward itself, runs the real model, so
-the collectives, caches and timings are untouched. A request re-admitted after
-preemption re-prefills its outputs too and is no longer recognised.
+the collectives, caches and timings are untouched. Limits: prompts are matched on the
+tokens the ranks are sent, so a prefix-cache hit that covers the key hides it (run
+scripted servers with --no-enable-prefix-caching); a request re-admitted after preemption
+re-prefills its outputs too and is no longer recognised; at K=7 the rank-side drafter
+still sees the model's own tokens (use K=0).
 """
 from __future__ import annotations
 
