@@ -1,0 +1,106 @@
+"""DSpark speed on the tiny checkpoint: K=7 vs K=0, in process (one runner, LocalComm), with
+the test drafter planted to accept 1, 3 or 8 tokens per verify.
+
+    python -m tools.bench_dspark [--users 4] [--prompt-len 32] [--max-tokens 64] [--model DIR]
+
+Per user: output tokens / (finish - arrival); total: all output tokens / wall time. The
+K=7 runs also check their tokens against K=0 (speculation must never change them).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+import time
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from dspark_loop.cache_layout import CacheLayout
+from dspark_loop.engine.loop import EngineLoop
+from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
+from dspark_loop.engine.scheduler import Scheduler
+from dspark_loop.model_config import ModelConfig
+from dspark_loop.protocol import StepResult, f32, i32
+from workers.runner import ModelRunner
+from workers.test_drafter import TestDrafter
+
+
+class InProcessMesh:
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+
+    async def step(self, plan):
+        tokens = self.runner.execute(plan.partitions[0])
+        res = StepResult(plan.step_id, 0, i32(tokens))
+        drafts = self.runner.take_drafts()
+        if drafts is not None:
+            res.draft_req_ids, res.draft_token_ids, res.draft_confidence = i32(drafts[0]), i32(drafts[1]), f32(drafts[2])
+        return [res]
+
+
+def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, drafter=None):
+    cfg = ModelConfig.from_dir(path)
+    n = len(prompts)
+    runner = ModelRunner(path, "float32", block_size=32, num_blocks=8 * n, quiet=True, spec_k=spec_k,
+                         num_leases=n, max_model_len=4096, test_drafter=drafter)
+    sched = Scheduler(CacheLayout.for_model(cfg, 32), 1, runner.num_blocks, n, 8192, 0, 4096,
+                      cfg.eos_token_ids, spec_k=spec_k, enable_prefix_caching=False)
+    engine = EngineLoop(sched, InProcessMesh(runner), Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
+
+    async def main():
+        engine.start()
+        per_user = []
+
+        async def one(i, p):
+            t0, toks = time.perf_counter(), []
+            async for out in engine.generate(GenerateRequest(f"u{i}", p, SamplingParams(max_tokens=max_tokens,
+                                                                                         ignore_eos=True))):
+                toks += out.new_token_ids
+            per_user.append(len(toks) / (time.perf_counter() - t0))
+            return toks
+
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+        wall = time.perf_counter() - t0
+        await engine.stop()
+        return outs, float(np.mean(per_user)), sum(map(len, outs)) / wall
+
+    outs, user_tps, total_tps = asyncio.run(main())
+    return outs, user_tps, total_tps, engine.dspark_summary()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--users", type=int, default=4)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--model", default=None, help="a checkpoint with the drafter (default: a fresh tiny one)")
+    args = ap.parse_args(argv)
+    path = args.model
+    if path is None:
+        from tools.make_checkpoint import make_checkpoint
+        path = make_checkpoint(os.path.join(tempfile.mkdtemp(), "tiny"), size="tiny", seed=0,
+                               with_drafter=True, quiet=True)
+    cfg = ModelConfig.from_dir(path)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(10, cfg.vocab_size, args.prompt_len).tolist() for _ in range(args.users)]
+    ref, user0, total0, _ = bench(path, 0, prompts, args.max_tokens)
+    print(f"K=0                     per-user {user0:7.1f} tok/s  total {total0:7.1f} tok/s")
+    for m in (0, 2, 7):
+        spec = {"cases": [{"prompt": p, "reference": r, "error_at": m} for p, r in zip(prompts, ref)]}
+        outs, user, total, s = bench(path, 7, prompts, args.max_tokens,
+                                     TestDrafter(spec, cfg.vocab_size, cfg.dspark.noise_token_id))
+        same = "tokens == K=0" if outs == ref else "TOKENS DIFFER FROM K=0"
+        print(f"K=7 accept {m + 1} (mean {s['mean_accepted_len']:.2f})  per-user {user:7.1f} tok/s "
+              f"({user / user0:4.2f}x)  total {total:7.1f} tok/s ({total / total0:4.2f}x)  {same}")
+    outs, user, total, s = bench(path, 7, prompts, args.max_tokens)
+    print(f"K=7 real drafter (mean {s['mean_accepted_len']:.2f})  per-user {user:7.1f} tok/s "
+          f"({user / user0:4.2f}x)  total {total:7.1f} tok/s ({total / total0:4.2f}x)  "
+          f"{'tokens == K=0' if outs == ref else 'TOKENS DIFFER FROM K=0'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
