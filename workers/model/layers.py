@@ -1,16 +1,47 @@
 """Small building blocks: row-invariant projections, RMSNorm, interleaved rope, mHC mixing,
-the Walsh-Hadamard rotation. Norms, hc and softmaxes run in fp32 as transformers does."""
+the Walsh-Hadamard rotation. Norms, hc and softmaxes run in fp32 as transformers does.
+
+Row invariance (a row's bits never depend on the batch) rests on three measured rules:
+  - GEMMs: a BLAS gemm picks its kernel by the row count, so every projection runs on
+    fixed ROW_TILE-row tiles; all tiles go through ONE torch.bmm ([tiles, 8, in] x [in, out]),
+    which gives each tile the bits of its own 8-row gemm whatever the number of tiles.
+  - reductions over a row's own elements (sum/mean/amax over the last dim, sums over a
+    middle dim, last-dim softmax, per-row einsum) are row-invariant: run on all rows at once.
+  - elementwise ops: exact ones (+ - * / sqrt exp log1p) are; sigmoid, silu, softplus and
+    rsqrt are NOT (the vector kernel and the scalar tail differ in the last bit, and which
+    elements land in the tail depends on the tensor size), so they are composed here from
+    exact ones.
+"""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workers.model.linear import Linear, quantize_per_token
+
 ROW_TILE = 8
 
 
+def matmul_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [rows, ..., in] @ weight [out, in].T -> [rows, ..., out]; the flattened rows go in
+    fixed ROW_TILE-row tiles (zero-padded) through one batched matmul.
+
+        rows 0..7 | 8..15 | ... | n-1, 0-pad    ->  bmm([tiles, 8, in], [tiles, in, out] (expanded))
+    """
+    k, n_out = x.shape[-1], weight.shape[0]
+    flat = x.reshape(-1, k)  # [n, in]
+    n = flat.shape[0]
+    pad = (-n) % ROW_TILE
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad, k)])
+    tiles = flat.view(-1, ROW_TILE, k)  # [tiles, 8, in]
+    w = weight.to(x.dtype).t().unsqueeze(0).expand(tiles.shape[0], k, n_out)  # [tiles, in, out]
+    return torch.bmm(tiles, w).view(-1, n_out)[:n].view(*x.shape[:-1], n_out)
+
+
 def linear_rows(lin, x: torch.Tensor) -> torch.Tensor:
-    """lin(x) for x [rows, in] (a Linear or any row-wise callable), in fixed tiles of
+    """lin(x) for x [rows, ..., in] (a Linear, or any row-wise callable), in fixed tiles of
     ROW_TILE rows.
 
     NOTE: a BLAS gemm (and a batched matmul over rows) picks its kernel and tail handling
@@ -19,7 +50,14 @@ def linear_rows(lin, x: torch.Tensor) -> torch.Tensor:
     batch: a request gives the same tokens alone or packed, and a verify tile writes the
     same cache rows as a 1-row step.
     """
-    return row_tiles(lin, x)
+    if not isinstance(lin, Linear):
+        return row_tiles(lin, x)
+    if not lin.w8a8:
+        return matmul_rows(x.to(lin.weight.dtype), lin.weight)
+    # the same arithmetic as Linear.forward (per-token quantisation is a per-row amax: exact)
+    xq, xs = quantize_per_token(x)
+    y = matmul_rows(xq.float(), lin.weight.float())  # int products in fp32
+    return (y * xs * lin.scale).to(x.dtype if x.dtype != torch.int8 else torch.float32)
 
 
 def row_tiles(fn, *xs: torch.Tensor) -> torch.Tensor:
@@ -36,6 +74,26 @@ def row_tiles(fn, *xs: torch.Tensor) -> torch.Tensor:
     return torch.cat(out)[:rows]
 
 
+# NOTE: exact compositions of the four tail-sensitive pointwise ops (see the module doc):
+# on this CPU torch.sigmoid/silu/softplus/rsqrt give a different last bit in the scalar tail
+# of a vector loop, so a row's bits would follow the batch's total element count.
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    return 1.0 / (1.0 + torch.exp(-x))
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    return x / (1.0 + torch.exp(-x))
+
+
+def softplus(x: torch.Tensor) -> torch.Tensor:
+    """log(1 + e^x), linear above 20 as F.softplus."""
+    return torch.where(x > 20, x, torch.log1p(torch.exp(x.clamp(max=20))))
+
+
+def rsqrt(x: torch.Tensor) -> torch.Tensor:
+    return 1.0 / torch.sqrt(x)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -43,16 +101,13 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=torch.float32), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [rows, ..., dim]
-        return row_tiles(self._norm, x)
-
-    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        xf = xf * rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight * xf).to(x.dtype)
 
 
 def rms_unweighted(x: torch.Tensor, eps: float) -> torch.Tensor:  # [..., dim]
-    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
+    return x * rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
@@ -77,21 +132,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def hc_pre(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
            sinkhorn_iters: int, hc_eps: float, norm_eps: float):
     """mHC weights for one sublayer. h [rows, hc, d] -> post [rows, hc], comb [rows, hc, hc]
-    (comb[j, k]: stream j into stream k), collapsed input [rows, d]."""
-    # NOTE: tiled like linear_rows: softmax / sums over tiny inner dims vectorise across
-    # rows, with tail handling that depends on the row count.
-    return row_tiles(lambda t: _hc_pre(t, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps), h)
-
-
-def _hc_pre(h, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps):
-    hc = h.shape[1]
+    (comb[j, k]: stream j into stream k), collapsed input [rows, d]. One pass over all rows:
+    only the mix projection is tiled; the Sinkhorn's 4x4 sums are per-row reductions."""
+    rows, hc = h.shape[0], h.shape[1]
     flat = rms_unweighted(h.flatten(1).float(), norm_eps)  # [rows, hc*d]
-    mix = F.linear(flat, fn.float())  # [rows, (2+hc)*hc]
+    mix = matmul_rows(flat, fn.float())  # [rows, (2+hc)*hc]
     pre_w, post_w, comb_w = mix.split([hc, hc, hc * hc], dim=-1)
     pre_b, post_b, comb_b = base.split([hc, hc, hc * hc])
-    pre = torch.sigmoid(pre_w * scale[0] + pre_b) + hc_eps
-    post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
-    comb = comb_w.view(comb_w.shape[0], hc, hc) * scale[2] + comb_b.view(hc, hc)
+    pre = sigmoid(pre_w * scale[0] + pre_b) + hc_eps
+    post = 2 * sigmoid(post_w * scale[1] + post_b)
+    comb = comb_w.reshape(rows, hc, hc) * scale[2] + comb_b.view(hc, hc)
     comb = torch.softmax(comb, dim=-1) + hc_eps
     comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
     for _ in range(sinkhorn_iters - 1):
@@ -103,10 +153,6 @@ def _hc_pre(h, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps):
 
 def hc_post(h: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """h'[k] = post[k]*out + sum_j comb[j, k]*h[j]. h [rows, hc, d], out [rows, d]."""
-    return row_tiles(_hc_post, h, out, post, comb)
-
-
-def _hc_post(h, out, post, comb):
     dtype = h.dtype
     comb = comb.to(dtype)
     # NOTE: elementwise in a fixed order, not a batched matmul over rows (its tail handling
@@ -120,13 +166,9 @@ def _hc_post(h, out, post, comb):
 def hc_head(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
             hc_eps: float, norm_eps: float) -> torch.Tensor:
     """Final collapse of the streams: h [rows, hc, d] -> [rows, d] (no Sinkhorn)."""
-    return row_tiles(lambda t: _hc_head(t, fn, base, scale, hc_eps, norm_eps), h)
-
-
-def _hc_head(h, fn, base, scale, hc_eps, norm_eps):
     flat = rms_unweighted(h.flatten(1).float(), norm_eps)
-    mix = F.linear(flat, fn.float())  # [rows, hc]
-    pre = torch.sigmoid(mix * scale.float() + base.float()) + hc_eps
+    mix = matmul_rows(flat, fn.float())  # [rows, hc]
+    pre = sigmoid(mix * scale.float() + base.float()) + hc_eps
     return (pre.unsqueeze(-1) * h).sum(dim=1).to(h.dtype)
 
 
