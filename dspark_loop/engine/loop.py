@@ -99,6 +99,7 @@ class EngineLoop:
             "num_requests": len(sched.requests),
             "num_open_streams": len(self._queues),
             "num_steps": self.num_steps,
+            "dspark": self.dspark_summary(),
         }
 
     def dspark_summary(self) -> dict:

@@ -1,0 +1,142 @@
+"""The served K=7 chain, observed from outside: lossless against K=0, prefix hits at K=7,
+the test drafter's controlled acceptance, and the metrics and debug-tap traces agreeing with
+what was served."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import msgspec
+import pytest
+import zmq
+
+from dspark_loop.protocol import TRACE_DECODER
+from tests.e2e.conftest import E2E_SEED
+from tests.e2e.prompts import token_prompt
+from tests.e2e.server import ServerProcess, free_port
+
+MAX_TOKENS = 25  # 1 token from prefill + 8 verifies of exactly 3 at error_at=2
+ERROR_AT = 2
+PROMPT_A = token_prompt(40, seed=901)  # the test drafter knows this one
+PROMPT_B = token_prompt(300, seed=902)  # long enough for a K=7 prefix hit (>= 128 + 128)
+PROMPT_C = token_prompt(75, seed=903)  # unknown to the test drafter: noise drafts
+
+
+class TapRecorder:
+    """Subscribes to the server's debug tap and keeps every StepTrace it gets."""
+
+    def __init__(self, addr: str):
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sock.setsockopt(zmq.RCVTIMEO, 200)
+        self.sock.connect(addr)
+        self.traces = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                frame = self.sock.recv()
+            except zmq.Again:
+                continue
+            self.traces.append(TRACE_DECODER.decode(frame))
+
+    def close(self) -> list:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close(0)
+        return self.traces
+
+
+@pytest.fixture(scope="module")
+def drafter_ckpt(tmp_path_factory) -> str:
+    # NOTE: every tensor has its own random stream, so the trunk equals tiny_ckpt's.
+    from tools.make_checkpoint import make_checkpoint
+    return make_checkpoint(str(tmp_path_factory.mktemp("dspark") / "tiny"), size="tiny",
+                           seed=E2E_SEED, with_drafter=True, quiet=True)
+
+
+@pytest.fixture(scope="module")
+def k0_outputs(solo1) -> dict:
+    return {name: solo1(p, MAX_TOKENS) for name, p in
+            (("a", PROMPT_A), ("b", PROMPT_B), ("c", PROMPT_C))}
+
+
+@pytest.fixture(scope="module")
+def k7_server(drafter_ckpt, k0_outputs, tmp_path_factory):
+    spec = tmp_path_factory.mktemp("spec") / "drafter.json"
+    spec.write_text(json.dumps({"cases": [
+        {"prompt": PROMPT_A, "reference": k0_outputs["a"], "error_at": ERROR_AT}]}))
+    tap = f"tcp://127.0.0.1:{free_port()}"
+    server = ServerProcess(["--model", drafter_ckpt, "--debug-tap", tap, "--speculative-config",
+                            '{"method":"dspark","num_speculative_tokens":7}'],
+                           env={"DSPARK_TEST_DRAFTER": str(spec)})
+    server.tap = tap
+    yield server
+    assert server.stop() == 0, server.log()[-4000:]
+
+
+def test_k7_output_equals_k0_and_prefix_hits_keep_it(k7_server, k0_outputs):
+    """K=7 greedy output must equal K=0 token for token, also when the prompt is served from
+    the prefix cache (the second identical long prompt)."""
+    for name, prompt in (("a", PROMPT_A), ("c", PROMPT_C), ("b", PROMPT_B), ("b", PROMPT_B)):
+        out = k7_server.complete(prompt, MAX_TOKENS)
+        assert out["choices"][0]["token_ids"] == k0_outputs[name], name
+    assert out["usage"]["prompt_tokens_details"]["cached_tokens"] >= 128
+    assert "DSpark speculation progress:" in k7_server.log()
+
+
+def test_test_drafter_accepts_exactly_error_position_plus_one(k7_server, k0_outputs):
+    """With the true continuation wrong at index m, every verify must accept m+1 tokens."""
+    before = k7_server.engine_stats()["dspark"]
+    out = k7_server.complete(PROMPT_A, MAX_TOKENS)
+    after = k7_server.wait_idle()["dspark"]
+    assert out["choices"][0]["token_ids"] == k0_outputs["a"]
+    verifies = after["num_verify_steps"] - before["num_verify_steps"]
+    accepted = after["num_accepted"] - before["num_accepted"]
+    assert verifies == (MAX_TOKENS - 1) // (ERROR_AT + 1)
+    assert accepted == verifies * (ERROR_AT + 1) == MAX_TOKENS - 1
+    assert after["num_matched"] - before["num_matched"] == verifies * ERROR_AT
+    assert after["leases_in_use"] == 0
+
+
+def test_metrics_and_tap_traces_agree_with_the_served_workload(k7_server, k0_outputs):
+    """After a known workload the counters must equal the served totals, and the tap's
+    traces must be contiguous and add up to the same tokens and acceptance."""
+    recorder = TapRecorder(k7_server.tap)
+    time.sleep(0.5)  # the subscription must reach the publisher before the workload
+    m0 = k7_server.metrics_json()
+    outs = [k7_server.complete(p, MAX_TOKENS) for p in (PROMPT_A, PROMPT_B)]
+    m1 = k7_server.metrics_json()
+    k7_server.wait_idle()
+    time.sleep(0.3)
+    traces = recorder.close()
+
+    prompt_tokens = sum(o["usage"]["prompt_tokens"] for o in outs)
+    completion_tokens = sum(o["usage"]["completion_tokens"] for o in outs)
+    assert m1["prompt_tokens_total"] - m0["prompt_tokens_total"] == prompt_tokens
+    assert m1["generation_tokens_total"] - m0["generation_tokens_total"] == completion_tokens
+    assert (m1["request_success_total"].get("length", 0)
+            - m0["request_success_total"].get("length", 0)) == len(outs)
+    hits = m1["prefix_cache_hits_total"] - m0["prefix_cache_hits_total"]
+    assert hits == sum(o["usage"]["prompt_tokens_details"]["cached_tokens"] for o in outs)
+    # the metrics' DSpark figures (from traces) and the engine's counters agree
+    engine = m1["engine"]["dspark"]
+    assert m1["dspark"]["verify_steps"] == engine["num_verify_steps"]
+    assert m1["spec_decode_num_accepted_tokens_total"] == engine["num_matched"]
+
+    assert traces, "no StepTrace reached the subscriber"
+    ids = [t.step_id for t in traces]
+    assert ids == list(range(ids[0], ids[0] + len(ids)))
+    assert sum(t.num_new_tokens for t in traces) == completion_tokens
+    # accepted_lens are chain lengths before the scheduler's truncation (as the seeds count
+    # them), so they cover at least every token after each request's first (from prefill)
+    assert sum(sum(t.accepted_lens) for t in traces) >= completion_tokens - len(outs)
+    verify_lens = [a for t in traces for a, d in zip(t.accepted_lens, t.accepted_num_drafts) if d]
+    assert len(verify_lens) == m1["dspark"]["verify_steps"] - m0["dspark"]["verify_steps"]
+    assert sum(verify_lens) == engine["num_accepted"] - m0["engine"]["dspark"]["num_accepted"]
+    assert msgspec.json.encode(traces[-1])  # traces are plain data
