@@ -1,0 +1,169 @@
+"""The engine's host work per step at the production tile, read from the debug tap.
+
+    python -m tools.bench_host [--requests 256] [--partitions 4] [--steps 300]
+
+A real EngineLoop (scheduler, acceptance, detokeniser, delivery to per-request queues, the
+Metrics observer and a TapPublisher) drives an instant scripted mesh: every row predicts
+`token % 500 + 3`, and at K=7 the mesh also proposes the next 7 drafts, right for a rotating
+number of positions, so acceptance lengths vary from 1 to 8. A tap subscriber records every
+StepTrace; the host cost is schedule + update + deliver from the traces plus the plan's
+msgpack encode (timed inside the mesh, where a real mesh encodes it).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import threading
+import time
+
+import numpy as np
+import zmq
+
+from dspark_loop.acceptance import accept_chain
+from dspark_loop.engine.loop import EngineLoop
+from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
+from dspark_loop.engine.scheduler import Scheduler
+from dspark_loop.metrics import Metrics
+from dspark_loop.protocol import ENCODER, TRACE_DECODER, StepResult, as_i32, as_i8, f32, i32
+from dspark_loop.tap import TapPublisher
+from tools.bench_engine import flash_layout, tiny_tokenizer
+
+K = 7
+
+
+def predict(tokens: np.ndarray) -> np.ndarray:
+    return (tokens % 500 + 3).astype(np.int32)
+
+
+def chain(first: np.ndarray, num_right: int) -> np.ndarray:
+    """Drafts [n, 7] following `first` [n] by the scripted model, wrong after num_right."""
+    out = np.empty((len(first), K), np.int32)
+    prev = first
+    for j in range(K):
+        prev = predict(prev)
+        out[:, j] = prev if j < num_right else 2
+    return out
+
+
+class InstantMesh:
+    dead = None
+
+    def __init__(self, spec_k: int) -> None:
+        self.spec_k = spec_k
+        self.encode_s: list[float] = []
+        self.num_steps = 0
+
+    async def step(self, plan) -> list[StepResult]:
+        t0 = time.perf_counter()
+        ENCODER.encode(plan)
+        self.encode_s.append(time.perf_counter() - t0)
+        self.num_steps += 1
+        results = []
+        for p, part in enumerate(plan.partitions):
+            toks, draft_ids, anchors = [], [], []
+            for c in part.prefills:
+                if c.sample:
+                    t = predict(as_i32(c.token_ids)[-1:])
+                    toks.append(t)
+                    draft_ids.append(c.req_id)
+                    anchors.append(t)
+            d = part.decode
+            if d is not None:
+                rows = as_i8(d.num_rows).astype(np.int64)
+                preds = predict(as_i32(d.token_ids))
+                toks.append(preds)
+                if self.spec_k:
+                    ends = np.cumsum(rows)
+                    verify = rows > 1
+                    last = preds[ends - 1].copy()
+                    if verify.any():
+                        starts = ends[verify] - rows[verify]
+                        inputs = as_i32(d.token_ids)
+                        r = starts[:, None] + np.arange(K + 1)
+                        a = accept_chain(inputs[r[:, 1:]], preds[r])
+                        last[verify] = preds[starts + a - 1]
+                    draft_ids.append(as_i32(d.req_ids))
+                    anchors.append(last)
+            res = StepResult(plan.step_id, p, i32(np.concatenate(toks) if toks else []))
+            if self.spec_k and draft_ids:
+                first = np.concatenate(anchors)
+                res.draft_req_ids = i32(np.concatenate([np.atleast_1d(x) for x in draft_ids]))
+                res.draft_token_ids = i32(chain(first, self.num_steps % 8))
+                res.draft_confidence = f32(np.ones((len(first), K), np.float32))
+            results.append(res)
+        return results
+
+
+async def run(num_requests: int, num_partitions: int, num_steps: int, spec_k: int, tap_addr: str):
+    sched = Scheduler(flash_layout(), num_partitions, [8192, 4096, 4096],
+                      max_num_seqs=num_requests, max_num_batched_tokens=8192,
+                      long_prefill_token_threshold=0, max_model_len=1 << 20, eos_token_ids=[1],
+                      spec_k=spec_k, enable_prefix_caching=False)
+    tap = TapPublisher(tap_addr)
+    mesh = InstantMesh(spec_k)
+    engine = EngineLoop(sched, mesh, tiny_tokenizer(), observers=[Metrics("bench"), tap])
+    traces, stop = [], threading.Event()
+
+    def subscribe():
+        sock = zmq.Context.instance().socket(zmq.SUB)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.setsockopt(zmq.RCVTIMEO, 100)
+        sock.connect(tap.bound_addr)
+        while not stop.is_set():
+            try:
+                traces.append(TRACE_DECODER.decode(sock.recv()))
+            except zmq.Again:
+                pass
+        sock.close(0)
+
+    sub = threading.Thread(target=subscribe, daemon=True)
+    sub.start()
+    await asyncio.sleep(0.5)  # let the subscription reach the publisher
+    engine.start()
+
+    async def consume(i: int):
+        params = SamplingParams(max_tokens=num_steps * 8 + 64, ignore_eos=True)
+        async for _ in engine.generate(GenerateRequest(f"r{i}", list(range(3, 67)), params)):
+            if mesh.num_steps >= num_steps + 20:
+                break
+
+    await asyncio.gather(*(consume(i) for i in range(num_requests)))
+    await engine.stop()
+    await asyncio.sleep(0.3)
+    stop.set()
+    sub.join(2)
+    tap.close()
+    # skip the prefill steps: every request decodes from step ~5 on
+    steady = [t for t in traces if sum(p.decode_num_rows for p in t.partitions) >= num_requests]
+    enc = mesh.encode_s[len(mesh.encode_s) - len(steady):] if steady else []
+    host = sorted(t.schedule_s + t.update_s + t.deliver_s + e for t, e in zip(steady, enc))
+    return host, steady, traces
+
+
+def pct(xs, q):
+    return xs[min(len(xs) - 1, int(q * (len(xs) - 1)))] * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--tap", default="tcp://127.0.0.1:0")
+    args = ap.parse_args()
+    for name, k in (("K=0 (1 row)", 0), ("K=7 (8 rows)", K)):
+        host, steady, traces = asyncio.run(run(args.requests, args.partitions, args.steps, k, args.tap))
+        if not steady:
+            print(f"{name}: no steady-state traces recorded ({len(traces)} traces)")
+            continue
+        phase = {n: sorted(getattr(t, n) for t in steady) for n in ("schedule_s", "update_s", "deliver_s")}
+        toks = statistics.mean(t.num_new_tokens for t in steady)
+        print(f"{name:13s} {args.requests} req x {args.partitions} partitions, {len(steady)} steps "
+              f"({toks:.0f} tokens/step, {traces[-1].dropped_traces} traces dropped): host "
+              f"median {pct(host, .5):.2f} ms p99 {pct(host, .99):.2f} ms | "
+              + " ".join(f"{n[:-2]} {pct(v, .5):.2f}/{pct(v, .99):.2f}" for n, v in phase.items()))
+
+
+if __name__ == "__main__":
+    main()
