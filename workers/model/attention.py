@@ -15,18 +15,16 @@ from torch import nn
 from dspark_loop.model_config import ModelConfig
 from workers.model.compressor import Compressor
 from workers.model.config import LocalDims
-from workers.model.layers import RMSNorm, apply_rope, linear_rows, rms_unweighted, row_tiles
+from workers.model.layers import RMSNorm, apply_rope, linear_rows, matmul_rows, rms_unweighted
 from workers.model.linear import Linear
 from workers.staging import KEY_BUCKET, RatioIndex
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, sink: torch.Tensor,
            scale: float) -> torch.Tensor:
-    """q [T, H, D], keys [T, K, D] (K = V), mask [T, K], sink [H] -> [T, H, D]."""
-    return row_tiles(lambda a, b, c: _attend(a, b, c, sink, scale), q, keys, mask)
-
-
-def _attend(q, keys, mask, sink, scale):
+    """q [T, H, D], keys [T, K, D] (K = V), mask [T, K], sink [H] -> [T, H, D].
+    All rows at once: each row's einsums are its own [H, D] x [D, K] product and the softmax
+    is over the last dim, both row-invariant (measured; see layers)."""
     logits = torch.einsum("thd,tkd->thk", q, keys) * scale  # [T, H, K]
     logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
     sinks = sink.to(logits.dtype)[None, :, None].expand(q.shape[0], -1, 1)  # [T, H, 1]
@@ -60,10 +58,10 @@ class Indexer(nn.Module):
         q = linear_rows(self.wq_b, qr).view(rows, self.num_heads, self.dim)
         q = apply_rope(q, cos, sin)
         if hadamard is not None:
-            q = linear_rows(lambda t: t @ hadamard.to(t.dtype), q)  # [T, nh, di]
+            q = matmul_rows(q, hadamard.t())  # [T, nh, di] @ H
         slots = ri.key_slots  # [T, N]
         keys = keys_cache[slots.clamp(min=0)]  # [T, N, di]
-        scores = row_tiles(lambda a, b: torch.einsum("thd,tnd->thn", a.float(), b.float()), q, keys)
+        scores = torch.einsum("thd,tnd->thn", q.float(), keys.float())  # [T, nh, N] per-row products
         scores = scores.relu() * self.dim ** -0.5  # [T, nh, N]
         w = linear_rows(self.weights_proj, x).float() * self.num_heads ** -0.5  # [T, nh]
         score = (scores * w[..., None]).sum(dim=1).masked_fill(slots < 0, float("-inf"))  # [T, N]
@@ -107,7 +105,7 @@ class Attention(nn.Module):
         cos, sin = ctx.rope_compress if self.ratio else ctx.rope_main  # [T, rd/2]
         qr = self.q_norm(linear_rows(self.wq_a, x))  # [T, q_lora]
         q = linear_rows(self.wq_b, qr).view(rows, self.num_heads, self.head_dim)
-        q = apply_rope(row_tiles(lambda t: rms_unweighted(t, self.eps), q), cos, sin)  # [T, H, D]
+        q = apply_rope(rms_unweighted(q, self.eps), cos, sin)  # [T, H, D]
         kv = apply_rope(self.kv_norm(linear_rows(self.wkv, x)), cos, sin)  # [T, D]
         pool.raw_kv[L][b.write_slots] = kv.to(pool.dtype)
         keys = pool.raw_kv[L][b.raw_slots.clamp(min=0)].to(q.dtype)  # [T, W, D]
@@ -131,7 +129,7 @@ class Attention(nn.Module):
         out = apply_rope(out, cos, -sin)  # undo the rotation V picked up, at the query position
         grouped = out.reshape(rows, self.num_groups, self.num_heads // self.num_groups * self.head_dim)
         w = self.wo_a.weight.view(self.num_groups, -1, grouped.shape[-1])  # [G, R, H/G*D]
-        y = linear_rows(lambda t: torch.einsum("tgi,gri->tgr", t, w.to(t.dtype)), grouped)  # [T, G, R]
+        y = torch.stack([matmul_rows(grouped[:, g], w[g]) for g in range(self.num_groups)], 1)  # [T, G, R]
         return ctx.comm.sum_tp(linear_rows(self.wo_b, y.flatten(1)))
 
     def _sparse(self, x, qr, q, keys, mask, ri, ctx, cos, sin, ecos, esin, scale):
@@ -143,7 +141,7 @@ class Attention(nn.Module):
             ikeys = emit_entries(idx.compressor, pool.index_state_kv[L], pool.index_state_score[L],
                                  ri, ecos, esin)
             if ctx.hadamard is not None:
-                ikeys = linear_rows(lambda t: t @ ctx.hadamard.to(t.dtype), ikeys)
+                ikeys = matmul_rows(ikeys, ctx.hadamard.t())  # [E, di] @ H
             pool.index_keys[L][ri.write_slots] = ikeys.to(pool.dtype)
         chosen = idx.select(x, qr, pool.index_keys[L], ri, ctx.rope_compress[0], ctx.rope_compress[1],
                             ctx.hadamard)  # [T, topk]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from workers.model.layers import RMSNorm, linear_rows, row_tiles
+from workers.model.layers import RMSNorm, linear_rows
 from workers.model.linear import Linear
 
 
@@ -33,9 +33,6 @@ class Compressor(nn.Module):
     def pool(self, kv: torch.Tensor, score: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """kv, score [E, S, coff*dim] state rows in position order (S = 2r overlapping, else r),
         valid [E, S] (False: an empty slot before position 0) -> entries [E, dim] (normed)."""
-        return row_tiles(self._pool, kv, score, valid)
-
-    def _pool(self, kv: torch.Tensor, score: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         r, d = self.ratio, self.dim
         ape = self.ape.repeat(2, 1) if self.overlap else self.ape  # [S, coff*dim]
         score = score.float() + ape  # [E, S, coff*dim]
@@ -45,5 +42,9 @@ class Compressor(nn.Module):
             score = torch.cat([score[:, :r, :d], score[:, r:, d:]], dim=1)
         kv = torch.where(valid[..., None], kv, torch.zeros((), dtype=kv.dtype))
         score = score.masked_fill(~valid[..., None], float("-inf"))
-        weights = score.softmax(dim=1, dtype=torch.float32).to(kv.dtype)
+        # NOTE: softmax over the slots written out: torch's softmax over a middle dim splits
+        # its work by thread count and batch size (a row's bits changed with E at 2 threads);
+        # max, exp and sums over dim 1 are per (entry, channel).
+        e = torch.exp(score - score.max(dim=1, keepdim=True).values)  # [E, S', d]
+        weights = (e / e.sum(dim=1, keepdim=True)).to(kv.dtype)
         return self.norm((kv * weights).sum(dim=1))  # [E, d]

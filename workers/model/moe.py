@@ -10,12 +10,11 @@ EP exchange (gather-then-sum in rank order, never an all_reduce):
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dspark_loop.model_config import ModelConfig
 from workers.model.config import LocalDims
-from workers.model.layers import linear_rows, row_tiles
+from workers.model.layers import linear_rows, matmul_rows, silu, softplus
 from workers.model.linear import Linear
 
 
@@ -30,7 +29,7 @@ class Expert(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [rows, hidden]
         gate = linear_rows(self.w1, x).clamp(max=self.limit)
         up = linear_rows(self.w3, x).clamp(min=-self.limit, max=self.limit)
-        return linear_rows(self.w2, F.silu(gate) * up)
+        return linear_rows(self.w2, silu(gate) * up)
 
 
 class Gate(nn.Module):
@@ -46,12 +45,10 @@ class Gate(nn.Module):
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, d] -> expert ids [T, k] (long), weights [T, k] fp32."""
-        # NOTE: in fixed row tiles (see layers.linear_rows): bits must not depend on the batch.
-        return row_tiles(self._route, x, token_ids)
-
-    def _route(self, x: torch.Tensor, token_ids: torch.Tensor):
-        logits = F.linear(x.float(), self.weight.float())  # [T, E]
-        scores = F.softplus(logits).sqrt()
+        # NOTE: the logits in fixed row tiles (see layers.linear_rows) and an exact softplus:
+        # bits must not depend on the batch. The sort and the sums are per row.
+        logits = matmul_rows(x.float(), self.weight.float())  # [T, E]
+        scores = softplus(logits).sqrt()
         if self.is_hash:
             idx = self.tid2eid[token_ids].long()
         else:
@@ -75,13 +72,28 @@ class MoE(nn.Module):
                                      p + "shared_experts.")
 
     def routed(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """This rank's experts' share of the routed sum: x [T, d], idx/w [T, k] -> [T, d]."""
+        """This rank's experts' share of the routed sum: x [T, d], idx/w [T, k] -> [T, d].
+
+        Assignments (token, slot) are grouped by expert with one stable sort; each local
+        expert runs once on its tokens; each token then sums its k outputs in ascending
+        expert id (slots of other ranks' experts add zero): a fixed order per row."""
+        rows, k = idx.shape
+        flat = idx.flatten()  # [T*k]
+        order = torch.sort(flat, stable=True).indices  # assignments by expert, tokens ascending
+        counts = torch.bincount(flat, minlength=self.expert_hi).tolist()
+        y = x.new_zeros(rows * k, x.shape[1])  # [T*k, d] per assignment
+        start = sum(counts[:self.expert_lo])
+        for e in range(self.expert_lo, self.expert_hi):
+            n = counts[e]
+            if n:
+                a = order[start:start + n]  # [n] assignment ids
+                y[a] = self.experts[str(e)](x[a // k])
+            start += n
+        y = (y * w.flatten()[:, None].to(x.dtype)).view(rows, k, x.shape[1])  # [T, k, d]
+        by_id = torch.sort(idx, dim=1, stable=True).indices  # [T, k] slots in ascending expert id
         out = torch.zeros_like(x)
-        for e in range(self.expert_lo, self.expert_hi):  # ascending id: a fixed order per row
-            rows, slot = torch.nonzero(idx == e, as_tuple=True)
-            if rows.numel():
-                y = self.experts[str(e)](x[rows]) * w[rows, slot, None].to(x.dtype)
-                out.index_add_(0, rows, y)
+        for j in range(k):
+            out = out + y.gather(1, by_id[:, j, None, None].expand(-1, 1, y.shape[2])).squeeze(1)
         return out
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor, comm) -> torch.Tensor:  # [T, d]
