@@ -3,6 +3,7 @@ the test drafter's controlled acceptance, and the metrics and debug-tap traces a
 what was served."""
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -140,3 +141,20 @@ def test_metrics_and_tap_traces_agree_with_the_served_workload(k7_server, k0_out
     assert len(verify_lens) == m1["dspark"]["verify_steps"] - m0["dspark"]["verify_steps"]
     assert sum(verify_lens) == engine["num_accepted"] - m0["engine"]["dspark"]["num_accepted"]
     assert msgspec.json.encode(traces[-1])  # traces are plain data
+
+
+async def test_32_concurrent_k7_streams_each_equal_k0(k7_server, solo1, http):
+    """32 streams at K=7 (mixed prompt lengths, every request speculating beside the others)
+    must each stream exactly the K=0 tokens, and the leases must all be free afterwards."""
+    from tests.e2e.client import stream_completion
+    from tests.e2e.prompts import mixed_prompts
+
+    prompts = mixed_prompts(32, seed=300)
+    want = [await asyncio.to_thread(solo1, p, 8) for p in prompts]
+    bodies = [{"prompt": p, "max_tokens": 8, "ignore_eos": True, "return_token_ids": True}
+              for p in prompts]
+    results = await asyncio.gather(*(stream_completion(http, k7_server.url, b) for b in bodies))
+    for i, (r, w) in enumerate(zip(results, want)):
+        assert r.errors == [] and r.done and r.token_ids == w, f"prompt {i} ({len(prompts[i])} tokens)"
+    stats = await asyncio.to_thread(k7_server.wait_idle)
+    assert stats["dspark"]["leases_in_use"] == 0
