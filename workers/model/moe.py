@@ -14,8 +14,8 @@ from torch import nn
 
 from dspark_loop.model_config import ModelConfig
 from workers.model.config import LocalDims
-from workers.model.layers import linear_rows, matmul_rows, silu, softplus
-from workers.model.linear import Linear
+from workers.model.layers import ROW_TILE, linear_rows, matmul_rows, silu, softplus
+from workers.model.linear import Linear, quantize_per_token
 
 
 class Expert(nn.Module):
@@ -70,26 +70,69 @@ class MoE(nn.Module):
             for e in range(dims.expert_lo, dims.expert_hi)})
         self.shared_experts = Expert(cfg.hidden_size, inter * cfg.n_shared_experts, limit, dtype, w8a8,
                                      p + "shared_experts.")
+        self.limit = limit
+        self._stack_key: tuple | None = None
+        self._stack: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+
+    def stacked_weights(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """(weight [E_local, out, in], W8A8 scale [E_local, out] or None) for w1, w3, w2.
+
+        NOTE: each expert's Linear is re-pointed at its slice of the stack, so the weights
+        stay in memory once; a replaced weight (load_state_dict(assign=True), .to())
+        changes a data pointer and rebuilds the stack."""
+        lins = [[getattr(e, n) for e in self.experts.values()] for n in ("w1", "w3", "w2")]
+        key = tuple(lin.weight.data_ptr() for group in lins for lin in group)
+        if key != self._stack_key:
+            self._stack = []
+            for group in lins:
+                weight = torch.stack([lin.weight.data for lin in group])
+                scale = torch.stack([lin.scale.data for lin in group]) if group[0].w8a8 else None
+                for i, lin in enumerate(group):
+                    lin.weight.data = weight[i]
+                    if scale is not None:
+                        lin.scale.data = scale[i]
+                self._stack.append((weight, scale))
+            self._stack_key = tuple(lin.weight.data_ptr() for group in lins for lin in group)
+        return self._stack
+
+    def _experts_tiled(self, tiles: torch.Tensor, tile_expert: torch.Tensor) -> torch.Tensor:
+        """Every local expert at once: tiles [n, ROW_TILE, d], tile_expert [n] (local index) ->
+        [n, ROW_TILE, d]; the Expert arithmetic, one bmm per projection."""
+        (w1, s1), (w3, s3), (w2, s2) = self.stacked_weights()
+        gate = _tile_linear(tiles, w1, s1, tile_expert).clamp(max=self.limit)
+        up = _tile_linear(tiles, w3, s3, tile_expert).clamp(min=-self.limit, max=self.limit)
+        return _tile_linear(silu(gate) * up, w2, s2, tile_expert)
 
     def routed(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """This rank's experts' share of the routed sum: x [T, d], idx/w [T, k] -> [T, d].
 
-        Assignments (token, slot) are grouped by expert with one stable sort; each local
-        expert runs once on its tokens; each token then sums its k outputs in ascending
-        expert id (slots of other ranks' experts add zero): a fixed order per row."""
+        Assignments (token, slot) are grouped by expert with one stable sort and laid out in
+        8-row tiles, each expert's group padded to whole tiles, so every tile has ONE expert
+        (the bits of that expert's own 8-row gemm):
+
+            expert 0: a a a a a 0 0 0 | expert 3: a a a a a a a a | a a 0 0 0 0 0 0 | ...
+
+        Each token then sums its k outputs in ascending expert id (slots of other ranks'
+        experts add zero): a fixed order per row."""
         rows, k = idx.shape
+        d, lo, hi = x.shape[1], self.expert_lo, self.expert_hi
         flat = idx.flatten()  # [T*k]
         order = torch.sort(flat, stable=True).indices  # assignments by expert, tokens ascending
-        counts = torch.bincount(flat, minlength=self.expert_hi).tolist()
-        y = x.new_zeros(rows * k, x.shape[1])  # [T*k, d] per assignment
-        start = sum(counts[:self.expert_lo])
-        for e in range(self.expert_lo, self.expert_hi):
-            n = counts[e]
-            if n:
-                a = order[start:start + n]  # [n] assignment ids
-                y[a] = self.experts[str(e)](x[a // k])
-            start += n
-        y = (y * w.flatten()[:, None].to(x.dtype)).view(rows, k, x.shape[1])  # [T, k, d]
+        all_counts = torch.bincount(flat, minlength=hi).tolist()
+        counts, first = all_counts[lo:hi], sum(all_counts[:lo])  # per local expert; skipped
+        y = x.new_zeros(rows * k, d)  # [T*k, d] per assignment
+        if sum(counts):
+            a = order[first:first + sum(counts)]  # [n] local assignments, by expert
+            num_tiles = [-(-n // ROW_TILE) for n in counts]
+            group_start = torch.tensor([0] + counts[:-1]).cumsum(0)  # [E_local] in a
+            tile_start = torch.tensor([0] + num_tiles[:-1]).cumsum(0) * ROW_TILE  # [E_local] in tiles
+            e = flat[a] - lo  # [n]
+            pos = torch.arange(a.shape[0]) - group_start[e] + tile_start[e]  # [n] padded slot
+            tiles = x.new_zeros(sum(num_tiles) * ROW_TILE, d)
+            tiles[pos] = x[a // k]
+            tile_expert = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(num_tiles))
+            y[a] = self._experts_tiled(tiles.view(-1, ROW_TILE, d), tile_expert).view(-1, d)[pos]
+        y = (y * w.flatten()[:, None].to(x.dtype)).view(rows, k, d)  # [T, k, d]
         by_id = torch.sort(idx, dim=1, stable=True).indices  # [T, k] slots in ascending expert id
         out = torch.zeros_like(x)
         for j in range(k):
@@ -113,3 +156,15 @@ class MoE(nn.Module):
             for p in parts[1:]:
                 routed = routed + p
         return routed + self.shared_experts(x)
+
+
+def _tile_linear(tiles: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
+                 tile_expert: torch.Tensor) -> torch.Tensor:
+    """Linear.forward per tile with its expert's weight: tiles [n, 8, in], weight [E, out, in]
+    -> [n, 8, out] (one bmm: each tile gets its own 8-row gemm's bits, see layers)."""
+    w = weight[tile_expert]  # [n, out, in]
+    if scale is None:
+        return torch.bmm(tiles.to(weight.dtype), w.transpose(1, 2))
+    xq, xs = quantize_per_token(tiles)  # [n, 8, in] int8, [n, 8, 1]
+    y = torch.bmm(xq.float(), w.float().transpose(1, 2))  # int products in fp32
+    return (y * xs * scale[tile_expert][:, None, :]).to(tiles.dtype)
