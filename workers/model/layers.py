@@ -142,11 +142,11 @@ def hc_pre(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
     pre = sigmoid(pre_w * scale[0] + pre_b) + hc_eps
     post = 2 * sigmoid(post_w * scale[1] + post_b)
     comb = comb_w.reshape(rows, hc, hc) * scale[2] + comb_b.view(hc, hc)
-    comb = torch.softmax(comb, dim=-1) + hc_eps
-    comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
-    for _ in range(sinkhorn_iters - 1):
-        comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
+    comb = torch.softmax(comb, dim=-1).add_(hc_eps)
+    comb.div_(comb.sum(dim=-2, keepdim=True).add_(hc_eps))
+    for _ in range(sinkhorn_iters - 1):  # in place: the same ops, fewer allocations
+        comb.div_(comb.sum(dim=-1, keepdim=True).add_(hc_eps))
+        comb.div_(comb.sum(dim=-2, keepdim=True).add_(hc_eps))
     collapsed = (pre.unsqueeze(-1) * h).sum(dim=1).to(h.dtype)  # [rows, d]
     return post, comb, collapsed
 
