@@ -92,45 +92,64 @@ class StagedBatch:
         return int(self.token_ids.shape[0])
 
 
-class _SegmentSlots:
-    """Slot lookups for one segment (vectorised over any array of positions / entries)."""
+class _Slots:
+    """Slot lookups for rows of many segments at once: seg [m] (segment index) and positions
+    / entry ids [m], vectorised over the whole step (no per-segment loop).
 
-    def __init__(self, seg: Segment, tables: BlockTables, layout: CacheLayout,
-                 swa_scratch: int, comp_scratch: dict[int, int]) -> None:
-        self.seg, self.tables, self.layout = seg, tables, layout
-        self.pub_end = seg.start_pos + seg.n_publish
-        self.swa_scratch, self.comp_scratch = swa_scratch, comp_scratch
+        tables  [S, P] per family: each segment's page table, -1 padded
+        pub_end [S]    rows at positions >= pub_end write to scratch, from scratch base [S]
+    """
 
-    def _lookup(self, family: int, page: np.ndarray, what: str) -> np.ndarray:
-        table = self.tables.get(self.seg.req_id, family)
-        ok = page < len(table)
-        blocks = np.where(ok, table[np.minimum(page, max(len(table) - 1, 0))] if len(table) else -1, -1)
-        if (blocks < 0).any():
-            missing = sorted(set(page[blocks < 0].tolist()))
-            raise ValueError(f"request {self.seg.req_id}: family {self.layout.families[family].name} "
+    def __init__(self, segments: list[Segment], tables: BlockTables, layout: CacheLayout,
+                 pub_end: np.ndarray, swa_scratch: np.ndarray, comp_scratch: dict[int, np.ndarray]) -> None:
+        self.segments, self.tables, self.layout = segments, tables, layout
+        self.pub_end, self.swa_scratch, self.comp_scratch = pub_end, swa_scratch, comp_scratch
+        self._matrices: dict[int, np.ndarray] = {}
+
+    def _matrix(self, family: int) -> np.ndarray:
+        m = self._matrices.get(family)
+        if m is None:
+            rows = [self.tables.tables.get(seg.req_id) for seg in self.segments]
+            width = max([len(r[family]) for r in rows if r is not None], default=0)
+            m = np.full((len(rows), max(width, 1)), -1, np.int64)
+            for i, r in enumerate(rows):
+                if r is not None:
+                    m[i, :len(r[family])] = r[family]
+            self._matrices[family] = m
+        return m
+
+    def _lookup(self, family: int, seg: np.ndarray, page: np.ndarray, what: str) -> np.ndarray:
+        m = self._matrix(family)
+        blocks = np.where(page < m.shape[1], m[seg, np.minimum(page, m.shape[1] - 1)], -1)
+        bad = blocks < 0
+        if bad.any():
+            first = int(seg[bad].min())  # the earliest segment's missing pages
+            req = self.segments[first].req_id
+            self.tables.get(req, family)  # KeyError for a request with no table at all
+            missing = sorted(set(page[bad & (seg == first)].tolist()))
+            raise ValueError(f"request {req}: family {self.layout.families[family].name} "
                              f"has no block for page(s) {missing[:8]} ({what})")
-        return blocks.astype(np.int64)
+        return blocks
 
-    def swa(self, pos: np.ndarray) -> np.ndarray:
+    def swa(self, seg: np.ndarray, pos: np.ndarray) -> np.ndarray:
         """Slots of positions pos (all >= 0 and already written or written this step)."""
         bs = self.layout.block_size
-        pub = pos < self.pub_end
-        out = np.empty(pos.shape, np.int64)
+        end = self.pub_end[seg]
+        pub = pos < end
+        out = self.swa_scratch[seg] + (pos - end)
         if pub.any():
             p = pos[pub]
-            out[pub] = self._lookup(0, p // bs, "raw kv") * bs + p % bs
-        out[~pub] = self.swa_scratch + (pos[~pub] - self.pub_end)
+            out[pub] = self._lookup(0, seg[pub], p // bs, "raw kv") * bs + p % bs
         return out
 
-    def comp(self, fam_index: int, r: int, j: np.ndarray) -> np.ndarray:
+    def comp(self, fam_index: int, r: int, seg: np.ndarray, j: np.ndarray) -> np.ndarray:
         rpp = self.layout.families[fam_index].rows_per_page
-        first_unpub = (self.pub_end + r) // r - 1  # entries whose boundary row is unpublished
+        first_unpub = (self.pub_end[seg] + r) // r - 1  # entries whose boundary row is unpublished
         pub = j < first_unpub
-        out = np.empty(j.shape, np.int64)
+        out = self.comp_scratch[r][seg] + (j - first_unpub)
         if pub.any():
             jj = j[pub]
-            out[pub] = self._lookup(fam_index, jj // rpp, f"c{r} entries") * rpp + jj % rpp
-        out[~pub] = self.comp_scratch[r] + (j[~pub] - first_unpub)
+            out[pub] = self._lookup(fam_index, seg[pub], jj // rpp, f"c{r} entries") * rpp + jj % rpp
         return out
 
 
@@ -138,82 +157,65 @@ def bucket(n: np.ndarray | int) -> np.ndarray | int:
     return -(-n // KEY_BUCKET) * KEY_BUCKET
 
 
+def _exclusive_cumsum(a: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(a)[:-1]]).astype(np.int64) if len(a) else a.astype(np.int64)
+
+
 def stage(segments: list[Segment], tables: BlockTables, layout: CacheLayout, cfg: ModelConfig,
           pool: KVPool, device: str | torch.device = "cpu") -> StagedBatch:
     window = cfg.sliding_window
     comp_fams = {f.ratio: f for f in layout.families if f.ratio}
-    swa_next = pool.families[0].scratch_base
-    swa_end = swa_next + pool.families[0].scratch_rows
-    comp_next = {r: pool.families[f.index].scratch_base for r, f in comp_fams.items()}
-
-    tok, pos_all, write, raw, logit = [], [], [], [], []
-    per_ratio: dict[int, dict[str, list]] = {r: {k: [] for k in ("emit_rows", "emit_pos", "state",
-                                                                 "write", "keys", "vis")}
-                                             for r in comp_fams}
-    base = 0
-    seg_slots = []
-    for seg in segments:
-        n = len(seg.token_ids)
-        if not 0 <= seg.n_publish <= n:
-            raise ValueError(f"request {seg.req_id}: n_publish {seg.n_publish} outside [0, {n}]")
-        unpub = n - seg.n_publish
-        if swa_next + unpub > swa_end:
-            raise ValueError(f"more than {pool.families[0].scratch_rows} unpublished rows in one step")
-        s = _SegmentSlots(seg, tables, layout, swa_next, dict(comp_next))
-        swa_next += unpub
-        for r in comp_fams:
-            first_unpub = (s.pub_end + r) // r - 1
-            comp_next[r] += max(0, (seg.start_pos + n) // r - first_unpub)
-        pos = seg.start_pos + np.arange(n, dtype=np.int64)  # [n]
-        tok.append(np.asarray(seg.token_ids, np.int64))
-        pos_all.append(pos)
-        write.append(s.swa(pos))
-        q = pos[:, None] - np.arange(window - 1, -1, -1)[None, :]  # [n, W] oldest first
-        slots = np.full(q.shape, -1, np.int64)
-        slots[q >= 0] = s.swa(q[q >= 0])
-        raw.append(slots)
-        logit.append(base + np.asarray(seg.logit_rows, np.int64))
-        seg_slots.append((s, pos, base))
-        base += n
-
+    n = np.array([len(seg.token_ids) for seg in segments], np.int64)  # [S]
+    n_pub = np.array([seg.n_publish for seg in segments], np.int64)
+    start = np.array([seg.start_pos for seg in segments], np.int64)
+    bad = np.nonzero((n_pub < 0) | (n_pub > n))[0]
+    if len(bad):
+        seg = segments[bad[0]]
+        raise ValueError(f"request {seg.req_id}: n_publish {seg.n_publish} outside [0, {n[bad[0]]}]")
+    pub_end = start + n_pub
+    swa_fam = pool.families[0]
+    if (n - n_pub).sum() > swa_fam.scratch_rows:
+        raise ValueError(f"more than {swa_fam.scratch_rows} unpublished rows in one step")
+    swa_scratch = swa_fam.scratch_base + _exclusive_cumsum(n - n_pub)  # [S]
+    comp_scratch = {}
     for r, fam in comp_fams.items():
+        count = np.maximum(0, (start + n) // r - ((pub_end + r) // r - 1))  # [S] unpublished entries
         fam_slots = pool.families[fam.index]
-        if comp_next[r] > fam_slots.scratch_base + fam_slots.scratch_rows:
+        if count.sum() > fam_slots.scratch_rows:
             raise ValueError(f"more than {fam_slots.scratch_rows} unpublished c{r} entries in one step")
-    width = {r: int(bucket(max(((sp[1][-1] + 1) // r for sp in seg_slots if len(sp[1])), default=0)))
-             for r in comp_fams}
-    for s, pos, row0 in seg_slots:
-        for r, fam in comp_fams.items():
-            acc = per_ratio[r]
-            vis = (pos + 1) // r  # [n]
-            j = np.broadcast_to(np.arange(width[r])[None, :], (len(pos), width[r]))  # [n, N]
-            keys = np.full(j.shape, -1, np.int64)
-            m = j < vis[:, None]
-            keys[m] = s.comp(fam.index, r, j[m])
-            acc["keys"].append(keys)
-            acc["vis"].append(vis)
-            at = np.nonzero((pos + 1) % r == 0)[0]  # boundary rows of this segment
-            if not len(at):
-                continue
-            e = (pos[at] + 1) // r - 1  # [E] entry ids
-            span = 2 * r if r == cfg.csa_ratio else r
-            first = (e - (1 if span == 2 * r else 0)) * r  # [E]
-            sp = first[:, None] + np.arange(span)[None, :]  # [E, S]
-            st = np.full(sp.shape, -1, np.int64)
-            st[sp >= 0] = s.swa(sp[sp >= 0])
-            acc["emit_rows"].append(row0 + at)
-            acc["emit_pos"].append(e * r)
-            acc["state"].append(st)
-            acc["write"].append(s.comp(fam.index, r, e))
+        comp_scratch[r] = fam_slots.scratch_base + _exclusive_cumsum(count)
+    slots = _Slots(segments, tables, layout, pub_end, swa_scratch, comp_scratch)
 
-    def t(parts, shape_tail=()):
-        if not parts:
-            return torch.zeros((0, *shape_tail), dtype=torch.long, device=device)
-        return torch.from_numpy(np.concatenate(parts)).to(device)
+    row0 = _exclusive_cumsum(n)  # [S] first row of each segment
+    seg = np.repeat(np.arange(len(segments)), n)  # [T] segment of each row
+    pos = start[seg] + np.arange(len(seg)) - row0[seg]  # [T]
+    tok = np.concatenate([np.asarray(s.token_ids, np.int64) for s in segments]) if segments else pos
+    logit = np.concatenate([row0[i] + np.asarray(s.logit_rows, np.int64) for i, s in enumerate(segments)]) \
+        if segments else pos
+    write = slots.swa(seg, pos)
+    q = pos[:, None] - np.arange(window - 1, -1, -1)[None, :]  # [T, W] oldest first
+    raw = np.full(q.shape, -1, np.int64)
+    seen = q >= 0
+    raw[seen] = slots.swa(np.broadcast_to(seg[:, None], q.shape)[seen], q[seen])
+
+    def t(a):
+        return torch.from_numpy(np.ascontiguousarray(a, np.int64)).to(device)
 
     ratios = {}
-    for r, acc in per_ratio.items():
+    for r, fam in comp_fams.items():
+        vis = (pos + 1) // r  # [T]
+        width = int(bucket(vis.max() if len(vis) else 0))
+        j = np.broadcast_to(np.arange(width)[None, :], (len(pos), width))  # [T, N]
+        keys = np.full(j.shape, -1, np.int64)
+        m = j < vis[:, None]
+        keys[m] = slots.comp(fam.index, r, np.broadcast_to(seg[:, None], j.shape)[m], j[m])
+        at = np.nonzero((pos + 1) % r == 0)[0]  # [E] boundary rows, in row order
+        e = (pos[at] + 1) // r - 1  # [E] entry ids
         span = 2 * r if r == cfg.csa_ratio else r
-        ratios[r] = RatioIndex(t(acc["emit_rows"]), t(acc["emit_pos"]), t(acc["state"], (span,)),
-                               t(acc["write"]), t(acc["keys"], (width[r],)), t(acc["vis"]))
-    return StagedBatch(t(tok), t(pos_all), t(write), t(raw, (window,)), t(logit), ratios)
+        first = (e - (1 if span == 2 * r else 0)) * r  # [E]
+        sp = first[:, None] + np.arange(span)[None, :]  # [E, S]
+        st = np.full(sp.shape, -1, np.int64)
+        ok = sp >= 0
+        st[ok] = slots.swa(np.broadcast_to(seg[at][:, None], sp.shape)[ok], sp[ok])
+        ratios[r] = RatioIndex(t(at), t(e * r), t(st), t(slots.comp(fam.index, r, seg[at], e)), t(keys), t(vis))
+    return StagedBatch(t(tok), t(pos), t(write), t(raw), t(logit), ratios)
