@@ -1,15 +1,7 @@
-"""Linear-chain acceptance (greedy DSpark verify; the function lives in
-dspark_loop/acceptance.py so the ranks share it) and finish truncation.
-
-A verify step feeds 8 rows per request: row 0 the last committed token, rows 1..7 the
-drafts d[0..6]. The target predicts p[i] = argmax after row i. Row i+1 was the right
-input iff d[i] == p[i], so the chain holds while drafts equal predictions; with m the
-length of that matching prefix, the target itself produced p[0..m] -- m matched drafts
-plus the target's own token at the first mismatch (or the bonus after 7 matches).
-That is 1..8 tokens, exactly what greedy K=0 decoding would emit over m+1 steps, so
-speculation changes speed, never tokens. The scheduler may still cut the list short
-(EOS, stop ids, max_tokens, context) -- truncate_at_finish() below.
-"""
+"""Acceptance on the host: the linear chain itself (accept_chain, explained in
+dspark_loop/acceptance.py, where the ranks share it) plus the scheduler's finish
+truncation -- EOS, stop ids, max_tokens, context -- which may cut an accepted list short
+(truncate_at_finish() below)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
