@@ -44,9 +44,8 @@ def linear_rows(lin, x: torch.Tensor) -> torch.Tensor:
     """lin(x) for x [rows, ..., in] (a Linear, or any row-wise callable), in fixed tiles of
     ROW_TILE rows.
 
-    NOTE: a BLAS gemm (and a batched matmul over rows) picks its kernel and tail handling
-    by the number of rows, so a row's result changes with its neighbours' count (measured
-    on CPU). Calling it on fixed-size tiles makes every row's bits independent of the
+    NOTE: a BLAS gemm picks its kernel and tail handling by the number of rows, so a row's
+    result changes with its neighbours' count (measured on CPU). Calling it on fixed-size tiles makes every row's bits independent of the
     batch: a request gives the same tokens alone or packed, and a verify tile writes the
     same cache rows as a 1-row step.
     """
