@@ -13,6 +13,7 @@ import torch
 from dspark_loop.protocol import BlockUpdate, i32
 from workers.runner import ModelRunner
 from workers.staging import Segment
+from tests.tie_rule import lowest_index_ties
 
 BLOCK_SIZE = 8
 NUM_BLOCKS = 96
@@ -68,23 +69,6 @@ def make_reference(seed: int, **overrides):
         # sit on near-ties, and any correct change of summation order flips greedy tokens.
         model.lm_head.weight.mul_(60.0)
     return model
-
-
-def _stable_topk(x, k, dim=-1, largest=True, sorted=True, *, out=None):
-    order = torch.sort(x, dim=dim, descending=largest, stable=True).indices.narrow(dim, 0, k)
-    return torch.return_types.topk((x.gather(dim, order), order))
-
-
-@contextlib.contextmanager
-def lowest_index_ties():
-    """torch.topk / Tensor.topk with the engine's tie rule (lowest index wins)."""
-    saved_fn, saved_method = torch.topk, torch.Tensor.topk
-    torch.topk = _stable_topk
-    torch.Tensor.topk = lambda self, k, dim=-1, largest=True, sorted=True: _stable_topk(self, k, dim, largest)
-    try:
-        yield
-    finally:
-        torch.topk, torch.Tensor.topk = saved_fn, saved_method
 
 
 @torch.no_grad()
