@@ -3,7 +3,6 @@ every path (non-zero sinks, ape, gate biases, random tid2eid, a decisive head), 
 save_pretrained and loaded back through our own loader."""
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import numpy as np
