@@ -2,14 +2,14 @@
 with the vocab split over a TP group."""
 from __future__ import annotations
 
-import threading
+
 
 import numpy as np
 import torch
 
 from dspark_loop.protocol import DecodeBatch, PartitionPlan, PrefillChunk, TokenMask, i8, i32, pack_mask
-from tests.integration.model.test_sharding import ThreadComm, ThreadWorld
-from workers.comm import LocalComm, ShardSpec
+from tests.thread_comm import run_ranks
+from workers.comm import LocalComm
 from workers.logit_masks import logit_row_of, masked_argmax
 
 VOCAB = 64
@@ -55,23 +55,9 @@ def test_tp_ranks_mask_their_vocab_slices_and_agree_on_the_global_choice():
     logits = torch.randn(10, VOCAB, generator=torch.Generator().manual_seed(1))
     p = plan({6: allow(5, 50), 7: allow(33), 8: allow(1, 2, 3)})
     want = masked_argmax(logits, p, LocalComm(), 0).tolist()
-    world, results, errors = ThreadWorld(2), [None, None], []
-
-    def rank(r: int) -> None:
-        try:
-            shard = ShardSpec(rank=r, world_size=2, tp_size=2)
-            half = VOCAB // 2
-            results[r] = masked_argmax(logits[:, r * half:(r + 1) * half], p,
-                                       ThreadComm(world, shard), r * half).tolist()
-        except BaseException as e:  # a dead thread would hang its peer
-            errors.append(e)
-            world.barrier.abort()
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    assert not errors, errors
+    half = VOCAB // 2
+    results = run_ranks(lambda shard, comm: masked_argmax(
+        logits[:, shard.rank * half:(shard.rank + 1) * half], p, comm, shard.rank * half).tolist(),
+        world_size=2, tp_size=2, timeout_s=30)
     assert results[0] == results[1] == want
     assert want[0] in (5, 50) and want[1] == 33 and want[9] in (1, 2, 3)
