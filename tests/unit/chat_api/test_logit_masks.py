@@ -2,8 +2,6 @@
 with the vocab split over a TP group."""
 from __future__ import annotations
 
-
-
 import numpy as np
 import torch
 
