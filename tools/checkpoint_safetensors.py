@@ -23,6 +23,14 @@ class BF16:
         self.bits = to_bf16_bits(values)
 
 
+class Raw:
+    """Elements already in their stored form under a safetensors dtype string, e.g. uint8
+    codes for F8_E4M3 / F8_E8M0 (which numpy lacks), or uint16 bit patterns for BF16."""
+
+    def __init__(self, dtype: str, codes: np.ndarray) -> None:
+        self.dtype, self.shape, self.codes = dtype, codes.shape, np.ascontiguousarray(codes)
+
+
 def to_bf16_bits(values: np.ndarray) -> np.ndarray:
     """fp32 -> uint16 bfloat16 bit patterns, round to nearest even; NaN stays NaN."""
     u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
@@ -35,7 +43,9 @@ def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def _encode(t: np.ndarray | BF16) -> tuple[str, list[int], bytes]:
+def _encode(t: np.ndarray | BF16 | Raw) -> tuple[str, list[int], bytes]:
+    if isinstance(t, Raw):
+        return t.dtype, list(t.shape), t.codes.astype(t.codes.dtype.newbyteorder("<")).tobytes()
     if isinstance(t, BF16):
         return "BF16", list(t.shape), t.bits.astype("<u2").tobytes()
     if t.dtype not in _NUMPY_TO_ST:
@@ -43,7 +53,7 @@ def _encode(t: np.ndarray | BF16) -> tuple[str, list[int], bytes]:
     return _NUMPY_TO_ST[t.dtype], list(t.shape), np.ascontiguousarray(t).astype(t.dtype.newbyteorder("<")).tobytes()
 
 
-def save_safetensors(path: str, tensors: dict[str, np.ndarray | BF16],
+def save_safetensors(path: str, tensors: dict[str, np.ndarray | BF16 | Raw],
                      metadata: dict[str, str] | None = None) -> None:
     header: dict = {"__metadata__": dict(metadata or {"format": "pt"})}
     blobs: list[bytes] = []

@@ -3,10 +3,13 @@
     python -m tools.make_checkpoint OUT_DIR [--size tiny|small] [--seed 0]
         [--dtype float32|bfloat16] [--w8a8 [--scale-name scale|weight_scale]]
         [--with-drafter] [--layers N] [--hidden D] [--vocab V] [--experts E]
+        [--release-format [--shard-mb MB]]
 
 The directory holds config.json, model.safetensors, tokenizer.json, tokenizer_config.json,
-generation_config.json (and w8a8.marker for --w8a8). The same arguments give byte-identical
-files. Torch-free: the server process calls make_checkpoint for the embedded default model.
+generation_config.json (and w8a8.marker for --w8a8). --release-format writes DeepSeek's
+release layout instead (FP8/FP4 with e8m0 scales, sharded, a quantization_config; see
+tools.checkpoint_release), the input of tools.convert_release. The same arguments give
+byte-identical files. Torch-free: the server process calls make_checkpoint for the embedded default model.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import time
 import numpy as np
 
 from tools import checkpoint_w8a8 as w8a8_rules
+from tools import checkpoint_release
 from tools.checkpoint_config import build_config, generation_config, resolve_size
 from tools.checkpoint_safetensors import BF16, save_safetensors
 from tools.checkpoint_tensors import drafter_tensors, fill, trunk_tensors
@@ -57,8 +61,20 @@ def _write_json(path: str, obj: dict) -> None:
 
 
 def write_checkpoint_files(out_dir: str, p: dict, *, seed: int, dtype: str, w8a8: bool,
-                           with_drafter: bool, scale_name: str, index_dtype: str) -> int:
+                           with_drafter: bool, scale_name: str, index_dtype: str,
+                           release_format: bool = False,
+                           shard_mb: float = checkpoint_release.DEFAULT_SHARD_MB) -> int:
     """Fill an existing empty directory; returns the number of tensors."""
+    if release_format:
+        num = checkpoint_release.write_release_tensors(
+            out_dir, p, seed=seed, with_drafter=with_drafter, index_dtype=index_dtype,
+            shard_bytes=int(shard_mb * 2 ** 20))
+        config = build_config(p, dtype="bfloat16", w8a8=False, with_drafter=with_drafter)
+        config["quantization_config"] = dict(checkpoint_release.QUANTIZATION_CONFIG)
+        _write_json(os.path.join(out_dir, "config.json"), config)
+        _write_json(os.path.join(out_dir, "generation_config.json"), generation_config())
+        write_tokenizer(out_dir, p["vocab_size"], p["max_position_embeddings"])
+        return num
     tensors = build_tensors(p, seed=seed, dtype=dtype, w8a8=w8a8, with_drafter=with_drafter,
                             scale_name=scale_name, index_dtype=index_dtype)
     save_safetensors(os.path.join(out_dir, "model.safetensors"), tensors, {"format": "pt"})
@@ -74,7 +90,8 @@ def write_checkpoint_files(out_dir: str, p: dict, *, seed: int, dtype: str, w8a8
 
 def make_checkpoint(out_dir: str, *, size: str = "tiny", seed: int = 0, dtype: str = "float32",
                     w8a8: bool = False, with_drafter: bool = False, scale_name: str = "scale",
-                    index_dtype: str = "int64", quiet: bool = False, **overrides) -> str:
+                    index_dtype: str = "int64", quiet: bool = False, release_format: bool = False,
+                    shard_mb: float = checkpoint_release.DEFAULT_SHARD_MB, **overrides) -> str:
     """Write the checkpoint to `out_dir` (replacing it) and return its absolute path.
 
     Built in a sibling temporary directory and renamed into place, so a reader never
@@ -86,6 +103,10 @@ def make_checkpoint(out_dir: str, *, size: str = "tiny", seed: int = 0, dtype: s
         raise ValueError(f"scale_name must be one of {SCALE_NAMES}")
     if index_dtype not in ("int64", "int32"):
         raise ValueError("index_dtype must be int64 or int32")
+    if release_format and (w8a8 or dtype != "float32"):
+        raise ValueError("--release-format stores FP8/FP4/BF16 itself: drop --w8a8 and --dtype")
+    if shard_mb <= 0:
+        raise ValueError("--shard-mb must be positive")
     p = resolve_size(size, overrides)
     out_dir = os.path.abspath(out_dir)
     parent = os.path.dirname(out_dir)
@@ -95,7 +116,8 @@ def make_checkpoint(out_dir: str, *, size: str = "tiny", seed: int = 0, dtype: s
     try:
         num_tensors = write_checkpoint_files(tmp, p, seed=seed, dtype=dtype, w8a8=w8a8,
                                              with_drafter=with_drafter, scale_name=scale_name,
-                                             index_dtype=index_dtype)
+                                             index_dtype=index_dtype, release_format=release_format,
+                                             shard_mb=shard_mb)
         os.chmod(tmp, 0o755)
         if os.path.isdir(out_dir):
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
@@ -106,8 +128,9 @@ def make_checkpoint(out_dir: str, *, size: str = "tiny", seed: int = 0, dtype: s
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if not quiet:
-        mb = os.path.getsize(os.path.join(out_dir, "model.safetensors")) / 2 ** 20
-        print(f"wrote {out_dir}: size={size} seed={seed} dtype={dtype} w8a8={w8a8} "
+        mb = sum(os.path.getsize(os.path.join(out_dir, n)) for n in os.listdir(out_dir)
+                 if n.endswith(".safetensors")) / 2 ** 20
+        print(f"wrote {out_dir}: size={size} seed={seed} dtype={dtype} w8a8={w8a8} release={release_format} "
               f"drafter={with_drafter} layers={p['num_hidden_layers']} hidden={p['hidden_size']} "
               f"vocab={p['vocab_size']} tensors={num_tensors} {mb:.1f} MiB "
               f"in {time.perf_counter() - t0:.2f}s")
@@ -122,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=DTYPES)
     ap.add_argument("--w8a8", action="store_true", help="int8 per-channel weights + fp32 scales")
     ap.add_argument("--scale-name", default="scale", choices=SCALE_NAMES)
+    ap.add_argument("--release-format", action="store_true",
+                    help="DeepSeek's release layout: FP8/FP4 + e8m0 scales, sharded (for tools.convert_release)")
+    ap.add_argument("--shard-mb", type=float, default=checkpoint_release.DEFAULT_SHARD_MB,
+                    help="--release-format: start a new shard after this many MiB")
     ap.add_argument("--with-drafter", action="store_true", help="add the DSpark mtp.0..2 stages")
     ap.add_argument("--tid2eid-dtype", default="int64", choices=["int64", "int32"])
     ap.add_argument("--layers", type=int, dest="num_hidden_layers")
@@ -129,13 +156,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, dest="vocab_size")
     ap.add_argument("--experts", type=int, dest="n_routed_experts")
     ap.add_argument("--hash-layers", type=int, dest="num_hash_layers")
+    ap.add_argument("--inter", type=int, dest="moe_intermediate_size")
     args = ap.parse_args(argv)
     overrides = {k: getattr(args, k) for k in
-                 ("num_hidden_layers", "hidden_size", "vocab_size", "n_routed_experts", "num_hash_layers")}
+                 ("num_hidden_layers", "hidden_size", "vocab_size", "n_routed_experts", "num_hash_layers",
+                  "moe_intermediate_size")}
     try:
         make_checkpoint(args.out_dir, size=args.size, seed=args.seed, dtype=args.dtype,
                         w8a8=args.w8a8, with_drafter=args.with_drafter, scale_name=args.scale_name,
-                        index_dtype=args.tid2eid_dtype, **overrides)
+                        index_dtype=args.tid2eid_dtype, release_format=args.release_format,
+                        shard_mb=args.shard_mb, **overrides)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ import time
 import torch
 from safetensors import safe_open
 
+from dspark_loop.checkpoint_names import native_name
 from dspark_loop.model_config import ModelConfig
 from workers.comm import ShardSpec
 from workers.model.config import LocalDims
@@ -25,22 +26,8 @@ from workers.model.dsv4 import Transformer
 
 log = logging.getLogger(__name__)
 
-HF_TO_NATIVE = [  # (transformers name, native name); everything else: drop the `model.` prefix
-    (re.compile(r"^model\.embed_tokens\.weight$"), "embed.weight"),
-    (re.compile(r"^model\.norm\.weight$"), "norm.weight"),
-    (re.compile(r"^model\.hc_head\.hc_(fn|base|scale)$"), r"hc_head_\1"),
-    (re.compile(r"^model\.layers\.(\d+)\.attn\.norm\.weight$"), r"layers.\1.attn.kv_norm.weight"),
-    (re.compile(r"^model\.(.*)$"), r"\1"),
-]
 SCALE_SUFFIXES = (".scale", ".weight_scale")
 EXPERT = re.compile(r"^layers\.\d+\.ffn\.experts\.(\d+)\.")
-
-
-def native_name(name: str) -> str:
-    for pattern, repl in HF_TO_NATIVE:
-        if pattern.match(name):
-            return pattern.sub(repl, name)
-    return name
 
 
 class CheckpointFiles:
