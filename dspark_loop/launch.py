@@ -22,6 +22,7 @@ from dspark_loop.errors import MeshStartError
 from dspark_loop.mesh import Mesh
 from dspark_loop.metrics import Metrics
 from dspark_loop.model_config import ModelConfig
+from dspark_loop.protocol import RankConfig
 from dspark_loop.tap import TapPublisher
 
 log = logging.getLogger("dspark_loop")
@@ -70,33 +71,35 @@ class PendingEngine:
 
 
 def make_mesh(cfg: ServerConfig) -> Mesh:
-    return Mesh(cfg.model, world_size=cfg.world_size, tp=cfg.tp, dtype=cfg.dtype,
-                block_size=cfg.block_size, num_blocks=cfg.num_blocks,
-                kv_cache_memory=cfg.kv_cache_memory, backend=cfg.backend,
-                devices=list(cfg.devices) if cfg.devices else None, log_level=cfg.log_level,
-                **mesh_extra_kwargs(cfg), **spec_mesh_kwargs(cfg))
+    return Mesh(rank_config(cfg))
 
 
-def spec_mesh_kwargs(cfg: ServerConfig) -> dict:
-    """K=7: the ranks load the drafter, one lease per request slot of a group, and learn the
-    position ceiling (no drafts for an anchor whose 8-row window would pass it)."""
-    k = cfg.num_speculative_tokens
-    if not k:
-        return {}
-    return {"spec_k": k, "num_leases": cfg.max_num_seqs // cfg.dp, "max_model_len": cfg.max_model_len}
+def rank_config(cfg: ServerConfig) -> RankConfig:
+    """What every rank is told about this run.
 
-
-def mesh_extra_kwargs(cfg: ServerConfig) -> dict:
-    """Options that only some configurations pass to the ranks.
-
-    DSPARK_TEST_RUNNER=module:Class (tests only, e.g. workers.scripted_runner:ScriptedRunner)
-    swaps the ranks' runner; the ranks inherit the environment, so its own settings (such
-    as DSPARK_TEST_SCRIPT) reach it too."""
+    NOTE: a RankConfig field named like a ServerConfig attribute is copied from it, so a
+    new rank option is one field in RankConfig plus the code that reads it; the fields
+    below are the ones derived here. K=7: one drafter lease per request slot of a group.
+    DSPARK_TEST_RUNNER=module:Class (tests only) swaps the ranks' runner; the ranks
+    inherit the environment, so its own settings (such as DSPARK_TEST_SCRIPT) reach it."""
+    same = {name: getattr(cfg, name) for name in RankConfig.__struct_fields__
+            if hasattr(cfg, name)}
+    spec_k = cfg.num_speculative_tokens
+    derived = dict(devices=list(cfg.devices or ()), spec_k=spec_k,
+                   num_leases=cfg.max_num_seqs // cfg.dp if spec_k else 0,
+                   threads=threads_per_rank(cfg.backend, cfg.world_size))
     runner = os.environ.get("DSPARK_TEST_RUNNER")
     if runner:
         log.warning("test-only runner %s selected by DSPARK_TEST_RUNNER", runner)
-        return {"runner": runner}
-    return {}
+        derived["runner"] = runner
+    return RankConfig(**{**same, **derived})
+
+
+def threads_per_rank(backend: str, world_size: int) -> int:
+    """torch intra-op threads: a CPU rank gets its share of this host's cores."""
+    if backend != "cpu":
+        return 1
+    return max(1, (os.cpu_count() or 1) // world_size)
 
 
 def make_engine(cfg: ServerConfig, model: ModelConfig, mesh: Mesh, tokenizer: Tokenizer,

@@ -25,9 +25,10 @@ import zmq
 import zmq.asyncio
 
 from dspark_loop.errors import EngineDead, MeshStartError
-from dspark_loop.mesh_handshake import hello_problem, identity, min_num_blocks
+from dspark_loop.mesh_handshake import hello_problem, min_num_blocks
 from dspark_loop.mesh_procs import RankProcs
-from dspark_loop.protocol import ENCODER, SERVER_DECODER, Hello, Shutdown, StepPlan, StepResult
+from dspark_loop.protocol import (ENCODER, SERVER_DECODER, Hello, RankConfig, Shutdown, StepPlan,
+                                  StepResult, identity)
 
 log = logging.getLogger("dspark_loop.mesh")
 
@@ -43,28 +44,20 @@ def free_port(host: str) -> int:
 
 
 class Mesh:
-    """launch=False: the ranks are started elsewhere (other hosts) with `address` and
-    `dist_init` (bind() first to learn them); liveness then rests on step_timeout_s.
-    runner: the ranks' runner class as module:Class (tests pass a fake); env: extra
-    environment for spawned ranks."""
+    """rank_cfg: what every rank is told (the Mesh fills in the addresses after bind()).
+    launch=False: the ranks are started elsewhere (other hosts) with rank_argv(r) (bind()
+    first to learn it); liveness then rests on step_timeout_s. env: extra environment for
+    spawned ranks."""
 
-    def __init__(self, model_dir: str, world_size: int, tp: int, dtype: str = "bfloat16",
-                 block_size: int = 32, num_blocks: int | None = None,
-                 kv_cache_memory: int | None = None, backend: str = "cpu",
-                 devices: list[int] | None = None, log_level: str = "info",
-                 step_timeout_s: float = 60.0, start_timeout_s: float = 600.0,
-                 host: str = "127.0.0.1", launch: bool = True, runner: str | None = None,
-                 env: dict[str, str] | None = None, spec_k: int = 0, num_leases: int = 0,
-                 max_model_len: int = 0) -> None:
-        if world_size % tp:
-            raise ValueError(f"tp {tp} does not divide world size {world_size}")
-        self.model_dir, self.world_size, self.tp = model_dir, world_size, tp
-        self.dtype, self.block_size = dtype, block_size
-        self.num_blocks_arg, self.kv_cache_memory = num_blocks, kv_cache_memory
-        self.backend, self.devices, self.log_level = backend, devices, log_level
+    def __init__(self, rank_cfg: RankConfig, step_timeout_s: float = 60.0,
+                 start_timeout_s: float = 600.0, host: str = "127.0.0.1", launch: bool = True,
+                 env: dict[str, str] | None = None) -> None:
+        if rank_cfg.world_size % rank_cfg.tp:
+            raise ValueError(f"tp {rank_cfg.tp} does not divide world size {rank_cfg.world_size}")
+        self.rank_cfg = rank_cfg
+        self.world_size, self.tp = rank_cfg.world_size, rank_cfg.tp
         self.step_timeout_s, self.start_timeout_s = step_timeout_s, start_timeout_s
-        self.host, self.launch, self.runner, self.env = host, launch, runner, env or {}
-        self.spec_k, self.num_leases, self.max_model_len = spec_k, num_leases, max_model_len  # DSpark
+        self.host, self.launch, self.env = host, launch, env or {}
         self.num_blocks: list[int] = []  # per cache family, min over ranks (after start)
         self.procs = RankProcs()
         self.address = ""  # tcp://host:port of the ROUTER (after bind)
@@ -102,40 +95,20 @@ class Mesh:
         port = self._sock.bind_to_random_port(f"tcp://{self.host}")
         self.address = f"tcp://{self.host}:{port}"
         self.dist_init = f"tcp://{self.host}:{free_port(self.host)}"
-
-    @property
-    def threads_per_rank(self) -> int:
-        if self.backend != "cpu":
-            return 1
-        return max(1, (os.cpu_count() or 1) // self.world_size)
+        self.rank_cfg = msgspec.structs.replace(
+            self.rank_cfg, connect=self.address, dist_init=self.dist_init,
+            parent_pid=os.getpid() if self.launch else 0)
 
     def rank_argv(self, rank: int) -> list[str]:
-        devices = self.devices or list(range(self.world_size))
-        argv = ["--rank", str(rank), "--world-size", str(self.world_size), "--tp", str(self.tp),
-                "--connect", self.address, "--dist-init", self.dist_init,
-                "--model", str(self.model_dir), "--dtype", self.dtype,
-                "--block-size", str(self.block_size), "--backend", self.backend,
-                "--device-id", str(devices[rank] if self.backend != "cpu" else 0),
-                "--threads", str(self.threads_per_rank), "--parent-pid", str(os.getpid()),
-                "--log-level", self.log_level]
-        if self.num_blocks_arg is not None:
-            argv += ["--num-blocks", str(self.num_blocks_arg)]
-        if self.kv_cache_memory is not None:
-            argv += ["--kv-cache-memory", str(self.kv_cache_memory)]
-        if self.runner:
-            argv += ["--runner", self.runner]
-        if self.spec_k:
-            argv += ["--spec-k", str(self.spec_k), "--num-leases", str(self.num_leases)]
-            if self.max_model_len:
-                argv += ["--max-model-len", str(self.max_model_len)]
-        return argv
+        """`python -m workers` arguments for one rank (after bind())."""
+        return ["--rank", str(rank), "--config", self.rank_cfg.encode()]
 
     async def start(self) -> None:
         self.bind()
         if self.launch:
             env = {**os.environ, **self.env}
             # NOTE: set before torch is imported in the rank: OpenMP sizes its pool at import.
-            env.setdefault("OMP_NUM_THREADS", str(self.threads_per_rank))
+            env.setdefault("OMP_NUM_THREADS", str(self.rank_cfg.threads))
             self.procs.spawn([self.rank_argv(r) for r in range(self.world_size)], env)
             atexit.register(self.procs.kill_now)
         try:

@@ -6,11 +6,7 @@ speak this server's protocol version and name the same world. Torch-free.
 from __future__ import annotations
 
 from dspark_loop.errors import MeshStartError
-from dspark_loop.protocol import PROTOCOL_VERSION, Hello
-
-
-def identity(rank: int) -> bytes:  # NOTE: must match workers/rank.py
-    return b"rank%d" % rank
+from dspark_loop.protocol import PROTOCOL_VERSION, Hello, identity
 
 
 def hello_problem(hello: Hello, sender: bytes, world_size: int, seen: set[int]) -> str | None:

@@ -23,6 +23,9 @@ answers with a StepResult; only TP-group leaders fill `token_ids`:
     + [num_rows[r] predictions per decode request, in plan order]
 At K=7 leaders also return the next 7 drafts (+ confidences) per request that ran the
 drafter this step (draft_req_ids names them).
+
+RankConfig is the one value a rank process is started with (`python -m workers --rank R
+--config JSON`): everything about the run that is the same on every rank.
 """
 from __future__ import annotations
 
@@ -32,6 +35,60 @@ import msgspec
 import numpy as np
 
 PROTOCOL_VERSION = 1
+DSPARK_K = 7  # the speculative width: drafts per verify (a verify is DSPARK_K + 1 rows)
+DEFAULT_RUNNER = "workers.runner:ModelRunner"
+
+
+class RankConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What every rank is told about the run, built once by the server (launch.py
+    rank_config()) and handed to each rank as one JSON value. NOTE: keyed JSON, not
+    array_like: on other hosts it is pasted by hand, and a name says what a value means.
+    A new rank option is a field here (named like its ServerConfig field, which fills it)
+    and the code that reads it."""
+    model: str  # checkpoint directory
+    world_size: int = 1
+    tp: int = 1
+    dtype: str = "float32"
+    block_size: int = 32
+    num_blocks: int | list[int] | None = None  # pages per cache family (one for all, or one
+    # per family); None: sized from kv_cache_memory
+    kv_cache_memory: int | None = None  # bytes for the KV pools
+    backend: str = "cpu"  # cpu | npu | cuda | auto
+    devices: list[int] = []  # device id per rank; empty: rank r uses device r
+    threads: int = 1  # torch intra-op threads per rank
+    runner: str = DEFAULT_RUNNER  # module:Class (tests select a test double)
+    dist_timeout_s: float = 600.0
+    spec_k: int = 0  # 0 or DSPARK_K (loads the drafter and its rings)
+    num_leases: int = 0  # drafter leases per TP group (max_num_seqs // dp) at K=7
+    max_model_len: int = 1 << 30  # the position ceiling (no drafts for an anchor past it)
+    log_level: str = "info"
+    connect: str = ""  # tcp://host:port of the server's ROUTER (the Mesh fills it in)
+    dist_init: str = ""  # tcp://host:port of the torch.distributed rendezvous
+    parent_pid: int = 0  # a rank exits when this process is gone; 0: started by hand
+
+    @property
+    def num_groups(self) -> int:
+        return self.world_size // self.tp
+
+    def device_id(self, rank: int) -> int:
+        if self.backend == "cpu":
+            return 0
+        return self.devices[rank] if self.devices else rank
+
+    def problems(self, rank: int) -> list[str]:
+        out = []
+        if self.tp < 1 or self.world_size % self.tp or not 0 <= rank < self.world_size:
+            out.append(f"rank {rank} / world size {self.world_size} / tp {self.tp} is not a topology")
+        if self.spec_k not in (0, DSPARK_K):
+            out.append(f"spec_k must be 0 or {DSPARK_K}, got {self.spec_k}")
+        return out
+
+    def encode(self) -> str:
+        return msgspec.json.encode(self).decode()
+
+    @classmethod
+    def decode(cls, text: str | bytes) -> "RankConfig":
+        return msgspec.json.decode(text, type=cls)
 
 
 class Hello(msgspec.Struct, array_like=True, tag=1):
@@ -104,6 +161,11 @@ class StepResult(msgspec.Struct, array_like=True, tag=4):
     draft_req_ids: bytes = b""  # int32 [n]
     draft_token_ids: bytes = b""  # int32 [n, 7] row-major
     draft_confidence: bytes = b""  # float32 [n, 7]
+
+
+def identity(rank: int) -> bytes:
+    """A rank's DEALER identity, the address the server's ROUTER sends its frames to."""
+    return b"rank%d" % rank
 
 
 ServerToRank = Union[StepPlan, Shutdown]

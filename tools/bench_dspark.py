@@ -17,6 +17,7 @@ import time
 import numpy as np
 from tokenizers import Tokenizer
 
+from dspark_loop.protocol import RankConfig
 from dspark_loop.cache_layout import CacheLayout
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
@@ -43,8 +44,8 @@ class InProcessMesh:
 def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, drafter=None):
     cfg = ModelConfig.from_dir(path)
     n = len(prompts)
-    runner = ModelRunner(path, "float32", block_size=32, num_blocks=8 * n, quiet=True, spec_k=spec_k,
-                         num_leases=n, max_model_len=4096, test_drafter=drafter)
+    runner = ModelRunner(RankConfig(model=path, block_size=32, num_blocks=8 * n, spec_k=spec_k,
+                                    num_leases=n, max_model_len=4096), quiet=True, test_drafter=drafter)
     sched = Scheduler(CacheLayout.for_model(cfg, 32), 1, runner.num_blocks, n, 8192, 0, 4096,
                       cfg.eos_token_ids, spec_k=spec_k, enable_prefix_caching=False)
     engine = EngineLoop(sched, InProcessMesh(runner), Tokenizer.from_file(os.path.join(path, "tokenizer.json")))

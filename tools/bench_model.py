@@ -16,6 +16,7 @@ import time
 import numpy as np
 import torch
 
+from dspark_loop.protocol import RankConfig
 from dspark_loop.protocol import BlockUpdate, i32
 from workers.runner import ModelRunner
 from workers.staging import Segment
@@ -60,7 +61,7 @@ def main() -> None:
     path = tempfile.mkdtemp(prefix="bench_model_")
     ref = make_reference(path, a.layers, a.hidden)
     block = 32
-    runner = ModelRunner(path, "float32", block_size=block, num_blocks=4096, quiet=True)
+    runner = ModelRunner(RankConfig(model=path, block_size=block, num_blocks=4096), quiet=True)
     rng = np.random.default_rng(0)
     total = a.context + a.prefill + 16
     for req in range(a.requests + 1):

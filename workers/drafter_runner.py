@@ -20,14 +20,13 @@ import torch
 
 from dspark_loop.acceptance import accept_chain
 from dspark_loop.model_config import ModelConfig
-from dspark_loop.protocol import PartitionPlan, as_i32, as_i8
+from dspark_loop.protocol import PartitionPlan, RankConfig, as_i32, as_i8
 from workers.comm import Comm, ShardSpec
 from workers.model.drafter import QUERY_ROWS, RING_BLOCKS, RING_ROWS, Drafter
 from workers.model.dsv4 import ForwardOutput
 from workers.test_drafter import TestDrafter
 
 log = logging.getLogger(__name__)
-K = QUERY_ROWS - 1
 
 
 class DraftBatch:
@@ -75,16 +74,16 @@ def plan_drafts(part: PartitionPlan, tokens: np.ndarray, window: int, max_model_
 
 
 class SpecRunner:
-    def __init__(self, cfg: ModelConfig, model_dir: str, shard: ShardSpec, dtype: torch.dtype,
-                 device: torch.device, num_leases: int, max_model_len: int,
-                 test_drafter: TestDrafter | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, rank_cfg: RankConfig, shard: ShardSpec, dtype: torch.dtype,
+                 device: torch.device, test_drafter: TestDrafter | None = None) -> None:
+        model_dir, num_leases = rank_cfg.model, rank_cfg.num_leases
         if cfg.dspark is None:
             raise ValueError(f"K=7 needs the DSpark drafter, but {model_dir}/config.json has no "
                              f"dspark_target_layer_ids / dspark_noise_token_id / dspark_markov_rank")
         if num_leases < 1:
             raise ValueError(f"K=7 needs at least one drafter lease per group, got {num_leases}")
         self.cfg, self.device = cfg, device
-        self.num_leases, self.max_model_len = num_leases, max_model_len
+        self.num_leases, self.max_model_len = num_leases, rank_cfg.max_model_len
         self.window = cfg.sliding_window
         self.test_drafter = test_drafter
         self.leases: dict[int, int] = {}  # req_id -> lease

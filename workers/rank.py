@@ -19,46 +19,15 @@ import signal
 import threading
 import time
 import traceback
-from dataclasses import dataclass
-
 import msgspec
 import numpy as np
 import zmq
 
-from dspark_loop.protocol import (ENCODER, PROTOCOL_VERSION, RANK_DECODER, Hello, Shutdown,
-                                  StepPlan, StepResult, f32, i32)
+from dspark_loop.protocol import (ENCODER, PROTOCOL_VERSION, RANK_DECODER, Hello, RankConfig,
+                                  Shutdown, StepPlan, StepResult, f32, i32,
+                                  identity)
 
 log = logging.getLogger("workers.rank")
-
-DEFAULT_RUNNER = "workers.runner:ModelRunner"
-
-
-def identity(rank: int) -> bytes:
-    return b"rank%d" % rank
-
-
-@dataclass
-class RankArgs:
-    rank: int
-    world_size: int
-    tp: int
-    connect: str  # tcp://host:port of the server's ROUTER
-    dist_init: str  # tcp://host:port of the torch.distributed rendezvous (rank 0 hosts it)
-    model: str
-    dtype: str = "bfloat16"
-    block_size: int = 32
-    num_blocks: int | None = None
-    kv_cache_memory: int | None = None  # bytes
-    backend: str = "cpu"
-    device_id: int = 0
-    threads: int = 1
-    parent_pid: int = 0  # 0: started by hand, nobody to watch
-    runner: str = DEFAULT_RUNNER  # module:Class
-    dist_timeout_s: float = 600.0
-    spec_k: int = 0  # DSpark: 0 or 7 (7 loads the drafter and its rings)
-    num_leases: int = 0  # drafter leases per TP group (max_num_seqs // dp)
-    max_model_len: int = 1 << 30  # the position ceiling (the drafter skips anchors past it)
-
 
 def summarize(exc: BaseException, max_chars: int = 4000) -> str:
     """The exception line and its innermost frames: enough to find the bug from a log."""
@@ -89,55 +58,50 @@ def load_runner_class(spec: str):
 
 
 class Rank:
-    def __init__(self, args: RankArgs) -> None:
-        self.args = args
+    def __init__(self, rank: int, cfg: RankConfig) -> None:
+        self.rank, self.cfg = rank, cfg
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.IDENTITY, identity(args.rank))
+        self.sock.setsockopt(zmq.IDENTITY, identity(rank))
         self.sock.setsockopt(zmq.LINGER, 5000)  # flush the last result/Hello, then give up
-        self.sock.connect(args.connect)
+        self.sock.connect(cfg.connect)
         self.runner = None
-        self.is_leader = args.rank % args.tp == 0
-        self.group = args.rank // args.tp
+        self.is_leader = rank % cfg.tp == 0
+        self.group = rank // cfg.tp
 
     def load(self) -> None:
         import torch
 
-        from workers.backend import select_backend, torch_dtype
+        from workers.backend import select_backend
         from workers.comm import ShardSpec
         from workers.dist_comm import GlooComm, init_distributed
 
-        a = self.args
-        torch.set_num_threads(max(1, a.threads))
-        backend = select_backend(a.backend, a.device_id)
+        cfg = self.cfg
+        torch.set_num_threads(max(1, cfg.threads))
+        backend = select_backend(cfg.backend, cfg.device_id(self.rank))
         backend.activate()
-        shard = ShardSpec(rank=a.rank, world_size=a.world_size, tp_size=a.tp)
-        groups = init_distributed(shard, a.dist_init, backend.dist_backend, a.dist_timeout_s)
+        shard = ShardSpec(rank=self.rank, world_size=cfg.world_size, tp_size=cfg.tp)
+        groups = init_distributed(shard, cfg.dist_init, backend.dist_backend, cfg.dist_timeout_s)
         comm = GlooComm(shard, groups[shard.group])
-        runner_cls = load_runner_class(a.runner)
-        spec = {"spec_k": a.spec_k, "num_leases": a.num_leases, "max_model_len": a.max_model_len} \
-            if a.spec_k else {}
-        self.runner = runner_cls(a.model, torch_dtype(a.dtype), shard, comm, a.block_size,
-                                 num_blocks=a.num_blocks, kv_cache_memory=a.kv_cache_memory,
-                                 device=str(backend.device), **spec)
+        self.runner = load_runner_class(cfg.runner)(cfg, shard, comm, str(backend.device))
 
     def send(self, msg) -> None:
         self.sock.send(ENCODER.encode(msg))
 
     def hello(self, load_s: float, error: str = "") -> None:
         num_blocks = [] if error else [int(n) for n in self.runner.num_blocks]
-        self.send(Hello(PROTOCOL_VERSION, self.args.rank, self.args.world_size, os.getpid(),
+        self.send(Hello(PROTOCOL_VERSION, self.rank, self.cfg.world_size, os.getpid(),
                         num_blocks=num_blocks, error=error, load_s=load_s))
 
     def run_step(self, plan: StepPlan) -> StepResult:
-        if len(plan.partitions) != self.args.world_size // self.args.tp:
+        if len(plan.partitions) != self.cfg.num_groups:
             raise ValueError(f"plan has {len(plan.partitions)} partitions, the mesh has "
-                             f"{self.args.world_size // self.args.tp} TP groups")
+                             f"{self.cfg.num_groups} TP groups")
         t0 = time.perf_counter()
         tokens = self.runner.execute(plan.partitions[self.group])
         compute_s = time.perf_counter() - t0
         token_ids = np.ascontiguousarray(tokens, dtype=np.int32).tobytes() if self.is_leader else b""
-        result = StepResult(plan.step_id, self.args.rank, token_ids, compute_s)
+        result = StepResult(plan.step_id, self.rank, token_ids, compute_s)
         take = getattr(self.runner, "take_drafts", None)
         drafts = take() if take is not None else None
         if drafts is not None and self.is_leader:
@@ -163,7 +127,7 @@ class Rank:
                 result = self.run_step(msg)
             except Exception as exc:
                 log.exception("step %d failed", msg.step_id)
-                self.send(StepResult(msg.step_id, self.args.rank, error=summarize(exc)))
+                self.send(StepResult(msg.step_id, self.rank, error=summarize(exc)))
                 return 1
             self.send(result)
 
@@ -172,13 +136,13 @@ class Rank:
         self.ctx.term()
 
 
-def run(args: RankArgs) -> int:
+def run(rank_id: int, cfg: RankConfig) -> int:
     # NOTE: the server owns shutdown: Ctrl-C on its terminal must not kill ranks before it
     # has sent Shutdown. SIGTERM/SIGKILL keep their default (die now).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if args.parent_pid:
-        watch_parent(args.parent_pid)
-    rank = Rank(args)
+    if cfg.parent_pid:
+        watch_parent(cfg.parent_pid)
+    rank = Rank(rank_id, cfg)
     t0 = time.perf_counter()
     try:
         rank.load()

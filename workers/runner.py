@@ -15,7 +15,8 @@ import torch
 
 from dspark_loop.cache_layout import CacheLayout
 from dspark_loop.model_config import ModelConfig
-from dspark_loop.protocol import PartitionPlan, as_i32, as_i8
+from dspark_loop.protocol import DSPARK_K, PartitionPlan, RankConfig, as_i32, as_i8
+from workers.backend import torch_dtype
 from workers.comm import Comm, LocalComm, ShardSpec
 from workers.drafter_runner import SpecRunner
 from workers.kv_pool import SCRATCH_ROWS, KVPool, blocks_for_budget
@@ -24,9 +25,6 @@ from workers.model.dsv4 import ForwardOutput
 from workers.staging import BlockTables, Segment, stage
 from workers.test_drafter import TestDrafter
 from workers.weights import load_model
-
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-
 
 def segments_of(part: PartitionPlan) -> list[Segment]:
     segs = []
@@ -47,38 +45,39 @@ def segments_of(part: PartitionPlan) -> list[Segment]:
 
 
 class ModelRunner:
-    def __init__(self, model_dir: str, dtype: str | torch.dtype = "float32", shard: ShardSpec | None = None,
-                 comm: Comm | None = None, block_size: int = 32, num_blocks: int | list[int] | None = None,
-                 kv_cache_memory: int | None = None, device: str = "cpu", scratch_rows: int = SCRATCH_ROWS,
-                 hadamard: bool = True, quiet: bool = False, spec_k: int = 0, num_leases: int = 0,
-                 max_model_len: int = 1 << 30, test_drafter=None) -> None:
-        self.dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    """cfg: the run's RankConfig (model, dtype, block_size, cache size, K); shard/comm: this
+    rank's place in the mesh (None: one process, LocalComm)."""
+
+    def __init__(self, cfg: RankConfig, shard: ShardSpec | None = None, comm: Comm | None = None,
+                 device: str = "cpu", *, scratch_rows: int = SCRATCH_ROWS, hadamard: bool = True,
+                 quiet: bool = False, test_drafter=None) -> None:
+        self.dtype = torch_dtype(cfg.dtype)
         self.comm = comm or LocalComm()
         self.shard = shard or self.comm.shard
         self.device = torch.device(device)
+        model_dir = cfg.model
         self.cfg = ModelConfig.from_dir(model_dir)
-        self.layout = CacheLayout.for_model(self.cfg, block_size)
+        self.layout = CacheLayout.for_model(self.cfg, cfg.block_size)
         self.model = load_model(model_dir, self.cfg, self.shard, self.dtype, device, hadamard, quiet)
-        if num_blocks is None:
-            if kv_cache_memory is None:
+        if cfg.num_blocks is None:
+            if cfg.kv_cache_memory is None:
                 raise ValueError("give num_blocks or kv_cache_memory")
-            blocks = blocks_for_budget(self.cfg, self.layout, kv_cache_memory, self.dtype, scratch_rows)
-        elif isinstance(num_blocks, int):
-            blocks = [num_blocks] * len(self.layout.families)
+            blocks = blocks_for_budget(self.cfg, self.layout, cfg.kv_cache_memory, self.dtype, scratch_rows)
+        elif isinstance(cfg.num_blocks, int):
+            blocks = [cfg.num_blocks] * len(self.layout.families)
         else:
-            blocks = list(num_blocks)
+            blocks = list(cfg.num_blocks)
         self.pool = KVPool(self.cfg, self.layout, blocks, self.dtype, self.device, scratch_rows)
         self.tables = BlockTables(len(self.layout.families))
         # DSpark (K=7): leases, rings and the drafter; K=0 loads and allocates none of it
         self.spec: SpecRunner | None = None
-        if spec_k:
-            if spec_k != 7:
-                raise ValueError(f"num_speculative_tokens must be 0 or 7, got {spec_k}")
+        if cfg.spec_k:
+            if cfg.spec_k != DSPARK_K:
+                raise ValueError(f"num_speculative_tokens must be 0 or {DSPARK_K}, got {cfg.spec_k}")
             if test_drafter is None:
                 test_drafter = TestDrafter.from_env(self.cfg.vocab_size, self.cfg.dspark.noise_token_id
                                                     if self.cfg.dspark else 0)
-            self.spec = SpecRunner(self.cfg, model_dir, self.shard, self.dtype, self.device, num_leases,
-                                   max_model_len, test_drafter)
+            self.spec = SpecRunner(self.cfg, cfg, self.shard, self.dtype, self.device, test_drafter)
             self.spec.bind_trunk(self.model.embed, self.model.head)
 
     @property

@@ -22,7 +22,7 @@ import os
 import numpy as np
 from tokenizers import Tokenizer
 
-from dspark_loop.protocol import PartitionPlan, as_i32, as_i8
+from dspark_loop.protocol import PartitionPlan, RankConfig, as_i32, as_i8
 from workers.runner import ModelRunner
 
 SCRIPT_ENV = "DSPARK_TEST_SCRIPT"
@@ -40,9 +40,9 @@ def load_script(path: str, tokenizer: Tokenizer) -> list[tuple[str, list[int]]]:
 
 
 class ScriptedRunner(ModelRunner):
-    def __init__(self, model_dir: str, *args, **kwargs) -> None:
-        super().__init__(model_dir, *args, **kwargs)
-        self.tokenizer = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+    def __init__(self, cfg: RankConfig, *args, **kwargs) -> None:
+        super().__init__(cfg, *args, **kwargs)
+        self.tokenizer = Tokenizer.from_file(os.path.join(cfg.model, "tokenizer.json"))
         path = os.environ.get(SCRIPT_ENV)
         self.script = load_script(path, self.tokenizer) if path else []
         self.eos_id = self.cfg.eos_token_id

@@ -17,8 +17,9 @@ import os
 
 import numpy as np
 
+from dspark_loop.protocol import DSPARK_K
+
 ENV = "DSPARK_TEST_DRAFTER"
-K = 7
 
 
 class TestDrafter:
@@ -31,8 +32,8 @@ class TestDrafter:
         self.cases = [(np.asarray(list(c["prompt"]) + list(c["reference"]), np.int64), int(c["error_at"]))
                       for c in spec["cases"]]
         for _, m in self.cases:
-            if not 0 <= m <= K:
-                raise ValueError(f"error_at must be in 0..{K}, got {m}")
+            if not 0 <= m <= DSPARK_K:
+                raise ValueError(f"error_at must be in 0..{DSPARK_K}, got {m}")
         self.vocab_size, self.noise = vocab_size, noise_token_id
         self.case_of: dict[int, int] = {}  # req_id -> case index (-1: no case matches)
 
@@ -55,16 +56,16 @@ class TestDrafter:
 
     def propose(self, req_ids: list[int], anchor_pos: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """-> drafts int32 [R, 7], confidence float32 [R, 7] (1 up to the planted error, then 0)."""
-        drafts = np.full((len(req_ids), K), self.noise, np.int32)
-        conf = np.zeros((len(req_ids), K), np.float32)
+        drafts = np.full((len(req_ids), DSPARK_K), self.noise, np.int32)
+        conf = np.zeros((len(req_ids), DSPARK_K), np.float32)
         for r, (req, pos) in enumerate(zip(req_ids, anchor_pos)):
             case = self.case_of.get(req, -1)
             if case < 0:
                 continue
             seq, m = self.cases[case]
-            truth = seq[pos + 1:pos + 1 + K]
+            truth = seq[pos + 1:pos + 1 + DSPARK_K]
             drafts[r, :len(truth)] = truth
-            if m < K:
+            if m < DSPARK_K:
                 drafts[r, m] = (drafts[r, m] + 1) % self.vocab_size
             conf[r, :m] = 1.0
         return drafts, conf

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from dspark_loop.model_config import ModelConfig
+from dspark_loop.protocol import DSPARK_K
 from workers.comm import Comm
 from workers.model.attention import attend
 from workers.model.config import LocalDims
@@ -34,7 +35,7 @@ from workers.model.linear import Linear
 
 RING_ROWS = 32  # rows per ring block
 RING_BLOCKS = 6  # blocks per lease and stage
-QUERY_ROWS = 8  # anchor + 7 noise rows
+QUERY_ROWS = DSPARK_K + 1  # anchor + DSPARK_K noise rows
 DRAFTER_ROPE_THETA = 1e4
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tokenizers import Tokenizer
 
+from dspark_loop.protocol import RankConfig
 from dspark_loop.cache_layout import CacheLayout
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
@@ -56,8 +57,9 @@ def make_engine(path: str, spec_k: int, *, dp: int = 1, max_num_seqs: int = 8, n
                 long_prefill_token_threshold: int = 0, test_drafter=None,
                 enable_prefix_caching: bool = False, observers=None) -> tuple[EngineLoop, list[ModelRunner]]:
     cfg = ModelConfig.from_dir(path)
-    runners = [ModelRunner(path, "float32", block_size=BLOCK_SIZE, num_blocks=num_blocks, quiet=True,
-                           spec_k=spec_k, num_leases=max_num_seqs // dp, max_model_len=max_model_len,
+    rank_cfg = RankConfig(model=path, block_size=BLOCK_SIZE, num_blocks=num_blocks, spec_k=spec_k,
+                          num_leases=max_num_seqs // dp, max_model_len=max_model_len)
+    runners = [ModelRunner(rank_cfg, quiet=True,
                            test_drafter=test_drafter() if callable(test_drafter) else test_drafter)
                for _ in range(dp)]
     sched = Scheduler(CacheLayout.for_model(cfg, BLOCK_SIZE), dp, runners[0].num_blocks, max_num_seqs,

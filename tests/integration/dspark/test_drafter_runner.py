@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from dspark_loop.protocol import RankConfig
 from dspark_loop.protocol import BlockUpdate, PartitionPlan, PrefillChunk, i32
 from tests.integration.dspark.harness import prompt
 from workers.runner import ModelRunner
@@ -22,9 +23,8 @@ def ckpt(tmp_path_factory):
                            with_drafter=True, num_hidden_layers=4, quiet=True)
 
 
-def new_runner(path, spec_k=7, **kw):
-    return ModelRunner(path, "float32", block_size=8, num_blocks=32, quiet=True, spec_k=spec_k,
-                       num_leases=4, **kw)
+def new_runner(path):
+    return ModelRunner(RankConfig(model=path, block_size=8, num_blocks=32, spec_k=7, num_leases=4), quiet=True)
 
 
 def admit(runner, req_id, lease, tokens, scrub=()):
@@ -39,7 +39,7 @@ def admit(runner, req_id, lease, tokens, scrub=()):
 def test_k0_loads_and_allocates_nothing_drafter_related(ckpt):
     """A K=0 runner on a drafter checkpoint must hold no drafter, rings or leases and
     return no drafts."""
-    runner = ModelRunner(ckpt, "float32", block_size=8, num_blocks=8, quiet=True)
+    runner = ModelRunner(RankConfig(model=ckpt, block_size=8, num_blocks=8), quiet=True)
     assert runner.spec is None and runner.take_drafts() is None
     assert not any(n.startswith("mtp") for n in runner.model.state_dict())
 

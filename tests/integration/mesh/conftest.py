@@ -5,6 +5,7 @@ import pathlib
 import pytest
 
 from dspark_loop.mesh import Mesh
+from dspark_loop.protocol import DEFAULT_RUNNER, RankConfig
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 FAKE_RUNNER = "tests.integration.mesh.fake_runner:FakeRunner"
@@ -22,10 +23,15 @@ def fake_env() -> dict[str, str]:
 
 
 def make_mesh(model_dir: str, **overrides) -> Mesh:
-    kw = dict(world_size=4, tp=2, dtype="float32", block_size=16, runner=FAKE_RUNNER,
-              env=fake_env(), log_level="warning", start_timeout_s=60.0, step_timeout_s=30.0)
-    kw.update(overrides)
-    return Mesh(model_dir, **kw)
+    """overrides: RankConfig fields (runner=None: the real ModelRunner) or Mesh options."""
+    rank = dict(model=model_dir, world_size=4, tp=2, block_size=16, runner=FAKE_RUNNER,
+                log_level="warning")
+    mesh = dict(env=fake_env(), start_timeout_s=60.0, step_timeout_s=30.0)
+    for key, value in overrides.items():
+        (rank if key in RankConfig.__struct_fields__ else mesh)[key] = value
+    if rank["runner"] is None:
+        rank["runner"] = DEFAULT_RUNNER
+    return Mesh(RankConfig(**rank), **mesh)
 
 
 def alive(pid: int) -> bool:

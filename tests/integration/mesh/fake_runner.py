@@ -16,7 +16,7 @@ import time
 import numpy as np
 import torch
 
-from dspark_loop.protocol import PartitionPlan, as_i8, as_i32
+from dspark_loop.protocol import PartitionPlan, RankConfig, as_i8, as_i32
 from workers.comm import Comm, ShardSpec
 
 VOCAB = 64
@@ -42,12 +42,11 @@ def token_positions(part: PartitionPlan) -> list[tuple[int, int]]:
 
 
 class FakeRunner:
-    def __init__(self, model_dir, dtype, shard: ShardSpec, comm: Comm, block_size,
-                 num_blocks=None, kv_cache_memory=None, device="cpu") -> None:
-        if not os.path.isfile(os.path.join(model_dir, "config.json")):
-            raise FileNotFoundError(f"no config.json in {model_dir}")
+    def __init__(self, cfg: RankConfig, shard: ShardSpec, comm: Comm, device: str = "cpu") -> None:
+        if not os.path.isfile(os.path.join(cfg.model, "config.json")):
+            raise FileNotFoundError(f"no config.json in {cfg.model}")
         self.shard, self.comm = shard, comm
-        self.num_blocks = [num_blocks or 16, 100 - shard.rank]
+        self.num_blocks = [cfg.num_blocks or 16, 100 - shard.rank]
 
     def execute(self, part: PartitionPlan) -> np.ndarray:
         req_ids = {c.req_id for c in part.prefills}

@@ -2,8 +2,8 @@
 import pytest
 
 from dspark_loop.errors import MeshStartError
-from dspark_loop.mesh_handshake import hello_problem, identity, min_num_blocks
-from dspark_loop.protocol import PROTOCOL_VERSION, Hello
+from dspark_loop.mesh_handshake import hello_problem, min_num_blocks
+from dspark_loop.protocol import PROTOCOL_VERSION, Hello, identity
 
 
 def hello(rank=0, world_size=2, version=PROTOCOL_VERSION, num_blocks=(8, 4), error=""):

@@ -5,6 +5,7 @@ import importlib.util
 import numpy as np
 import pytest
 
+from dspark_loop.protocol import RankConfig
 from dspark_loop.cache_layout import CacheLayout
 from dspark_loop.model_config import ModelConfig
 from dspark_loop.protocol import (BlockUpdate, DecodeBatch, PartitionPlan, PrefillChunk, StepPlan,
@@ -78,15 +79,13 @@ def make_prompts(vocab: int) -> list[dict[int, list[int]]]:
 def reference_tokens(model_dir: str, layout: CacheLayout, prompts,
                      num_decode_steps: int) -> dict[int, list[int]]:
     """Every request in one partition of a single-process runner."""
-    import torch
-
     from workers.comm import LocalComm
     from workers.runner import ModelRunner
 
     merged = [{r: p for part in prompts for r, p in part.items()}]
     driver = HandDriver(layout, merged, num_decode_steps)
-    runner = ModelRunner(model_dir, torch.float32, LocalComm().shard, LocalComm(), BLOCK_SIZE,
-                         num_blocks=NUM_BLOCKS)
+    runner = ModelRunner(RankConfig(model=model_dir, block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS),
+                         LocalComm().shard, LocalComm())
     driver.accept(0, runner.execute(driver.prefill_plan().partitions[0]))
     for step_id in range(1, num_decode_steps + 1):
         driver.accept(0, runner.execute(driver.decode_plan(step_id).partitions[0]))

@@ -6,8 +6,7 @@ import zmq.asyncio
 
 from dspark_loop.errors import MeshStartError
 from dspark_loop.mesh import Mesh
-from dspark_loop.mesh_handshake import identity
-from dspark_loop.protocol import ENCODER, PROTOCOL_VERSION, Hello
+from dspark_loop.protocol import ENCODER, PROTOCOL_VERSION, Hello, RankConfig, identity
 from tests.integration.mesh.conftest import alive, make_mesh
 
 
@@ -23,7 +22,7 @@ async def test_rank_that_cannot_load_its_model_fails_start_with_its_message(tmp_
 
 async def test_hello_with_another_protocol_version_is_refused(fake_model_dir):
     """A rank speaking another protocol version must be refused at the handshake."""
-    mesh = Mesh(fake_model_dir, world_size=1, tp=1, launch=False, start_timeout_s=10.0)
+    mesh = Mesh(RankConfig(model=fake_model_dir), launch=False, start_timeout_s=10.0)
     mesh.bind()
     ctx = zmq.asyncio.Context()
     dealer = ctx.socket(zmq.DEALER)
@@ -40,6 +39,6 @@ async def test_hello_with_another_protocol_version_is_refused(fake_model_dir):
 
 async def test_start_times_out_with_the_missing_ranks_named(fake_model_dir):
     """start() must give up after start_timeout_s and say which ranks never said Hello."""
-    mesh = Mesh(fake_model_dir, world_size=2, tp=1, launch=False, start_timeout_s=0.5)
+    mesh = Mesh(RankConfig(model=fake_model_dir, world_size=2), launch=False, start_timeout_s=0.5)
     with pytest.raises(MeshStartError, match=r"ranks \[0, 1\] did not say Hello within"):
         await mesh.start()

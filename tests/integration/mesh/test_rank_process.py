@@ -9,16 +9,15 @@ import zmq
 import zmq.asyncio
 
 from dspark_loop.mesh import free_port
-from dspark_loop.protocol import ENCODER, SERVER_DECODER, Hello, Shutdown, StepResult
+from dspark_loop.protocol import ENCODER, SERVER_DECODER, Hello, RankConfig, Shutdown, StepResult
 from tests.integration.mesh.conftest import FAKE_RUNNER, REPO, alive, fake_env, wait_until
 from tests.integration.mesh.plans import prefill_plan
 
 
-def rank_argv(address: str, model_dir: str, parent_pid: int | str = 0) -> list[str]:
-    return [sys.executable, "-m", "workers", "--rank", "0", "--world-size", "1", "--tp", "1",
-            "--connect", address, "--dist-init", f"tcp://127.0.0.1:{free_port('127.0.0.1')}",
-            "--model", model_dir, "--dtype", "float32", "--runner", FAKE_RUNNER,
-            "--parent-pid", str(parent_pid), "--log-level", "warning"]
+def rank_argv(address: str, model_dir: str, parent_pid: int = 0) -> list[str]:
+    cfg = RankConfig(model=model_dir, runner=FAKE_RUNNER, log_level="warning", connect=address,
+                     dist_init=f"tcp://127.0.0.1:{free_port('127.0.0.1')}", parent_pid=parent_pid)
+    return [sys.executable, "-m", "workers", "--rank", "0", "--config", cfg.encode()]
 
 
 @pytest.fixture
@@ -64,9 +63,13 @@ async def test_rank_exits_by_itself_when_its_server_dies(router, fake_model_dir)
     """A rank whose parent (the server) is killed must exit on its own within seconds."""
     _, address = router
     env = {**os.environ, **fake_env()}
-    # NOTE: the shell is the rank's parent; $$ is its pid, handed to --parent-pid.
-    argv = " ".join(rank_argv(address, fake_model_dir, parent_pid="$$"))
-    shell = subprocess.Popen(["sh", "-c", f"{argv} & echo $!; wait"],
+    # NOTE: a small Python parent starts the rank with its own pid as parent_pid.
+    script = ("import os, subprocess, sys\n"
+              "from tests.integration.mesh.test_rank_process import rank_argv\n"
+              "p = subprocess.Popen(rank_argv(sys.argv[1], sys.argv[2], os.getpid()))\n"
+              "print(p.pid, flush=True)\n"
+              "p.wait()\n")
+    shell = subprocess.Popen([sys.executable, "-c", script, address, fake_model_dir],
                              env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
     rank_pid = int(shell.stdout.readline())
     try:

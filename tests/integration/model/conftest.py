@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from dspark_loop.protocol import RankConfig
 from dspark_loop.protocol import BlockUpdate, i32
 from workers.runner import ModelRunner
 from workers.staging import Segment
@@ -152,6 +153,8 @@ def prompt(seed: int, n: int, vocab: int) -> list[int]:
     return np.random.default_rng(seed).integers(2, vocab, n).tolist()
 
 
-def new_runner(path: str, **kw) -> ModelRunner:
-    kw.setdefault("num_blocks", NUM_BLOCKS)
-    return ModelRunner(path, block_size=BLOCK_SIZE, quiet=True, **kw)
+def new_runner(path: str, shard=None, comm=None, hadamard: bool = True, **rank_options) -> ModelRunner:
+    """rank_options: RankConfig fields (dtype, num_blocks, ...)."""
+    rank_options.setdefault("num_blocks", NUM_BLOCKS)
+    cfg = RankConfig(model=path, block_size=BLOCK_SIZE, **rank_options)
+    return ModelRunner(cfg, shard, comm, quiet=True, hadamard=hadamard)

@@ -2,6 +2,7 @@
 import numpy as np
 import torch
 
+from dspark_loop.protocol import RankConfig
 from dspark_loop.protocol import BlockUpdate, DecodeBatch, PartitionPlan, PrefillChunk, i8, i32
 from tests.integration.model.conftest import BLOCK_SIZE, Driver, new_runner, prompt
 from workers.model.layers import hc_head, linear_rows
@@ -37,7 +38,8 @@ def test_execute_returns_sampled_prefills_then_every_decode_row_in_plan_order(mi
 
 def test_memory_budget_sizes_the_pool(mixed_ref):
     """A runner built from a byte budget must hold pages of every family within it."""
-    runner = ModelRunner(mixed_ref.path, "float32", block_size=BLOCK_SIZE, kv_cache_memory=4 << 20, quiet=True)
+    runner = ModelRunner(RankConfig(model=mixed_ref.path, block_size=BLOCK_SIZE,
+                                     kv_cache_memory=4 << 20), quiet=True)
     used = sum(t.numel() * t.element_size() for t in runner.pool.tensors().values())
     assert min(runner.num_blocks) > 0 and used <= 4 << 20
 
