@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 
 from dspark_loop.cache_layout import CacheLayout
 from dspark_loop.model_config import ModelConfig
+from dspark_loop.protocol import DSPARK_K
 
-QUERY_WIDTH = 7  # the DSpark decode tile: 1 committed row + 7 draft rows
 FLASH_SHAPE = dict(hidden_size=4096, num_hidden_layers=43, n_routed_experts=256)
 MAX_CONTEXT = 1048576
 MAX_CHUNK = 8192  # the seeds' prefill dispatch bound
@@ -214,11 +214,11 @@ def _common_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
     k = spec.num_speculative_tokens
     if spec.method != "dspark":
         out.append(f'--speculative-config method must be "dspark" (got {spec.method!r})')
-    if k not in (0, QUERY_WIDTH):
-        out.append(f"--speculative-config num_speculative_tokens must be 0 or {QUERY_WIDTH}: "
-                   f"DSpark's query width is fixed at DSPARK_QUERY_WIDTH = {QUERY_WIDTH} "
+    if k not in (0, DSPARK_K):
+        out.append(f"--speculative-config num_speculative_tokens must be 0 or {DSPARK_K}: "
+                   f"DSpark's query width is fixed at DSPARK_QUERY_WIDTH = {DSPARK_K} "
                    f"(got {k})")
-    elif k == QUERY_WIDTH:
+    elif k == DSPARK_K:
         missing = missing_drafter_parts(model, cfg.model)
         if missing:
             out.append(f"--speculative-config num_speculative_tokens=7 needs the checkpoint's "

@@ -15,7 +15,7 @@ import collections
 import math
 
 from dspark_loop.engine.observer import EngineObserver, RequestStats
-from dspark_loop.protocol import StepTrace
+from dspark_loop.protocol import DSPARK_K, StepTrace
 
 # vLLM v1's buckets (vllm/v1/metrics/loggers.py), so its Grafana panels line up.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -27,7 +27,6 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 TOKEN_BUCKETS = tuple(m * 10 ** e for e in range(7) for m in (1, 2, 5))  # 1, 2, 5 ... 5e6
 
 FINISH_REASONS = ("stop", "length", "abort", "error")  # always exported, zero until seen
-DSPARK_K = 7  # drafts per verify when a trace does not say (the only K DSpark allows)
 
 
 class Histogram:

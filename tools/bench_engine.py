@@ -19,23 +19,12 @@ from dspark_loop.engine.detokenize import Detokenizer, TokenText
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.protocol import StepResult, as_i32, i32
+from dspark_testing.tiny_tokenizer import tiny_tokenizer
 
 
 def flash_layout() -> CacheLayout:
     return CacheLayout(32, (Family(0, "swa", True, 32, 0, 128), Family(1, "c4", False, 128, 4, 0),
                             Family(2, "c128", False, 128, 128, 0)))
-
-
-def tiny_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<bos>", "<eos>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog " * 20], trainer)
-    return tok
 
 
 def fake_results(step) -> list[StepResult]:

@@ -18,27 +18,13 @@ import xgrammar as xg
 
 from dspark_loop.api.chat_render import DSML, EOS, THINK_END
 from dspark_loop.api.tool_grammar import tool_call_grammar
-
-
-@functools.lru_cache(maxsize=1)
-def _unicode_to_byte() -> dict[str, int]:
-    """The byte-level BPE alphabet (GPT-2's printable stand-ins for the 256 bytes), inverted."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) \
-        + list(range(0xAE, 0x100))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
+from dspark_loop.engine.detokenize import byte_level_alphabet
 
 
 def vocab_bytes(tokenizer, vocab_size: int) -> list[bytes]:
     """Each id's exact bytes: byte-level pieces decoded, added tokens as their text."""
     added = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()}
-    to_byte = _unicode_to_byte()
+    to_byte = byte_level_alphabet()
     out = [b""] * vocab_size
     for piece, i in tokenizer.get_vocab(with_added_tokens=False).items():
         if i < vocab_size and i not in added:

@@ -13,13 +13,16 @@ Two decoding paths, chosen once per tokenizer by TokenText:
 from __future__ import annotations
 
 import codecs
+import functools
 import json
 
 REPLACEMENT = "\ufffd"
 
 
-def _byte_level_alphabet() -> dict[str, int]:
-    """The printable stand-in character byte-level BPE uses for each byte, inverted."""
+@functools.lru_cache(maxsize=1)
+def byte_level_alphabet() -> dict[str, int]:
+    """The byte-level BPE alphabet (GPT-2's printable stand-in character for each of the
+    256 bytes), inverted: stand-in character -> byte."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars = {b: chr(b) for b in keep}
     n = 0
@@ -51,7 +54,7 @@ class TokenText:
         return self.token_bytes is not None
 
     def _byte_table(self, tokenizer, added) -> list[bytes]:
-        alphabet = _byte_level_alphabet()
+        alphabet = byte_level_alphabet()
         vocab = tokenizer.get_vocab(with_added_tokens=True)
         table = [b""] * (max(vocab.values(), default=-1) + 1)
         for piece, i in vocab.items():

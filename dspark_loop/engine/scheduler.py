@@ -22,9 +22,8 @@ from dspark_loop.engine.spec_counters import SpecCounters
 from dspark_loop.engine.scheduled_step import PartitionStep, ScheduledStep, decode_batch
 from dspark_loop.engine.step_update import apply_results
 from dspark_loop.engine.token_masks import token_masks
-from dspark_loop.protocol import BlockUpdate, PartitionPlan, PrefillChunk, StepPlan, i32
-
-MAX_CHUNK = 8192  # the seeds' prefill dispatch bound
+from dspark_loop.config import MAX_CHUNK
+from dspark_loop.protocol import DSPARK_K, BlockUpdate, PartitionPlan, PrefillChunk, StepPlan, i32
 
 
 class Partition:
@@ -50,8 +49,9 @@ class Scheduler:
                  max_num_seqs: int, max_num_batched_tokens: int,
                  long_prefill_token_threshold: int, max_model_len: int,
                  eos_token_ids, spec_k: int = 0, enable_prefix_caching: bool = True):
-        if spec_k not in (0, 7):
-            raise ValueError(f"spec_k must be 0 or 7 (the verify tile is 8 rows), got {spec_k}")
+        if spec_k not in (0, DSPARK_K):
+            raise ValueError(f"spec_k must be 0 or {DSPARK_K} (the verify tile is {DSPARK_K + 1} rows), "
+                             f"got {spec_k}")
         if max_num_seqs < num_partitions:
             raise ValueError(f"max_num_seqs {max_num_seqs} < {num_partitions} partitions")
         self.layout = layout

@@ -10,19 +10,12 @@ from __future__ import annotations
 import asyncio
 import functools
 
-from tokenizers import Tokenizer
-
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.model_config import ModelConfig
+from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tools.checkpoint_config import build_config, resolve_size
-from tools.checkpoint_tokenizer import tokenizer_json
 
 REPLY = " the quick brown fox jumps over the lazy dog."
-
-
-@functools.lru_cache(maxsize=1)
-def tiny_tokenizer() -> Tokenizer:
-    return Tokenizer.from_str(tokenizer_json(1024))
 
 
 @functools.lru_cache(maxsize=1)

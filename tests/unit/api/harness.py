@@ -9,7 +9,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from dspark_loop.api.app import create_app
 from dspark_loop.config import ServerConfig, fill_defaults
-from tests.unit.api.fake_engine import FakeEngine, tiny_model_config, tiny_tokenizer
+from tests.unit.api.fake_engine import FakeEngine, tiny_model_config
+from dspark_testing.tiny_tokenizer import tiny_tokenizer
 
 MODEL = "tiny-test"
 

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from dspark_loop.engine.outputs import RequestOutput
-from tests.unit.api.fake_engine import FakeEngine, reply_ids, tiny_tokenizer
+from tests.unit.api.fake_engine import FakeEngine, reply_ids
+from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.api.harness import MODEL, serving
 
 BOS = 0

@@ -13,15 +13,15 @@ from dspark_loop.engine.loop import EngineLoop
 from tests.unit.api.fake_engine import tiny_model_config
 from tests.unit.api.harness import make_config, sse_events
 from tests.unit.engine.factories import make_mesh, make_scheduler
-from tests.unit.engine.tiny_tokenizer import bos_id, make_tokenizer
+from dspark_testing.tiny_tokenizer import bos_id, tiny_tokenizer
 
 
 @pytest.fixture
 async def client():
     sched = make_scheduler(num_partitions=2, max_num_seqs=8)
-    loop = EngineLoop(sched, make_mesh(sched), make_tokenizer())
+    loop = EngineLoop(sched, make_mesh(sched), tiny_tokenizer())
     loop.start()
-    tok = make_tokenizer()
+    tok = tiny_tokenizer()
     model = replace(tiny_model_config(), vocab_size=tok.get_vocab_size(), bos_token_id=bos_id())
     app = create_app(loop, tok, make_config(max_model_len=sched.max_model_len), model)
     async with TestClient(TestServer(app, handler_cancellation=True)) as c:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.unit.api.fake_engine import reply_ids, tiny_tokenizer
+from tests.unit.api.fake_engine import reply_ids
+from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.api.harness import MODEL, serving
 
 

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from dspark_loop.api.app import add_metrics_routes
-from tests.unit.api.fake_engine import FakeEngine, tiny_tokenizer
+from tests.unit.api.fake_engine import FakeEngine
+from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.api.harness import MODEL, serving
 
 

@@ -16,7 +16,8 @@ import aiohttp
 from dspark_loop.api.app import create_app
 from dspark_loop.api.offline import run_offline
 from dspark_loop.api.server import serve
-from tests.unit.api.fake_engine import FakeEngine, reply_ids, tiny_model_config, tiny_tokenizer
+from tests.unit.api.fake_engine import FakeEngine, reply_ids, tiny_model_config
+from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.api.harness import make_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -47,7 +48,8 @@ SERVE_SCRIPT = """
 import asyncio, sys
 from dspark_loop.api.app import create_app
 from dspark_loop.api.server import serve
-from tests.unit.api.fake_engine import FakeEngine, tiny_model_config, tiny_tokenizer
+from tests.unit.api.fake_engine import FakeEngine, tiny_model_config
+from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.api.harness import make_config
 app = create_app(FakeEngine(), tiny_tokenizer(), make_config(), tiny_model_config())
 asyncio.run(serve(app, "127.0.0.1", int(sys.argv[1])))

@@ -6,7 +6,8 @@ import asyncio
 import pytest
 
 from dspark_loop.engine.outputs import RequestOutput
-from tests.unit.api.fake_engine import FakeEngine, reply_ids, tiny_tokenizer
+from tests.unit.api.fake_engine import FakeEngine, reply_ids
+from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.api.harness import MODEL, serving, sse_events
 
 STREAM = {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 3, "stream": True}

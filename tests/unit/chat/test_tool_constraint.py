@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 from dspark_loop.api.chat_parse import parse_completion
 from dspark_loop.api.tool_constraint import ToolConstraint
 from dspark_loop.api.tool_grammar import UnsupportedToolSchema, tool_call_grammar
-from tools.checkpoint_tokenizer import tokenizer_json
+from dspark_testing.tiny_tokenizer import tiny_tokenizer
 
 VOCAB = 1024
 EOS_ID, THINK_END_ID, DSML_ID = 1, 5, 6
@@ -30,7 +30,7 @@ TOOLS = [WEATHER, NOW]
 
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
-    t = Tokenizer.from_str(tokenizer_json(VOCAB))
+    t = tiny_tokenizer()
     assert (t.token_to_id("<｜end▁of▁sentence｜>"), t.token_to_id("</think>"),
             t.token_to_id("｜DSML｜")) == (EOS_ID, THINK_END_ID, DSML_ID)
     return t

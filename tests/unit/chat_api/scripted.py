@@ -3,7 +3,8 @@ the engine does for chat (special tokens kept as text)."""
 from __future__ import annotations
 
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
-from tests.unit.api.fake_engine import FakeEngine, tiny_tokenizer
+from tests.unit.api.fake_engine import FakeEngine
+from dspark_testing.tiny_tokenizer import tiny_tokenizer
 
 
 def text_reply(text: str, reason: str = "stop", *, cached: int = 0, stop_reason=None):

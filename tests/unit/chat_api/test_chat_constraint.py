@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from dspark_loop.api.chat_constraint import MISSING_XGRAMMAR, needs_constraint
-from tests.unit.api.fake_engine import tiny_tokenizer
+from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.api.harness import serving
 from tests.unit.chat_api.scripted import chat_engine
 

@@ -8,7 +8,7 @@ import pytest
 
 from dspark_loop.api.chat_output import ChatOutput
 from dspark_loop.engine.detokenize import Detokenizer, TokenText
-from tests.unit.api.fake_engine import tiny_tokenizer
+from dspark_testing.tiny_tokenizer import tiny_tokenizer
 
 D = "｜DSML｜"
 CALL = (f'<{D}invoke name="f">\n<{D}parameter name="a" string="true">x y</{D}parameter>\n'

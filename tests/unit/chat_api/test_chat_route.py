@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.unit.api.fake_engine import tiny_tokenizer
+from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.api.harness import serving, sse_events
 from tests.unit.chat.vectors import RENDER
 from tests.unit.chat_api.scripted import chat_engine

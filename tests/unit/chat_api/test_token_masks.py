@@ -8,9 +8,9 @@ import numpy as np
 from dspark_loop.protocol import as_i8, pack_mask, unpack_mask
 from tests.unit.engine.factories import (allowed_tokens, make_mesh, make_requests, make_scheduler,
                                          run_step, run_to_completion)
-from tests.unit.engine.tiny_tokenizer import make_tokenizer
+from dspark_testing.tiny_tokenizer import tiny_tokenizer
 
-VOCAB = make_tokenizer().get_vocab_size()
+VOCAB = tiny_tokenizer().get_vocab_size()
 
 
 class RecordingConstraint:

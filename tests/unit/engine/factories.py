@@ -8,21 +8,21 @@ from dspark_loop.engine.detokenize import Detokenizer, TokenText
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.scheduler import Scheduler
 from tests.unit.engine.fake_mesh import FakeMesh
-from tests.unit.engine.tiny_tokenizer import eos_id, make_tokenizer
+from dspark_testing.tiny_tokenizer import eos_id, tiny_tokenizer
 
 _TEXT: list[TokenText] = []
 
 
 def token_text() -> TokenText:
     if not _TEXT:
-        _TEXT.append(TokenText(make_tokenizer()))
+        _TEXT.append(TokenText(tiny_tokenizer()))
     return _TEXT[0]
 
 
 def allowed_tokens() -> list[int]:
     """Ordinary tokens (not special) the fake model may emit."""
     special = token_text().special_ids
-    return [i for i in range(2, make_tokenizer().get_vocab_size()) if i not in special]
+    return [i for i in range(2, tiny_tokenizer().get_vocab_size()) if i not in special]
 
 
 def make_layout(block_size: int = 4, sliding_window: int = 8, ratios=(4,)) -> CacheLayout:

@@ -1,13 +1,13 @@
-from dspark_loop.engine.detokenize import Detokenizer, TokenText, _byte_level_alphabet
+from dspark_loop.engine.detokenize import Detokenizer, TokenText, byte_level_alphabet
 from tests.unit.engine.factories import token_text
-from tests.unit.engine.tiny_tokenizer import eos_id, make_tokenizer
+from dspark_testing.tiny_tokenizer import eos_id, tiny_tokenizer
 
-_CHAR = {b: c for c, b in _byte_level_alphabet().items()}
+_CHAR = {b: c for c, b in byte_level_alphabet().items()}
 
 
 def byte_tokens(text: str) -> list[int]:
     """One token per UTF-8 byte, so multi-byte characters span several tokens."""
-    tok = make_tokenizer()
+    tok = tiny_tokenizer()
     return [tok.token_to_id(_CHAR[b]) for b in text.encode("utf-8")]
 
 
@@ -23,8 +23,8 @@ def test_byte_level_table_matches_the_tokenizer():
     """The byte table must decode every id exactly as tokenizer.decode does."""
     tt = token_text()
     assert tt.byte_level
-    ids = make_tokenizer().encode("héllo wörld 日本語 😀 STOP <eos> done").ids
-    assert "".join(feed(Detokenizer(tt), ids)) == make_tokenizer().decode(ids)
+    ids = tiny_tokenizer().encode("héllo wörld 日本語 😀 STOP <eos> done").ids
+    assert "".join(feed(Detokenizer(tt), ids)) == tiny_tokenizer().decode(ids)
 
 
 def test_multibyte_characters_are_never_split_across_deltas():
@@ -36,7 +36,7 @@ def test_multibyte_characters_are_never_split_across_deltas():
 
 def test_generic_path_holds_back_partial_characters_too():
     """Without the byte table (other tokenizers) deltas must still be whole characters."""
-    tt = TokenText(make_tokenizer())
+    tt = TokenText(tiny_tokenizer())
     tt.token_bytes = None  # force the re-decode path
     text = "x😀 日本"
     deltas = feed(Detokenizer(tt), byte_tokens(text))

@@ -7,7 +7,7 @@ from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from tests.unit.engine.factories import make_mesh, make_scheduler, prompt_ids
-from tests.unit.engine.tiny_tokenizer import make_tokenizer
+from dspark_testing.tiny_tokenizer import tiny_tokenizer
 
 
 class Recorder(EngineObserver):
@@ -30,7 +30,7 @@ async def engine():
     sched = make_scheduler(num_partitions=2, max_num_seqs=8)
     mesh = make_mesh(sched)
     rec = Recorder()
-    loop = EngineLoop(sched, mesh, make_tokenizer(), [rec])
+    loop = EngineLoop(sched, mesh, tiny_tokenizer(), [rec])
     loop.start()
     loop.recorder = rec
     yield loop

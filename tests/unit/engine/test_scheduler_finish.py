@@ -2,7 +2,7 @@
 from tests.unit.engine.factories import (make_mesh, make_requests, make_scheduler,
                                          run_to_completion, text_of, tokens_of)
 from tests.unit.engine.test_detokenize import byte_tokens
-from tests.unit.engine.tiny_tokenizer import eos_id
+from dspark_testing.tiny_tokenizer import eos_id
 
 PROMPT_LEN = 6
 

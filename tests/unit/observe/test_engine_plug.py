@@ -12,7 +12,7 @@ from dspark_loop.metrics import Metrics
 from dspark_loop.protocol import TRACE_DECODER
 from dspark_loop.tap import TapPublisher
 from tests.unit.engine.factories import make_mesh, make_scheduler, prompt_ids
-from tests.unit.engine.tiny_tokenizer import make_tokenizer
+from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.observe.factories import prom_samples
 
 
@@ -53,7 +53,7 @@ async def test_engine_run_counts_match_the_requests_outputs():
     while not tap.has_subscribers:
         await asyncio.sleep(0.005)
     rec = Recorder()
-    loop = EngineLoop(sched, make_mesh(sched), make_tokenizer(), [metrics, tap, rec])
+    loop = EngineLoop(sched, make_mesh(sched), tiny_tokenizer(), [metrics, tap, rec])
     loop.start()
     try:
         reqs = [GenerateRequest(f"r{i}", prompt_ids(i, 6 + i), SamplingParams(max_tokens=3 + i))
