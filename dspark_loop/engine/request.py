@@ -11,7 +11,7 @@ import enum
 
 import numpy as np
 
-from dspark_loop.engine.acceptance import FinishRules
+from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.detokenize import Detokenizer
 from dspark_loop.engine.kv_cache import FamilyPages
 from dspark_loop.engine.outputs import SamplingParams
@@ -36,9 +36,6 @@ class Request:
         self.output_ids: list[int] = []
         self.params = params
         self.rules = rules
-        # token ids that may end the request (EOS unless ignored, stop ids)
-        self.finish_ids = frozenset(rules.stop_token_ids) | (
-            frozenset() if rules.ignore_eos else frozenset(rules.eos_token_ids))
         self.detokenizer = detokenizer
         self.status = Status.WAITING
         self.partition = -1

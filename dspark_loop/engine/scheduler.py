@@ -7,41 +7,21 @@ rows -> finished (stop / length / abort / error); running -> waiting again on pr
 from __future__ import annotations
 
 import time
-from collections import deque
-
-import numpy as np
 
 from dspark_loop.cache_layout import CacheLayout
-from dspark_loop.engine.acceptance import FinishRules
-from dspark_loop.engine.kv_cache import PartitionCache
-from dspark_loop.engine.leases import LeasePool
-from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
-from dspark_loop.engine.prefix_cache import PrefixCache, stop_registering
-from dspark_loop.engine.request import Request, Status
-from dspark_loop.engine.spec_counters import SpecCounters
-from dspark_loop.engine.scheduled_step import PartitionStep, ScheduledStep, decode_batch
-from dspark_loop.engine.step_update import apply_results
-from dspark_loop.engine.token_masks import token_masks
+from dspark_loop.engine.admission import Admission, map_pages
 from dspark_loop.config import MAX_CHUNK
+from dspark_loop.engine.finish_rules import FinishRules, check_finish
+from dspark_loop.engine.kv_cache import PartitionCache
+from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
+from dspark_loop.engine.partition import Partition
+from dspark_loop.engine.prefix_cache import PrefixCache
+from dspark_loop.engine.request import Request, Status
+from dspark_loop.engine.scheduled_step import PartitionStep, ScheduledStep, decode_batch
+from dspark_loop.engine.spec_counters import SpecCounters
+from dspark_loop.engine.step_update import RowResult, read_results
+from dspark_loop.engine.token_masks import token_masks
 from dspark_loop.protocol import DSPARK_K, BlockUpdate, PartitionPlan, PrefillChunk, StepPlan, i32
-
-
-class Partition:
-    """One TP group's share: its page pools, running requests (admission order) and queue."""
-
-    def __init__(self, index: int, cache: PartitionCache):
-        self.index = index
-        self.cache = cache
-        self.running: list[Request] = []
-        self.waiting: deque[Request] = deque()
-        self.freed_req_ids: list[int] = []  # for the next plan
-        self.leases: LeasePool | None = None  # K=7 drafter leases
-        self.new_leases: list[tuple[int, int]] = []  # (req_id, lease) for the next plan
-        self.scrub_lease_ids: list[int] = []
-
-    @property
-    def num_requests(self) -> int:
-        return len(self.running) + len(self.waiting)
 
 
 class Scheduler:
@@ -55,27 +35,25 @@ class Scheduler:
         if max_num_seqs < num_partitions:
             raise ValueError(f"max_num_seqs {max_num_seqs} < {num_partitions} partitions")
         self.layout = layout
-        self.partitions = [Partition(p, PartitionCache(layout, list(num_blocks)))
-                           for p in range(num_partitions)]
         self.max_seqs_per_partition = max_num_seqs // num_partitions
+        num_leases = self.max_seqs_per_partition if spec_k else 0
+        self.partitions = [Partition(p, PartitionCache(layout, list(num_blocks)), num_leases)
+                           for p in range(num_partitions)]
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunk_cap = min(MAX_CHUNK, max_num_batched_tokens,
                              long_prefill_token_threshold or max_num_batched_tokens)
+        self.spec = SpecCounters()
         self.max_model_len = max_model_len
         self.eos_token_ids = tuple(int(e) for e in eos_token_ids)
         self.spec_k = spec_k
         self.prefix = PrefixCache(layout, spec_k) if enable_prefix_caching else None
+        self.admission = Admission(self.prefix, self.chunk_cap, self.max_seqs_per_partition, self.spec)
         self.requests: dict[str, Request] = {}  # live (waiting or running), by API id
-        self._next_req_id = 0
         self._next_step_id = 0
         self._aborted_req_ids: list[int] = []
         self._early_outputs: list[RequestOutput] = []  # finished outside a step (errors)
         self._early_finished: list[Request] = []
         self.num_preemptions = 0
-        self.spec = SpecCounters()
-        if spec_k:
-            for part in self.partitions:
-                part.leases = LeasePool(self.max_seqs_per_partition)
 
     # ---- intake -----------------------------------------------------------------------
     def make_request(self, g: GenerateRequest, detokenizer=None) -> Request:
@@ -105,13 +83,7 @@ class Scheduler:
                              f"of {self.max_model_len}")
         if req.request_id in self.requests:
             raise ValueError(f"duplicate request id {req.request_id!r}")
-        # NOTE: the longest prefix hit picks the partition (its pages live there only);
-        # ties and misses go to the partition with the fewest requests.
-        if self.prefix is None:
-            part = min(self.partitions, key=lambda p: (p.num_requests, p.index))
-        else:
-            part = min(self.partitions, key=lambda p: (-self.prefix.hit_len(p.cache, req),
-                                                       p.num_requests, p.index))
+        part = self.admission.place(self.partitions, req)
         req.partition = part.index
         req.status = Status.WAITING
         part.waiting.append(req)
@@ -122,13 +94,9 @@ class Scheduler:
         req = self.requests.get(request_id)
         if req is None:
             return False
-        part = self.partitions[req.partition]
-        if req.status == Status.WAITING:
-            part.waiting.remove(req)
-        else:
-            part.running.remove(req)
         if req.status == Status.RUNNING:
             self._aborted_req_ids.append(req.req_id)
+        self.partitions[req.partition].remove(req)
         self._finish(req, "abort")
         req.finish_time = time.monotonic()
         self._early_finished.append(req)  # observers see it with the next update
@@ -155,12 +123,7 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         for part in self.partitions:
-            for r in part.waiting:
-                if any(fp.block_ids for fp in r.pages):
-                    raise AssertionError(f"waiting {r} holds pages")
-            part.cache.check_integrity([r.pages for r in part.running])
-            if part.leases is not None:
-                part.leases.check_integrity({r.lease: r.req_id for r in part.running})
+            part.check_integrity()
 
     # ---- step 2 -----------------------------------------------------------------------
     def schedule(self) -> ScheduledStep:
@@ -213,21 +176,23 @@ class Scheduler:
                 counts = cache.num_new_pages(req.pages, end)
                 while not cache.can_allocate(counts):
                     victim = part.running[-1]
-                    self._preempt(part, victim)
+                    part.preempt(victim)
+                    self.num_preemptions += 1
                     preempted.append(victim.req_id)
                     did_preempt = True
                     if victim is req:
                         break
                 if req.status != Status.RUNNING:
                     break
-                self._map(cache, req, counts, updates)
+                map_pages(cache, req, counts, updates)
             i += 1
         pstep = PartitionStep()
         prefills = [(r, r.sched_n) for r in part.running if r.sched_n and r.is_prefilling]
         decodes = [r for r in part.running if r.sched_n and not r.is_prefilling]
         # 3. admissions
         if not did_preempt:
-            self._admit(part, budget, prefills, updates)
+            for req, message in self.admission.admit(part, budget, prefills, updates):
+                self._fail(req, message)
         for req, n in prefills:
             start = req.num_computed
             pstep.prefills.append((req, n, start + n == req.prefill_target))
@@ -241,111 +206,101 @@ class Scheduler:
             pplan.freed_req_ids = []  # keep them for a plan that is actually sent
         else:
             pplan.freed_req_ids, part.freed_req_ids = part.freed_req_ids, []
-        if part.new_leases:  # admissions only happen in a non-empty step
-            pplan.lease_req_ids = i32([r for r, _ in part.new_leases])
-            pplan.lease_ids = i32([lease for _, lease in part.new_leases])
-            pplan.scrub_lease_ids = i32(part.scrub_lease_ids)
-            part.new_leases, part.scrub_lease_ids = [], []
-        pplan.token_masks = token_masks(self, part, pstep)  # after the frees: may fail a request
+        part.take_lease_fields(pplan)  # admissions only happen in a non-empty step
+        pplan.token_masks, failed = token_masks(pstep)
+        for req, message in failed:
+            # NOTE: the row still runs (it is in the plan); update() skips a request that
+            # is no longer running, and its pages are freed in the next plan.
+            part.remove(req)
+            self._fail(req, message)
         return pstep, pplan
-
-    def _admit(self, part: Partition, budget: int, prefills: list, updates: list) -> None:
-        cache = part.cache
-        while part.waiting and budget > 0 and len(part.running) < self.max_seqs_per_partition:
-            req = part.waiting[0]
-            hit = self.prefix.find(cache, req) if self.prefix is not None else None
-            start = hit.num_tokens if hit else 0
-            n = min(req.num_tokens - start, self.chunk_cap, budget)
-            req.pages = hit.pages if hit else cache.new_pages()
-            counts = cache.num_new_pages(req.pages, start + n)
-            if not cache.can_allocate(counts, req.pages if hit else None):
-                req.pages = []
-                if part.running:
-                    return  # wait for pages to come back
-                # NOTE: alone in an empty partition and still no room: it can never run.
-                part.waiting.popleft()
-                self._fail(req, f"the request needs more cache pages than the partition has "
-                                f"({counts} new pages, {cache.num_free()} free)")
-                continue
-            part.waiting.popleft()
-            # NOTE: a fresh wire id per admission: a preempted request's old id may still
-            # sit in freed_req_ids of a plan not sent yet, and the ranks must never see
-            # block updates and a free for the same id in one plan.
-            req.req_id = self._next_req_id
-            self._next_req_id += 1
-            req.status = Status.RUNNING
-            req.num_computed = start
-            req.prefill_target = req.num_tokens
-            if req.num_preemptions == 0:
-                req.num_cached_tokens = start
-            part.running.append(req)
-            if part.leases is not None:
-                self._take_lease(part, req)
-            if hit:
-                cache.share(req.pages)
-                updates += [BlockUpdate(req.req_id, f, fp.first_page, i32(fp.block_ids))
-                            for f, fp in enumerate(req.pages) if fp.block_ids]
-            if self.prefix is not None:
-                self.prefix.start(req, start)
-            self._map(cache, req, counts, updates)
-            req.sched_n = n
-            prefills.append((req, n))
-            budget -= n
-
-    def _map(self, cache: PartitionCache, req: Request, counts: list[int], updates: list) -> None:
-        for fam, first_page, ids in cache.allocate(req.pages, counts):
-            updates.append(BlockUpdate(req.req_id, fam, first_page, i32(ids)))
-        req.map_limit = cache.map_limit(req.pages)
 
     # ---- step 5 -----------------------------------------------------------------------
     def update(self, step: ScheduledStep, results, now: float | None = None) -> list[RequestOutput]:
-        """results: one leader StepResult per partition, in partition order."""
+        """results: one leader StepResult per partition, in partition order. Applies what
+        read_results() found: positions computed, tokens committed, finishes, drafts."""
         now = time.monotonic() if now is None else now
         outputs, self._early_outputs = self._early_outputs, []
         step.finished.extend(self._early_finished)
         self._early_finished = []
-        if not step.is_empty:
-            apply_results(self, step, results, outputs, now)
+        if step.is_empty:
+            return outputs
+        for part, update in zip(self.partitions, read_results(step, results, self.spec_k,
+                                                               self.max_model_len)):
+            for row in update.rows:
+                req = row.req
+                req.num_computed += row.num_computed
+                if row.tokens is None:  # a prefill chunk that samples nothing
+                    self._register_pages(part, req)
+                    part.release_ring(req)
+                    continue
+                if row.is_decode:
+                    self._count_decode(step, row)
+                outputs.append(self._commit(part, step, req, row.tokens, now))
+            by_id = {r.req_id: r for r in part.running}
+            for req_id, drafts in update.drafts:  # stale for requests that finished
+                req = by_id.get(req_id)
+                if req is not None and not req.is_prefilling:
+                    req.draft_ids = drafts
+        if self.spec_k:
+            self.spec.add_verifies(sum(1 for n in step.accepted_num_drafts if n))
         return outputs
 
-    # ---- transitions --------------------------------------------------------------------
-    def _take_lease(self, part: Partition, req: Request) -> None:
-        req.lease = part.leases.take(req.req_id)
-        part.new_leases.append((req.req_id, req.lease))
-        if req.num_preemptions:
-            # NOTE: a re-admitted request must not read its old incarnation's ring rows
-            part.scrub_lease_ids.append(req.lease)
-            self.spec.num_lease_scrubs += 1
-
-    def _free_lease(self, part: Partition, req: Request) -> None:
-        if req.lease >= 0:
-            part.leases.free(req.lease)
-            req.lease = -1
+    def _count_decode(self, step: ScheduledStep, row: RowResult) -> None:
+        req, a, spec = row.req, row.num_computed, self.spec
+        if row.num_drafts:
+            if req.num_verify_steps == 0:
+                spec.num_requests += 1
+            req.num_verify_steps += 1
+            req.num_proposed += row.num_drafts
+            req.num_matched += a - 1
+            req.num_accepted += a
+            spec.num_verify_steps += 1
+            spec.num_proposed += row.num_drafts
+            spec.num_matched += a - 1
+            spec.num_accepted += a
+        elif row.fallback:  # the 8-row window would pass the position ceiling
+            req.num_fallback_steps += 1
+            spec.num_fallback_steps += 1
+        # NOTE: drafts are for one anchor only; the ranks send the next ones with this result
         req.draft_ids = None
+        step.accepted_req_ids.append(req.req_id)
+        step.accepted_lens.append(a)
+        step.accepted_num_drafts.append(row.num_drafts)
 
-    def _preempt(self, part: Partition, req: Request) -> None:
-        part.running.remove(req)
-        part.cache.free(req.pages)
-        req.map_limit = 0
-        req.release_pos = 0
-        req.num_computed = 0
-        req.prefill_target = 0
-        self._free_lease(part, req)
-        req.sched_n = 0
-        stop_registering(req)
-        req.status = Status.WAITING
-        req.num_preemptions += 1
-        self.num_preemptions += 1
-        part.freed_req_ids.append(req.req_id)
-        part.waiting.appendleft(req)
+    def _commit(self, part: Partition, step: ScheduledStep, req: Request, accepted: list[int],
+                now: float) -> RequestOutput:
+        """Append what the finish rules keep, finish the request or give back ring pages."""
+        f = check_finish(accepted, len(req.output_ids), req.prompt_len, req.rules, req.params,
+                         req.detokenizer)
+        req.output_ids.extend(f.kept)
+        step.num_new_tokens += len(f.kept)
+        self._register_pages(part, req)  # before finish or ring release gives pages away
+        if req.first_token_time is None:
+            req.first_token_time = now
+        elif f.kept:
+            req.inter_token_s.append(now - req.last_token_time)
+        req.last_token_time = now
+        if f.reason is not None:
+            part.remove(req)
+            self._finish(req, f.reason)
+            req.stop_reason = f.stop_reason
+            req.finish_time = now
+            step.finished.append(req)
+        else:
+            part.release_ring(req)
+        return RequestOutput(
+            req.request_id, f.kept, f.text, finished=f.reason is not None, finish_reason=f.reason,
+            num_prompt_tokens=req.prompt_len, num_output_tokens=len(req.output_ids),
+            num_cached_tokens=req.num_cached_tokens, stop_reason=f.stop_reason)
 
+    def _register_pages(self, part: Partition, req: Request) -> None:
+        if req.num_computed >= req.register_pos:  # a page became full (prefix caching is on)
+            self.prefix.register(part.cache, req)
+
+    # ---- finishing ------------------------------------------------------------------------
     def _finish(self, req: Request, reason: str) -> None:
-        """The caller has taken req out of running/waiting."""
-        part = self.partitions[req.partition]
-        if req.status == Status.RUNNING:
-            part.cache.free(req.pages)
-            part.freed_req_ids.append(req.req_id)
-            self._free_lease(part, req)
+        """The caller has taken req out of its partition (Partition.remove)."""
         req.status = Status.FINISHED
         req.finish_reason = reason
         req.map_limit = 0

@@ -2,27 +2,26 @@
 
 A constrained request has exactly one sampled row per step (a finishing prefill chunk or
 a K=0 decode row); its constraint is asked which tokens may follow the outputs so far, and
-the answer travels packed in the plan. A constraint that fails finishes only its request.
+the answer travels packed in the plan. A constraint that fails finishes only its request:
+token_masks() returns it with its message, and the Scheduler fails it.
 """
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dspark_loop.engine.request import Request
 from dspark_loop.engine.scheduled_step import PartitionStep
 from dspark_loop.protocol import TokenMask, pack_mask
-
-if TYPE_CHECKING:
-    from dspark_loop.engine.scheduler import Partition, Scheduler
 
 log = logging.getLogger(__name__)
 
 
-def token_masks(sched: "Scheduler", part: "Partition", pstep: PartitionStep) -> list[TokenMask]:
+def token_masks(pstep: PartitionStep) -> tuple[list[TokenMask], list[tuple[Request, str]]]:
+    """(masks for the plan, [(request, error message)] for constraints that failed)."""
     sampled = [r for r, _, sample in pstep.prefills if sample] + list(pstep.decode_reqs)
-    masks = []
+    masks, failed = [], []
     for req in sampled:
         if req.constraint is None:
             continue
@@ -32,10 +31,7 @@ def token_masks(sched: "Scheduler", part: "Partition", pstep: PartitionStep) -> 
                 raise ValueError("the constraint allows no token")
         except Exception as e:  # noqa: BLE001 -- one request's constraint, not the engine
             log.exception("constraint of request %s failed", req.request_id)
-            # NOTE: the row still runs (it is in the plan); update() skips a request that
-            # is no longer running, and its pages are freed in the next plan.
-            part.running.remove(req)
-            sched._fail(req, f"the output constraint failed: {type(e).__name__}: {e}")
+            failed.append((req, f"the output constraint failed: {type(e).__name__}: {e}"))
             continue
         masks.append(TokenMask(req.req_id, pack_mask(allowed)))
-    return masks
+    return masks, failed

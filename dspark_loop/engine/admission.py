@@ -1,0 +1,83 @@
+"""Admission: which partition a new request waits in, and which waiting requests start
+running this step (prefix hit, first chunk, pages, wire id, lease). A manager of the
+Scheduler: it changes the requests it admits and their partition, nothing else.
+"""
+from __future__ import annotations
+
+from dspark_loop.engine.kv_cache import PartitionCache
+from dspark_loop.engine.partition import Partition
+from dspark_loop.engine.prefix_cache import PrefixCache
+from dspark_loop.engine.request import Request, Status
+from dspark_loop.engine.spec_counters import SpecCounters
+from dspark_loop.protocol import BlockUpdate, i32
+
+
+def map_pages(cache: PartitionCache, req: Request, counts: list[int], updates: list) -> None:
+    """Allocate req's new pages (counts per family) and record the block updates."""
+    for fam, first_page, ids in cache.allocate(req.pages, counts):
+        updates.append(BlockUpdate(req.req_id, fam, first_page, i32(ids)))
+    req.map_limit = cache.map_limit(req.pages)
+
+
+class Admission:
+    def __init__(self, prefix: PrefixCache | None, chunk_cap: int, max_seqs_per_partition: int,
+                 spec: SpecCounters):
+        self.prefix, self.chunk_cap = prefix, chunk_cap
+        self.max_seqs_per_partition = max_seqs_per_partition
+        self.spec = spec
+        self._next_req_id = 0
+
+    def place(self, partitions: list[Partition], req: Request) -> Partition:
+        # NOTE: the longest prefix hit picks the partition (its pages live there only);
+        # ties and misses go to the partition with the fewest requests.
+        if self.prefix is None:
+            return min(partitions, key=lambda p: (p.num_requests, p.index))
+        return min(partitions, key=lambda p: (-self.prefix.hit_len(p.cache, req),
+                                              p.num_requests, p.index))
+
+    def admit(self, part: Partition, budget: int, prefills: list, updates: list
+              ) -> list[tuple[Request, str]]:
+        """Admit from the queue head while budget, seats and pages allow; returns the
+        requests that can never run, with why (the Scheduler fails them)."""
+        cache, failed = part.cache, []
+        while part.waiting and budget > 0 and len(part.running) < self.max_seqs_per_partition:
+            req = part.waiting[0]
+            hit = self.prefix.find(cache, req) if self.prefix is not None else None
+            start = hit.num_tokens if hit else 0
+            n = min(req.num_tokens - start, self.chunk_cap, budget)
+            req.pages = hit.pages if hit else cache.new_pages()
+            counts = cache.num_new_pages(req.pages, start + n)
+            if not cache.can_allocate(counts, req.pages if hit else None):
+                req.pages = []
+                if part.running:
+                    return failed  # wait for pages to come back
+                # NOTE: alone in an empty partition and still no room: it can never run.
+                part.waiting.popleft()
+                failed.append((req, f"the request needs more cache pages than the partition "
+                                    f"has ({counts} new pages, {cache.num_free()} free)"))
+                continue
+            part.waiting.popleft()
+            # NOTE: a fresh wire id per admission: a preempted request's old id may still
+            # sit in freed_req_ids of a plan not sent yet, and the ranks must never see
+            # block updates and a free for the same id in one plan.
+            req.req_id = self._next_req_id
+            self._next_req_id += 1
+            req.status = Status.RUNNING
+            req.num_computed = start
+            req.prefill_target = req.num_tokens
+            if req.num_preemptions == 0:
+                req.num_cached_tokens = start
+            part.running.append(req)
+            if part.leases is not None and part.take_lease(req):
+                self.spec.num_lease_scrubs += 1
+            if hit:
+                cache.share(req.pages)
+                updates += [BlockUpdate(req.req_id, f, fp.first_page, i32(fp.block_ids))
+                            for f, fp in enumerate(req.pages) if fp.block_ids]
+            if self.prefix is not None:
+                self.prefix.start(req, start)
+            map_pages(cache, req, counts, updates)
+            req.sched_n = n
+            prefills.append((req, n))
+            budget -= n
+        return failed

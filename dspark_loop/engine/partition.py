@@ -1,0 +1,96 @@
+"""Partition: one TP group's share of the engine -- its page pools, its running requests
+(admission order) and queue, and (K=7) its drafter leases -- with the transitions that
+give pages and leases back. The Scheduler decides; a Partition keeps its books.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from dspark_loop.engine.kv_cache import PartitionCache
+from dspark_loop.engine.leases import LeasePool
+from dspark_loop.engine.prefix_cache import stop_registering
+from dspark_loop.engine.request import Request, Status
+from dspark_loop.protocol import PartitionPlan, i32
+
+
+class Partition:
+    def __init__(self, index: int, cache: PartitionCache, num_leases: int = 0):
+        self.index = index
+        self.cache = cache
+        self.running: list[Request] = []
+        self.waiting: deque[Request] = deque()
+        self.freed_req_ids: list[int] = []  # for the next plan
+        self.leases = LeasePool(num_leases) if num_leases else None  # K=7 drafter leases
+        self.new_leases: list[tuple[int, int]] = []  # (req_id, lease) for the next plan
+        self.scrub_lease_ids: list[int] = []
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    # ---- leases (K=7) ---------------------------------------------------------------------
+    def take_lease(self, req: Request) -> bool:
+        """Give an admitted request a lease; True when the ranks must scrub it first."""
+        req.lease = self.leases.take(req.req_id)
+        self.new_leases.append((req.req_id, req.lease))
+        if req.num_preemptions:
+            # NOTE: a re-admitted request must not read its old incarnation's ring rows
+            self.scrub_lease_ids.append(req.lease)
+            return True
+        return False
+
+    def free_lease(self, req: Request) -> None:
+        if req.lease >= 0:
+            self.leases.free(req.lease)
+            req.lease = -1
+        req.draft_ids = None
+
+    def take_lease_fields(self, pplan: PartitionPlan) -> None:
+        """Move the leases given since the last plan into pplan (a non-empty plan)."""
+        if self.new_leases:
+            pplan.lease_req_ids = i32([r for r, _ in self.new_leases])
+            pplan.lease_ids = i32([lease for _, lease in self.new_leases])
+            pplan.scrub_lease_ids = i32(self.scrub_lease_ids)
+            self.new_leases, self.scrub_lease_ids = [], []
+
+    # ---- pages and transitions ------------------------------------------------------------
+    def release_ring(self, req: Request) -> None:
+        """Give back swa ring pages req has moved past."""
+        if req.num_computed >= req.release_pos:
+            self.cache.release_ring(req.pages, req.num_computed)
+            req.release_pos = self.cache.release_pos(req.pages)
+
+    def preempt(self, req: Request) -> None:
+        """Recompute later: pages and lease back, to the front of the queue."""
+        self.running.remove(req)
+        self.cache.free(req.pages)
+        req.map_limit = 0
+        req.release_pos = 0
+        req.num_computed = 0
+        req.prefill_target = 0
+        self.free_lease(req)
+        req.sched_n = 0
+        stop_registering(req)
+        req.status = Status.WAITING
+        req.num_preemptions += 1
+        self.freed_req_ids.append(req.req_id)
+        self.waiting.appendleft(req)
+
+    def remove(self, req: Request) -> None:
+        """Take req out of running or waiting; a running one gives its pages and lease back."""
+        if req.status == Status.WAITING:
+            self.waiting.remove(req)
+            return
+        self.running.remove(req)
+        self.cache.free(req.pages)
+        self.freed_req_ids.append(req.req_id)
+        self.free_lease(req)
+        req.map_limit = 0
+
+    def check_integrity(self) -> None:
+        for r in self.waiting:
+            if any(fp.block_ids for fp in r.pages):
+                raise AssertionError(f"waiting {r} holds pages")
+        self.cache.check_integrity([r.pages for r in self.running])
+        if self.leases is not None:
+            self.leases.check_integrity({r.lease: r.req_id for r in self.running})
