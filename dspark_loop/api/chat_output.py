@@ -19,14 +19,22 @@ class ChatOutput:
                  call_id=new_call_id):
         self.parser = StreamingChatParser(start_in_reasoning, call_id=call_id)
         self.max_calls = None if parallel_tool_calls else 1
-        self.reasoning: list[str] = []
-        self.content: list[str] = []
+        self._reasoning: list[str] = []  # text pieces so far
+        self._content: list[str] = []
 
     def feed(self, text: str) -> dict | None:
         return self._delta(self.parser.feed(text)) if text else None
 
     def finish(self) -> dict | None:
         return self._delta(self.parser.finish())
+
+    @property
+    def content(self) -> str | None:
+        return "".join(self._content) or None
+
+    @property
+    def reasoning_content(self) -> str | None:
+        return "".join(self._reasoning) or None
 
     @property
     def tool_calls(self) -> list[dict]:
@@ -54,9 +62,8 @@ class ChatOutput:
         return engine_reason
 
     def message(self) -> dict:
-        reasoning = "".join(self.reasoning) or None
-        content = "".join(self.content) or None
-        msg = {"role": "assistant", "content": content, "reasoning_content": reasoning,
+        reasoning = self.reasoning_content
+        msg = {"role": "assistant", "content": self.content, "reasoning_content": reasoning,
                "reasoning": reasoning}
         if self.tool_calls:
             msg["tool_calls"] = [{**c, "function": dict(c["function"])} for c in self.tool_calls]
@@ -88,11 +95,11 @@ class ChatOutput:
         out: dict = {}
         if reasoning:
             text = "".join(reasoning)
-            self.reasoning.append(text)
+            self._reasoning.append(text)
             out["reasoning_content"] = out["reasoning"] = text
         if content:
             text = "".join(content)
-            self.content.append(text)
+            self._content.append(text)
             out["content"] = text
         if calls:
             out["tool_calls"] = [calls[i] for i in sorted(calls)]

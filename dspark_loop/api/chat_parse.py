@@ -1,7 +1,7 @@
 """ChatParse: DeepSeek-V4 output text -> reasoning, content and OpenAI tool calls.
 
-One incremental machine serves both paths: parse_completion(text) is feed(text) + finish(),
-so a stream cut anywhere reassembles to exactly the non-streaming message.
+One incremental machine serves both paths (ChatOutput feeds it): a whole answer is
+feed(text) + finish(), so a stream cut anywhere reassembles to exactly the whole message.
 
     reasoning ──</think>──> content ──\\n\\n<｜DSML｜tool_calls>──> calls ──> invoke ──> param
         └───────────<｜DSML｜tool_calls>──────────────┘          ^──────┴─────────┘
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from dspark_loop.api.chat_render import (DSML, EOS, INVOKE_END, PARAMETER_END, THINK_END,
                                          TOOL_CALLS_END, TOOL_CALLS_START)
@@ -37,33 +37,6 @@ class ChatDelta:
     kind: str  # "reasoning" | "content" | "tool_call"
     text: str = ""
     tool_call: dict | None = None  # OpenAI's choices[].delta.tool_calls[i]
-
-    def to_openai(self) -> dict:
-        if self.kind == "tool_call":
-            return {"tool_calls": [self.tool_call]}
-        return {"reasoning_content" if self.kind == "reasoning" else "content": self.text}
-
-
-@dataclass
-class ParsedMessage:
-    content: str | None
-    reasoning_content: str | None
-    tool_calls: list[dict] = field(default_factory=list)
-    tool_calls_complete: bool = True  # False when a tool block was cut short
-
-    def to_openai(self) -> dict:
-        msg = {"role": "assistant", "content": self.content,
-               "reasoning_content": self.reasoning_content}
-        if self.tool_calls:
-            msg["tool_calls"] = self.tool_calls
-        return msg
-
-
-def finish_reason(engine_reason: str, parsed) -> str:
-    """"tool_calls" only when generation ended on EOS/stop and every call is complete."""
-    if engine_reason == "stop" and parsed.tool_calls and parsed.tool_calls_complete:
-        return "tool_calls"
-    return engine_reason
 
 
 def _held_len(text: str, markers: tuple[str, ...]) -> int:
@@ -258,12 +231,3 @@ class StreamingChatParser:
             self._fail("text after the tool_calls block")
         self._buf = ""
         return False
-
-
-def parse_completion(text: str, *, start_in_reasoning: bool, call_id=new_call_id) -> ParsedMessage:
-    parser = StreamingChatParser(start_in_reasoning, call_id=call_id)
-    deltas = parser.feed(text) + parser.finish()
-    reasoning = "".join(d.text for d in deltas if d.kind == "reasoning")
-    content = "".join(d.text for d in deltas if d.kind == "content")
-    calls = parser.tool_calls[:parser.num_closed_calls]
-    return ParsedMessage(content or None, reasoning or None, calls, parser.tool_calls_complete)

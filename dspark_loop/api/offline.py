@@ -7,7 +7,7 @@ import sys
 import uuid
 
 from dspark_loop.api.prompt import PromptEncoder
-from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
+from dspark_loop.engine.outputs import GenerateRequest, RequestOutput, SamplingParams
 
 
 async def run_offline(engine, tokenizer, prompts: list[str], max_tokens: int, *,
@@ -26,22 +26,32 @@ async def run_offline(engine, tokenizer, prompts: list[str], max_tokens: int, *,
         params = SamplingParams(max_tokens=min(max_tokens, limit - len(ids)),
                                 stop=list(stop or []), ignore_eos=ignore_eos)
         requests.append(GenerateRequest(f"offline-{uuid.uuid4().hex}", ids, params))
-    texts = await asyncio.gather(*(_collect(engine, r) for r in requests))
+    texts = []
+    for deltas in await generate_all(engine, requests):
+        last = deltas[-1] if deltas else None
+        if last is None or not last.finished or last.finish_reason not in ("stop", "length"):
+            reason, error = (last.finish_reason, last.error) if last else (None, None)
+            raise RuntimeError(f"generation failed ({reason}): {error}")
+        texts.append("".join(d.new_text for d in deltas))
     for i, (prompt, text) in enumerate(zip(prompts, texts)):
         print(f"--- prompt {i + 1}: {prompt!r}\n{text}", file=out, flush=True)
     return list(texts)
 
 
-async def _collect(engine, g: GenerateRequest) -> str:
-    parts = []
+async def generate_all(engine, requests: list[GenerateRequest]) -> list[list[RequestOutput]]:
+    """Every request's deltas, generated concurrently (one engine batch), in request order."""
+    return list(await asyncio.gather(*(collect(engine, g) for g in requests)))
+
+
+async def collect(engine, g: GenerateRequest) -> list[RequestOutput]:
+    """One request's deltas up to and including the finished one."""
+    deltas = []
     gen = engine.generate(g)
     try:
         async for delta in gen:
-            parts.append(delta.new_text)
+            deltas.append(delta)
             if delta.finished:
-                if delta.finish_reason not in ("stop", "length"):
-                    raise RuntimeError(f"generation failed ({delta.finish_reason}): {delta.error}")
                 break
     finally:
         await gen.aclose()
-    return "".join(parts)
+    return deltas

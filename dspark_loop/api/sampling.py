@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dspark_loop.api.errors import bad_request, unsupported
 from dspark_loop.api.prompt import PromptEncoder
-from dspark_loop.api.schemas import CompletionRequest
+from dspark_loop.api.schemas import CompletionRequest, GenerationFields
 from dspark_loop.config import GenerateDefaults
 from dspark_loop.engine.outputs import SamplingParams
 
@@ -17,7 +17,7 @@ DEFAULT_MAX_TOKENS = 16
 GREEDY = "greedy decoding (temperature 0) is the only sampling mode of this server"
 
 
-def check_greedy(req: CompletionRequest) -> None:
+def check_greedy(req: GenerationFields) -> None:
     if req.temperature is not None:
         if req.temperature < 0:
             raise bad_request(f"temperature must be >= 0, got {req.temperature}.", "temperature")
@@ -29,15 +29,7 @@ def check_greedy(req: CompletionRequest) -> None:
     if req.top_k not in (None, -1, 0, 1):
         raise unsupported("top_k", f"top_k {req.top_k} is not supported: {GREEDY}; send -1, 0 "
                                    f"or omit it.")
-    for name in ("n", "best_of"):
-        value = getattr(req, name)
-        if value is not None and value < 1:
-            raise bad_request(f"{name} must be at least 1, got {value}.", name)
-        if value is not None and value > 1:
-            raise unsupported(name, f"{name} {value} is not supported: greedy decoding gives one "
-                                    f"completion per prompt; send {name} 1.")
-    if req.logprobs is not None:
-        raise unsupported("logprobs", "logprobs are not supported by this server.")
+    check_one_completion("n", req.n)
     for name, neutral in (("frequency_penalty", 0), ("presence_penalty", 0), ("repetition_penalty", 1)):
         value = getattr(req, name)
         if value is not None and value != neutral:
@@ -45,11 +37,26 @@ def check_greedy(req: CompletionRequest) -> None:
                                     f"penalties; send {neutral} or omit it.")
     if req.logit_bias:
         raise unsupported("logit_bias", "logit_bias is not supported by this server.")
+
+
+def check_one_completion(name: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise bad_request(f"{name} must be at least 1, got {value}.", name)
+    if value is not None and value > 1:
+        raise unsupported(name, f"{name} {value} is not supported: greedy decoding gives one "
+                                f"completion per prompt; send {name} 1.")
+
+
+def check_completion_options(req: CompletionRequest) -> None:
+    """The fields only /v1/completions has (chat checks its own in chat_completions)."""
+    check_one_completion("best_of", req.best_of)
+    if req.logprobs is not None:
+        raise unsupported("logprobs", "logprobs are not supported by this server.")
     if req.suffix:
         raise unsupported("suffix", "suffix (insertion) is not supported by this server.")
 
 
-def requested_max_tokens(req: CompletionRequest, defaults: GenerateDefaults) -> int:
+def requested_max_tokens(req: GenerationFields, defaults: GenerateDefaults, default: int) -> int:
     if (req.max_tokens is not None and req.max_completion_tokens is not None
             and req.max_tokens != req.max_completion_tokens):
         raise bad_request(f"max_tokens ({req.max_tokens}) and max_completion_tokens "
@@ -57,13 +64,13 @@ def requested_max_tokens(req: CompletionRequest, defaults: GenerateDefaults) -> 
     param = "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"
     value = req.max_tokens if req.max_tokens is not None else req.max_completion_tokens
     if value is None:
-        return defaults.max_new_tokens or DEFAULT_MAX_TOKENS
+        return defaults.max_new_tokens or default
     if value < 1:
         raise bad_request(f"{param} must be at least 1, got {value}.", param)
     return value
 
 
-def stop_strings(req: CompletionRequest, defaults: GenerateDefaults) -> list[str]:
+def stop_strings(req: GenerationFields, defaults: GenerateDefaults) -> list[str]:
     if req.stop is None:
         return list(defaults.stop)
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop)
@@ -72,11 +79,13 @@ def stop_strings(req: CompletionRequest, defaults: GenerateDefaults) -> list[str
     return stops
 
 
-def sampling_params(req: CompletionRequest, defaults: GenerateDefaults, encoder: PromptEncoder,
-                    prompt_len: int, max_model_len: int) -> SamplingParams:
-    """Validated params; the caller has already checked prompt_len < max_model_len."""
+def sampling_params(req: GenerationFields, defaults: GenerateDefaults, encoder: PromptEncoder,
+                    prompt_len: int, max_model_len: int,
+                    default_max_tokens: int = DEFAULT_MAX_TOKENS) -> SamplingParams:
+    """Validated params; the caller has already checked prompt_len < max_model_len.
+    default_max_tokens: when the request and --generate-config name no length."""
     check_greedy(req)
-    wanted = requested_max_tokens(req, defaults)
+    wanted = requested_max_tokens(req, defaults, default_max_tokens)
     max_tokens = min(wanted, max_model_len - prompt_len)
     min_tokens = req.min_tokens or 0
     if min_tokens < 0:

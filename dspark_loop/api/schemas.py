@@ -24,9 +24,10 @@ class StreamOptions(Strict):
     continuous_usage_stats: bool | None = None
 
 
-class CompletionRequest(Strict):
+class GenerationFields(Strict):
+    """The generation fields /v1/completions and /v1/chat/completions share, with one
+    meaning and one validation (sampling.py). A new generation knob goes here."""
     model: str | None = None
-    prompt: Any = None  # str | list[int] | [str] | [list[int]]: checked in prompt.py
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     min_tokens: int | None = None
@@ -35,23 +36,28 @@ class CompletionRequest(Strict):
     ignore_eos: bool | None = None
     include_stop_str_in_output: bool | None = None
     seed: int | None = None
-    echo: bool | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    return_token_ids: bool | None = None
+    user: str | None = None  # client metadata, ignored
     # greedy / neutral values only
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     n: int | None = None
-    best_of: int | None = None
-    logprobs: int | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+
+
+class CompletionRequest(GenerationFields):
+    prompt: Any = None  # str | list[int] | [str] | [list[int]]: checked in prompt.py
+    echo: bool | None = None
+    return_token_ids: bool | None = None
+    # greedy / neutral values only
+    best_of: int | None = None
+    logprobs: int | None = None
     suffix: str | None = None
-    user: str | None = None
 
 
 class TokenizeRequest(Strict):

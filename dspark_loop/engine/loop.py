@@ -150,12 +150,6 @@ class EngineLoop:
                 return True
         return self.scheduler.abort(request_id)
 
-    async def run_offline(self, reqs: list[GenerateRequest]) -> list[list[RequestOutput]]:
-        """Run requests to completion (the CLI's --prompt mode); outputs per request."""
-        async def collect(g):
-            return [o async for o in self.generate(g)]
-        return list(await asyncio.gather(*(collect(g) for g in reqs)))
-
     # ---- the loop ------------------------------------------------------------------------
     async def _run(self) -> None:
         sched = self.scheduler

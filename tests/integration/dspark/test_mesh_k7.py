@@ -11,6 +11,7 @@ import os
 import pytest
 from tokenizers import Tokenizer
 
+from dspark_loop.api.offline import generate_all
 from dspark_loop.cache_layout import CacheLayout
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
@@ -40,7 +41,7 @@ async def serve(path, prompts, params, world_size, tp, max_num_seqs=8, max_model
                           max_model_len, cfg.eos_token_ids, spec_k=7, enable_prefix_caching=False)
         engine = EngineLoop(sched, mesh, Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
         engine.start()
-        outs = await engine.run_offline([GenerateRequest(k, p, params[k]) for k, p in prompts.items()])
+        outs = await generate_all(engine, [GenerateRequest(k, p, params[k]) for k, p in prompts.items()])
         summary = engine.dspark_summary()
         await engine.stop()
         return {o[-1].request_id: ([t for x in o for t in x.new_token_ids], o[-1]) for o in outs}, summary

@@ -1,4 +1,4 @@
-"""parse_completion and finish_reason: the release vectors, argument typing, malformed blocks."""
+"""A whole completion through ChatOutput (message, finish_reason): the release vectors, argument typing, malformed blocks."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from dspark_loop.api.chat_parse import (ToolParseError, finish_reason, new_call_id,
-                                        parse_completion)
+from dspark_loop.api.chat_parse import ToolParseError, new_call_id
+from tests.unit.chat.parse import parse_completion
 from tests.unit.chat.vectors import PARSE
 
 CALL_ID = re.compile(r"^call_[0-9a-f]{24}$")
@@ -45,7 +45,7 @@ def test_every_parse_vector_parses_to_its_message(vector):
 def test_a_pure_tool_call_returns_null_content():
     """A completion that is only a tool block must give content None, as OpenAI does."""
     msg = parse_completion(OPEN + invoke("now") + CLOSE, start_in_reasoning=False)
-    assert msg.content is None and msg.to_openai()["content"] is None
+    assert msg.content is None and msg.message()["content"] is None
 
 
 def test_string_flags_decide_argument_types():
@@ -99,16 +99,16 @@ def test_a_block_cut_short_is_incomplete_not_an_error(cut):
     text = (OPEN + invoke("f", param("q", "some words", True)))[:cut]
     msg = parse_completion(text, start_in_reasoning=False)
     assert not msg.tool_calls_complete and msg.tool_calls == []
-    assert finish_reason("stop", msg) == "stop"
-    assert finish_reason("length", msg) == "length"
+    assert msg.finish_reason("stop") == "stop"
+    assert msg.finish_reason("length") == "length"
 
 
 def test_finish_reason_is_tool_calls_only_for_complete_calls_ending_on_stop():
     """Complete calls ending on EOS/stop must give "tool_calls"; plain text keeps "stop"."""
     done = parse_completion(OPEN + invoke("now") + CLOSE, start_in_reasoning=False)
-    assert finish_reason("stop", done) == "tool_calls"
-    assert finish_reason("length", done) == "length"
-    assert finish_reason("stop", parse_completion("hi", start_in_reasoning=False)) == "stop"
+    assert done.finish_reason("stop") == "tool_calls"
+    assert done.finish_reason("length") == "length"
+    assert parse_completion("hi", start_in_reasoning=False).finish_reason("stop") == "stop"
 
 
 def test_a_complete_first_call_survives_a_cut_second_call():

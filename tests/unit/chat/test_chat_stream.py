@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from dspark_loop.api.chat_parse import (StreamingChatParser, ToolParseError,
-                                        parse_completion)
+from dspark_loop.api.chat_output import ChatOutput
+from dspark_loop.api.chat_parse import StreamingChatParser, ToolParseError
+from tests.unit.chat.parse import parse_completion
 from tests.unit.chat.vectors import PARSE
 
 EXTRA = [
@@ -122,9 +123,13 @@ def test_a_malformed_stream_raises_and_stays_failed():
 
 
 def test_openai_delta_shapes():
-    """to_openai must produce the choices[].delta fields clients read."""
-    deltas = stream(PARSE[1]["completion"], [], True)
-    shapes = [d.to_openai() for d in deltas]
-    assert shapes[0] == {"reasoning_content": PARSE[1]["message"]["reasoning_content"]}
-    assert shapes[1]["tool_calls"][0]["function"] == {"name": "get_weather"}
-    assert all(set(s) == {"tool_calls"} for s in shapes[1:])
+    """ChatOutput's deltas, fed a character at a time, must carry the choices[].delta fields
+    clients read: reasoning first, then tool-call fragments only."""
+    out = ChatOutput(True)
+    deltas = [d for d in [out.feed(ch) for ch in PARSE[1]["completion"]] + [out.finish()] if d]
+    kinds = [set(d) for d in deltas]
+    n = kinds.index({"tool_calls"})
+    assert all(k == {"reasoning_content", "reasoning"} for k in kinds[:n])
+    assert all(k == {"tool_calls"} for k in kinds[n:])
+    assert "".join(d["reasoning_content"] for d in deltas[:n]) == PARSE[1]["message"]["reasoning_content"]
+    assert deltas[n]["tool_calls"][0]["function"]["name"] == "get_weather"

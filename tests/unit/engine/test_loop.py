@@ -3,6 +3,7 @@ import asyncio
 
 import pytest
 
+from dspark_loop.api.offline import collect, generate_all
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
@@ -35,10 +36,6 @@ async def engine():
     loop.recorder = rec
     yield loop
     await loop.stop()
-
-
-async def collect(loop, g):
-    return [o async for o in loop.generate(g)]
 
 
 async def test_many_concurrent_requests_all_finish_with_their_own_tokens(engine):
@@ -100,8 +97,8 @@ async def test_a_prompt_longer_than_the_context_yields_an_error_output(engine):
     assert len(outs) == 1 and outs[0].finish_reason == "error" and engine.ready
 
 
-async def test_run_offline_returns_each_requests_outputs(engine):
-    """run_offline must return one output list per request, in request order."""
-    res = await engine.run_offline([gen_request(i, max_tokens=3) for i in range(3)])
+async def test_generate_all_returns_each_requests_outputs(engine):
+    """generate_all must return one output list per request, in request order."""
+    res = await generate_all(engine, [gen_request(i, max_tokens=3) for i in range(3)])
     assert [r[-1].request_id for r in res] == ["r0", "r1", "r2"]
     assert [r[-1].num_output_tokens for r in res] == [3, 3, 3]
