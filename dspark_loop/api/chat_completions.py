@@ -26,7 +26,6 @@ from dspark_loop.api.context import ServingContext
 from dspark_loop.api.errors import ApiError, bad_request, unsupported
 from dspark_loop.api.generation import Generation, GenerationRoute, OutputError
 from dspark_loop.api.sampling import sampling_params
-from dspark_loop.api.schemas import decode_body
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 
 log = logging.getLogger(__name__)
@@ -56,10 +55,7 @@ class ChatCompletion(Generation):
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
         if reason is not None:
             choice["stop_reason"] = stop_reason
-        body = self.envelope([choice], chunk=True)
-        if continuous:
-            body["usage"] = self.usage()
-        return body
+        return self.chunk_body(choice, continuous)
 
     def feed(self, text: str) -> None:
         with malformed_as_output_error():
@@ -133,9 +129,7 @@ def declared_tools(req: ChatCompletionRequest) -> list[dict]:
 class ChatCompletionsRoute(GenerationRoute):
     def accept(self, body: bytes) -> ChatCompletion:
         ctx = self.ctx
-        req = decode_body(body, ChatCompletionRequest)
-        ctx.check_model(req.model)
-        ctx.check_ready()
+        req = self.decode(body, ChatCompletionRequest)
         fields = req.format_fields()
         try:
             warnings = validate_chat_request(fields)

@@ -7,7 +7,7 @@ import time
 from dspark_loop.api.context import ServingContext
 from dspark_loop.api.generation import Generation, GenerationRoute
 from dspark_loop.api.sampling import check_completion_options, sampling_params
-from dspark_loop.api.schemas import CompletionRequest, decode_body
+from dspark_loop.api.schemas import CompletionRequest
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 
 
@@ -61,18 +61,13 @@ class Completion(Generation):
             if first:
                 choice["prompt_token_ids"] = self.prompt_ids
             choice["token_ids"] = list(token_ids)
-        chunk = self.envelope([choice], chunk=True)
-        if continuous:
-            chunk["usage"] = self.usage()
-        return chunk
+        return self.chunk_body(choice, continuous)
 
 
 class CompletionsRoute(GenerationRoute):
     def accept(self, body: bytes) -> Completion:
         ctx = self.ctx
-        req = decode_body(body, CompletionRequest)
-        ctx.check_model(req.model)
-        ctx.check_ready()
+        req = self.decode(body, CompletionRequest)
         prompt_ids, prompt_text = ctx.encoder.completion_prompt(req.prompt)
         ctx.check_context(len(prompt_ids))
         params = sampling_params(req, ctx.defaults, ctx.encoder, len(prompt_ids), ctx.max_model_len)

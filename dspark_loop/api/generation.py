@@ -22,7 +22,7 @@ from aiohttp import web
 
 from dspark_loop.api.context import ServingContext
 from dspark_loop.api.errors import ApiError
-from dspark_loop.api.schemas import GenerationFields
+from dspark_loop.api.schemas import GenerationFields, decode_body
 from dspark_loop.api.sse import SSEStream
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 
@@ -80,6 +80,13 @@ class Generation:
         return {"id": self.request_id, "object": self.chunk_object_name if chunk else self.object_name,
                 "created": self.created, "model": self.ctx.model_name, "choices": choices}
 
+    def chunk_body(self, choice: dict, continuous: bool) -> dict:
+        """One SSE chunk holding choice (with running usage when asked)."""
+        body = self.envelope([choice], chunk=True)
+        if continuous:
+            body["usage"] = self.usage()
+        return body
+
     def log_finished(self, reason: str | None) -> None:
         elapsed = time.monotonic() - self.start
         log.info("request %s finished: reason=%s prompt_tokens=%d output_tokens=%d "
@@ -114,6 +121,13 @@ class GenerationRoute:
 
     def accept(self, body: bytes) -> Generation:
         raise NotImplementedError
+
+    def decode(self, body: bytes, kind: type):
+        """The body as `kind`, for a served model, while the engine is ready (else 4xx/503)."""
+        req = decode_body(body, kind)
+        self.ctx.check_model(req.model)
+        self.ctx.check_ready()
+        return req
 
     async def prepare(self, g: Generation) -> None:
         """Work after accept that must not block the loop (a tool-call constraint)."""
