@@ -6,6 +6,7 @@ Hello, so a client polling /health sees the server come up.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
@@ -16,6 +17,7 @@ from tokenizers import Tokenizer
 from dspark_loop.cache_layout import CacheLayout
 from dspark_loop.config import ServerConfig
 from dspark_loop.engine.loop import EngineLoop
+from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.errors import MeshStartError
@@ -29,12 +31,13 @@ log = logging.getLogger("dspark_loop")
 
 
 class PendingEngine:
-    """Stands in for the EngineLoop until the ranks are up (then delegates to it)."""
+    """Stands in for the EngineLoop until the ranks are up (then delegates to it); an
+    EngineClient (engine/interfaces.py)."""
 
     def __init__(self, max_model_len: int) -> None:
         self.inner: EngineLoop | None = None
         self.start_error: str | None = None
-        self.max_model_len = max_model_len
+        self._max_model_len = max_model_len
 
     @property
     def ready(self) -> bool:
@@ -52,10 +55,12 @@ class PendingEngine:
     def num_waiting(self) -> int:
         return 0 if self.inner is None else self.inner.num_waiting
 
-    def __getattr__(self, name):  # dspark_summary() and friends, once started
-        if self.inner is None:
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    def cache_stats(self) -> dict | None:
+        return None if self.inner is None else self.inner.cache_stats()
 
     async def generate(self, req: GenerateRequest):
         if self.inner is None:
@@ -82,8 +87,8 @@ def rank_config(cfg: ServerConfig) -> RankConfig:
     below are the ones derived here. K=7: one drafter lease per request slot of a group.
     DSPARK_TEST_RUNNER=module:Class (tests only) swaps the ranks' runner; the ranks
     inherit the environment, so its own settings (such as DSPARK_TEST_SCRIPT) reach it."""
-    same = {name: getattr(cfg, name) for name in RankConfig.__struct_fields__
-            if hasattr(cfg, name)}
+    server_names = {f.name for f in dataclasses.fields(ServerConfig)} | {"world_size"}
+    same = {name: getattr(cfg, name) for name in RankConfig.__struct_fields__ if name in server_names}
     spec_k = cfg.num_speculative_tokens
     derived = dict(devices=list(cfg.devices or ()), spec_k=spec_k,
                    num_leases=cfg.max_num_seqs // cfg.dp if spec_k else 0,
@@ -103,7 +108,7 @@ def threads_per_rank(backend: str, world_size: int) -> int:
 
 
 def make_engine(cfg: ServerConfig, model: ModelConfig, mesh: Mesh, tokenizer: Tokenizer,
-                observers: list) -> EngineLoop:
+                observers: list[EngineObserver]) -> EngineLoop:
     layout = CacheLayout.for_model(model, cfg.block_size)
     scheduler = Scheduler(layout, num_partitions=cfg.dp, num_blocks=mesh.num_blocks,
                           max_num_seqs=cfg.max_num_seqs,
@@ -127,14 +132,13 @@ def load_tokenizer(model_dir: str) -> Tokenizer:
 
 
 async def start_engine(cfg: ServerConfig, model: ModelConfig, tokenizer: Tokenizer,
-                       mesh: Mesh, observers: list) -> EngineLoop:
+                       mesh: Mesh, observers: list[EngineObserver]) -> EngineLoop:
     t0 = time.monotonic()
     log.info("starting %d rank(s): dp=%d tp=%d ep=%d backend=%s dtype=%s model=%s",
              cfg.world_size, cfg.dp, cfg.tp, cfg.ep, cfg.backend, cfg.dtype, cfg.model)
     await mesh.start()
     for ob in observers:
-        if hasattr(ob, "set_num_blocks_total"):
-            ob.set_num_blocks_total(mesh.num_blocks)
+        ob.set_num_blocks_total(mesh.num_blocks)
     engine = make_engine(cfg, model, mesh, tokenizer, observers)
     engine.start()
     log.info("ready in %.1fs: %s pages per partition (families %s), max_model_len=%d, K=%d",
@@ -144,11 +148,11 @@ async def start_engine(cfg: ServerConfig, model: ModelConfig, tokenizer: Tokeniz
     return engine
 
 
-def make_observers(cfg: ServerConfig) -> tuple[list, Metrics]:
+def make_observers(cfg: ServerConfig) -> tuple[list[EngineObserver], Metrics]:
     """(observers, metrics): metrics always, the debug tap when --debug-tap is given."""
     metrics = Metrics(cfg.served_model_name, None,
                       num_speculative_tokens=cfg.num_speculative_tokens)
-    observers: list = [metrics]
+    observers: list[EngineObserver] = [metrics]
     if cfg.debug_tap:
         observers.append(TapPublisher(cfg.debug_tap))
     return observers, metrics
@@ -191,9 +195,7 @@ async def run_server(cfg: ServerConfig, model: ModelConfig) -> int:
             await pending.inner.stop()
         await mesh.close()
         for ob in observers:
-            close = getattr(ob, "close", None)
-            if close is not None:
-                close()
+            ob.close()
         log.info("stopped")
     return code
 

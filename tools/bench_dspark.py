@@ -31,6 +31,7 @@ from workers.test_drafter import TestDrafter
 class InProcessMesh:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
+        self.dead: str | None = None
 
     async def step(self, plan):
         tokens = self.runner.execute(plan.partitions[0])

@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 import traceback
+
 import msgspec
 import numpy as np
 import zmq
@@ -26,6 +27,8 @@ import zmq
 from dspark_loop.protocol import (ENCODER, PROTOCOL_VERSION, RANK_DECODER, Hello, RankConfig,
                                   Shutdown, StepPlan, StepResult, f32, i32,
                                   identity)
+
+from workers.runner_interface import Runner
 
 log = logging.getLogger("workers.rank")
 
@@ -65,7 +68,7 @@ class Rank:
         self.sock.setsockopt(zmq.IDENTITY, identity(rank))
         self.sock.setsockopt(zmq.LINGER, 5000)  # flush the last result/Hello, then give up
         self.sock.connect(cfg.connect)
-        self.runner = None
+        self.runner: Runner | None = None
         self.is_leader = rank % cfg.tp == 0
         self.group = rank // cfg.tp
 
@@ -102,8 +105,7 @@ class Rank:
         compute_s = time.perf_counter() - t0
         token_ids = np.ascontiguousarray(tokens, dtype=np.int32).tobytes() if self.is_leader else b""
         result = StepResult(plan.step_id, self.rank, token_ids, compute_s)
-        take = getattr(self.runner, "take_drafts", None)
-        drafts = take() if take is not None else None
+        drafts = self.runner.take_drafts()
         if drafts is not None and self.is_leader:
             req_ids, tokens7, conf = drafts
             result.draft_req_ids = i32(req_ids)

@@ -21,13 +21,14 @@ from dspark_loop.api.errors import error_middleware
 from dspark_loop.api.prompt import PromptEncoder
 from dspark_loop.api.tokenize import TokenizeRoutes
 from dspark_loop.config import ServerConfig, served_name_for
+from dspark_loop.engine.interfaces import EngineClient
 from dspark_loop.model_config import ModelConfig
 
 MAX_BODY_BYTES = 64 * 2 ** 20  # a 1M-token prompt as ids fits
 CONTEXT_KEY = web.AppKey("ctx", ServingContext)
 
 
-def create_app(engine, tokenizer, cfg: ServerConfig, model_cfg: ModelConfig,
+def create_app(engine: EngineClient, tokenizer, cfg: ServerConfig, model_cfg: ModelConfig,
                metrics=None) -> web.Application:
     encoder = PromptEncoder(tokenizer, model_cfg.bos_token_id, model_cfg.vocab_size)
     name = cfg.served_model_name or served_name_for(cfg.model)
@@ -63,7 +64,7 @@ def create_app(engine, tokenizer, cfg: ServerConfig, model_cfg: ModelConfig,
     return app
 
 
-def add_metrics_routes(app: web.Application, metrics, engine=None) -> None:
+def add_metrics_routes(app: web.Application, metrics, engine: EngineClient | None = None) -> None:
     """metrics: render_prometheus() -> str and snapshot() -> dict (dspark_loop.metrics);
     engine (optional): cache_stats() -> dict, served as the snapshot's "engine" key."""
 
@@ -74,9 +75,9 @@ def add_metrics_routes(app: web.Application, metrics, engine=None) -> None:
 
     async def as_json(request: web.Request) -> web.Response:
         snap = metrics.snapshot()
-        cache_stats = getattr(engine, "cache_stats", None)  # absent until the ranks are up
-        if cache_stats is not None:
-            snap = {**snap, "engine": cache_stats()}
+        stats = engine.cache_stats() if engine is not None else None  # None until the ranks are up
+        if stats is not None:
+            snap = {**snap, "engine": stats}
         return web.json_response(snap)
 
     app.router.add_get("/metrics", prometheus)

@@ -7,10 +7,11 @@ import uuid
 from dspark_loop.api.errors import ApiError, model_not_found
 from dspark_loop.api.prompt import PromptEncoder
 from dspark_loop.config import GenerateDefaults
+from dspark_loop.engine.interfaces import EngineClient
 
 
 class ServingContext:
-    def __init__(self, engine, encoder: PromptEncoder, model_name: str,
+    def __init__(self, engine: EngineClient, encoder: PromptEncoder, model_name: str,
                  defaults: GenerateDefaults, model_path: str | None = None):
         self.engine = engine
         self.encoder = encoder

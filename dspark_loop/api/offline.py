@@ -7,10 +7,11 @@ import sys
 import uuid
 
 from dspark_loop.api.prompt import PromptEncoder
+from dspark_loop.engine.interfaces import EngineClient
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput, SamplingParams
 
 
-async def run_offline(engine, tokenizer, prompts: list[str], max_tokens: int, *,
+async def run_offline(engine: EngineClient, tokenizer, prompts: list[str], max_tokens: int, *,
                       bos_token_id: int | None = None, stop: list[str] | None = None,
                       ignore_eos: bool = False, out=None) -> list[str]:
     """Completions of `prompts` (BOS + text, as /v1/completions); raises ValueError for a
@@ -38,12 +39,12 @@ async def run_offline(engine, tokenizer, prompts: list[str], max_tokens: int, *,
     return list(texts)
 
 
-async def generate_all(engine, requests: list[GenerateRequest]) -> list[list[RequestOutput]]:
+async def generate_all(engine: EngineClient, requests: list[GenerateRequest]) -> list[list[RequestOutput]]:
     """Every request's deltas, generated concurrently (one engine batch), in request order."""
     return list(await asyncio.gather(*(collect(engine, g) for g in requests)))
 
 
-async def collect(engine, g: GenerateRequest) -> list[RequestOutput]:
+async def collect(engine: EngineClient, g: GenerateRequest) -> list[RequestOutput]:
     """One request's deltas up to and including the finished one."""
     deltas = []
     gen = engine.generate(g)

@@ -15,6 +15,7 @@ import time
 from typing import AsyncIterator
 
 from dspark_loop.engine.detokenize import Detokenizer, TokenText
+from dspark_loop.engine.interfaces import MeshClient
 from dspark_loop.engine.observer import EngineObserver, RequestStats
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.request import Request
@@ -32,7 +33,7 @@ def error_output(request_id: str, message: str, num_prompt_tokens: int = 0,
 
 
 class EngineLoop:
-    def __init__(self, scheduler: Scheduler, mesh, tokenizer,
+    def __init__(self, scheduler: Scheduler, mesh: MeshClient, tokenizer,
                  observers: list[EngineObserver] | None = None):
         self.scheduler = scheduler
         self.mesh = mesh
@@ -71,8 +72,7 @@ class EngineLoop:
     def dead_reason(self) -> str | None:
         # NOTE: the mesh's idle watcher notices a rank that died between steps; /health
         # must say 503 then too, not only after the next step fails.
-        mesh_dead = None if self._stopping else getattr(self.mesh, "dead", None)
-        return self._dead_reason or (mesh_dead if isinstance(mesh_dead, str) else None)
+        return self._dead_reason or (None if self._stopping else self.mesh.dead)
 
     @property
     def num_running(self) -> int:

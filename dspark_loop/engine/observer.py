@@ -26,7 +26,13 @@ class RequestStats:
 
 
 class EngineObserver:
-    """No-op base; metrics.Metrics and tap.TapPublisher subclass it."""
+    """No-op base; metrics.Metrics and tap.TapPublisher subclass it and override what they use."""
+
+    def set_num_blocks_total(self, num_blocks_total: list[int]) -> None:
+        """Once, when the ranks are up: pages per cache family per partition."""
+
+    def close(self) -> None:
+        """At shutdown: release sockets and threads."""
 
     def on_step(self, trace: StepTrace) -> None:
         pass

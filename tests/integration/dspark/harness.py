@@ -28,6 +28,7 @@ class LocalMesh:
     def __init__(self, runners: list[ModelRunner]) -> None:
         self.runners = runners
         self.num_blocks = runners[0].num_blocks
+        self.dead: str | None = None
 
     async def step(self, plan) -> list[StepResult]:
         out = []

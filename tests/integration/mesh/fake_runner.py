@@ -70,3 +70,6 @@ class FakeRunner:
         logits = -(ids[None, :] - targets[:, None]).abs().to(torch.bfloat16)  # [rows, shard_len]
         best = self.comm.argmax_tp(logits, offset)  # [rows]
         return (best + VOCAB * tp_sum + VOCAB * 1000 * world_sum).numpy().astype(np.int32)
+
+    def take_drafts(self) -> None:
+        return None  # no drafter

@@ -42,6 +42,8 @@ def reply_deltas(g: GenerateRequest) -> list[RequestOutput]:
 
 
 class FakeEngine:
+    """An EngineClient (dspark_loop/engine/interfaces.py) with scripted deltas."""
+
     def __init__(self, *, max_model_len: int = 64, ready: bool = True, script=reply_deltas,
                  hang: bool = False, delay_s: float = 0.0):
         self.max_model_len = max_model_len
@@ -55,6 +57,12 @@ class FakeEngine:
         self.requests: list[GenerateRequest] = []
         self.aborted: list[str] = []
         self.closed = asyncio.Event()  # set when any generator ends (finished or aborted)
+
+    def abort(self, request_id: str) -> bool:
+        return False  # closing generate()'s iterator is how the API aborts
+
+    def cache_stats(self) -> dict | None:
+        return None
 
     def die(self, reason: str) -> None:
         self.dead_reason = reason

@@ -1,0 +1,51 @@
+"""The engine's two seams, as typing.Protocol classes (structural: nothing subclasses them).
+
+    API  --EngineClient-->  engine (EngineLoop, or launch.PendingEngine before the ranks are up)
+    engine  --MeshClient-->  ranks (mesh.Mesh; in-process and scripted meshes in tests/tools)
+"""
+from __future__ import annotations
+
+from typing import AsyncIterator, Protocol
+
+from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
+from dspark_loop.protocol import StepPlan, StepResult
+
+
+class EngineClient(Protocol):
+    """What the HTTP layer and --prompt mode need of the engine."""
+
+    @property
+    def ready(self) -> bool: ...  # /health 200 and requests accepted
+
+    @property
+    def dead_reason(self) -> str | None: ...  # why the engine is gone (/health 503)
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    def generate(self, g: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        """Deltas until one is finished; closing the iterator early aborts the request."""
+        ...
+
+    def abort(self, request_id: str) -> bool: ...
+
+    def cache_stats(self) -> dict | None:
+        """Page pools, live requests and DSpark totals; None until the engine runs."""
+        ...
+
+
+class MeshClient(Protocol):
+    """What the engine loop needs of the ranks."""
+
+    @property
+    def dead(self) -> str | None: ...  # set once a rank is gone (noticed between steps too)
+
+    async def step(self, plan: StepPlan) -> list[StepResult]:
+        """One plan to every rank; the TP leaders' results in partition order."""
+        ...

@@ -1,0 +1,24 @@
+"""Runner: what a rank process needs of its runner (workers.runner.ModelRunner, or a test
+double named by RankConfig.runner). A runner is built as cls(cfg: RankConfig, shard, comm,
+device) and must offer:"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from dspark_loop.protocol import PartitionPlan
+
+
+class Runner(Protocol):
+    @property
+    def num_blocks(self) -> list[int]: ...  # pages per cache family this rank holds
+
+    def execute(self, part: PartitionPlan) -> np.ndarray:
+        """int32 tokens in the protocol's order (protocol.py); every rank, every step."""
+        ...
+
+    def take_drafts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(req_ids int32 [n], drafts int32 [n, K], confidence float32 [n, K]) of the last
+        execute, or None (K=0)."""
+        ...
