@@ -15,8 +15,6 @@ import os
 import shutil
 import tempfile
 
-from tools.make_checkpoint import make_checkpoint
-
 DEFAULT_NAME = "default-v1"
 DEFAULT_SEED = 20260731
 MARKER = "dspark_default.complete"
@@ -46,6 +44,9 @@ def ensure_default_model(cache_dir: str | None = None) -> str:
     if is_complete(final):
         return final
     os.makedirs(root, exist_ok=True)
+    # NOTE: tools/ ships with the product (pyproject packages it); imported only to build
+    from tools.make_checkpoint import make_checkpoint
+
     work = tempfile.mkdtemp(prefix=f".{DEFAULT_NAME}.build-", dir=root)
     try:
         built = make_checkpoint(os.path.join(work, DEFAULT_NAME), size="tiny", seed=DEFAULT_SEED,

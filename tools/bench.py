@@ -12,7 +12,8 @@ Measures, in one run and printed as one table (no pass/fail anywhere):
   - ratios served / transformers.
 Rank counts map to topologies: 1 -> one rank, 4 -> dp2/tp2/ep4, 16 -> dp4/tp4/ep16
 (override with --topology N="--dp .. --tp .. --ep .."). Runs from a repository checkout
-(it uses the e2e harness in tests/e2e).
+(it uses the e2e harness in tests/e2e: run it with
+`python -m` from the repository root, which puts the root on the import path).
 """
 from __future__ import annotations
 
@@ -23,10 +24,6 @@ import statistics
 import sys
 import tempfile
 import time
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
 
 TOPOLOGIES = {1: [], 2: ["--tp", "2", "--ep", "2"], 4: ["--dp", "2", "--tp", "2", "--ep", "4"],
               8: ["--dp", "2", "--tp", "4", "--ep", "8"], 16: ["--dp", "4", "--tp", "4", "--ep", "16"]}

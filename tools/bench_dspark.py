@@ -25,7 +25,7 @@ from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.model_config import ModelConfig
 from dspark_loop.protocol import StepResult, f32, i32
 from workers.runner import ModelRunner
-from workers.test_drafter import TestDrafter
+from dspark_testing.scripted_drafter import ScriptedDrafter
 
 
 class InProcessMesh:
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     for m in (0, 2, 7):
         spec = {"cases": [{"prompt": p, "reference": r, "error_at": m} for p, r in zip(prompts, ref)]}
         outs, user, total, s = bench(path, 7, prompts, args.max_tokens,
-                                     TestDrafter(spec, cfg.vocab_size, cfg.dspark.noise_token_id))
+                                     ScriptedDrafter(spec, cfg.vocab_size, cfg.dspark.noise_token_id))
         same = "tokens == K=0" if outs == ref else "TOKENS DIFFER FROM K=0"
         print(f"K=7 accept {m + 1} (mean {s['mean_accepted_len']:.2f})  per-user {user:7.1f} tok/s "
               f"({user / user0:4.2f}x)  total {total:7.1f} tok/s ({total / total0:4.2f}x)  {same}")

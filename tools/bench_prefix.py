@@ -10,7 +10,8 @@ off, ignore_eos): a long system prompt, then every turn appends the previous ans
 a short new question. TTFT is the time from sending a turn to its first chunk (the role
 chunk, sent with the first generated token). Prints per-turn TTFTs, the cached prompt
 tokens, and the ratio of the later turns' mean TTFTs (no cache / cache). Runs from a
-repository checkout (it uses the e2e harness in tests/e2e). No pass/fail.
+repository checkout (it uses the e2e harness in tests/e2e: run it with
+`python -m` from the repository root, which puts the root on the import path). No pass/fail.
 """
 from __future__ import annotations
 
@@ -21,10 +22,6 @@ import statistics
 import sys
 import tempfile
 import time
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
 
 SYSTEM = ("You are the support assistant of a small travel agency. Answer briefly, cite the "
           "booking rules when they apply, and never invent prices or dates. ")

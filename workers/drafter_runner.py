@@ -14,6 +14,7 @@ as 1 row (fallback) and would ignore the drafts.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,7 +25,9 @@ from dspark_loop.protocol import PartitionPlan, RankConfig, as_i32, as_i8
 from workers.comm import Comm, ShardSpec
 from workers.model.drafter import QUERY_ROWS, RING_BLOCKS, RING_ROWS, Drafter
 from workers.model.dsv4 import ForwardOutput
-from workers.test_drafter import TestDrafter
+
+if TYPE_CHECKING:
+    from dspark_testing.scripted_drafter import ScriptedDrafter
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +78,7 @@ def plan_drafts(part: PartitionPlan, tokens: np.ndarray, window: int, max_model_
 
 class SpecRunner:
     def __init__(self, cfg: ModelConfig, rank_cfg: RankConfig, shard: ShardSpec, dtype: torch.dtype,
-                 device: torch.device, test_drafter: TestDrafter | None = None) -> None:
+                 device: torch.device, test_drafter: ScriptedDrafter | None = None) -> None:
         model_dir, num_leases = rank_cfg.model, rank_cfg.num_leases
         if cfg.dspark is None:
             raise ValueError(f"K=7 needs the DSpark drafter, but {model_dir}/config.json has no "

@@ -10,6 +10,8 @@ rows, every row a logit row), stages them and runs one packed forward.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
@@ -23,8 +25,10 @@ from workers.kv_pool import SCRATCH_ROWS, KVPool, blocks_for_budget
 from workers.logit_masks import masked_argmax
 from workers.model.dsv4 import ForwardOutput
 from workers.staging import BlockTables, Segment, stage
-from workers.test_drafter import TestDrafter
 from workers.weights import load_model
+
+SCRIPTED_DRAFTER_ENV = "DSPARK_TEST_DRAFTER"  # tests: a ScriptedDrafter spec (dspark_testing)
+
 
 def segments_of(part: PartitionPlan) -> list[Segment]:
     segs = []
@@ -74,9 +78,12 @@ class ModelRunner:
         if cfg.spec_k:
             if cfg.spec_k != DSPARK_K:
                 raise ValueError(f"num_speculative_tokens must be 0 or {DSPARK_K}, got {cfg.spec_k}")
-            if test_drafter is None:
-                test_drafter = TestDrafter.from_env(self.cfg.vocab_size, self.cfg.dspark.noise_token_id
-                                                    if self.cfg.dspark else 0)
+            spec_path = os.environ.get(SCRIPTED_DRAFTER_ENV)
+            if test_drafter is None and spec_path:
+                # NOTE: a test double, imported only when a test asks for it
+                from dspark_testing.scripted_drafter import ScriptedDrafter
+                test_drafter = ScriptedDrafter(spec_path, self.cfg.vocab_size,
+                                               self.cfg.dspark.noise_token_id if self.cfg.dspark else 0)
             self.spec = SpecRunner(self.cfg, cfg, self.shard, self.dtype, self.device, test_drafter)
             self.spec.bind_trunk(self.model.embed, self.model.head)
 

@@ -58,5 +58,5 @@ def write_script(directory: str) -> str:
 
 
 def scripted_env(directory: str) -> dict:
-    return {"DSPARK_TEST_RUNNER": "workers.scripted_runner:ScriptedRunner",
+    return {"DSPARK_TEST_RUNNER": "dspark_testing.scripted_runner:ScriptedRunner",
             "DSPARK_TEST_SCRIPT": write_script(directory)}

@@ -1,6 +1,6 @@
 """POST /v1/chat/completions on a real 2-rank server (tp2) through the official openai client.
 
-Scripted turns come from workers.scripted_runner (its keys are literal prompt tails, see
+Scripted turns come from dspark_testing.scripted_runner (its keys are literal prompt tails, see
 chat_script.py); the constrained test runs the real random model under the grammar.
 """
 from __future__ import annotations
@@ -158,7 +158,7 @@ def test_malformed_tool_block_is_a_clean_error_not_a_crash(chat_server, ask):
 ])
 def test_bad_chat_requests_answer_400_with_the_openai_error_body(chat_server, body, param):
     """Each rule of the format page must answer 400 invalid_request_error naming the field
-    (the whole table runs in tests/unit/chat_api/test_chat_bad_input.py)."""
+    (the whole table runs in tests/unit/api/test_chat_bad_input.py)."""
     status, out = chat_server.post("/v1/chat/completions",
                                    {"messages": [{"role": "user", "content": "hi"}], **body})
     assert status == 400, out

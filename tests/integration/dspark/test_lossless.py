@@ -8,7 +8,7 @@ from tokenizers import Tokenizer
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import SamplingParams
 from tests.integration.dspark.harness import prompt, run
-from workers.test_drafter import TestDrafter
+from dspark_testing.scripted_drafter import ScriptedDrafter
 
 VOCAB = 1024
 MAX_MODEL_LEN = 72
@@ -80,7 +80,7 @@ def test_test_drafter_accepts_exactly_error_at_plus_one_and_stays_lossless(ckpt,
     spec = {"cases": [{"prompt": prompts[k], "reference": ref.tokens[k], "error_at": error_at} for k in prompts]}
     traces = Traces()
     got = run(ckpt, 7, prompts, params, max_model_len=MAX_MODEL_LEN, long_prefill_token_threshold=16,
-              test_drafter=lambda: TestDrafter(spec, VOCAB, 7), observers=[traces])
+              test_drafter=lambda: ScriptedDrafter(spec, VOCAB, 7), observers=[traces])
     assert got.tokens == ref.tokens
     assert got.reasons == ref.reasons
     verify_lens = []

@@ -9,8 +9,8 @@ import pytest
 
 from dspark_loop.api.chat_output import ChatOutput
 from dspark_loop.api.chat_parse import StreamingChatParser, ToolParseError
-from tests.unit.chat.parse import parse_completion
-from tests.unit.chat.vectors import PARSE
+from tests.unit.api.parse import parse_completion
+from tests.unit.api.vectors import PARSE
 
 EXTRA = [
     {"name": "content_then_parallel_calls", "thinking_mode": "chat",

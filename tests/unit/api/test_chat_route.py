@@ -7,8 +7,8 @@ import pytest
 
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.api.harness import serving, sse_events
-from tests.unit.chat.vectors import RENDER
-from tests.unit.chat_api.scripted import chat_engine
+from tests.unit.api.vectors import RENDER
+from tests.unit.api.scripted import chat_engine
 
 D = "｜DSML｜"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

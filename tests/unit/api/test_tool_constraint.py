@@ -8,7 +8,7 @@ import pytest
 import xgrammar as xg
 from tokenizers import Tokenizer
 
-from tests.unit.chat.parse import parse_completion
+from tests.unit.api.parse import parse_completion
 from dspark_loop.api.tool_constraint import ToolConstraint
 from dspark_loop.api.tool_grammar import UnsupportedToolSchema, tool_call_grammar
 from dspark_testing.tiny_tokenizer import tiny_tokenizer

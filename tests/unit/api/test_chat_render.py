@@ -7,7 +7,7 @@ import pytest
 
 from dspark_loop.api.chat_render import (ASSISTANT, BOS, EOS, USER, chat_options,
                                          render_messages)
-from tests.unit.chat.vectors import RENDER
+from tests.unit.api.vectors import RENDER
 
 WEATHER = RENDER[6]["messages"][0]["tools"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.api.harness import serving
-from tests.unit.chat_api.scripted import chat_engine
+from tests.unit.api.scripted import chat_engine
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}

@@ -10,7 +10,7 @@ import pytest
 from dspark_loop.api.chat_constraint import MISSING_XGRAMMAR, needs_constraint
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.api.harness import serving
-from tests.unit.chat_api.scripted import chat_engine
+from tests.unit.api.scripted import chat_engine
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

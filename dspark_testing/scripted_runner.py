@@ -1,6 +1,6 @@
 """ScriptedRunner: a test double that answers scripted prompts with scripted tokens.
 
-Selected only by tests: DSPARK_TEST_RUNNER=workers.scripted_runner:ScriptedRunner and
+Selected only by tests: DSPARK_TEST_RUNNER=dspark_testing.scripted_runner:ScriptedRunner and
 DSPARK_TEST_SCRIPT=/path/script.json, a list of entries
 
     {"key": "What is 2+2?<｜Assistant｜><think>", "output": "r</think>4"}   (or "output_ids")

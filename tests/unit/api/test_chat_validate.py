@@ -6,7 +6,7 @@ import copy
 import pytest
 
 from dspark_loop.api.chat_validate import ChatRequestError, validate_chat_request
-from tests.unit.chat.vectors import RENDER
+from tests.unit.api.vectors import RENDER
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}

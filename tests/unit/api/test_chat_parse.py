@@ -8,8 +8,8 @@ import re
 import pytest
 
 from dspark_loop.api.chat_parse import ToolParseError, new_call_id
-from tests.unit.chat.parse import parse_completion
-from tests.unit.chat.vectors import PARSE
+from tests.unit.api.parse import parse_completion
+from tests.unit.api.vectors import PARSE
 
 CALL_ID = re.compile(r"^call_[0-9a-f]{24}$")
 OPEN = "\n\n<｜DSML｜tool_calls>\n"

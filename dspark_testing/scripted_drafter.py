@@ -2,7 +2,8 @@
 wrong on purpose at one draft index, so every verify accepts exactly a chosen length.
 
 Selected only by a test-only option: env DSPARK_TEST_DRAFTER=/path/spec.json read by the
-rank (or ModelRunner(test_drafter=...)). The spec:
+rank (the only time the product imports this module), or ModelRunner(test_drafter=...).
+The spec:
 
     {"cases": [{"prompt": [ids], "reference": [ids], "error_at": m}, ...]}
 
@@ -13,18 +14,13 @@ at index m replaced by a different one, so a verify accepts m+1 tokens (until th
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 
 from dspark_loop.protocol import DSPARK_K
 
-ENV = "DSPARK_TEST_DRAFTER"
 
-
-class TestDrafter:
-    __test__ = False  # not a pytest class
-
+class ScriptedDrafter:
     def __init__(self, spec: dict | str, vocab_size: int, noise_token_id: int = 0) -> None:
         if isinstance(spec, str):
             with open(spec, encoding="utf-8") as f:
@@ -36,11 +32,6 @@ class TestDrafter:
                 raise ValueError(f"error_at must be in 0..{DSPARK_K}, got {m}")
         self.vocab_size, self.noise = vocab_size, noise_token_id
         self.case_of: dict[int, int] = {}  # req_id -> case index (-1: no case matches)
-
-    @classmethod
-    def from_env(cls, vocab_size: int, noise_token_id: int) -> "TestDrafter | None":
-        path = os.environ.get(ENV)
-        return cls(path, vocab_size, noise_token_id) if path else None
 
     def observe(self, req_id: int, start_pos: int, token_ids: np.ndarray) -> None:
         """A prefill chunk's tokens: the first chunk of a request picks its case."""
