@@ -16,6 +16,7 @@ from dataclasses import replace
 from dspark_loop.config import (DEFAULT_RING_HEAP, GENERATE_KEYS, ConfigError, GenerateDefaults,
                                 ServerConfig, SpeculativeConfig, fill_defaults, validate)
 from dspark_loop.model_config import ModelConfig
+from dspark_loop.tap_publisher import tap_address
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 SIZE_UNITS = {"": 1, "b": 1, "k": 2 ** 10, "kib": 2 ** 10, "m": 2 ** 20, "mib": 2 ** 20,
@@ -137,11 +138,11 @@ def generate_config(text: str) -> GenerateDefaults:
         ignore_eos=bool(obj.get("ignore_eos") or False))
 
 
-def tap_address(text: str) -> str:
-    if not re.fullmatch(r"(tcp://[^\s:/]+:\d+|ipc://\S+|inproc://\S+)", text):
-        raise argparse.ArgumentTypeError(
-            f"must be a ZeroMQ address like tcp://127.0.0.1:5599 (got {text!r})")
-    return text
+def debug_tap(text: str) -> str:
+    try:
+        return tap_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 # ---- the parser ------------------------------------------------------------------------------
@@ -192,8 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="bytes per rank for KV pages, e.g. 512MiB (default 256MiB on cpu)")
     a("--num-blocks", type=positive_int, default=None,
       help="pages per cache family per partition (overrides --kv-cache-memory)")
-    a("--debug-tap", type=tap_address, default=None, metavar="ADDR",
-      help="publish a StepTrace per engine step on this ZeroMQ PUB address")
+    a("--debug-tap", type=debug_tap, default=None, metavar="ADDR",
+      help="publish a StepTrace per engine step on this ZeroMQ PUB address (a bare port "
+           "means loopback: 5599 = tcp://127.0.0.1:5599)")
     return p
 
 

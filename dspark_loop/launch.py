@@ -25,7 +25,7 @@ from dspark_loop.mesh import Mesh
 from dspark_loop.metrics import Metrics
 from dspark_loop.model_config import ModelConfig
 from dspark_loop.protocol import RankConfig
-from dspark_loop.tap import TapPublisher
+from dspark_loop.tap_publisher import TapPublisher
 
 log = logging.getLogger("dspark_loop")
 

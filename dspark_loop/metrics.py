@@ -169,19 +169,6 @@ class Metrics(EngineObserver):
 
     # ---- renderers ----
 
-    def dspark_summary(self) -> dict:
-        accepted = self.num_accepted_tokens + self.num_drafts  # tokens out of verify steps
-        return {
-            "verify_steps": self.num_drafts,
-            "proposed": self.num_draft_tokens,
-            "matched": self.num_accepted_tokens,
-            "accepted": accepted,
-            "mean_accepted_len": accepted / self.num_drafts if self.num_drafts else 0.0,
-            "acceptance_rate": (self.num_accepted_tokens / self.num_draft_tokens
-                                if self.num_draft_tokens else 0.0),
-            "fallbacks": self.num_fallbacks,
-        }
-
     def snapshot(self) -> dict:
         return {
             "model_name": self.model_name,
@@ -206,7 +193,9 @@ class Metrics(EngineObserver):
             "request_prompt_tokens": self.request_prompt_tokens.as_dict(),
             "request_generation_tokens": self.request_generation_tokens.as_dict(),
             "dropped_traces": self.dropped_traces,
-            "dspark": self.dspark_summary(),
+            # NOTE: the DSpark summary of /metrics/json is the engine's (under "engine"),
+            # counted by the scheduler itself; these are the Prometheus counters.
+            "spec_decode_num_fallbacks_total": self.num_fallbacks,
         }
 
     def render_prometheus(self) -> str:

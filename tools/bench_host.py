@@ -26,7 +26,7 @@ from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.metrics import Metrics
 from dspark_loop.protocol import ENCODER, TRACE_DECODER, StepResult, as_i32, as_i8, f32, i32
-from dspark_loop.tap import TapPublisher
+from dspark_loop.tap_publisher import TapPublisher
 from tools.bench_engine import flash_layout, tiny_tokenizer
 
 K = 7

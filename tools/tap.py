@@ -1,4 +1,4 @@
-"""Viewer for the engine's debug tap (dspark_loop.tap.TapPublisher, --debug-tap ADDR).
+"""Viewer for the engine's debug tap (dspark_loop.tap_publisher.TapPublisher, --debug-tap ADDR).
 
     python -m tools.tap --connect tcp://127.0.0.1:5599             live table, every second
     python -m tools.tap --connect ADDR --jsonl run.jsonl --count N  record N traces
@@ -18,7 +18,7 @@ import numpy as np
 import zmq
 
 from dspark_loop.protocol import TRACE_DECODER, PartitionTrace, StepTrace
-from dspark_loop.tap import tap_address
+from dspark_loop.tap_publisher import tap_address
 
 PHASES = ("schedule_s", "send_s", "compute_max_s", "compute_min_s", "gather_s", "update_s",
           "deliver_s")
@@ -197,16 +197,28 @@ def record(addr: str, jsonl: str | None, count: int | None, out=sys.stdout,
     return 0
 
 
-def main(argv: list[str] | None = None, out=sys.stdout) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m tools.tap", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--connect", metavar="ADDR", help="the server's --debug-tap address")
+    src.add_argument("--connect", metavar="ADDR", type=tap_connect,
+                     help="the server's --debug-tap address (a bare port means loopback)")
     src.add_argument("--replay", metavar="FILE", help="summarise a --jsonl recording")
     ap.add_argument("--jsonl", metavar="FILE", help="record traces as JSON lines")
     ap.add_argument("--count", type=int, metavar="N", help="stop after N traces")
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between redraws")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def tap_connect(text: str) -> str:
+    try:
+        return tap_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def main(argv: list[str] | None = None, out=sys.stdout) -> int:
+    args = build_parser().parse_args(argv)
     if args.replay:
         out.write(summary(read_jsonl(args.replay)))
         return 0

@@ -127,7 +127,7 @@ def test_metrics_and_tap_traces_agree_with_the_served_workload(k7_server, k0_out
     assert hits == sum(o["usage"]["prompt_tokens_details"]["cached_tokens"] for o in outs)
     # the metrics' DSpark figures (from traces) and the engine's counters agree
     engine = m1["engine"]["dspark"]
-    assert m1["dspark"]["verify_steps"] == engine["num_verify_steps"]
+    assert m1["spec_decode_num_drafts_total"] == engine["num_verify_steps"]
     assert m1["spec_decode_num_accepted_tokens_total"] == engine["num_matched"]
 
     assert traces, "no StepTrace reached the subscriber"
@@ -138,7 +138,7 @@ def test_metrics_and_tap_traces_agree_with_the_served_workload(k7_server, k0_out
     # them), so they cover at least every token after each request's first (from prefill)
     assert sum(sum(t.accepted_lens) for t in traces) >= completion_tokens - len(outs)
     verify_lens = [a for t in traces for a, d in zip(t.accepted_lens, t.accepted_num_drafts) if d]
-    assert len(verify_lens) == m1["dspark"]["verify_steps"] - m0["dspark"]["verify_steps"]
+    assert len(verify_lens) == m1["spec_decode_num_drafts_total"] - m0["spec_decode_num_drafts_total"]
     assert sum(verify_lens) == engine["num_accepted"] - m0["engine"]["dspark"]["num_accepted"]
     assert msgspec.json.encode(traces[-1])  # traces are plain data
 

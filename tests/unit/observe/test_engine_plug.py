@@ -10,7 +10,7 @@ from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.metrics import Metrics
 from dspark_loop.protocol import TRACE_DECODER
-from dspark_loop.tap import TapPublisher
+from dspark_loop.tap_publisher import TapPublisher
 from tests.unit.engine.factories import make_mesh, make_scheduler, prompt_ids
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.observe.factories import prom_samples

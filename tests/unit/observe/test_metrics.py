@@ -75,9 +75,10 @@ def test_speculation_counters_count_drafts_and_accepted_per_position(scripted):
     per_pos = {int(dict(k[1])["position"]): v for k, v in s.items()
                if k[0] == "vllm:spec_decode_num_accepted_tokens_per_pos_total"}
     assert per_pos == {0: 3, 1: 2, 2: 1, 3: 1, 4: 1, 5: 1, 6: 1}
-    assert scripted.snapshot()["dspark"] == {
-        "verify_steps": 4, "proposed": 28, "matched": 10, "accepted": 14,
-        "mean_accepted_len": 3.5, "acceptance_rate": 10 / 28, "fallbacks": 1}
+    snap = scripted.snapshot()
+    assert (snap["spec_decode_num_drafts_total"], snap["spec_decode_num_draft_tokens_total"],
+            snap["spec_decode_num_accepted_tokens_total"], snap["spec_decode_num_fallbacks_total"]) \
+        == (4, 28, 10, 1)
 
 
 def test_latency_histograms_count_every_observation_in_its_bucket(scripted):
@@ -142,8 +143,9 @@ def test_drafts_are_inferred_from_rows_when_the_trace_does_not_list_them():
     part = PartitionTrace(decode_req_ids=[1, 2, 3], decode_num_rows=8 + 8 + 1)
     m.on_step(make_trace(1, accepted_req_ids=[1, 2, 3], accepted_lens=[4, 1, 1],
                          partitions=[part]))
-    d = m.snapshot()["dspark"]
-    assert (d["verify_steps"], d["proposed"], d["matched"], d["fallbacks"]) == (2, 14, 3, 1)
+    d = m.snapshot()
+    assert (d["spec_decode_num_drafts_total"], d["spec_decode_num_draft_tokens_total"],
+            d["spec_decode_num_accepted_tokens_total"], d["spec_decode_num_fallbacks_total"]) == (2, 14, 3, 1)
     assert m.accepted_per_pos == [1, 1, 1, 0, 0, 0, 0]
 
 
@@ -154,8 +156,9 @@ def test_no_speculation_leaves_draft_counters_at_zero():
     part = PartitionTrace(decode_req_ids=[1, 2], decode_num_rows=2)
     m.on_step(make_trace(1, accepted_req_ids=[1, 2], accepted_lens=[1, 1], partitions=[part],
                          num_new_tokens=2))
-    d = m.snapshot()["dspark"]
-    assert (d["verify_steps"], d["proposed"], d["matched"], d["fallbacks"]) == (0, 0, 0, 0)
+    d = m.snapshot()
+    assert (d["spec_decode_num_drafts_total"], d["spec_decode_num_draft_tokens_total"],
+            d["spec_decode_num_accepted_tokens_total"], d["spec_decode_num_fallbacks_total"]) == (0, 0, 0, 0)
     assert m.snapshot()["generation_tokens_total"] == 2
 
 

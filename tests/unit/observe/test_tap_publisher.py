@@ -7,7 +7,7 @@ import pytest
 import zmq
 
 from dspark_loop.protocol import TRACE_DECODER, PartitionTrace
-from dspark_loop.tap import TapPublisher, tap_address
+from dspark_loop.tap_publisher import TapPublisher, tap_address
 from tests.unit.observe.factories import make_trace
 
 THREAD_LIMIT_S = 30.0  # far above any healthy run; a blocked send would never return
@@ -163,6 +163,13 @@ def test_taken_address_fails_at_startup(publisher):
 def test_tap_address_binds_loopback_unless_told_otherwise(given, bound):
     """A bare port must mean loopback; an address that names a host or scheme is kept."""
     assert tap_address(given) == bound
+
+
+@pytest.mark.parametrize("given", ["localhost", "tcp://host", "http://x:1", ""])
+def test_tap_address_refuses_what_is_not_an_address(given):
+    """Anything that is not a port, host:port or ZeroMQ address must raise ValueError."""
+    with pytest.raises(ValueError, match="must be a port"):
+        tap_address(given)
 
 
 def test_trace_encoding_is_the_wire_encoder():

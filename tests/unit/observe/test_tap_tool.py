@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from dspark_loop.protocol import PartitionTrace
-from dspark_loop.tap import TapPublisher
+from dspark_loop.tap_publisher import TapPublisher
 from tests.unit.observe.factories import make_trace
 from tools import tap
 

@@ -8,6 +8,7 @@ publisher, for `python -m tools.tap`. Publishing never blocks or slows the engin
 from __future__ import annotations
 
 import logging
+import re
 
 import msgspec
 import zmq
@@ -18,13 +19,21 @@ from dspark_loop.protocol import ENCODER, StepTrace
 log = logging.getLogger(__name__)
 
 
+ADDRESS = re.compile(r"(tcp://[^\s:/]+:(\d+|\*)|ipc://\S+|inproc://\S+)")
+
+
 def tap_address(addr: str) -> str:
-    """'5599' or ':5599' -> tcp://127.0.0.1:5599 (loopback unless the address names a host);
-    'host:5599' -> tcp://host:5599; anything with a scheme is used as given."""
-    if "://" in addr:
-        return addr
-    host, _, port = addr.rpartition(":")
-    return f"tcp://{host or '127.0.0.1'}:{port}"
+    """The ZeroMQ address of a tap, for --debug-tap and `tools.tap --connect` alike:
+    '5599' or ':5599' -> tcp://127.0.0.1:5599 (loopback unless the address names a host);
+    'host:5599' -> tcp://host:5599; tcp://, ipc:// and inproc:// addresses as given.
+    Raises ValueError for anything else."""
+    if "://" not in addr:
+        host, _, port = addr.rpartition(":")
+        addr = f"tcp://{host or '127.0.0.1'}:{port}"
+    if not ADDRESS.fullmatch(addr):
+        raise ValueError(f"must be a port (5599), host:port or a ZeroMQ address like "
+                         f"tcp://127.0.0.1:5599 (got {addr!r})")
+    return addr
 
 
 class TapPublisher(EngineObserver):
