@@ -66,7 +66,7 @@ class CacheLayout:
         raise KeyError(name)
 
     @classmethod
-    def for_model(cls, cfg: ModelConfig, block_size: int) -> "CacheLayout":
+    def for_model(cls, cfg: ModelConfig, block_size: int) -> CacheLayout:
         reach = [2 * r if r == cfg.csa_ratio else r for r in cfg.ratios]
         window = max([cfg.sliding_window, *reach])
         fams = [Family(0, "swa", True, block_size, 0, window)]

@@ -100,12 +100,12 @@ class ModelConfig:
 
     # ---- loading ---------------------------------------------------------------
     @classmethod
-    def from_dir(cls, path: str) -> "ModelConfig":
+    def from_dir(cls, path: str) -> ModelConfig:
         with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
             return cls.from_dict(json.load(f))
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
+    def from_dict(cls, d: dict) -> ModelConfig:
         n = int(d["num_hidden_layers"])
         head_dim = int(d.get("head_dim", 512))
         rates = d.get("compress_rates") or {}

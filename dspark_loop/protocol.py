@@ -29,8 +29,6 @@ RankConfig is the one value a rank process is started with (`python -m workers -
 """
 from __future__ import annotations
 
-from typing import Union
-
 import msgspec
 import numpy as np
 
@@ -87,7 +85,7 @@ class RankConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         return msgspec.json.encode(self).decode()
 
     @classmethod
-    def decode(cls, text: str | bytes) -> "RankConfig":
+    def decode(cls, text: str | bytes) -> RankConfig:
         return msgspec.json.decode(text, type=cls)
 
 
@@ -133,7 +131,7 @@ class PartitionPlan(msgspec.Struct, array_like=True):
     block_updates: list[BlockUpdate] = []
     freed_req_ids: list[int] = []
     prefills: list[PrefillChunk] = []
-    decode: Union[DecodeBatch, None] = None
+    decode: DecodeBatch | None = None
     token_masks: list[TokenMask] = []  # K=0 rows only: a constrained request never speculates
     # DSpark (K=7): drafter leases (group-local ids) given to requests admitted in this plan,
     # and leases whose ring blocks the ranks must zero first (a re-admitted request)
@@ -168,8 +166,8 @@ def identity(rank: int) -> bytes:
     return b"rank%d" % rank
 
 
-ServerToRank = Union[StepPlan, Shutdown]
-RankToServer = Union[Hello, StepResult]
+ServerToRank = StepPlan | Shutdown
+RankToServer = Hello | StepResult
 
 ENCODER = msgspec.msgpack.Encoder()
 RANK_DECODER = msgspec.msgpack.Decoder(ServerToRank)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The test command: installs what it needs, then runs the suite (extra args go to pytest,
-# e.g. `scripts/test.sh -m slow` for the full 16-rank topology).
+# The test command: installs what it needs, lints (ruff, configured in pyproject.toml), then
+# runs the suite (extra args go to pytest, e.g. `scripts/test.sh -m slow` for the full
+# 16-rank topology).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
+.venv/bin/ruff check .
 exec .venv/bin/python -m pytest -q "$@"

@@ -17,13 +17,12 @@ import time
 import numpy as np
 from tokenizers import Tokenizer
 
-from dspark_loop.protocol import RankConfig
 from dspark_loop.cache_layout import CacheLayout
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.model_config import ModelConfig
-from dspark_loop.protocol import StepResult, f32, i32
+from dspark_loop.protocol import DSPARK_K, RankConfig, StepResult, f32, i32
 from workers.runner import ModelRunner
 from dspark_testing.scripted_drafter import ScriptedDrafter
 
@@ -38,7 +37,8 @@ class InProcessMesh:
         res = StepResult(plan.step_id, 0, i32(tokens))
         drafts = self.runner.take_drafts()
         if drafts is not None:
-            res.draft_req_ids, res.draft_token_ids, res.draft_confidence = i32(drafts[0]), i32(drafts[1]), f32(drafts[2])
+            res.draft_req_ids, res.draft_token_ids = i32(drafts[0]), i32(drafts[1])
+            res.draft_confidence = f32(drafts[2])
         return [res]
 
 
@@ -92,12 +92,12 @@ def main(argv=None) -> int:
     print(f"K=0                     per-user {user0:7.1f} tok/s  total {total0:7.1f} tok/s")
     for m in (0, 2, 7):
         spec = {"cases": [{"prompt": p, "reference": r, "error_at": m} for p, r in zip(prompts, ref)]}
-        outs, user, total, s = bench(path, 7, prompts, args.max_tokens,
+        outs, user, total, s = bench(path, DSPARK_K, prompts, args.max_tokens,
                                      ScriptedDrafter(spec, cfg.vocab_size, cfg.dspark.noise_token_id))
         same = "tokens == K=0" if outs == ref else "TOKENS DIFFER FROM K=0"
         print(f"K=7 accept {m + 1} (mean {s['mean_accepted_len']:.2f})  per-user {user:7.1f} tok/s "
               f"({user / user0:4.2f}x)  total {total:7.1f} tok/s ({total / total0:4.2f}x)  {same}")
-    outs, user, total, s = bench(path, 7, prompts, args.max_tokens)
+    outs, user, total, s = bench(path, DSPARK_K, prompts, args.max_tokens)
     print(f"K=7 real drafter (mean {s['mean_accepted_len']:.2f})  per-user {user:7.1f} tok/s "
           f"({user / user0:4.2f}x)  total {total:7.1f} tok/s ({total / total0:4.2f}x)  "
           f"{'tokens == K=0' if outs == ref else 'TOKENS DIFFER FROM K=0'}")

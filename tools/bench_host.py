@@ -25,11 +25,10 @@ from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.metrics import Metrics
-from dspark_loop.protocol import ENCODER, TRACE_DECODER, StepResult, as_i32, as_i8, f32, i32
+from dspark_loop.protocol import DSPARK_K, ENCODER, TRACE_DECODER, StepResult, as_i32, as_i8, f32, i32
 from dspark_loop.tap_publisher import TapPublisher
 from tools.bench_engine import flash_layout, tiny_tokenizer
 
-K = 7
 
 
 def predict(tokens: np.ndarray) -> np.ndarray:
@@ -38,9 +37,9 @@ def predict(tokens: np.ndarray) -> np.ndarray:
 
 def chain(first: np.ndarray, num_right: int) -> np.ndarray:
     """Drafts [n, 7] following `first` [n] by the scripted model, wrong after num_right."""
-    out = np.empty((len(first), K), np.int32)
+    out = np.empty((len(first), DSPARK_K), np.int32)
     prev = first
-    for j in range(K):
+    for j in range(DSPARK_K):
         prev = predict(prev)
         out[:, j] = prev if j < num_right else 2
     return out
@@ -80,7 +79,7 @@ class InstantMesh:
                     if verify.any():
                         starts = ends[verify] - rows[verify]
                         inputs = as_i32(d.token_ids)
-                        r = starts[:, None] + np.arange(K + 1)
+                        r = starts[:, None] + np.arange(DSPARK_K + 1)
                         a = accept_chain(inputs[r[:, 1:]], preds[r])
                         last[verify] = preds[starts + a - 1]
                     draft_ids.append(as_i32(d.req_ids))
@@ -90,7 +89,7 @@ class InstantMesh:
                 first = np.concatenate(anchors)
                 res.draft_req_ids = i32(np.concatenate([np.atleast_1d(x) for x in draft_ids]))
                 res.draft_token_ids = i32(chain(first, self.num_steps % 8))
-                res.draft_confidence = f32(np.ones((len(first), K), np.float32))
+                res.draft_confidence = f32(np.ones((len(first), DSPARK_K), np.float32))
             results.append(res)
         return results
 
@@ -152,7 +151,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--tap", default="tcp://127.0.0.1:0")
     args = ap.parse_args()
-    for name, k in (("K=0 (1 row)", 0), ("K=7 (8 rows)", K)):
+    for name, k in (("K=0 (1 row)", 0), ("K=7 (8 rows)", DSPARK_K)):
         host, steady, traces = asyncio.run(run(args.requests, args.partitions, args.steps, k, args.tap))
         if not steady:
             print(f"{name}: no steady-state traces recorded ({len(traces)} traces)")

@@ -16,8 +16,7 @@ import time
 import numpy as np
 import torch
 
-from dspark_loop.protocol import RankConfig
-from dspark_loop.protocol import BlockUpdate, i32
+from dspark_loop.protocol import BlockUpdate, RankConfig, i32
 from workers.runner import ModelRunner
 from workers.staging import Segment
 
@@ -96,8 +95,10 @@ def main() -> None:
         t_hf_pre = timed(lambda: ref(torch.from_numpy(prompt[None].astype(np.int64))), a.reps)
 
     print(f"model: {a.layers} layers, hidden {a.hidden}; {a.requests} requests at context {a.context}")
-    print(f"ours  decode 1 row x {a.requests}:  {t_dec1 * 1e3:8.2f} ms/step  {t_dec1 / a.requests * 1e3:7.2f} ms/token")
-    print(f"ours  verify 8 rows x {a.requests}: {t_dec8 * 1e3:8.2f} ms/step  {t_dec8 / (8 * a.requests) * 1e3:7.2f} ms/row")
+    print(f"ours  decode 1 row x {a.requests}:  {t_dec1 * 1e3:8.2f} ms/step  "
+          f"{t_dec1 / a.requests * 1e3:7.2f} ms/token")
+    print(f"ours  verify 8 rows x {a.requests}: {t_dec8 * 1e3:8.2f} ms/step  "
+          f"{t_dec8 / (8 * a.requests) * 1e3:7.2f} ms/row")
     print(f"ours  prefill {a.prefill}:           {t_pre * 1e3:8.2f} ms")
     print(f"hf    cached decode (batch 1): {t_hf * 1e3:8.2f} ms/token")
     print(f"hf    prefill {a.prefill}:           {t_hf_pre * 1e3:8.2f} ms")

@@ -63,7 +63,7 @@ class ToolConstraint:
     @classmethod
     def build(cls, tokenizer, tools: list[dict], tool_choice, *, start_in_reasoning: bool,
               vocab_size: int | None = None, parallel_tool_calls: bool = True,
-              max_value_len: int | None = None, max_rollback: int = 16) -> "ToolConstraint":
+              max_value_len: int | None = None, max_rollback: int = 16) -> ToolConstraint:
         """Raises UnsupportedToolSchema (from the grammar) before anything is generated."""
         vocab_size = vocab_size or tokenizer.get_vocab_size(with_added_tokens=True)
         eos_id = tokenizer.token_to_id(EOS)

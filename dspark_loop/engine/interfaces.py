@@ -5,7 +5,8 @@
 """
 from __future__ import annotations
 
-from typing import AsyncIterator, Protocol
+from typing import Protocol
+from collections.abc import AsyncIterator
 
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.protocol import StepPlan, StepResult

@@ -197,7 +197,8 @@ class Scheduler:
             start = req.num_computed
             pstep.prefills.append((req, n, start + n == req.prefill_target))
         pplan = PartitionPlan(block_updates=updates)
-        pplan.prefills = [PrefillChunk(r.req_id, r.num_computed, i32(r.token_slice(r.num_computed, r.num_computed + n)), s)
+        pplan.prefills = [PrefillChunk(r.req_id, r.num_computed,
+                                       i32(r.token_slice(r.num_computed, r.num_computed + n)), s)
                           for r, n, s in pstep.prefills]
         if decodes:
             pstep.decode_reqs = decodes

@@ -38,7 +38,7 @@ async def test_disconnected_stream_frees_its_pages(server4, http):
     stream = await open_stream(http, server4.url, {"prompt": token_prompt(90, seed=5),
                                                    "max_tokens": 500, "ignore_eos": True})
     got = 0
-    async for event in stream.events():
+    async for _event in stream.events():
         got += 1
         if got == 2:
             break

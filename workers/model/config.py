@@ -28,7 +28,7 @@ class LocalDims:
     vocab_offset: int
 
     @classmethod
-    def of(cls, cfg: ModelConfig, shard: ShardSpec) -> "LocalDims":
+    def of(cls, cfg: ModelConfig, shard: ShardSpec) -> LocalDims:
         tp, ep = shard.tp_size, shard.ep_size
         for what, n, d in (("num_attention_heads", cfg.num_attention_heads, tp),
                            ("o_groups", cfg.o_groups, tp), ("vocab_size", cfg.vocab_size, tp),

@@ -15,7 +15,6 @@ Row invariance (a row's bits never depend on the batch) rests on three measured 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from workers.model.linear import Linear, quantize_per_token
@@ -45,7 +44,8 @@ def linear_rows(lin, x: torch.Tensor) -> torch.Tensor:
     ROW_TILE rows.
 
     NOTE: a BLAS gemm picks its kernel and tail handling by the number of rows, so a row's
-    result changes with its neighbours' count (measured on CPU). Calling it on fixed-size tiles makes every row's bits independent of the
+    result changes with its neighbours' count (measured on CPU). Calling it on fixed-size
+    tiles makes every row's bits independent of the
     batch: a request gives the same tokens alone or packed, and a verify tile writes the
     same cache rows as a 1-row step.
     """

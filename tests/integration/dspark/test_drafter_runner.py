@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from dspark_loop.protocol import RankConfig
-from dspark_loop.protocol import BlockUpdate, PartitionPlan, PrefillChunk, i32
+from dspark_loop.protocol import BlockUpdate, PartitionPlan, PrefillChunk, RankConfig, i32
 from tests.integration.dspark.harness import prompt
 from workers.runner import ModelRunner
 

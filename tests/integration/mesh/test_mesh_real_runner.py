@@ -5,11 +5,10 @@ import importlib.util
 import numpy as np
 import pytest
 
-from dspark_loop.protocol import RankConfig
 from dspark_loop.cache_layout import CacheLayout
 from dspark_loop.model_config import ModelConfig
-from dspark_loop.protocol import (BlockUpdate, DecodeBatch, PartitionPlan, PrefillChunk, StepPlan,
-                                  as_i32, i8, i32)
+from dspark_loop.protocol import (BlockUpdate, DecodeBatch, PartitionPlan, PrefillChunk, RankConfig,
+                                  StepPlan, as_i32, i8, i32)
 from tests.integration.mesh.conftest import make_mesh
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("workers.runner") is None,

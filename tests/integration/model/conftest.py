@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dspark_loop.protocol import RankConfig
-from dspark_loop.protocol import BlockUpdate, i32
+from dspark_loop.protocol import BlockUpdate, RankConfig, i32
 from workers.runner import ModelRunner
 from workers.staging import Segment
 from tests.tie_rule import lowest_index_ties

@@ -1,11 +1,9 @@
 """Chunked prefill: chunk boundaries anywhere (off page, off ratio alignment) must give
 the same cache and the same logits as a one-shot prefill."""
-import numpy as np
 import pytest
 import torch
 
 from tests.integration.model.conftest import Driver, new_runner, prompt
-from workers.staging import Segment
 
 PROMPT_LEN = 181
 

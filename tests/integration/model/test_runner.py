@@ -2,8 +2,7 @@
 import numpy as np
 import torch
 
-from dspark_loop.protocol import RankConfig
-from dspark_loop.protocol import BlockUpdate, DecodeBatch, PartitionPlan, PrefillChunk, i8, i32
+from dspark_loop.protocol import BlockUpdate, DecodeBatch, PartitionPlan, PrefillChunk, RankConfig, i32, i8
 from tests.integration.model.conftest import BLOCK_SIZE, Driver, new_runner, prompt
 from workers.model.layers import hc_head, linear_rows
 from workers.runner import ModelRunner

@@ -1,4 +1,5 @@
-"""A whole completion through ChatOutput (message, finish_reason): the release vectors, argument typing, malformed blocks."""
+"""A whole completion through ChatOutput (message, finish_reason): the release vectors,
+argument typing, malformed blocks."""
 from __future__ import annotations
 
 import json

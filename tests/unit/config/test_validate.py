@@ -108,7 +108,8 @@ GENERAL_VIOLATIONS = [
      "fixed at DSPARK_QUERY_WIDTH = 7 (got 4)"),
     (dict(generate=GenerateDefaults(temperature=0.8)),
      "--generate-config temperature must be 0: greedy is the only sampling mode (got 0.8)"),
-    (dict(max_num_batched_tokens=0, long_prefill_token_threshold=8), "--max-num-batched-tokens must be a positive integer (got 0)"),
+    (dict(max_num_batched_tokens=0, long_prefill_token_threshold=8),
+     "--max-num-batched-tokens must be a positive integer (got 0)"),
 ]
 
 

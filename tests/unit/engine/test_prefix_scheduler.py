@@ -11,7 +11,7 @@ from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.protocol import as_i8, as_i32
 from tests.unit.engine.factories import (make_mesh, make_scheduler, prompt_ids, run_step,
-                                         run_to_completion, tokens_of)
+                                         tokens_of)
 
 
 def make_req(sched, name, tokens, max_tokens=6):

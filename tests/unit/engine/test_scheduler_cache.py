@@ -1,7 +1,7 @@
 """Pages: exact ids, ring release, preemption by recompute, abort."""
 from dspark_loop.protocol import as_i32
 from tests.unit.engine.factories import (make_mesh, make_requests, make_scheduler, run_step,
-                                         run_to_completion, tokens_of)
+                                         run_to_completion)
 
 
 def block_updates(step, p=0):
