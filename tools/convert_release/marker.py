@@ -54,7 +54,7 @@ class Marker:
 
     @classmethod
     def start(cls, out_dir: str, fmt: str, source_sha256: str, block: tuple[int, int],
-              resume: bool) -> "Marker":
+              resume: bool) -> Marker:
         """A fresh marker in an empty OUT, or the one a killed run left (--resume)."""
         marker = cls(out_dir, fmt, source_sha256, block)
         exists = os.path.isdir(out_dir) and os.listdir(out_dir)

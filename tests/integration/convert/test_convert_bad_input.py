@@ -62,7 +62,8 @@ CASES = {  # id -> (what to break, error regex)
                        edit_shard(p, "layers.1.attn.wq_a.scale", drop("layers.1.attn.wq_a.scale")),
                        r"missing tensors \['layers\.1\.attn\.wq_a\.weight'\]"),
     "missing scale": (lambda p: edit_shard(p, "layers.1.attn.wq_b.scale", drop("layers.1.attn.wq_b.scale")),
-                      r"layers\.1\.attn\.wq_b\.weight is F8_E4M3 but its scale layers\.1\.attn\.wq_b\.scale is missing"),
+                      r"layers\.1\.attn\.wq_b\.weight is F8_E4M3 but its scale "
+                      r"layers\.1\.attn\.wq_b\.scale is missing"),
     "scale without weight": (lambda p: edit_shard(p, "layers.1.attn.wq_b.weight", drop("layers.1.attn.wq_b.weight")),
                              r"layers\.1\.attn\.wq_b\.scale: a scale without its weight"),
     "wrong shape": (lambda p: edit_shard(p, "layers.1.attn.attn_sink", replace(
