@@ -18,6 +18,7 @@ import asyncio
 import atexit
 import logging
 import os
+import shlex
 import socket
 
 import msgspec
@@ -98,6 +99,9 @@ class Mesh:
         self.rank_cfg = msgspec.structs.replace(
             self.rank_cfg, connect=self.address, dist_init=self.dist_init,
             parent_pid=os.getpid() if self.launch else 0)
+        if not self.launch:
+            log.info("start each rank R with: python -m workers %s",
+                     shlex.join(self.rank_argv(0)).replace("--rank 0", "--rank R", 1))
 
     def rank_argv(self, rank: int) -> list[str]:
         """`python -m workers` arguments for one rank (after bind())."""
