@@ -13,6 +13,7 @@ import os
 import re
 from dataclasses import replace
 
+from dspark_loop.cli_ops import add_ops_flags, ops_fields
 from dspark_loop.config import (DEFAULT_RING_HEAP, GENERATE_KEYS, ConfigError, GenerateDefaults,
                                 ServerConfig, SpeculativeConfig, fill_defaults, validate)
 from dspark_loop.model_config import ModelConfig
@@ -196,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--debug-tap", type=debug_tap, default=None, metavar="ADDR",
       help="publish a StepTrace per engine step on this ZeroMQ PUB address (a bare port "
            "means loopback: 5599 = tcp://127.0.0.1:5599)")
+    add_ops_flags(p)
     return p
 
 
@@ -216,7 +218,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         enable_prefix_caching=ns.enable_prefix_caching, speculative=ns.speculative_config,
         ring_heap=ns.ring_heap, generate=ns.generate_config, prompts=tuple(ns.prompt),
         max_tokens=ns.max_tokens, log_level=ns.log_level, kv_cache_memory=ns.kv_cache_memory,
-        num_blocks=ns.num_blocks, debug_tap=ns.debug_tap)
+        num_blocks=ns.num_blocks, debug_tap=ns.debug_tap, **ops_fields(parser, ns, os.environ))
     return fill_defaults(cfg)
 
 

@@ -85,6 +85,11 @@ class ServerConfig:
     kv_cache_memory: int | None = None  # bytes per rank for KV pages
     num_blocks: int | None = None
     debug_tap: str | None = None
+    # operating it (cli_ops.py); keys stay out of repr() so a logged config shows none
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    max_queued_requests: int | None = None  # None: no limit
+    shutdown_timeout_s: float = 30.0
+    stream_write_timeout_s: float = 30.0  # 0: never abort a stalled stream
 
     @property
     def num_speculative_tokens(self) -> int:

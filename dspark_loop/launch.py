@@ -74,6 +74,9 @@ class PendingEngine:
     def abort(self, request_id: str) -> bool:
         return False if self.inner is None else self.inner.abort(request_id)
 
+    def capacity_problem(self, prompt_len: int, max_tokens: int) -> str | None:
+        return None if self.inner is None else self.inner.capacity_problem(prompt_len, max_tokens)
+
 
 def make_mesh(cfg: ServerConfig) -> Mesh:
     return Mesh(rank_config(cfg))
@@ -159,7 +162,8 @@ def make_observers(cfg: ServerConfig) -> tuple[list[EngineObserver], Metrics]:
 
 
 async def run_server(cfg: ServerConfig, model: ModelConfig) -> int:
-    from dspark_loop.api.app import create_app
+    from dspark_loop.api.app import GATE_KEY, create_app
+    from dspark_loop.api.drain import Drain
     from dspark_loop.api.server import serve
 
     tokenizer = load_tokenizer(cfg.model)
@@ -169,13 +173,14 @@ async def run_server(cfg: ServerConfig, model: ModelConfig) -> int:
     mesh = make_mesh(cfg)
     stop = asyncio.Event()
     started = asyncio.Event()
+    drain = Drain(app[GATE_KEY], cfg.shutdown_timeout_s, stop)
 
     async def stop_engine() -> None:  # before the HTTP server closes: streams end cleanly
         if pending.inner is not None:
             await pending.inner.stop()
 
     server = asyncio.create_task(serve(app, cfg.host, cfg.port, stop=stop, started=started,
-                                       before_cleanup=stop_engine))
+                                       before_cleanup=stop_engine, on_signal=drain.on_signal))
     code = 0
     try:
         await asyncio.wait([server, asyncio.ensure_future(started.wait())],

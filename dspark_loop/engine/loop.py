@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
+from dspark_loop.engine.capacity import capacity_problem
 from dspark_loop.engine.detokenize import Detokenizer, TokenText
 from dspark_loop.engine.interfaces import MeshClient
 from dspark_loop.engine.observer import EngineObserver, RequestStats
@@ -85,6 +86,13 @@ class EngineLoop:
     @property
     def max_model_len(self) -> int:
         return self.scheduler.max_model_len
+
+    def capacity_problem(self, prompt_len: int, max_tokens: int) -> str | None:
+        """Why such a request could never fit a partition's pages (None: it can)."""
+        s = self.scheduler
+        return capacity_problem(s.layout, [p.num_blocks for p in s.partitions[0].cache.pools],
+                                prompt_len, max_tokens, max_model_len=s.max_model_len,
+                                chunk_cap=s.chunk_cap, spec_k=s.spec_k)
 
     def cache_stats(self) -> dict:
         """Read-only: free/total pages per family per partition and what still holds pages
