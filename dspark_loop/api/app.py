@@ -75,10 +75,13 @@ def create_app(engine: EngineClient, tokenizer, cfg: ServerConfig, model_cfg: Mo
     app.router.add_post("/v1/chat/completions", chat.handle)
     app.router.add_post("/tokenize", tokenize.tokenize)
     app.router.add_post("/detokenize", tokenize.detokenize)
-    spec = openapi_document(name, api_keys=bool(cfg.api_keys))
+    spec: list[dict] = []  # built on first use, when every route is registered
 
     async def openapi(request: web.Request) -> web.Response:
-        return web.json_response(spec)
+        if not spec:
+            served = {(rt.method.lower(), rt.resource.canonical) for rt in request.app.router.routes()}
+            spec.append(openapi_document(name, api_keys=bool(cfg.api_keys), served=served))
+        return web.json_response(spec[0])
 
     app.router.add_get("/openapi.json", openapi)
     if metrics is not None:

@@ -64,8 +64,10 @@ def _content(answer) -> dict:
     return {JSON: {"schema": {"$ref": REF.format(name=answer.__name__)}}}
 
 
-def openapi_document(model_name: str, api_keys: bool = False) -> dict:
-    structs = [s for route in ROUTES for s in (route[3], route[4], route[5])
+def openapi_document(model_name: str, api_keys: bool = False, served=None) -> dict:
+    """served: the (method, path) pairs the app answers (None: all of ROUTES)."""
+    routes = [rt for rt in ROUTES if served is None or (rt[0], rt[1]) in served]
+    structs = [s for route in routes for s in (route[3], route[4], route[5])
                if isinstance(s, type)] + [r.ErrorResponse]
     _, components = msgspec.json.schema_components(structs, ref_template=REF)
     seen: dict = {}
@@ -76,7 +78,7 @@ def openapi_document(model_name: str, api_keys: bool = False) -> dict:
             components[name]["additionalProperties"] = False
     error = {"description": "", "content": {JSON: {"schema": {"$ref": REF.format(name="ErrorResponse")}}}}
     paths: dict = {}
-    for method, path, summary, request, answer, chunk, statuses in ROUTES:
+    for method, path, summary, request, answer, chunk, statuses in routes:
         ok = {"description": "OK", "content": _content(answer)}
         if chunk is not None:
             ok["content"]["text/event-stream"] = {
