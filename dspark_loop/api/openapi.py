@@ -64,6 +64,17 @@ def _content(answer) -> dict:
     return {JSON: {"schema": {"$ref": REF.format(name=answer.__name__)}}}
 
 
+def sse_event_schema(chunk: type) -> dict:
+    """One server-sent event (OpenAPI < 3.2: `schema` describes each event): its data is
+    a chunk or an error body as JSON, or the final [DONE]."""
+    payload = {"anyOf": [{"$ref": REF.format(name=chunk.__name__)},
+                         {"$ref": REF.format(name="ErrorResponse")}]}
+    data = {"anyOf": [{"const": "[DONE]"},
+                      {"type": "string", "contentMediaType": JSON, "contentSchema": payload}]}
+    return {"type": "object", "required": ["data"], "properties": {"data": data},
+            "description": f"`data: <{chunk.__name__}>` events, then `data: [DONE]`"}
+
+
 def openapi_document(model_name: str, api_keys: bool = False, served=None) -> dict:
     """served: the (method, path) pairs the app answers (None: all of ROUTES)."""
     routes = [rt for rt in ROUTES if served is None or (rt[0], rt[1]) in served]
@@ -81,9 +92,7 @@ def openapi_document(model_name: str, api_keys: bool = False, served=None) -> di
     for method, path, summary, request, answer, chunk, statuses in routes:
         ok = {"description": "OK", "content": _content(answer)}
         if chunk is not None:
-            ok["content"]["text/event-stream"] = {
-                "schema": {"type": "string",
-                           "description": f"`data: <{chunk.__name__}>` events, then `data: [DONE]`"}}
+            ok["content"]["text/event-stream"] = {"schema": sse_event_schema(chunk)}
         op = {"summary": summary, "operationId": f"{method}_{path.strip('/').replace('/', '_').replace('.', '_')}",
               "responses": {"200": ok}}
         for status in statuses:
