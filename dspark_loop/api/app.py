@@ -9,7 +9,7 @@
                               engine's page pools under "engine" once it runs)
     GET  /openapi.json        OpenAPI 3.1 of these routes (openapi.py)
 
-The routes reach the engine through an AdmissionGate (admission.py, app[GATE_KEY]); with
+The routes reach the engine through an AdmissionGate (gate.py, app[GATE_KEY]); with
 API keys (auth.py) the model's routes need `Authorization: Bearer KEY`.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 
 from aiohttp import web
 
-from dspark_loop.api.admission import AdmissionGate
+from dspark_loop.api.gate import AdmissionGate
 from dspark_loop.api.auth import api_key_middleware
 from dspark_loop.api.chat_completions import ChatCompletionsRoute
 from dspark_loop.api.completions import CompletionsRoute

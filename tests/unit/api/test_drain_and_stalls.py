@@ -6,7 +6,7 @@ import json
 import signal
 import socket
 
-from dspark_loop.api.admission import AdmissionGate
+from dspark_loop.api.gate import AdmissionGate
 from dspark_loop.api.drain import Drain
 from tests.unit.api.fake_engine import FakeEngine
 from tests.unit.api.harness import MODEL, serving
