@@ -45,3 +45,12 @@ def test_probes_stay_open_and_the_log_never_shows_a_key(keyed_server):
     assert "request" in log
     for key in (FLAG_KEY, *ENV_KEYS, "sk-wrong-guess"):
         assert key not in log
+
+
+def test_the_ranks_do_not_inherit_the_key_variable(keyed_server):
+    """DSPARK_API_KEY is read once by the server; its rank processes' environment must
+    not hold it."""
+    for pid in keyed_server.rank_pids():
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+        assert b"DSPARK_API_KEY" not in env and all(k.encode() not in env for k in ENV_KEYS)
