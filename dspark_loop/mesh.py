@@ -8,9 +8,9 @@
 
 ROUTER_MANDATORY makes a send to a rank that is not connected an error instead of a
 silent drop, and the Hello travels on the same DEALER, so a rank that said Hello is
-routable. Liveness: a rank that exits (polled every 0.2 s in a step, 0.5 s while idle),
-answers with an error, or misses step_timeout_s makes the mesh dead: `dead` says why,
-every other rank is stopped, and step() raises EngineDead.
+routable. Liveness: a rank that exits or is stopped (SIGSTOP; polled every 0.2 s in a
+step, 0.5 s while idle), answers with an error, or misses step_timeout_s makes the mesh
+dead: `dead` says why, every rank is killed, and step() raises EngineDead.
 """
 from __future__ import annotations
 
@@ -201,6 +201,8 @@ class Mesh:
                 else:
                     results[msg.rank] = msg
             now = loop.time()
+            if got is None and (hang := self.procs.hang_reason()):  # quiet for POLL_S: look
+                await self._die(f"{hang} during step {step_id}")
             if trouble_since is None and (errors or self.procs.exited()):
                 trouble_since = now
             # NOTE: one failure brings a cascade (a killed rank's peers report "connection
@@ -244,7 +246,7 @@ class Mesh:
         """Notices a dead rank while no step is running (so /health can say 503)."""
         while not self._dead and not self._closing:
             await asyncio.sleep(WATCH_S)
-            reason = self.procs.exit_reason()
+            reason = self.procs.exit_reason() or self.procs.hang_reason()
             if reason and not self._closing and not self._in_step:
                 try:
                     await self._die(reason)
@@ -254,8 +256,8 @@ class Mesh:
     async def _die(self, reason: str):
         if self._dead is None and not self._closing:
             self._dead = reason
-            log.error("engine dead: %s; stopping every rank", reason)
-            await self.procs.stop(grace_s=0.0)
+            log.error("engine dead: %s; killing every rank", reason)
+            await self.procs.kill()  # NOTE: a dead mesh has nothing to save; a stopped rank ignores SIGTERM
             self.procs.log_exits()
         raise EngineDead(self._dead or "the mesh is closing")
 
