@@ -17,6 +17,7 @@ import asyncio
 import logging
 
 from dspark_loop.api.errors import ApiError
+from dspark_loop.engine.interfaces import EngineClient
 from dspark_loop.engine.outputs import GenerateRequest
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,9 @@ RETRY_AFTER_S = 1  # what an overloaded server asks a client to wait before retr
 
 
 class AdmissionGate:
-    def __init__(self, engine, max_queued_requests: int | None = None):
+    """An EngineClient in front of an EngineClient."""
+
+    def __init__(self, engine: EngineClient, max_queued_requests: int | None = None):
         self.engine = engine
         self.max_queued_requests = max_queued_requests
         self.draining = False
@@ -47,8 +50,22 @@ class AdmissionGate:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
+    @property
+    def num_running(self) -> int:
+        return self.engine.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self.engine.num_waiting
+
     def abort(self, request_id: str) -> bool:
         return self.engine.abort(request_id)
+
+    def capacity_problem(self, prompt_len: int, max_tokens: int) -> str | None:
+        return self.engine.capacity_problem(prompt_len, max_tokens)
+
+    def cache_stats(self) -> dict | None:
+        return self.engine.cache_stats()
 
     # ---- admission ----------------------------------------------------------------------------
     def check(self, g: GenerateRequest) -> None:

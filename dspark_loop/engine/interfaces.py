@@ -36,6 +36,10 @@ class EngineClient(Protocol):
 
     def abort(self, request_id: str) -> bool: ...
 
+    def capacity_problem(self, prompt_len: int, max_tokens: int) -> str | None:
+        """Why such a request could never fit a partition's pages (None: it can)."""
+        ...
+
     def cache_stats(self) -> dict | None:
         """Page pools, live requests and DSpark totals; None until the engine runs."""
         ...
