@@ -1,5 +1,5 @@
-"""The operator's flags (API keys, overload, drain, stalled streams), kept apart from the
-model and topology flags in cli.py.
+"""The operator's flags (API keys, overload, drain, stalled streams, rank restarts), kept
+apart from the model and topology flags in cli.py.
 
     add_ops_flags(parser)        the flags below
     ops_fields(parser, ns, env)  -> ServerConfig fields; a bad value exits 2 naming its flag
@@ -15,9 +15,20 @@ import math
 import re
 
 from dspark_loop.config import ServerConfig
+from dspark_loop.restart_budget import RESTART_WINDOW_S
 
 API_KEY_ENV = "DSPARK_API_KEY"
 _KEY_CHARS = re.compile(r"[\x21-\x7e]+")  # visible ASCII: what an HTTP header can carry
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer (got {text!r})")
+    return value
 
 
 def queue_limit(text: str) -> int:
@@ -56,6 +67,10 @@ def add_ops_flags(p: argparse.ArgumentParser) -> None:
     a("--stream-write-timeout", type=seconds, default=ServerConfig.stream_write_timeout_s,
       metavar="S", help="abort a stream whose client has not taken a chunk for S seconds "
                         "(its write buffer is full), freeing the request's pages; 0: never")
+    a("--max-rank-restarts", type=non_negative_int, default=ServerConfig.max_rank_restarts,
+      metavar="N", help=f"when a rank dies or hangs, fail the running requests, keep the "
+                        f"waiting ones and restart every rank, at most N times in any "
+                        f"{RESTART_WINDOW_S:g} s (then stay down, 503); 0: never restart")
 
 
 def api_keys(parser: argparse.ArgumentParser, flag_keys: list[str], env: dict) -> tuple[str, ...]:
@@ -78,4 +93,5 @@ def ops_fields(parser: argparse.ArgumentParser, ns: argparse.Namespace, env: dic
     return {"api_keys": api_keys(parser, ns.api_key, env),
             "max_queued_requests": ns.max_queued_requests,
             "shutdown_timeout_s": ns.shutdown_timeout,
-            "stream_write_timeout_s": ns.stream_write_timeout}
+            "stream_write_timeout_s": ns.stream_write_timeout,
+            "max_rank_restarts": ns.max_rank_restarts}

@@ -90,6 +90,7 @@ class ServerConfig:
     max_queued_requests: int | None = None  # None: no limit
     shutdown_timeout_s: float = 30.0
     stream_write_timeout_s: float = 30.0  # 0: never abort a stalled stream
+    max_rank_restarts: int = 3  # mesh restarts per RESTART_WINDOW_S; 0: a dead rank is final
 
     @property
     def num_speculative_tokens(self) -> int:

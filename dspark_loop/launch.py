@@ -25,6 +25,8 @@ from dspark_loop.mesh import Mesh
 from dspark_loop.metrics import Metrics
 from dspark_loop.model_config import ModelConfig
 from dspark_loop.protocol import RankConfig
+from dspark_loop.restart_budget import RestartBudget
+from dspark_loop.supervisor import MeshSupervisor
 from dspark_loop.tap_publisher import TapPublisher
 
 log = logging.getLogger("dspark_loop")
@@ -46,6 +48,10 @@ class PendingEngine:
     @property
     def dead_reason(self) -> str | None:
         return self.start_error if self.inner is None else self.inner.dead_reason
+
+    @property
+    def restarting(self) -> str | None:
+        return None if self.inner is None else self.inner.restarting
 
     @property
     def num_running(self) -> int:
@@ -110,16 +116,20 @@ def threads_per_rank(backend: str, world_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // world_size)
 
 
+def make_scheduler(cfg: ServerConfig, model: ModelConfig, num_blocks: list[int]) -> Scheduler:
+    layout = CacheLayout.for_model(model, cfg.block_size)
+    return Scheduler(layout, num_partitions=cfg.dp, num_blocks=num_blocks,
+                     max_num_seqs=cfg.max_num_seqs,
+                     max_num_batched_tokens=cfg.max_num_batched_tokens,
+                     long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+                     max_model_len=cfg.max_model_len, eos_token_ids=model.eos_token_ids,
+                     **scheduler_extra_kwargs(cfg))
+
+
 def make_engine(cfg: ServerConfig, model: ModelConfig, mesh: Mesh, tokenizer: Tokenizer,
                 observers: list[EngineObserver]) -> EngineLoop:
-    layout = CacheLayout.for_model(model, cfg.block_size)
-    scheduler = Scheduler(layout, num_partitions=cfg.dp, num_blocks=mesh.num_blocks,
-                          max_num_seqs=cfg.max_num_seqs,
-                          max_num_batched_tokens=cfg.max_num_batched_tokens,
-                          long_prefill_token_threshold=cfg.long_prefill_token_threshold,
-                          max_model_len=cfg.max_model_len, eos_token_ids=model.eos_token_ids,
-                          **scheduler_extra_kwargs(cfg))
-    return EngineLoop(scheduler, mesh, tokenizer, observers=observers)
+    return EngineLoop(make_scheduler(cfg, model, mesh.num_blocks), mesh, tokenizer,
+                      observers=observers)
 
 
 def scheduler_extra_kwargs(cfg: ServerConfig) -> dict:
@@ -144,10 +154,7 @@ async def start_engine(cfg: ServerConfig, model: ModelConfig, tokenizer: Tokeniz
         ob.set_num_blocks_total(mesh.num_blocks)
     engine = make_engine(cfg, model, mesh, tokenizer, observers)
     engine.start()
-    log.info("ready in %.1fs: %s pages per partition (families %s), max_model_len=%d, K=%d",
-             time.monotonic() - t0, mesh.num_blocks,
-             [f.name for f in CacheLayout.for_model(model, cfg.block_size).families],
-             cfg.max_model_len, cfg.num_speculative_tokens)
+    log_ready(cfg, model, mesh, t0)
     return engine
 
 
@@ -170,14 +177,15 @@ async def run_server(cfg: ServerConfig, model: ModelConfig) -> int:
     pending = PendingEngine(cfg.max_model_len)
     observers, metrics = make_observers(cfg)
     app = create_app(pending, tokenizer, cfg, model, metrics=metrics)
-    mesh = make_mesh(cfg)
+    supervisor = MeshSupervisor(lambda: make_mesh(cfg),
+                                lambda num_blocks: make_scheduler(cfg, model, num_blocks),
+                                tokenizer, observers, RestartBudget(cfg.max_rank_restarts))
     stop = asyncio.Event()
     started = asyncio.Event()
     drain = Drain(app[GATE_KEY], cfg.shutdown_timeout_s, stop)
 
     async def stop_engine() -> None:  # before the HTTP server closes: streams end cleanly
-        if pending.inner is not None:
-            await pending.inner.stop()
+        await supervisor.close()
 
     server = asyncio.create_task(serve(app, cfg.host, cfg.port, stop=stop, started=started,
                                        before_cleanup=stop_engine, on_signal=drain.on_signal))
@@ -187,22 +195,39 @@ async def run_server(cfg: ServerConfig, model: ModelConfig) -> int:
                            return_when=asyncio.FIRST_COMPLETED)
         if server.done():
             server.result()  # raises the bind error
+        t0 = time.monotonic()
+        log.info("starting %d rank(s): dp=%d tp=%d ep=%d backend=%s dtype=%s model=%s",
+                 cfg.world_size, cfg.dp, cfg.tp, cfg.ep, cfg.backend, cfg.dtype, cfg.model)
+        # NOTE: a signal while the ranks load ends the start-up, not only the wait after it
+        starting = asyncio.create_task(supervisor.start())
+        await asyncio.wait([starting, server], return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
         try:
-            pending.inner = await start_engine(cfg, model, tokenizer, mesh, observers)
+            pending.inner = await starting
+            log_ready(cfg, model, supervisor.mesh, t0)
         except MeshStartError as e:
             pending.start_error = f"ranks failed to start: {e}"
             log.error("%s", pending.start_error)
             stop.set()
             code = 1
+        except asyncio.CancelledError:
+            if not stop.is_set():
+                raise
         await server
     finally:
-        if pending.inner is not None:
-            await pending.inner.stop()
-        await mesh.close()
+        await supervisor.close()
         for ob in observers:
             ob.close()
         log.info("stopped")
     return code
+
+
+def log_ready(cfg: ServerConfig, model: ModelConfig, mesh: Mesh, t0: float) -> None:
+    log.info("ready in %.1fs: %s pages per partition (families %s), max_model_len=%d, K=%d",
+             time.monotonic() - t0, mesh.num_blocks,
+             [f.name for f in CacheLayout.for_model(model, cfg.block_size).families],
+             cfg.max_model_len, cfg.num_speculative_tokens)
 
 
 async def run_offline_mode(cfg: ServerConfig, model: ModelConfig) -> int:

@@ -256,7 +256,7 @@ class Mesh:
     async def _die(self, reason: str):
         if self._dead is None and not self._closing:
             self._dead = reason
-            log.error("engine dead: %s; killing every rank", reason)
+            log.error("rank mesh dead: %s; killing every rank", reason)
             await self.procs.kill()  # NOTE: a dead mesh has nothing to save; a stopped rank ignores SIGTERM
             self.procs.log_exits()
         raise EngineDead(self._dead or "the mesh is closing")

@@ -1,6 +1,6 @@
 """create_app: the aiohttp application and its routes.
 
-    GET  /health              200 {"status":"ok"} | 503 not_ready | draining | dead + reason
+    GET  /health              200 {"status":"ok"} | 503 not_ready | draining | restarting | dead
     GET  /v1/models           the served model (OpenAI list)
     POST /v1/completions      completions.py
     POST /v1/chat/completions chat_completions.py
@@ -59,6 +59,8 @@ def create_app(engine: EngineClient, tokenizer, cfg: ServerConfig, model_cfg: Mo
             return web.json_response({"status": "draining"}, status=503)
         if engine.dead_reason is not None:
             return web.json_response({"status": "dead", "reason": engine.dead_reason}, status=503)
+        if engine.restarting is not None:
+            return web.json_response({"status": "restarting", "reason": engine.restarting}, status=503)
         if not engine.ready:
             return web.json_response({"status": "not_ready"}, status=503)
         return web.json_response({"status": "ok"})

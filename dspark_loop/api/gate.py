@@ -47,6 +47,10 @@ class AdmissionGate:
         return self.engine.dead_reason
 
     @property
+    def restarting(self) -> str | None:
+        return self.engine.restarting
+
+    @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 

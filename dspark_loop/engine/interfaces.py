@@ -22,6 +22,9 @@ class EngineClient(Protocol):
     def dead_reason(self) -> str | None: ...  # why the engine is gone (/health 503)
 
     @property
+    def restarting(self) -> str | None: ...  # why the ranks are being restarted (/health 503)
+
+    @property
     def max_model_len(self) -> int: ...
 
     @property

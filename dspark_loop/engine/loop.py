@@ -5,14 +5,17 @@
 
 Only steps 3-4 await. Any exception in the loop (EngineDead or a bug) ends every request
 with finish_reason "error" and leaves the engine dead: later generate() calls answer with
-an error at once.
+an error at once. Unless `on_mesh_dead` is set (recovery, supervisor.py): then a dead mesh
+(EngineDead) fails only the running requests, keeps the waiting ones queued, and calls
+on_mesh_dead(reason, num_failed), which restarts the ranks and calls resume() (or
+give_up()); `restarting` says why meanwhile.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from dspark_loop.engine.capacity import capacity_problem
 from dspark_loop.engine.detokenize import Detokenizer, TokenText
@@ -22,9 +25,11 @@ from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.request import Request
 from dspark_loop.engine.scheduled_step import ScheduledStep
 from dspark_loop.engine.scheduler import Scheduler
+from dspark_loop.errors import EngineDead
 from dspark_loop.protocol import PartitionTrace, StepTrace
 
 log = logging.getLogger(__name__)
+IDLE_CHECK_S = 0.5  # an idle loop looks this often whether its mesh died
 
 
 def error_output(request_id: str, message: str, num_prompt_tokens: int = 0,
@@ -47,6 +52,8 @@ class EngineLoop:
         self._dead_reason: str | None = None
         self._stopping = False
         self.num_steps = 0
+        self.on_mesh_dead: Callable[[str, int], Awaitable[None]] | None = None  # recovery
+        self._restarting: str | None = None
 
     # ---- public ------------------------------------------------------------------------
     def start(self) -> None:
@@ -67,13 +74,37 @@ class EngineLoop:
 
     @property
     def ready(self) -> bool:
-        return self._task is not None and self.dead_reason is None and not self._stopping
+        return (self._task is not None and self.dead_reason is None and self.restarting is None
+                and not self._stopping)
 
     @property
     def dead_reason(self) -> str | None:
         # NOTE: the mesh's idle watcher notices a rank that died between steps; /health
         # must say 503 then too, not only after the next step fails.
-        return self._dead_reason or (None if self._stopping else self.mesh.dead)
+        if self._dead_reason or self._stopping or self.on_mesh_dead is not None:
+            return self._dead_reason
+        return self.mesh.dead
+
+    @property
+    def restarting(self) -> str | None:
+        """Why the ranks are being restarted (None when not): a recoverable death."""
+        if self._dead_reason or self._stopping or self.on_mesh_dead is None:
+            return None
+        return self._restarting or self.mesh.dead
+
+    def resume(self, mesh: MeshClient, scheduler: Scheduler) -> None:
+        """A fresh mesh and scheduler (empty pools) after a restart; the kept requests wait
+        in the inbox, ahead of those that arrived meanwhile."""
+        self.mesh, self.scheduler = mesh, scheduler
+        self._restarting = None
+        self._task = None
+        self.start()
+
+    def give_up(self, reason: str) -> None:
+        """No restart after all: the engine is dead and every request ends with an error."""
+        self._dead_reason = reason
+        self._restarting = None
+        self._fail_all(reason)
 
     @property
     def num_running(self) -> int:
@@ -173,7 +204,7 @@ class EngineLoop:
                 if not sched.has_work:
                     sched.check_integrity()
                     self._wakeup.clear()
-                    await self._wakeup.wait()
+                    await self._idle_wait()
                     continue
                 wall, t0 = time.time(), time.perf_counter()
                 # 2. schedule
@@ -198,11 +229,45 @@ class EngineLoop:
                     await asyncio.sleep(0)  # let consumers and new requests in
         except asyncio.CancelledError:
             raise
+        except EngineDead as e:
+            if self.on_mesh_dead is None or self._stopping:
+                log.error("engine dead: %s", e)
+                self._dead_reason = str(e)
+                self._fail_all(str(e))
+            else:
+                self._begin_restart(str(e))
         except Exception as e:  # noqa: BLE001 -- any failure ends the engine, as data
             reason = f"{type(e).__name__}: {e}"
             log.exception("engine loop died: %s", reason)
             self._dead_reason = reason
             self._fail_all(reason)
+
+    async def _idle_wait(self) -> None:
+        """Wait for work; with recovery on, also notice a mesh that died while idle."""
+        if self.on_mesh_dead is None:
+            await self._wakeup.wait()
+            return
+        while not self._wakeup.is_set():
+            if self.mesh.dead:
+                raise EngineDead(self.mesh.dead)
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), IDLE_CHECK_S)
+            except asyncio.TimeoutError:
+                pass
+
+    def _begin_restart(self, reason: str) -> None:
+        """The running requests end with an error; the waiting ones go back to the inbox."""
+        self._restarting = reason
+        running, waiting, early = self.scheduler.carry_over()
+        self._deliver(early)
+        self._deliver([error_output(r.request_id, f"the ranks failed: {reason}", r.prompt_len,
+                                    len(r.output_ids)) for r in running])
+        self._inbox[:0] = [r for r in waiting if r.request_id in self._queues]
+        log.warning("rank mesh died (%s): %d running request(s) failed, %d waiting kept",
+                    reason, len(running), len(self._inbox))
+        self._task = None
+        asyncio.get_running_loop().create_task(self.on_mesh_dead(reason, len(running)),
+                                               name="mesh-restart")
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
