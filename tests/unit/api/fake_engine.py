@@ -58,6 +58,7 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.closed = asyncio.Event()  # set when any generator ends (finished or aborted)
         self.too_large: str | None = None
+        self.restarting: str | None = None
 
     def capacity_problem(self, prompt_len: int, max_tokens: int) -> str | None:
         return self.too_large  # set by a test that wants the gate's 400
