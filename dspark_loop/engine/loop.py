@@ -20,13 +20,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dspark_loop.engine.capacity import capacity_problem
 from dspark_loop.engine.detokenize import Detokenizer, TokenText
 from dspark_loop.engine.interfaces import MeshClient
-from dspark_loop.engine.observer import EngineObserver, RequestStats
+from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.request import Request
 from dspark_loop.engine.scheduled_step import ScheduledStep
 from dspark_loop.engine.scheduler import Scheduler
+from dspark_loop.engine.step_trace import request_stats, step_trace
 from dspark_loop.errors import EngineDead
-from dspark_loop.protocol import PartitionTrace, StepTrace
 
 log = logging.getLogger(__name__)
 IDLE_CHECK_S = 0.5  # an idle loop looks this often whether its mesh died
@@ -290,8 +290,9 @@ class EngineLoop:
     def _observe(self, step: ScheduledStep, results, wall, t0, t1, t2, t3, t4) -> None:
         if not self.observers:
             return
-        trace = self._trace(step, results, wall, t0, t1, t2, t3, t4)
-        stats = [self._stats(r) for r in step.finished]
+        trace = step_trace(self.scheduler, step, results, self.num_waiting,
+                           wall, t0, t1, t2, t3, t4)
+        stats = [request_stats(r) for r in step.finished]
         for obs in self.observers:
             try:
                 obs.on_step(trace)
@@ -299,38 +300,3 @@ class EngineLoop:
                     obs.on_request_finished(s)
             except Exception:  # noqa: BLE001 -- an observer must never kill the engine
                 log.exception("observer %r failed", obs)
-
-    def _trace(self, step: ScheduledStep, results, wall, t0, t1, t2, t3, t4) -> StepTrace:
-        sched = self.scheduler
-        parts = []
-        for p, ps in enumerate(step.partitions):
-            parts.append(PartitionTrace(
-                prefill_req_ids=[r.req_id for r, _, _ in ps.prefills],
-                prefill_num_tokens=[n for _, n, _ in ps.prefills],
-                decode_req_ids=[r.req_id for r in ps.decode_reqs],
-                decode_num_rows=int(ps.decode_rows.sum()),
-                free_blocks=sched.num_free_blocks(p),
-                leases_in_use=sched.partitions[p].leases.num_in_use if sched.partitions[p].leases else 0))
-        compute = [r.compute_s for r in results] or [0.0]
-        return StepTrace(
-            step_id=step.step_id, wall_time=wall, schedule_s=t1 - t0,
-            compute_max_s=max(compute), compute_min_s=min(compute), gather_s=t2 - t1,
-            update_s=t3 - t2, deliver_s=t4 - t3, partitions=parts,
-            accepted_req_ids=step.accepted_req_ids, accepted_lens=step.accepted_lens,
-            accepted_num_drafts=step.accepted_num_drafts,
-            num_new_tokens=step.num_new_tokens, preempted_req_ids=step.preempted_req_ids,
-            aborted_req_ids=step.aborted_req_ids,
-            finished_req_ids=[r.req_id for r in step.finished],
-            finished_reasons=[r.finish_reason or "" for r in step.finished],
-            num_running=sched.num_running, num_waiting=self.num_waiting)
-
-    @staticmethod
-    def _stats(req: Request) -> RequestStats:
-        return RequestStats(
-            request_id=req.request_id, num_prompt_tokens=req.prompt_len,
-            num_output_tokens=len(req.output_ids), num_cached_tokens=req.num_cached_tokens,
-            finish_reason=req.finish_reason or "", arrival_time=req.arrival_time,
-            first_token_time=req.first_token_time, finish_time=req.finish_time or time.monotonic(),
-            inter_token_s=req.inter_token_s, num_verify_steps=req.num_verify_steps,
-            num_proposed=req.num_proposed, num_matched=req.num_matched,
-            num_accepted=req.num_accepted, num_fallback_steps=req.num_fallback_steps)
