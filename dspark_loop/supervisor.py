@@ -44,10 +44,13 @@ class MeshSupervisor:
         self.engine: EngineLoop | None = None
         self.num_restarts = 0
         self._restart: asyncio.Task | None = None
+        self._starting: asyncio.Task | None = None
 
     async def start(self) -> EngineLoop:
+        self._starting = asyncio.current_task()  # close() cancels a start-up in flight
         self.mesh = self.new_mesh()
         await self.mesh.start()
+        self._starting = None
         for ob in self.observers:
             ob.set_num_blocks_total(self.mesh.num_blocks)
         self.engine = EngineLoop(self.new_scheduler(self.mesh.num_blocks), self.mesh, self.tokenizer,
@@ -89,13 +92,14 @@ class MeshSupervisor:
                 log.exception("observer %r failed", ob)
 
     async def close(self) -> None:
-        """Stop a restart in flight, the engine loop, then the ranks."""
-        if self._restart is not None and not self._restart.done():
-            self._restart.cancel()
-            try:
-                await self._restart
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 -- closing anyway
-                pass
+        """Stop a start-up or restart in flight, the engine loop, then the ranks."""
+        for task in (self._starting, self._restart):
+            if task is not None and not task.done() and task is not asyncio.current_task():
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):  # noqa: BLE001 -- closing anyway
+                    pass
         if self.engine is not None:
             await self.engine.stop()
         if self.mesh is not None:

@@ -84,3 +84,29 @@ async def test_a_second_sigint_ends_open_streams_at_once_and_exits_cleanly(tiny_
         assert await asyncio.to_thread(wait_gone, ranks, 10) == []
     finally:
         server.stop(signal.SIGKILL)
+
+
+def test_sigterm_while_the_ranks_load_cancels_the_start_up(tiny_ckpt):
+    """SIGTERM as soon as the ranks are spawned must end the start-up (no "ready" line),
+    exit 0 and leave no rank behind."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.e2e.server import REPO, children_of, free_port
+
+    proc = subprocess.Popen([sys.executable, "-m", "dspark_loop", "--model", tiny_ckpt, "--tp", "2",
+                             "--ep", "2", "--port", str(free_port())], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 60
+        while len(ranks := children_of(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(ranks) == 2
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out.decode()[-3000:]
+        assert b"ready in" not in out and b"stopped" in out
+        assert wait_gone(ranks, 10) == []
+    finally:
+        proc.kill()
