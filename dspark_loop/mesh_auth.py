@@ -21,6 +21,10 @@ import hmac
 import os
 import secrets
 
+import msgspec
+
+from dspark_loop.protocol import ENCODER
+
 SECRET_ENV = "DSPARK_MESH_SECRET"
 MIN_SECRET_LEN = 16  # characters
 NONCE_BYTES = 16
@@ -79,3 +83,13 @@ def client_proof(secret: str, server_nonce: bytes, body: bytes) -> bytes:
 def same(expected: bytes, got: bytes) -> bool:
     """Constant-time comparison (a timing side channel must not leak the mac)."""
     return hmac.compare_digest(expected, got)
+
+
+def sign(msg, secret: str, server_nonce: bytes):
+    """msg (a Hello or NodeHello) with its mac set over its encoding with mac=b""."""
+    body = ENCODER.encode(msgspec.structs.replace(msg, mac=b""))
+    return msgspec.structs.replace(msg, mac=client_proof(secret, server_nonce, body))
+
+
+def is_signed(msg, secret: str, server_nonce: bytes) -> bool:
+    return same(sign(msg, secret, server_nonce).mac, msg.mac)
