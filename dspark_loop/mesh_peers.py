@@ -14,7 +14,8 @@ one), not when a collective times out. Torch-free.
 from __future__ import annotations
 
 from dspark_loop.mesh_auth import SECRET_ENV, is_signed, new_nonce, server_proof
-from dspark_loop.protocol import Challenge, Knock
+from dspark_loop.nodes import NodeLayout
+from dspark_loop.protocol import Challenge, Knock, RankExited
 
 
 def peer_name(peer: bytes) -> str:
@@ -62,6 +63,12 @@ class Peers:
     def is_admitted(self, sender: bytes, fd: int) -> bool:
         return self.admitted.get(sender) == fd
 
+    def forget(self, peer: bytes) -> None:
+        """A refused peer: no longer heard, and its leaving is not a loss."""
+        fd = self.admitted.pop(peer, None)
+        if fd is not None:
+            self._fd_to_peer.pop(fd, None)
+
     def closed(self, fd: int) -> bytes | None:
         """The admitted peer whose connection `fd` was, now lost; None for any other fd."""
         peer = self._fd_to_peer.pop(fd, None)
@@ -70,3 +77,23 @@ class Peers:
         del self.admitted[peer]
         self.lost.append(peer)
         return peer
+
+
+def node_of_peer(nodes: NodeLayout, peer: bytes) -> int:
+    number = int(peer[4:])
+    return number if peer.startswith(b"node") else nodes.node_of(number)
+
+
+def remote_loss(nodes: NodeLayout, lost: list[bytes], exits: list[RankExited]) -> str | None:
+    """Why another node counts as lost, or None: its first lost peer (its agent or a rank),
+    or better the exit its agent reported for one of its ranks. Peers of node 0 are not
+    counted: node 0 sees its own ranks' exit codes."""
+    remote = [p for p in lost if node_of_peer(nodes, p) != 0]
+    if not remote:
+        return None
+    node = node_of_peer(nodes, remote[0])
+    for e in exits:
+        if nodes.node_of(e.rank) == node:
+            return f"rank {e.rank} on node {node} exited with {e.how}"
+    what = "its agent's" if remote[0].startswith(b"node") else f"{peer_name(remote[0])}'s"
+    return f"node {node} lost: {what} connection closed"

@@ -5,8 +5,9 @@ import msgspec
 import pytest
 
 from dspark_loop.mesh_join import JoinError, Knocker
-from dspark_loop.mesh_peers import Peers, peer_name
-from dspark_loop.protocol import PROTOCOL_VERSION, Hello, NodeHello
+from dspark_loop.mesh_peers import Peers, peer_name, remote_loss
+from dspark_loop.nodes import NodeLayout
+from dspark_loop.protocol import PROTOCOL_VERSION, Hello, NodeHello, RankExited
 
 SECRET = "a-secret-of-some-length"
 RANK1 = b"rank1"
@@ -78,3 +79,14 @@ def test_a_closed_connection_names_its_admitted_peer_once():
     assert peers.closed(6) == b"node1" and peers.closed(6) is None
     assert peers.lost == [b"node1"] and not peers.is_admitted(b"node1", 6)
     assert peer_name(b"node1") == "node 1's agent" and peer_name(RANK1) == "rank 1"
+
+
+def test_a_lost_node_is_named_by_its_node_and_the_exit_its_agent_reported():
+    """A closed connection of another node's rank or agent must name that node (preferring
+    the exit its agent reported); lost peers of node 0 must not count as a lost node."""
+    nodes = NodeLayout(nnodes=2, world_size=4)
+    assert remote_loss(nodes, [b"rank0", b"rank1"], []) is None
+    assert remote_loss(nodes, [b"rank1", b"rank3"], []) == "node 1 lost: rank 3's connection closed"
+    assert remote_loss(nodes, [b"node1"], []) == "node 1 lost: its agent's connection closed"
+    exits = [RankExited(2, "signal SIGKILL")]
+    assert remote_loss(nodes, [b"node1"], exits) == "rank 2 on node 1 exited with signal SIGKILL"
