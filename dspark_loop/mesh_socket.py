@@ -37,7 +37,12 @@ class MeshSocket:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        # NOTE: the monitor is read with a plain (not asyncio) socket and NOBLOCK, so that
+        # poll_lost() never awaits: a step and the idle watcher may both call it.
+        address = f"inproc://mesh-monitor-{id(self)}"
+        self.sock.monitor(address, zmq.EVENT_DISCONNECTED)
+        self.monitor = zmq.Context.shadow(self.ctx.underlying).socket(zmq.PAIR)
+        self.monitor.connect(address)
 
     def bind(self, host: str, port: int = 0) -> str:
         """Listen on host:port (a free port when 0); the address peers connect to."""
@@ -94,15 +99,17 @@ class MeshSocket:
         except zmq.ZMQError as exc:  # it knocked and left
             log.warning("could not answer the knock of %r: %s", sender, exc)
 
-    async def poll_lost(self) -> list[bytes]:
-        """Admitted peers whose connection closed since the last call (and peers.lost)."""
+    def poll_lost(self) -> list[bytes]:
+        """Admitted peers whose connection closed since the last call (also in peers.lost)."""
         lost = []
-        while await self.monitor.poll(0, zmq.POLLIN):
-            event = parse_monitor_message(await self.monitor.recv_multipart())
+        while True:
+            try:
+                event = parse_monitor_message(self.monitor.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return lost
             peer = self.peers.closed(event["value"])
             if peer is not None:
                 lost.append(peer)
-        return lost
 
     def close(self) -> None:
         self.sock.disable_monitor()

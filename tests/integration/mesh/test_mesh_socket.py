@@ -8,9 +8,8 @@ import zmq.asyncio
 
 from dspark_loop.mesh_join import Knocker
 from dspark_loop.mesh_socket import MeshSocket
-from dspark_loop.mesh_handshake import identity  # TEMP until the refactor lands
 from dspark_loop.protocol import (ENCODER, PROTOCOL_VERSION, RANK_DECODER, Challenge, Hello,
-                                  StepResult)
+                                  StepResult, identity)
 
 SECRET = "the-mesh-secret-for-tests"
 
@@ -87,11 +86,11 @@ async def test_a_closed_connection_names_the_lost_peer():
             sock, got = await join(router, ctx, rank)
             socks.append(sock)
             assert got[0] == identity(rank)
-        assert await router.poll_lost() == []
+        assert router.poll_lost() == []
         socks[1].close()
         lost = []
         for _ in range(50):
-            lost += await router.poll_lost()
+            lost += router.poll_lost()
             if lost:
                 break
             await asyncio.sleep(0.02)
