@@ -46,11 +46,12 @@ def node_args(ckpt: str, port: int, node: int, *extra: str) -> list[str]:
 class NodeProcess:
     """`python -m dspark_loop --node-rank I` (I > 0): the agent and, through it, its ranks."""
 
-    def __init__(self, args: list[str], *, env: dict | None = None):
+    def __init__(self, args: list[str], *, env: dict | None = None, prefix: list[str] | None = None):
+        """prefix: how to start Python (default this interpreter; e.g. under `ip netns exec`)."""
         self.log_path = os.path.join("/tmp", f"dspark-e2e-node-{os.getpid()}-{time.monotonic_ns()}.log")
         self._log = open(self.log_path, "w+")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dspark_loop", *args], cwd=REPO, stdout=self._log,
+            [*(prefix or [sys.executable]), "-m", "dspark_loop", *args], cwd=REPO, stdout=self._log,
             stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
     def log(self) -> str:
