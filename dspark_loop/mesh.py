@@ -36,7 +36,7 @@ from dspark_loop.mesh_handshake import RollCall, min_num_blocks
 from dspark_loop.mesh_peers import remote_loss
 from dspark_loop.mesh_procs import RankProcs
 from dspark_loop.mesh_socket import MeshSocket
-from dspark_loop.nodes import NodeLayout
+from dspark_loop.nodes import NodeLayout, node_command
 from dspark_loop.protocol import (ENCODER, Hello, NodeHello, RankConfig, RankExited, Refused,
                                   Shutdown, StepPlan, StepResult, identity)
 
@@ -131,11 +131,6 @@ class Mesh:
         """`python -m workers` arguments for one rank (after bind())."""
         return ["--rank", str(rank), "--config", self.rank_cfg.encode()]
 
-    def node_command(self) -> str:
-        """How to start another node ({node} left to fill), for start-up messages."""
-        return (f"python -m dspark_loop --nnodes {self.nodes.nnodes} --node-rank {{node}} "
-                f"--dist-init-addr {self.host}:{self.dist_port} <node 0's model flags>")
-
     async def start(self) -> None:
         self.bind()
         if self.launch:
@@ -200,8 +195,9 @@ class Mesh:
             if reason and now - exit_seen_at > 1.0:
                 raise MeshStartError(f"{reason} before its Hello")
             if now >= deadline:
-                raise MeshStartError(roll.timeout_message(self.start_timeout_s, self.node_command(),
-                                                          self.socket.refusals))
+                raise MeshStartError(roll.timeout_message(
+                    self.start_timeout_s, node_command(self.nodes.nnodes, self.host, self.dist_port),
+                    self.socket.refusals))
         return [roll.hellos[r] for r in range(self.world_size)]
 
     def _remote_loss(self) -> str | None:
@@ -344,16 +340,8 @@ class Mesh:
         self.procs.log_exits()
         atexit.unregister(self.procs.kill_now)
         if self.socket is not None:
-            await self._agents_gone(grace_s + 3.0)
+            # NOTE: closing at once could drop the agents' Shutdown with the socket.
+            await self.socket.wait_gone(self.agents, grace_s + 3.0)
             self.socket.close()
             self.socket = None
         self._dead = self._dead or "closed"
-
-    async def _agents_gone(self, timeout_s: float) -> None:
-        """Wait (up to timeout_s) for the agents told to shut down to close their connection,
-        so the Shutdown is not lost with the socket."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while any(a in self.socket.peers.admitted for a in self.agents) and loop.time() < deadline:
-            self.socket.poll_lost()
-            await asyncio.sleep(0.05)

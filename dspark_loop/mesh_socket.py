@@ -111,6 +111,14 @@ class MeshSocket:
             if peer is not None:
                 lost.append(peer)
 
+    async def wait_gone(self, peers: list[bytes], timeout_s: float) -> None:
+        """Wait up to timeout_s until none of `peers` is connected and admitted any more."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while any(p in self.peers.admitted for p in peers) and loop.time() < deadline:
+            self.poll_lost()
+            await asyncio.sleep(0.05)
+
     def close(self) -> None:
         self.sock.disable_monitor()
         self.monitor.close(linger=0)

@@ -70,6 +70,12 @@ def mesh_endpoints(host: str, port: int) -> tuple[str, str]:
     return f"tcp://{host}:{port}", f"tcp://{host}:{port + MESH_PORT_OFFSET}"
 
 
+def node_command(nnodes: int, host: str, port: int) -> str:
+    """How to start another node ({node} left to fill), for start-up messages."""
+    return (f"python -m dspark_loop --nnodes {nnodes} --node-rank {{node}} "
+            f"--dist-init-addr {host}:{port} <node 0's model flags>")
+
+
 def rank_list(ranks) -> str:
     ranks = sorted(ranks)
     if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
