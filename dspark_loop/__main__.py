@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 
 
 def main(argv: list[str] | None = None) -> int:
     from dspark_loop.cli import load_config
+    from dspark_loop.cli_ops import API_KEY_ENV
     from dspark_loop.launch import run_offline_mode, run_server
 
     cfg, model = load_config(argv)
+    os.environ.pop(API_KEY_ENV, None)  # NOTE: read once; the ranks must not inherit the keys
     logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if cfg.node_rank > 0:

@@ -13,6 +13,7 @@ import os
 import re
 from dataclasses import replace
 
+from dspark_loop.cli_ops import add_ops_flags, ops_fields
 from dspark_loop.config import (DEFAULT_RING_HEAP, GENERATE_KEYS, ConfigError, GenerateDefaults,
                                 ServerConfig, SpeculativeConfig, fill_defaults, validate)
 from dspark_loop.mesh_auth import SecretError, resolve_secret
@@ -233,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dist-timeout", type=positive_seconds, default=600.0, metavar="SECONDS",
       help="how long node 0 waits for every rank's Hello and the other nodes for node 0; "
            "torch.distributed's timeout (default 600)")
+    add_ops_flags(p)
     return p
 
 
@@ -254,7 +256,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         ring_heap=ns.ring_heap, generate=ns.generate_config, prompts=tuple(ns.prompt),
         max_tokens=ns.max_tokens, log_level=ns.log_level, kv_cache_memory=ns.kv_cache_memory,
         num_blocks=ns.num_blocks, debug_tap=ns.debug_tap, nnodes=ns.nnodes,
-        node_rank=ns.node_rank, dist_init_addr=ns.dist_init_addr, dist_timeout_s=ns.dist_timeout)
+        node_rank=ns.node_rank, dist_init_addr=ns.dist_init_addr, dist_timeout_s=ns.dist_timeout,
+        **ops_fields(parser, ns, os.environ))
     return fill_defaults(cfg)
 
 

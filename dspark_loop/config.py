@@ -89,6 +89,12 @@ class ServerConfig:
     node_rank: int = 0  # this host's place; node 0 serves HTTP and runs the engine
     dist_init_addr: str | None = None  # HOST:PORT of node 0's rendezvous (PORT+1: the mesh)
     dist_timeout_s: float = 600.0  # start-up wait for ranks / node 0; torch.distributed timeout
+    # operating it (cli_ops.py); keys stay out of repr() so a logged config shows none
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    max_queued_requests: int | None = None  # None: no limit
+    shutdown_timeout_s: float = 30.0
+    stream_write_timeout_s: float = 30.0  # 0: never abort a stalled stream
+    max_rank_restarts: int = 3  # mesh restarts per RESTART_WINDOW_S; 0: a dead rank is final
 
     @property
     def num_speculative_tokens(self) -> int:

@@ -27,6 +27,8 @@ from dspark_loop.metrics import Metrics
 from dspark_loop.model_config import ModelConfig
 from dspark_loop.nodes import MESH_PORT_OFFSET, NodeLayout, parse_host_port
 from dspark_loop.protocol import RankConfig
+from dspark_loop.restart_budget import RestartBudget
+from dspark_loop.supervisor import MeshSupervisor
 from dspark_loop.tap_publisher import TapPublisher
 
 log = logging.getLogger("dspark_loop")
@@ -48,6 +50,10 @@ class PendingEngine:
     @property
     def dead_reason(self) -> str | None:
         return self.start_error if self.inner is None else self.inner.dead_reason
+
+    @property
+    def restarting(self) -> str | None:
+        return None if self.inner is None else self.inner.restarting
 
     @property
     def num_running(self) -> int:
@@ -75,6 +81,9 @@ class PendingEngine:
 
     def abort(self, request_id: str) -> bool:
         return False if self.inner is None else self.inner.abort(request_id)
+
+    def capacity_problem(self, prompt_len: int, max_tokens: int) -> str | None:
+        return None if self.inner is None else self.inner.capacity_problem(prompt_len, max_tokens)
 
 
 def make_mesh(cfg: ServerConfig) -> Mesh:
@@ -116,16 +125,20 @@ def threads_per_rank(backend: str, num_local_ranks: int) -> int:
     return max(1, (os.cpu_count() or 1) // num_local_ranks)
 
 
+def make_scheduler(cfg: ServerConfig, model: ModelConfig, num_blocks: list[int]) -> Scheduler:
+    layout = CacheLayout.for_model(model, cfg.block_size)
+    return Scheduler(layout, num_partitions=cfg.dp, num_blocks=num_blocks,
+                     max_num_seqs=cfg.max_num_seqs,
+                     max_num_batched_tokens=cfg.max_num_batched_tokens,
+                     long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+                     max_model_len=cfg.max_model_len, eos_token_ids=model.eos_token_ids,
+                     **scheduler_extra_kwargs(cfg))
+
+
 def make_engine(cfg: ServerConfig, model: ModelConfig, mesh: Mesh, tokenizer: Tokenizer,
                 observers: list[EngineObserver]) -> EngineLoop:
-    layout = CacheLayout.for_model(model, cfg.block_size)
-    scheduler = Scheduler(layout, num_partitions=cfg.dp, num_blocks=mesh.num_blocks,
-                          max_num_seqs=cfg.max_num_seqs,
-                          max_num_batched_tokens=cfg.max_num_batched_tokens,
-                          long_prefill_token_threshold=cfg.long_prefill_token_threshold,
-                          max_model_len=cfg.max_model_len, eos_token_ids=model.eos_token_ids,
-                          **scheduler_extra_kwargs(cfg))
-    return EngineLoop(scheduler, mesh, tokenizer, observers=observers)
+    return EngineLoop(make_scheduler(cfg, model, mesh.num_blocks), mesh, tokenizer,
+                      observers=observers)
 
 
 def scheduler_extra_kwargs(cfg: ServerConfig) -> dict:
@@ -150,10 +163,7 @@ async def start_engine(cfg: ServerConfig, model: ModelConfig, tokenizer: Tokeniz
         ob.set_num_blocks_total(mesh.num_blocks)
     engine = make_engine(cfg, model, mesh, tokenizer, observers)
     engine.start()
-    log.info("ready in %.1fs: %s pages per partition (families %s), max_model_len=%d, K=%d",
-             time.monotonic() - t0, mesh.num_blocks,
-             [f.name for f in CacheLayout.for_model(model, cfg.block_size).families],
-             cfg.max_model_len, cfg.num_speculative_tokens)
+    log_ready(cfg, model, mesh, t0)
     return engine
 
 
@@ -168,53 +178,67 @@ def make_observers(cfg: ServerConfig) -> tuple[list[EngineObserver], Metrics]:
 
 
 async def run_server(cfg: ServerConfig, model: ModelConfig) -> int:
-    from dspark_loop.api.app import create_app
+    from dspark_loop.api.app import GATE_KEY, create_app
+    from dspark_loop.api.drain import Drain
     from dspark_loop.api.server import serve
 
     tokenizer = load_tokenizer(cfg.model)
     pending = PendingEngine(cfg.max_model_len)
     observers, metrics = make_observers(cfg)
     app = create_app(pending, tokenizer, cfg, model, metrics=metrics)
-    mesh = make_mesh(cfg)
+    supervisor = MeshSupervisor(lambda: make_mesh(cfg),
+                                lambda num_blocks: make_scheduler(cfg, model, num_blocks),
+                                tokenizer, observers, RestartBudget(cfg.max_rank_restarts))
     stop = asyncio.Event()
     started = asyncio.Event()
+    drain = Drain(app[GATE_KEY], cfg.shutdown_timeout_s, stop)
 
     async def stop_engine() -> None:  # before the HTTP server closes: streams end cleanly
-        if pending.inner is not None:
-            await pending.inner.stop()
+        await supervisor.close()
 
     server = asyncio.create_task(serve(app, cfg.host, cfg.port, stop=stop, started=started,
-                                       before_cleanup=stop_engine))
+                                       before_cleanup=stop_engine, on_signal=drain.on_signal))
     code = 0
     try:
         await asyncio.wait([server, asyncio.ensure_future(started.wait())],
                            return_when=asyncio.FIRST_COMPLETED)
         if server.done():
             server.result()  # raises the bind error
-        # NOTE: a task, so a signal during start-up (node 0 waiting for other nodes)
-        # stops the server now instead of after --dist-timeout.
-        starting = asyncio.ensure_future(start_engine(cfg, model, tokenizer, mesh, observers))
-        await asyncio.wait([server, starting], return_when=asyncio.FIRST_COMPLETED)
+        t0 = time.monotonic()
+        log.info("starting %d rank(s): dp=%d tp=%d ep=%d backend=%s dtype=%s model=%s",
+                 cfg.world_size, cfg.dp, cfg.tp, cfg.ep, cfg.backend, cfg.dtype, cfg.model)
+        # NOTE: a task, so a signal during start-up (ranks loading, node 0 waiting for other
+        # nodes) stops the server now instead of after the load or --dist-timeout.
+        starting = asyncio.create_task(supervisor.start())
+        await asyncio.wait([starting, server], return_when=asyncio.FIRST_COMPLETED)
         if not starting.done():
             starting.cancel()
         try:
             pending.inner = await starting
-        except asyncio.CancelledError:
-            log.info("start-up interrupted")
+            log_ready(cfg, model, supervisor.mesh, t0)
         except MeshStartError as e:
             pending.start_error = f"ranks failed to start: {e}"
             log.error("%s", pending.start_error)
             stop.set()
             code = 1
+        except asyncio.CancelledError:
+            if not stop.is_set():
+                raise
+            log.info("start-up interrupted")
         await server
     finally:
-        if pending.inner is not None:
-            await pending.inner.stop()
-        await mesh.close()
+        await supervisor.close()
         for ob in observers:
             ob.close()
         log.info("stopped")
     return code
+
+
+def log_ready(cfg: ServerConfig, model: ModelConfig, mesh: Mesh, t0: float) -> None:
+    log.info("ready in %.1fs: %s pages per partition (families %s), max_model_len=%d, K=%d",
+             time.monotonic() - t0, mesh.num_blocks,
+             [f.name for f in CacheLayout.for_model(model, cfg.block_size).families],
+             cfg.max_model_len, cfg.num_speculative_tokens)
 
 
 async def run_offline_mode(cfg: ServerConfig, model: ModelConfig) -> int:

@@ -11,10 +11,12 @@
 Only peers that proved the mesh secret are heard (mesh_socket.py). ROUTER_MANDATORY makes a
 send to a rank that is not connected an error instead of a silent drop, and the Hello
 travels on the same DEALER, so a rank that said Hello is routable. Liveness: a rank of this
-host that exits (polled every 0.2 s in a step, 0.5 s while idle), a rank or node agent of
-another host whose connection closes (or whose agent reports an exit), a rank that answers
-with an error or misses step_timeout_s: each makes the mesh dead: `dead` says why, every
-other rank is stopped (other nodes' agents stop theirs), and step() raises EngineDead.
+host that exits or is stopped (SIGSTOP; polled every 0.2 s in a step, 0.5 s while idle), a
+rank or node agent of another host whose connection closes (or whose agent reports an
+exit), a rank that answers with an error or misses step_timeout_s: each makes the mesh
+dead: `dead` says why, every rank of this host is killed, the other nodes' agents are told
+to stop theirs (and to rejoin the next mesh when `rejoin_on_death()` says a restart will
+follow, supervisor.py), and step() raises EngineDead.
 """
 from __future__ import annotations
 
@@ -25,20 +27,21 @@ import os
 import secrets
 import shlex
 import socket
+from collections.abc import Callable
 
 import msgspec
 import zmq
 
-from dspark_loop.checkpoint_fingerprint import checkpoint_fingerprint
 from dspark_loop.errors import EngineDead, MeshStartError
 from dspark_loop.mesh_auth import SECRET_ENV
-from dspark_loop.mesh_handshake import RollCall, min_num_blocks
+from dspark_loop.mesh_handshake import min_num_blocks
 from dspark_loop.mesh_peers import remote_loss
 from dspark_loop.mesh_procs import RankProcs
 from dspark_loop.mesh_socket import MeshSocket
-from dspark_loop.nodes import NodeLayout, node_command
-from dspark_loop.protocol import (ENCODER, Hello, NodeHello, RankConfig, RankExited, Refused,
-                                  Shutdown, StepPlan, StepResult, identity)
+from dspark_loop.mesh_startup import await_hellos
+from dspark_loop.nodes import NodeLayout
+from dspark_loop.protocol import (ENCODER, RankConfig, RankExited, Shutdown, StepPlan, StepResult,
+                                  identity)
 
 log = logging.getLogger("dspark_loop.mesh")
 
@@ -87,6 +90,9 @@ class Mesh:
         self._in_step = False  # a step watches the ranks itself; the idle watcher stands down
         self._watcher: asyncio.Task | None = None
         self._close_task: asyncio.Future | None = None
+        # whether the other nodes' agents should rejoin the next mesh after a death (the
+        # supervisor sets it when a restart will follow); otherwise they exit 1
+        self.rejoin_on_death: Callable[[], bool] = lambda: False
 
     @property
     def num_groups(self) -> int:
@@ -141,7 +147,7 @@ class Mesh:
             self.procs.spawn([self.rank_argv(r) for r in local], env, first_rank=local.start)
             atexit.register(self.procs.kill_now)
         try:
-            hellos = await self._await_hellos()
+            hellos = await await_hellos(self, POLL_S)
             self.num_blocks = min_num_blocks(hellos)
         except BaseException as exc:
             self._dead = ("start-up interrupted" if isinstance(exc, asyncio.CancelledError)
@@ -153,52 +159,6 @@ class Mesh:
                  "slowest load %.2f s", self.world_size, self.nodes.nnodes, self.tp,
                  self.num_groups, self.num_blocks, max(h.load_s for h in hellos))
         self._watcher = asyncio.create_task(self._watch())
-
-    def _fingerprint(self) -> str:
-        try:
-            return checkpoint_fingerprint(self.rank_cfg.model)
-        except (OSError, ValueError):
-            return ""  # no readable checkpoint: the ranks' own load error will say why
-
-    async def _await_hellos(self) -> list[Hello]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.start_timeout_s
-        roll = RollCall(self.nodes, self.rank_cfg, self._fingerprint())
-        exit_seen_at = None
-        while not roll.complete:
-            got = await self._recv(POLL_S)
-            if got is not None:
-                sender, msg = got
-                if isinstance(msg, NodeHello):
-                    answer = roll.node_hello(sender, msg)
-                    log.log(logging.INFO if msg.node_rank in roll.joined else logging.ERROR,
-                            "node %d: %s", msg.node_rank, getattr(answer, "reason", "joined"))
-                    await self._send(sender, answer)
-                    if isinstance(answer, Refused):
-                        self.socket.peers.forget(sender)
-                elif isinstance(msg, Hello):
-                    roll.hello(sender, msg)
-                    log.info("rank %d ready (pid %d, load %.2f s, num_blocks %s)",
-                             msg.rank, msg.pid, msg.load_s, msg.num_blocks)
-                elif isinstance(msg, RankExited):
-                    raise MeshStartError(f"rank {msg.rank} on node {self.nodes.node_of(msg.rank)} "
-                                         f"exited with {msg.how} before its Hello")
-                else:
-                    log.warning("dropped %s from %r during start-up", type(msg).__name__, sender)
-                continue
-            now = loop.time()
-            reason = self.procs.exit_reason() or self._remote_loss()
-            # NOTE: a failing rank sends Hello(error) and then exits; give its message a
-            # moment to arrive so the error says why rather than only "exited with code 2".
-            if reason and exit_seen_at is None:
-                exit_seen_at = now
-            if reason and now - exit_seen_at > 1.0:
-                raise MeshStartError(f"{reason} before its Hello")
-            if now >= deadline:
-                raise MeshStartError(roll.timeout_message(
-                    self.start_timeout_s, node_command(self.nodes.nnodes, self.host, self.dist_port),
-                    self.socket.refusals))
-        return [roll.hellos[r] for r in range(self.world_size)]
 
     def _remote_loss(self) -> str | None:
         """Why another node counts as lost (an agent or rank connection closed), or None."""
@@ -247,6 +207,8 @@ class Mesh:
                 else:
                     results[msg.rank] = msg
             now = loop.time()
+            if got is None and (hang := self.procs.hang_reason()):  # quiet for POLL_S: look
+                await self._die(f"{hang} during step {step_id}")
             lost = self._remote_loss()
             if trouble_since is None and (errors or self.procs.exited() or lost
                                           or self.remote_exits):
@@ -294,7 +256,7 @@ class Mesh:
         """Notices a dead rank or a lost node while no step is running (so /health can say 503)."""
         while not self._dead and not self._closing:
             await asyncio.sleep(WATCH_S)
-            reason = self.procs.exit_reason() or self._remote_loss()
+            reason = self.procs.exit_reason() or self.procs.hang_reason() or self._remote_loss()
             if reason and not self._closing and not self._in_step:
                 try:
                     await self._die(reason)
@@ -304,9 +266,13 @@ class Mesh:
     async def _die(self, reason: str):
         if self._dead is None and not self._closing:
             self._dead = reason
-            log.error("engine dead: %s; stopping every rank", reason)
-            await self._tell_agents(Shutdown(f"engine dead: {reason}", grace_s=0.0, error=True))
-            await self.procs.stop(grace_s=0.0)
+            rejoin = self.rejoin_on_death()
+            log.error("rank mesh dead: %s; killing every rank%s", reason,
+                      " (other nodes rejoin the next mesh)" if rejoin else "")
+            # NOTE: a remote rank stuck in a collective hears nothing: its agent stops it.
+            await self._tell_agents(Shutdown(f"rank mesh dead: {reason}", grace_s=0.0, error=True,
+                                             rejoin=rejoin))
+            await self.procs.kill()  # NOTE: a dead mesh has nothing to save; a stopped rank ignores SIGTERM
             self.procs.log_exits()
         raise EngineDead(self._dead or "the mesh is closing")
 

@@ -47,6 +47,17 @@ class RankProcs:
         pid = self.procs[rank - self.first_rank].pid
         return f"rank {rank} (pid {pid}) exited with {describe_exit(code)}"
 
+    def stopped(self) -> list[int]:
+        """Ranks that are alive but stopped (SIGSTOP, a debugger): they will never answer."""
+        return [r for r, p in enumerate(self.procs) if p.poll() is None and process_state(p.pid) in ("T", "t")]
+
+    def hang_reason(self) -> str | None:
+        stopped = self.stopped()
+        if not stopped:
+            return None
+        rank = stopped[0]
+        return f"rank {rank} (pid {self.procs[rank].pid}) is stopped (SIGSTOP?) and cannot answer"
+
     def signal_all(self, sig: int) -> None:
         for p in self.procs:
             if p.poll() is None:
@@ -78,6 +89,11 @@ class RankProcs:
         self.signal_all(signal.SIGKILL)
         await self.wait(5.0)
 
+    async def kill(self) -> None:
+        """SIGKILL every rank now and reap them."""
+        self.signal_all(signal.SIGKILL)
+        await self.wait(5.0)
+
     def kill_now(self) -> None:
         """Synchronous last resort (atexit, a crashed loop): SIGKILL and reap."""
         self.signal_all(signal.SIGKILL)
@@ -91,6 +107,17 @@ class RankProcs:
         for rank, p in enumerate(self.procs, start=self.first_rank):
             if p.returncode is not None:
                 log.info("rank %d (pid %d) exited with %s", rank, p.pid, describe_exit(p.returncode))
+
+
+def process_state(pid: int) -> str:
+    """The state letter of /proc/<pid>/stat (R, S, D, T, t, Z ...), or "" when unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return ""
+    # NOTE: the command name may hold spaces and parentheses; the state follows the last ")".
+    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3].decode()
 
 
 def describe_exit(code: int) -> str:

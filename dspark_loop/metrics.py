@@ -15,7 +15,7 @@ import collections
 import math
 
 from dspark_loop.engine.observer import EngineObserver, RequestStats
-from dspark_loop.protocol import DSPARK_K, StepTrace
+from dspark_loop.protocol import DSPARK_K, MeshRestart, StepTrace
 
 # vLLM v1's buckets (vllm/v1/metrics/loggers.py), so its Grafana panels line up.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -82,6 +82,7 @@ class Metrics(EngineObserver):
         self.accepted_per_pos = [0] * num_speculative_tokens
         self.num_fallbacks = 0  # decode steps of a speculating engine run as K=0
         self.dropped_traces = 0
+        self.mesh_restarts = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
@@ -117,6 +118,9 @@ class Metrics(EngineObserver):
         for gap in stats.inter_token_s:
             self.itl.observe(gap)
         self.e2e.observe(max(0.0, stats.finish_time - stats.arrival_time))
+
+    def on_mesh_restart(self, event: MeshRestart) -> None:
+        self.mesh_restarts += 1
 
     def _observe_cache(self, trace: StepTrace) -> None:
         totals = self.num_blocks_total
@@ -196,6 +200,7 @@ class Metrics(EngineObserver):
             # NOTE: the DSpark summary of /metrics/json is the engine's (under "engine"),
             # counted by the scheduler itself; these are the Prometheus counters.
             "spec_decode_num_fallbacks_total": self.num_fallbacks,
+            "mesh_restarts_total": self.mesh_restarts,
         }
 
     def render_prometheus(self) -> str:
@@ -239,6 +244,8 @@ class Metrics(EngineObserver):
         w.counter("vllm:spec_decode_num_accepted_tokens_per_pos",
                   "Accepted tokens per draft position.",
                   [({"position": str(p)}, n) for p, n in enumerate(self.accepted_per_pos)])
+        w.counter("dspark:mesh_restarts", "Times the rank mesh died and was restarted.",
+                  [({}, self.mesh_restarts)])
         return w.text()
 
 

@@ -274,6 +274,15 @@ class PartitionTrace(msgspec.Struct, array_like=True):
     leases_in_use: int = 0
 
 
+class MeshRestart(msgspec.Struct, array_like=True):
+    """The rank mesh died and was restarted (fresh processes, empty caches)."""
+    reason: str  # why the old mesh died
+    restart_s: float  # death noticed -> the new mesh serving
+    num_restarts: int  # restarts so far in this server's life
+    num_failed: int  # requests that were running at the death (they ended with an error)
+    num_kept: int  # waiting requests carried over to the new mesh
+
+
 class StepTrace(msgspec.Struct, array_like=True, tag=5):
     step_id: int
     wall_time: float  # time.time() at step start
@@ -298,6 +307,7 @@ class StepTrace(msgspec.Struct, array_like=True, tag=5):
     errors: list[str] = []
     dropped_traces: int = 0  # traces the publisher dropped so far (full queue)
     accepted_num_drafts: list[int] = []  # per accepted_lens entry: drafts it verified (0 or 7)
+    mesh_restart: MeshRestart | None = None  # set on the one trace published after a restart
 
 
 TRACE_DECODER = msgspec.msgpack.Decoder(StepTrace)

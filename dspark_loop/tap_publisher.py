@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 
 import msgspec
 import zmq
 
 from dspark_loop.engine.observer import EngineObserver
-from dspark_loop.protocol import ENCODER, StepTrace
+from dspark_loop.protocol import ENCODER, MeshRestart, StepTrace
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,11 @@ class TapPublisher(EngineObserver):
             self.num_sent += 1
         except zmq.Again:
             self.num_dropped += 1
+
+    def on_mesh_restart(self, event: MeshRestart) -> None:
+        """One StepTrace that carries the restart (step_id -1: no step ran)."""
+        self.on_step(StepTrace(step_id=-1, wall_time=time.time(), mesh_restart=event,
+                               errors=[f"rank mesh restarted in {event.restart_s:.2f} s: {event.reason}"]))
 
     def _drain_subscriptions(self) -> None:
         sock = self._sock

@@ -1,12 +1,16 @@
 """create_app: the aiohttp application and its routes.
 
-    GET  /health              200 {"status":"ok"} | 503 not_ready | 503 dead + reason
+    GET  /health              200 {"status":"ok"} | 503 not_ready | draining | restarting | dead
     GET  /v1/models           the served model (OpenAI list)
     POST /v1/completions      completions.py
     POST /v1/chat/completions chat_completions.py
     POST /tokenize /detokenize tokenize.py
     GET  /metrics /metrics/json   when a Metrics object is given (the JSON adds the
                               engine's page pools under "engine" once it runs)
+    GET  /openapi.json        OpenAPI 3.1 of these routes (openapi.py)
+
+The routes reach the engine through an AdmissionGate (gate.py, app[GATE_KEY]); with
+API keys (auth.py) the model's routes need `Authorization: Bearer KEY`.
 """
 from __future__ import annotations
 
@@ -14,11 +18,15 @@ import time
 
 from aiohttp import web
 
+from dspark_loop.api.gate import AdmissionGate
+from dspark_loop.api.auth import api_key_middleware
 from dspark_loop.api.chat_completions import ChatCompletionsRoute
 from dspark_loop.api.completions import CompletionsRoute
 from dspark_loop.api.context import ServingContext
 from dspark_loop.api.errors import error_middleware
+from dspark_loop.api.openapi import openapi_document
 from dspark_loop.api.prompt import PromptEncoder
+from dspark_loop.api.sse import WRITE_TIMEOUT_KEY
 from dspark_loop.api.tokenize import TokenizeRoutes
 from dspark_loop.config import ServerConfig, served_name_for
 from dspark_loop.engine.interfaces import EngineClient
@@ -26,23 +34,33 @@ from dspark_loop.model_config import ModelConfig
 
 MAX_BODY_BYTES = 64 * 2 ** 20  # a 1M-token prompt as ids fits
 CONTEXT_KEY = web.AppKey("ctx", ServingContext)
+GATE_KEY = web.AppKey("gate", AdmissionGate)
 
 
 def create_app(engine: EngineClient, tokenizer, cfg: ServerConfig, model_cfg: ModelConfig,
                metrics=None) -> web.Application:
     encoder = PromptEncoder(tokenizer, model_cfg.bos_token_id, model_cfg.vocab_size)
     name = cfg.served_model_name or served_name_for(cfg.model)
-    ctx = ServingContext(engine, encoder, name, cfg.generate, cfg.model)
-    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
+    gate = AdmissionGate(engine, cfg.max_queued_requests)
+    ctx = ServingContext(gate, encoder, name, cfg.generate, cfg.model)
+    auth = api_key_middleware(cfg.api_keys)
+    app = web.Application(middlewares=[error_middleware, *([auth] if auth else [])],
+                          client_max_size=MAX_BODY_BYTES)
     app[CONTEXT_KEY] = ctx
+    app[GATE_KEY] = gate
+    app[WRITE_TIMEOUT_KEY] = cfg.stream_write_timeout_s
     completions = CompletionsRoute(ctx)
     chat = ChatCompletionsRoute(ctx)
     tokenize = TokenizeRoutes(ctx)
     created = int(time.time())
 
     async def health(request: web.Request) -> web.Response:
+        if gate.draining:
+            return web.json_response({"status": "draining"}, status=503)
         if engine.dead_reason is not None:
             return web.json_response({"status": "dead", "reason": engine.dead_reason}, status=503)
+        if engine.restarting is not None:
+            return web.json_response({"status": "restarting", "reason": engine.restarting}, status=503)
         if not engine.ready:
             return web.json_response({"status": "not_ready"}, status=503)
         return web.json_response({"status": "ok"})
@@ -59,6 +77,15 @@ def create_app(engine: EngineClient, tokenizer, cfg: ServerConfig, model_cfg: Mo
     app.router.add_post("/v1/chat/completions", chat.handle)
     app.router.add_post("/tokenize", tokenize.tokenize)
     app.router.add_post("/detokenize", tokenize.detokenize)
+    spec: list[dict] = []  # built on first use, when every route is registered
+
+    async def openapi(request: web.Request) -> web.Response:
+        if not spec:
+            served = {(rt.method.lower(), rt.resource.canonical) for rt in request.app.router.routes()}
+            spec.append(openapi_document(name, api_keys=bool(cfg.api_keys), served=served))
+        return web.json_response(spec[0])
+
+    app.router.add_get("/openapi.json", openapi)
     if metrics is not None:
         add_metrics_routes(app, metrics, engine)
     return app

@@ -38,6 +38,9 @@ class ServingContext:
         if self.engine.dead_reason is not None:
             raise ApiError(503, f"The engine is dead: {self.engine.dead_reason}",
                            code="engine_dead")
+        if self.engine.restarting is not None:
+            raise ApiError(503, "The ranks are restarting after a failure; retry shortly.",
+                           code="engine_restarting", headers={"Retry-After": "1"})
         if not self.engine.ready:
             raise ApiError(503, "The engine is not ready yet; retry shortly.", code="engine_not_ready")
 

@@ -20,12 +20,13 @@ ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None):
+                 code: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers  # e.g. Retry-After, WWW-Authenticate
 
     def body(self) -> dict:
         return {"error": {"message": self.message,
@@ -33,7 +34,7 @@ class ApiError(Exception):
                           "param": self.param, "code": self.code}}
 
     def response(self) -> web.Response:
-        return web.json_response(self.body(), status=self.status)
+        return web.json_response(self.body(), status=self.status, headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:

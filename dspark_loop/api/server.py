@@ -1,4 +1,5 @@
-"""serve: run an aiohttp app until SIGINT/SIGTERM (or `stop` is set), then shut down cleanly.
+"""serve: run an aiohttp app until `stop` is set (by SIGINT/SIGTERM, or by `on_signal`,
+which then decides: drain.py drains first), then shut down cleanly.
 
 Handler cancellation is on: a client that disconnects cancels its handler, which closes
 the engine generator and so aborts the request at once, even before the next token.
@@ -18,13 +19,13 @@ log = logging.getLogger(__name__)
 
 async def serve(app: web.Application, host: str, port: int, *, stop: asyncio.Event | None = None,
                 started: asyncio.Event | None = None, shutdown_timeout_s: float = 10.0,
-                before_cleanup=None) -> None:
+                before_cleanup=None, on_signal=None) -> None:
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     installed = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal or (lambda _sig: stop.set()), sig)
             installed.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
             pass

@@ -22,6 +22,9 @@ class EngineClient(Protocol):
     def dead_reason(self) -> str | None: ...  # why the engine is gone (/health 503)
 
     @property
+    def restarting(self) -> str | None: ...  # why the ranks are being restarted (/health 503)
+
+    @property
     def max_model_len(self) -> int: ...
 
     @property
@@ -35,6 +38,10 @@ class EngineClient(Protocol):
         ...
 
     def abort(self, request_id: str) -> bool: ...
+
+    def capacity_problem(self, prompt_len: int, max_tokens: int) -> str | None:
+        """Why such a request could never fit a partition's pages (None: it can)."""
+        ...
 
     def cache_stats(self) -> dict | None:
         """Page pools, live requests and DSpark totals; None until the engine runs."""

@@ -5,25 +5,31 @@
 
 Only steps 3-4 await. Any exception in the loop (EngineDead or a bug) ends every request
 with finish_reason "error" and leaves the engine dead: later generate() calls answer with
-an error at once.
+an error at once. Unless `on_mesh_dead` is set (recovery, supervisor.py): then a dead mesh
+(EngineDead) fails only the running requests, keeps the waiting ones queued, and calls
+on_mesh_dead(reason, num_failed), which restarts the ranks and calls resume() (or
+give_up()); `restarting` says why meanwhile.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
+from dspark_loop.engine.capacity import capacity_problem
 from dspark_loop.engine.detokenize import Detokenizer, TokenText
 from dspark_loop.engine.interfaces import MeshClient
-from dspark_loop.engine.observer import EngineObserver, RequestStats
+from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.request import Request
 from dspark_loop.engine.scheduled_step import ScheduledStep
 from dspark_loop.engine.scheduler import Scheduler
-from dspark_loop.protocol import PartitionTrace, StepTrace
+from dspark_loop.engine.step_trace import request_stats, step_trace
+from dspark_loop.errors import EngineDead
 
 log = logging.getLogger(__name__)
+IDLE_CHECK_S = 0.5  # an idle loop looks this often whether its mesh died
 
 
 def error_output(request_id: str, message: str, num_prompt_tokens: int = 0,
@@ -46,6 +52,8 @@ class EngineLoop:
         self._dead_reason: str | None = None
         self._stopping = False
         self.num_steps = 0
+        self.on_mesh_dead: Callable[[str, int], Awaitable[None]] | None = None  # recovery
+        self._restarting: str | None = None
 
     # ---- public ------------------------------------------------------------------------
     def start(self) -> None:
@@ -66,13 +74,37 @@ class EngineLoop:
 
     @property
     def ready(self) -> bool:
-        return self._task is not None and self.dead_reason is None and not self._stopping
+        return (self._task is not None and self.dead_reason is None and self.restarting is None
+                and not self._stopping)
 
     @property
     def dead_reason(self) -> str | None:
         # NOTE: the mesh's idle watcher notices a rank that died between steps; /health
         # must say 503 then too, not only after the next step fails.
-        return self._dead_reason or (None if self._stopping else self.mesh.dead)
+        if self._dead_reason or self._stopping or self.on_mesh_dead is not None:
+            return self._dead_reason
+        return self.mesh.dead
+
+    @property
+    def restarting(self) -> str | None:
+        """Why the ranks are being restarted (None when not): a recoverable death."""
+        if self._dead_reason or self._stopping or self.on_mesh_dead is None:
+            return None
+        return self._restarting or self.mesh.dead
+
+    def resume(self, mesh: MeshClient, scheduler: Scheduler) -> None:
+        """A fresh mesh and scheduler (empty pools) after a restart; the kept requests wait
+        in the inbox, ahead of those that arrived meanwhile."""
+        self.mesh, self.scheduler = mesh, scheduler
+        self._restarting = None
+        self._task = None
+        self.start()
+
+    def give_up(self, reason: str) -> None:
+        """No restart after all: the engine is dead and every request ends with an error."""
+        self._dead_reason = reason
+        self._restarting = None
+        self._fail_all(reason)
 
     @property
     def num_running(self) -> int:
@@ -85,6 +117,13 @@ class EngineLoop:
     @property
     def max_model_len(self) -> int:
         return self.scheduler.max_model_len
+
+    def capacity_problem(self, prompt_len: int, max_tokens: int) -> str | None:
+        """Why such a request could never fit a partition's pages (None: it can)."""
+        s = self.scheduler
+        return capacity_problem(s.layout, [p.num_blocks for p in s.partitions[0].cache.pools],
+                                prompt_len, max_tokens, max_model_len=s.max_model_len,
+                                chunk_cap=s.chunk_cap, spec_k=s.spec_k)
 
     def cache_stats(self) -> dict:
         """Read-only: free/total pages per family per partition and what still holds pages
@@ -165,7 +204,7 @@ class EngineLoop:
                 if not sched.has_work:
                     sched.check_integrity()
                     self._wakeup.clear()
-                    await self._wakeup.wait()
+                    await self._idle_wait()
                     continue
                 wall, t0 = time.time(), time.perf_counter()
                 # 2. schedule
@@ -190,11 +229,45 @@ class EngineLoop:
                     await asyncio.sleep(0)  # let consumers and new requests in
         except asyncio.CancelledError:
             raise
+        except EngineDead as e:
+            if self.on_mesh_dead is None or self._stopping:
+                log.error("engine dead: %s", e)
+                self._dead_reason = str(e)
+                self._fail_all(str(e))
+            else:
+                self._begin_restart(str(e))
         except Exception as e:  # noqa: BLE001 -- any failure ends the engine, as data
             reason = f"{type(e).__name__}: {e}"
             log.exception("engine loop died: %s", reason)
             self._dead_reason = reason
             self._fail_all(reason)
+
+    async def _idle_wait(self) -> None:
+        """Wait for work; with recovery on, also notice a mesh that died while idle."""
+        if self.on_mesh_dead is None:
+            await self._wakeup.wait()
+            return
+        while not self._wakeup.is_set():
+            if self.mesh.dead:
+                raise EngineDead(self.mesh.dead)
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), IDLE_CHECK_S)
+            except asyncio.TimeoutError:
+                pass
+
+    def _begin_restart(self, reason: str) -> None:
+        """The running requests end with an error; the waiting ones go back to the inbox."""
+        self._restarting = reason
+        running, waiting, early = self.scheduler.carry_over()
+        self._deliver(early)
+        self._deliver([error_output(r.request_id, f"the ranks failed: {reason}", r.prompt_len,
+                                    len(r.output_ids)) for r in running])
+        self._inbox[:0] = [r for r in waiting if r.request_id in self._queues]
+        log.warning("rank mesh died (%s): %d running request(s) failed, %d waiting kept",
+                    reason, len(running), len(self._inbox))
+        self._task = None
+        asyncio.get_running_loop().create_task(self.on_mesh_dead(reason, len(running)),
+                                               name="mesh-restart")
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
@@ -217,8 +290,9 @@ class EngineLoop:
     def _observe(self, step: ScheduledStep, results, wall, t0, t1, t2, t3, t4) -> None:
         if not self.observers:
             return
-        trace = self._trace(step, results, wall, t0, t1, t2, t3, t4)
-        stats = [self._stats(r) for r in step.finished]
+        trace = step_trace(self.scheduler, step, results, self.num_waiting,
+                           wall, t0, t1, t2, t3, t4)
+        stats = [request_stats(r) for r in step.finished]
         for obs in self.observers:
             try:
                 obs.on_step(trace)
@@ -226,38 +300,3 @@ class EngineLoop:
                     obs.on_request_finished(s)
             except Exception:  # noqa: BLE001 -- an observer must never kill the engine
                 log.exception("observer %r failed", obs)
-
-    def _trace(self, step: ScheduledStep, results, wall, t0, t1, t2, t3, t4) -> StepTrace:
-        sched = self.scheduler
-        parts = []
-        for p, ps in enumerate(step.partitions):
-            parts.append(PartitionTrace(
-                prefill_req_ids=[r.req_id for r, _, _ in ps.prefills],
-                prefill_num_tokens=[n for _, n, _ in ps.prefills],
-                decode_req_ids=[r.req_id for r in ps.decode_reqs],
-                decode_num_rows=int(ps.decode_rows.sum()),
-                free_blocks=sched.num_free_blocks(p),
-                leases_in_use=sched.partitions[p].leases.num_in_use if sched.partitions[p].leases else 0))
-        compute = [r.compute_s for r in results] or [0.0]
-        return StepTrace(
-            step_id=step.step_id, wall_time=wall, schedule_s=t1 - t0,
-            compute_max_s=max(compute), compute_min_s=min(compute), gather_s=t2 - t1,
-            update_s=t3 - t2, deliver_s=t4 - t3, partitions=parts,
-            accepted_req_ids=step.accepted_req_ids, accepted_lens=step.accepted_lens,
-            accepted_num_drafts=step.accepted_num_drafts,
-            num_new_tokens=step.num_new_tokens, preempted_req_ids=step.preempted_req_ids,
-            aborted_req_ids=step.aborted_req_ids,
-            finished_req_ids=[r.req_id for r in step.finished],
-            finished_reasons=[r.finish_reason or "" for r in step.finished],
-            num_running=sched.num_running, num_waiting=self.num_waiting)
-
-    @staticmethod
-    def _stats(req: Request) -> RequestStats:
-        return RequestStats(
-            request_id=req.request_id, num_prompt_tokens=req.prompt_len,
-            num_output_tokens=len(req.output_ids), num_cached_tokens=req.num_cached_tokens,
-            finish_reason=req.finish_reason or "", arrival_time=req.arrival_time,
-            first_token_time=req.first_token_time, finish_time=req.finish_time or time.monotonic(),
-            inter_token_s=req.inter_token_s, num_verify_steps=req.num_verify_steps,
-            num_proposed=req.num_proposed, num_matched=req.num_matched,
-            num_accepted=req.num_accepted, num_fallback_steps=req.num_fallback_steps)

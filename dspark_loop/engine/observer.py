@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dspark_loop.protocol import StepTrace
+from dspark_loop.protocol import MeshRestart, StepTrace
 
 
 @dataclass
@@ -39,3 +39,6 @@ class EngineObserver:
 
     def on_request_finished(self, stats: RequestStats) -> None:
         pass
+
+    def on_mesh_restart(self, event: MeshRestart) -> None:
+        """The rank mesh died and a fresh one now serves (recovery)."""

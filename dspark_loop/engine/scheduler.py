@@ -102,6 +102,19 @@ class Scheduler:
         self._early_finished.append(req)  # observers see it with the next update
         return True
 
+    def carry_over(self) -> tuple[list[Request], list[Request], list[RequestOutput]]:
+        """The mesh died: (running requests, waiting ones in arrival order, outputs not yet
+        delivered), and this scheduler forgets them all (it is replaced after a restart;
+        waiting requests hold no pages and re-run from scratch, as after a preemption)."""
+        running = [r for p in self.partitions for r in p.running]
+        waiting = sorted((r for p in self.partitions for r in p.waiting), key=lambda r: r.arrival_time)
+        outputs, self._early_outputs = self._early_outputs, []
+        for p in self.partitions:
+            p.running.clear()
+            p.waiting.clear()
+        self.requests.clear()
+        return running, waiting, outputs
+
     # ---- state ------------------------------------------------------------------------
     @property
     def num_running(self) -> int:

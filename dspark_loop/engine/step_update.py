@@ -78,7 +78,10 @@ def _read_decode(pstep, tokens: list[int], spec_k: int, max_model_len: int) -> l
         return [RowResult(req, 1, [t], True) for req, t in zip(reqs, tokens) if req.status == running]
     starts = np.concatenate([[0], np.cumsum(rows[:-1], dtype=np.int64)])  # [R]
     num_accepted = np.ones(len(reqs), np.int64)  # [R]
-    verify = np.flatnonzero(rows > 1)  # requests that verified drafts
+    # NOTE: a request aborted while the step ran has no drafts any more (its lease went
+    # with it); it is skipped below, so leave it out of acceptance too.
+    verify = np.asarray([j for j in np.flatnonzero(rows > 1) if reqs[j].status == running],
+                        np.int64)  # requests that verified drafts
     if len(verify):
         k = int(rows[verify[0]]) - 1
         preds = np.asarray(tokens, np.int32)[starts[verify][:, None] + np.arange(k + 1)]  # [V, k+1]

@@ -111,19 +111,21 @@ class ServerProcess:
         with open(self.log_path) as f:
             return f.read()
 
-    def post(self, path: str, body: dict | bytes, timeout: float = 120) -> tuple[int, dict]:
+    def post(self, path: str, body: dict | bytes, timeout: float = 120,
+             headers: dict | None = None) -> tuple[int, dict]:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data,
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **(headers or {})})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"{}")
 
-    def get(self, path: str, timeout: float = 10) -> tuple[int, str]:
+    def get(self, path: str, timeout: float = 10, headers: dict | None = None) -> tuple[int, str]:
+        req = urllib.request.Request(self.url + path, headers=headers or {})
         try:
-            with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()

@@ -1,5 +1,6 @@
-"""A rank killed mid-stream: every open request ends with an error, /health says 503, and
-no rank process is left behind."""
+"""A rank killed mid-stream with recovery off (--max-rank-restarts 0): every open request
+ends with an error, /health says 503, and no rank process is left behind.
+(With recovery on, test_rank_recovery.py.)"""
 from __future__ import annotations
 
 import asyncio
@@ -16,7 +17,7 @@ from tests.e2e.server import ServerProcess, wait_gone
 
 @pytest.fixture
 def doomed_server(tiny_ckpt):
-    server = ServerProcess(["--model", tiny_ckpt, "--tp", "2", "--ep", "2"])
+    server = ServerProcess(["--model", tiny_ckpt, "--tp", "2", "--ep", "2", "--max-rank-restarts", "0"])
     yield server
     server.stop()
 

@@ -89,11 +89,13 @@ async def read_until_end(stream) -> list:
 
 
 async def test_losing_node_1_mid_stream_ends_every_stream_with_an_error(tiny_ckpt, http):
-    """SIGKILL on node 1 (its agent and its ranks, a host losing power) while 3 streams run
-    must end each stream with one error event naming node 1, then [DONE]; /health must say
-    503 and node 0's own ranks must be stopped."""
+    """With recovery off (--max-rank-restarts 0), SIGKILL on node 1 (its agent and its ranks,
+    a host losing power) while 3 streams run must end each stream with one error event naming
+    node 1, then [DONE]; /health must say 503 and node 0's own ranks must be stopped.
+    (Recovery from a lost node: test_two_nodes_recovery.py.)"""
     port = free_port_pair()
-    node0 = ServerProcess(node_args(tiny_ckpt, port, 0), env=SECRET_ENV_VARS, wait=False)
+    node0 = ServerProcess(node_args(tiny_ckpt, port, 0, "--max-rank-restarts", "0"),
+                          env=SECRET_ENV_VARS, wait=False)
     node1 = NodeProcess(node_args(tiny_ckpt, port, 1), env=SECRET_ENV_VARS)
     try:
         await asyncio.to_thread(node0.wait_ready, 300)

@@ -111,3 +111,33 @@ async def test_close_during_a_step_fails_that_step_and_stops_the_ranks(fake_mode
     with pytest.raises(EngineDead):
         await asyncio.wait_for(step, 5.0)
     assert not any(alive(p) for p in mesh.pids)
+
+
+async def test_a_stopped_rank_fails_the_step_long_before_the_step_timeout(fake_model_dir):
+    """A rank frozen by SIGSTOP mid-run must make the next step raise EngineDead saying it
+    is stopped (not wait for the 60 s step timeout), and every rank must be killed, the
+    stopped one included."""
+    mesh = make_mesh(fake_model_dir, world_size=2, tp=1, step_timeout_s=60.0)
+    await mesh.start()
+    try:
+        await mesh.step(prefill_plan(0, 2))
+        pids = mesh.pids
+        os.kill(pids[1], signal.SIGSTOP)
+        with pytest.raises(EngineDead, match="rank 1 .*stopped"):
+            await asyncio.wait_for(mesh.step(decode_plan(1, 2)), 30.0)
+        assert await wait_until(lambda: not any(alive(p) for p in pids), 5.0)
+    finally:
+        await mesh.close()
+
+
+async def test_idle_watcher_notices_a_stopped_rank(fake_model_dir):
+    """A rank stopped while no step runs must make the mesh dead without a step."""
+    mesh = make_mesh(fake_model_dir, world_size=2, tp=2)
+    await mesh.start()
+    try:
+        os.kill(mesh.pids[1], signal.SIGSTOP)
+        assert await wait_until(lambda: mesh.dead is not None, 5.0)
+        assert "stopped" in mesh.dead
+        assert await wait_until(lambda: not any(alive(p) for p in mesh.pids), 5.0)
+    finally:
+        await mesh.close()

@@ -126,3 +126,37 @@ async def test_an_agent_whose_node_0_vanishes_waits_then_exits_1(fake_model_dir,
         assert "did not answer within 4 s" in capsys.readouterr().err
     finally:
         await mesh.close()
+
+
+async def test_a_dying_mesh_that_will_restart_makes_the_agent_rejoin_the_next_one(fake_model_dir):
+    """With rejoin_on_death() true (recovery will restart the mesh), a killed rank on node 0
+    must make the agent stop its ranks but not exit; a second Mesh on the same ports must
+    admit it again, with fresh ranks on both nodes, and serve a step; closing that one must
+    make the agent exit 0."""
+    port = free_port_pair()
+    mesh = node0(fake_model_dir, port)
+    mesh.rejoin_on_death = lambda: True
+    node1 = agent(fake_model_dir, port)
+    agent_run = asyncio.ensure_future(node1.run())
+    second = None
+    try:
+        await mesh.start()
+        await mesh.step(prefill_plan(0, 2))
+        local, remote = mesh.pids, node1.procs.pids
+        os.kill(local[0], signal.SIGKILL)
+        with pytest.raises(EngineDead, match="rank 0"):
+            for step_id in range(1, 200):
+                await mesh.step(decode_plan(step_id, 2))
+        await mesh.close(grace_s=0.0)
+        assert await wait_until(lambda: not any(alive(p) for p in local + remote), 10.0)
+        assert not agent_run.done()
+        second = node0(fake_model_dir, port)
+        await second.start()
+        assert not set(node1.procs.pids) & set(remote) and len(node1.procs.pids) == 2
+        results = await second.step(prefill_plan(0, 2))
+        assert len(results) == 2
+    finally:
+        await mesh.close()
+        if second is not None:
+            await second.close()
+    assert await asyncio.wait_for(agent_run, 30) == 0

@@ -57,6 +57,11 @@ class FakeEngine:
         self.requests: list[GenerateRequest] = []
         self.aborted: list[str] = []
         self.closed = asyncio.Event()  # set when any generator ends (finished or aborted)
+        self.too_large: str | None = None
+        self.restarting: str | None = None
+
+    def capacity_problem(self, prompt_len: int, max_tokens: int) -> str | None:
+        return self.too_large  # set by a test that wants the gate's 400
 
     def abort(self, request_id: str) -> bool:
         return False  # closing generate()'s iterator is how the API aborts

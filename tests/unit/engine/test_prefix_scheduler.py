@@ -7,8 +7,8 @@ and need prompt_len >= 16 + max(1, replay): 17 tokens at K=0, 144 at K=7.
 import numpy as np
 import pytest
 
-from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
+from dspark_loop.engine.step_trace import request_stats
 from dspark_loop.protocol import as_i8, as_i32
 from tests.unit.engine.factories import (make_mesh, make_scheduler, prompt_ids, run_step,
                                          tokens_of)
@@ -102,7 +102,7 @@ def test_a_second_request_sharing_a_prefix_reads_the_first_ones_pages():
     assert [m[(b.req_id, 1, n)] for n in (0, 1)] == [m[(a.req_id, 1, n)] for n in (0, 1)]
     assert [m[(b.req_id, 0, n)] for n in (6, 7)] == [m[(a.req_id, 0, n)] for n in (6, 7)]
     assert (b.req_id, 0, 5) not in m  # pages behind the window are not needed
-    assert EngineLoop._stats(b).num_cached_tokens == 32
+    assert request_stats(b).num_cached_tokens == 32
     assert_pools_full(sched)
 
 

@@ -50,3 +50,25 @@ def test_k7_output_is_token_for_token_identical_to_k0():
     assert all(r.num_proposed == 7 * r.num_verify_steps for r in reqs)
     # one-row steps (fallback, no drafts yet) accept 1 token and match nothing
     assert sum(r.num_matched for r in reqs) == sum(n - 1 for n in lens)
+
+
+def test_a_request_aborted_during_a_verify_step_does_not_break_the_others():
+    """A client that leaves while its 8-row verify runs loses its drafts with its lease;
+    the step's update must skip it and still accept the other requests' drafts."""
+    sched = make_scheduler(spec_k=7, max_model_len=60)
+    mesh = make_mesh(sched)
+    reqs = make_requests(sched, 2, prompt_len=8, max_tokens=40)
+    for r in reqs:
+        sched.add(r)
+    while any(r.is_prefilling or not r.output_ids for r in reqs):
+        run_step(sched, mesh)
+    for r in reqs:
+        r.draft_ids = np.zeros(7, np.int32) + 5  # any drafts: the step verifies 8 rows
+    step = sched.schedule()
+    assert as_i8(step.plan.partitions[0].decode.num_rows).tolist() == [8, 8]
+    results = mesh.run(step.plan)
+    assert sched.abort(reqs[0].request_id)  # the client leaves while the ranks compute
+    outs = sched.update(step, results)
+    assert [o.request_id for o in outs if o.new_token_ids] == [reqs[1].request_id]
+    assert step.accepted_req_ids == [reqs[1].req_id]
+    sched.check_integrity()
