@@ -16,6 +16,7 @@ import struct
 from dataclasses import dataclass, field, replace
 
 from dspark_loop.cache_layout import CacheLayout
+from dspark_loop.config_nodes import devices_rule, node_rules
 from dspark_loop.model_config import ModelConfig
 from dspark_loop.protocol import DSPARK_K
 
@@ -158,7 +159,7 @@ def validate(cfg: ServerConfig, model: ModelConfig) -> None:
     problems = _positive_rules(cfg)
     if not problems:
         problems = _flash_rules(cfg, model) if is_flash(model) else _general_rules(cfg, model)
-        problems += _common_rules(cfg, model) + _node_rules(cfg)
+        problems += _common_rules(cfg, model) + node_rules(cfg)
     if problems:
         raise ConfigError(problems)
 
@@ -172,7 +173,7 @@ def _flash_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
         out.append(f"--ep must be 8 or 16 for {flash} (got {cfg.ep})")
     elif cfg.dp != cfg.ep // 4:
         out.append(f"--dp must be ep/4 = {cfg.ep // 4} for {flash} with --ep {cfg.ep} (got {cfg.dp})")
-    out += _devices_rule(cfg)
+    out += devices_rule(cfg)
     if cfg.block_size != 32:
         out.append(f"--block-size must be 32 for {flash} (got {cfg.block_size})")
     cap = SEQS_PER_GROUP * cfg.dp
@@ -188,7 +189,7 @@ def _flash_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
 
 def _general_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
     out = []
-    out += _devices_rule(cfg)
+    out += devices_rule(cfg)
     if cfg.ep != cfg.dp * cfg.tp:
         out.append(f"--ep must equal --dp x --tp = {cfg.dp} x {cfg.tp} = {cfg.dp * cfg.tp} "
                    f"(got {cfg.ep})")
@@ -210,34 +211,6 @@ def _general_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
     if cfg.max_model_len > model.max_position_embeddings:
         out.append(f"--max-model-len must be at most the checkpoint's max_position_embeddings = "
                    f"{model.max_position_embeddings} (got {cfg.max_model_len})")
-    return out
-
-
-def _devices_rule(cfg: ServerConfig) -> list[str]:
-    if cfg.nnodes == 1 and len(cfg.devices) != cfg.ep:
-        return [f"--devices must list exactly --ep {cfg.ep} devices (got {len(cfg.devices)})"]
-    if cfg.nnodes > 1 and len(cfg.devices) != cfg.ranks_per_node:
-        return [f"--devices must list this node's --ep {cfg.ep} / --nnodes {cfg.nnodes} = "
-                f"{cfg.ranks_per_node} devices (got {len(cfg.devices)})"]
-    return []
-
-
-def _node_rules(cfg: ServerConfig) -> list[str]:
-    """--nnodes / --node-rank / --dist-init-addr (nodes.py)."""
-    out = []
-    if cfg.world_size % cfg.nnodes:
-        out.append(f"--nnodes {cfg.nnodes} must divide --ep {cfg.world_size}: every node runs "
-                   f"the same number of ranks")
-    if not 0 <= cfg.node_rank < cfg.nnodes:
-        out.append(f"--node-rank must be 0..{cfg.nnodes - 1} with --nnodes {cfg.nnodes} "
-                   f"(got {cfg.node_rank})")
-    if cfg.nnodes > 1 and not cfg.dist_init_addr:
-        out.append(f"--dist-init-addr HOST:PORT (node 0's address) is required with "
-                   f"--nnodes {cfg.nnodes}")
-    if cfg.node_rank > 0 and cfg.prompts:
-        out.append("--prompt runs on node 0 only (the other nodes start ranks, nothing else)")
-    if cfg.dist_timeout_s <= 0:
-        out.append(f"--dist-timeout must be positive (got {cfg.dist_timeout_s:g})")
     return out
 
 
