@@ -224,14 +224,15 @@ class Mesh:
         return [results[g * self.tp] for g in range(self.num_groups)]
 
     def _failure_reason(self, step_id: int, errors: list[StepResult]) -> str:
-        """A lost node, else a rank killed by a signal, else the first rank's own error, else
-        the first exit."""
-        lost = self._remote_loss()
-        if lost:
-            return f"{lost} during step {step_id}"
+        """A rank of this host killed by a signal, else a lost node, else the first rank's own
+        error, else the first exit. NOTE: a signal is a cause; a closed remote connection may be
+        the cascade (a peer's collective failed and it exited), so the signal comes first."""
         exited = self.procs.exited()
         if exited and exited[0][1] < 0:
             return f"{self.procs.exit_reason()} during step {step_id}"
+        lost = self._remote_loss()
+        if lost:
+            return f"{lost} during step {step_id}"
         if errors:
             return f"rank {errors[0].rank} failed step {step_id}: {errors[0].error}"
         return f"{self.procs.exit_reason()} during step {step_id}"
