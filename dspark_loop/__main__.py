@@ -16,6 +16,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop(API_KEY_ENV, None)  # NOTE: read once; the ranks must not inherit the keys
     logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if cfg.node_rank > 0:
+        from dspark_loop.node_agent import run_node
+        return asyncio.run(run_node(cfg))
     if cfg.prompts:
         return asyncio.run(run_offline_mode(cfg, model))
     return asyncio.run(run_server(cfg, model))

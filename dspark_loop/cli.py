@@ -16,7 +16,9 @@ from dataclasses import replace
 from dspark_loop.cli_ops import add_ops_flags, ops_fields
 from dspark_loop.config import (DEFAULT_RING_HEAP, GENERATE_KEYS, ConfigError, GenerateDefaults,
                                 ServerConfig, SpeculativeConfig, fill_defaults, validate)
+from dspark_loop.mesh_auth import SecretError, resolve_secret
 from dspark_loop.model_config import ModelConfig
+from dspark_loop.nodes import parse_host_port
 from dspark_loop.tap_publisher import tap_address
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -139,6 +141,30 @@ def generate_config(text: str) -> GenerateDefaults:
         ignore_eos=bool(obj.get("ignore_eos") or False))
 
 
+def non_negative_int(text: str) -> int:
+    if not re.fullmatch(r"\d+", text.strip()):
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer (got {text!r})")
+    return int(text)
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds (got {text!r})")
+    return value
+
+
+def host_port(text: str) -> str:
+    try:
+        parse_host_port(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def debug_tap(text: str) -> str:
     try:
         return tap_address(text)
@@ -197,6 +223,17 @@ def build_parser() -> argparse.ArgumentParser:
     a("--debug-tap", type=debug_tap, default=None, metavar="ADDR",
       help="publish a StepTrace per engine step on this ZeroMQ PUB address (a bare port "
            "means loopback: 5599 = tcp://127.0.0.1:5599)")
+    a("--nnodes", type=positive_int, default=1,
+      help="hosts in the run; each runs --ep/--nnodes ranks (docs/deployment.md)")
+    a("--node-rank", type=non_negative_int, default=0,
+      help="this host: 0 serves HTTP and runs the engine, the others only their ranks")
+    a("--dist-init-addr", type=host_port, default=None, metavar="HOST:PORT",
+      help="node 0's address, the same on every node: torch.distributed's rendezvous at PORT, "
+           "the rank mesh at PORT+1 (required with --nnodes > 1; the nodes share the secret in "
+           "DSPARK_MESH_SECRET)")
+    a("--dist-timeout", type=positive_seconds, default=600.0, metavar="SECONDS",
+      help="how long node 0 waits for every rank's Hello and the other nodes for node 0; "
+           "torch.distributed's timeout (default 600)")
     add_ops_flags(p)
     return p
 
@@ -218,7 +255,9 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         enable_prefix_caching=ns.enable_prefix_caching, speculative=ns.speculative_config,
         ring_heap=ns.ring_heap, generate=ns.generate_config, prompts=tuple(ns.prompt),
         max_tokens=ns.max_tokens, log_level=ns.log_level, kv_cache_memory=ns.kv_cache_memory,
-        num_blocks=ns.num_blocks, debug_tap=ns.debug_tap, **ops_fields(parser, ns, os.environ))
+        num_blocks=ns.num_blocks, debug_tap=ns.debug_tap, nnodes=ns.nnodes,
+        node_rank=ns.node_rank, dist_init_addr=ns.dist_init_addr, dist_timeout_s=ns.dist_timeout,
+        **ops_fields(parser, ns, os.environ))
     return fill_defaults(cfg)
 
 
@@ -233,6 +272,10 @@ def load_config(argv: list[str] | None = None) -> tuple[ServerConfig, ModelConfi
         model = ModelConfig.from_dir(cfg.model)
     except (OSError, ValueError, KeyError, TypeError) as e:
         parser.error(f"argument --model: cannot read {cfg.model}/config.json: {e!r}")
+    try:
+        resolve_secret(cfg.nnodes)  # NOTE: only checked here; launch.py and node_agent.py use it
+    except SecretError as e:
+        parser.error(str(e))
     try:
         validate(cfg, model)
     except ConfigError as e:

@@ -16,6 +16,7 @@ import struct
 from dataclasses import dataclass, field, replace
 
 from dspark_loop.cache_layout import CacheLayout
+from dspark_loop.config_nodes import devices_rule, node_rules
 from dspark_loop.model_config import ModelConfig
 from dspark_loop.protocol import DSPARK_K
 
@@ -27,7 +28,7 @@ CPU_KV_CACHE_MEMORY = 256 * 2 ** 20  # bytes per rank when --backend cpu and no 
 DEFAULT_RING_HEAP = (2 * 2 ** 30, 2 * 2 ** 30, 4 * 2 ** 30, 8 * 2 ** 30)  # the seeds' profile
 DRAFTER_KEYS = ("dspark_target_layer_ids", "dspark_noise_token_id", "dspark_markov_rank")
 POSITIVE_FIELDS = ("dp", "tp", "ep", "max_model_len", "block_size", "max_num_seqs",
-                   "max_num_batched_tokens", "long_prefill_token_threshold")
+                   "max_num_batched_tokens", "long_prefill_token_threshold", "nnodes")
 GENERATE_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
 
 
@@ -85,6 +86,10 @@ class ServerConfig:
     kv_cache_memory: int | None = None  # bytes per rank for KV pages
     num_blocks: int | None = None
     debug_tap: str | None = None
+    nnodes: int = 1  # hosts in the run (nodes.py)
+    node_rank: int = 0  # this host's place; node 0 serves HTTP and runs the engine
+    dist_init_addr: str | None = None  # HOST:PORT of node 0's rendezvous (PORT+1: the mesh)
+    dist_timeout_s: float = 600.0  # start-up wait for ranks / node 0; torch.distributed timeout
     # operating it (cli_ops.py); keys stay out of repr() so a logged config shows none
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     max_queued_requests: int | None = None  # None: no limit
@@ -100,11 +105,15 @@ class ServerConfig:
     def world_size(self) -> int:
         return self.ep or 1
 
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.nnodes if self.world_size % self.nnodes == 0 else self.world_size
+
 
 def fill_defaults(cfg: ServerConfig) -> ServerConfig:
     """Complete what the user left out: topology (devices == ep == dp*tp), dtype, sizes."""
     dp, tp, ep = cfg.dp, cfg.tp, cfg.ep
-    known_ep = ep or (len(cfg.devices) if cfg.devices else None)
+    known_ep = ep or (len(cfg.devices) * cfg.nnodes if cfg.devices else None)
     if known_ep is None and dp and tp:
         known_ep = dp * tp
     if tp is None:
@@ -113,7 +122,9 @@ def fill_defaults(cfg: ServerConfig) -> ServerConfig:
         dp = max(1, known_ep // tp) if known_ep else 1
     if ep is None:
         ep = known_ep or dp * tp
-    devices = cfg.devices if cfg.devices is not None else tuple(range(ep))
+    # NOTE: with several nodes --devices lists this node's devices only.
+    local = ep // cfg.nnodes if ep % cfg.nnodes == 0 else ep
+    devices = cfg.devices if cfg.devices is not None else tuple(range(local))
     dtype = cfg.dtype
     if dtype == "auto":
         dtype = "float32" if cfg.backend == "cpu" else "bfloat16"
@@ -148,7 +159,7 @@ def validate(cfg: ServerConfig, model: ModelConfig) -> None:
     problems = _positive_rules(cfg)
     if not problems:
         problems = _flash_rules(cfg, model) if is_flash(model) else _general_rules(cfg, model)
-        problems += _common_rules(cfg, model)
+        problems += _common_rules(cfg, model) + node_rules(cfg)
     if problems:
         raise ConfigError(problems)
 
@@ -162,8 +173,7 @@ def _flash_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
         out.append(f"--ep must be 8 or 16 for {flash} (got {cfg.ep})")
     elif cfg.dp != cfg.ep // 4:
         out.append(f"--dp must be ep/4 = {cfg.ep // 4} for {flash} with --ep {cfg.ep} (got {cfg.dp})")
-    if len(cfg.devices) != cfg.ep:
-        out.append(f"--devices must list exactly --ep {cfg.ep} devices (got {len(cfg.devices)})")
+    out += devices_rule(cfg)
     if cfg.block_size != 32:
         out.append(f"--block-size must be 32 for {flash} (got {cfg.block_size})")
     cap = SEQS_PER_GROUP * cfg.dp
@@ -179,8 +189,7 @@ def _flash_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
 
 def _general_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
     out = []
-    if len(cfg.devices) != cfg.ep:
-        out.append(f"--devices must list exactly --ep {cfg.ep} devices (got {len(cfg.devices)})")
+    out += devices_rule(cfg)
     if cfg.ep != cfg.dp * cfg.tp:
         out.append(f"--ep must equal --dp x --tp = {cfg.dp} x {cfg.tp} = {cfg.dp * cfg.tp} "
                    f"(got {cfg.ep})")

@@ -22,8 +22,10 @@ from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.errors import MeshStartError
 from dspark_loop.mesh import Mesh
+from dspark_loop.mesh_auth import resolve_secret
 from dspark_loop.metrics import Metrics
 from dspark_loop.model_config import ModelConfig
+from dspark_loop.nodes import MESH_PORT_OFFSET, NodeLayout, parse_host_port
 from dspark_loop.protocol import RankConfig
 from dspark_loop.restart_budget import RestartBudget
 from dspark_loop.supervisor import MeshSupervisor
@@ -85,7 +87,14 @@ class PendingEngine:
 
 
 def make_mesh(cfg: ServerConfig) -> Mesh:
-    return Mesh(rank_config(cfg))
+    """Node 0's mesh: all ranks, its own spawned; with --dist-init-addr at fixed ports."""
+    where = {}
+    if cfg.dist_init_addr:
+        host, port = parse_host_port(cfg.dist_init_addr)
+        where = dict(host=host, port=port + MESH_PORT_OFFSET, dist_port=port)
+    return Mesh(rank_config(cfg), start_timeout_s=cfg.dist_timeout_s,
+                nodes=NodeLayout(cfg.nnodes, 0, cfg.world_size),
+                secret=resolve_secret(cfg.nnodes)[0], **where)
 
 
 def rank_config(cfg: ServerConfig) -> RankConfig:
@@ -101,7 +110,7 @@ def rank_config(cfg: ServerConfig) -> RankConfig:
     spec_k = cfg.num_speculative_tokens
     derived = dict(devices=list(cfg.devices or ()), spec_k=spec_k,
                    num_leases=cfg.max_num_seqs // cfg.dp if spec_k else 0,
-                   threads=threads_per_rank(cfg.backend, cfg.world_size))
+                   threads=threads_per_rank(cfg.backend, cfg.ranks_per_node))
     runner = os.environ.get("DSPARK_TEST_RUNNER")
     if runner:
         log.warning("test-only runner %s selected by DSPARK_TEST_RUNNER", runner)
@@ -109,11 +118,11 @@ def rank_config(cfg: ServerConfig) -> RankConfig:
     return RankConfig(**{**same, **derived})
 
 
-def threads_per_rank(backend: str, world_size: int) -> int:
+def threads_per_rank(backend: str, num_local_ranks: int) -> int:
     """torch intra-op threads: a CPU rank gets its share of this host's cores."""
     if backend != "cpu":
         return 1
-    return max(1, (os.cpu_count() or 1) // world_size)
+    return max(1, (os.cpu_count() or 1) // num_local_ranks)
 
 
 def make_scheduler(cfg: ServerConfig, model: ModelConfig, num_blocks: list[int]) -> Scheduler:
@@ -198,7 +207,8 @@ async def run_server(cfg: ServerConfig, model: ModelConfig) -> int:
         t0 = time.monotonic()
         log.info("starting %d rank(s): dp=%d tp=%d ep=%d backend=%s dtype=%s model=%s",
                  cfg.world_size, cfg.dp, cfg.tp, cfg.ep, cfg.backend, cfg.dtype, cfg.model)
-        # NOTE: a signal while the ranks load ends the start-up, not only the wait after it
+        # NOTE: a task, so a signal during start-up (ranks loading, node 0 waiting for other
+        # nodes) stops the server now instead of after the load or --dist-timeout.
         starting = asyncio.create_task(supervisor.start())
         await asyncio.wait([starting, server], return_when=asyncio.FIRST_COMPLETED)
         if not starting.done():
@@ -214,6 +224,7 @@ async def run_server(cfg: ServerConfig, model: ModelConfig) -> int:
         except asyncio.CancelledError:
             if not stop.is_set():
                 raise
+            log.info("start-up interrupted")
         await server
     finally:
         await supervisor.close()

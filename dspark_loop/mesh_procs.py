@@ -19,13 +19,15 @@ log = logging.getLogger("dspark_loop.mesh")
 class RankProcs:
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen] = []
+        self.first_rank = 0  # procs[i] is rank first_rank + i (a node runs a block of ranks)
 
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
-    def spawn(self, argvs: list[list[str]], env: dict[str, str]) -> None:
-        for rank, argv in enumerate(argvs):
+    def spawn(self, argvs: list[list[str]], env: dict[str, str], first_rank: int = 0) -> None:
+        self.first_rank = first_rank
+        for rank, argv in enumerate(argvs, start=first_rank):
             proc = subprocess.Popen([sys.executable, "-m", "workers", *argv], env=env,
                                     start_new_session=True, stdin=subprocess.DEVNULL)
             self.procs.append(proc)
@@ -33,7 +35,8 @@ class RankProcs:
 
     def exited(self) -> list[tuple[int, int]]:
         """(rank, exit code) of every rank that has exited; signal deaths first."""
-        done = [(r, p.poll()) for r, p in enumerate(self.procs) if p.poll() is not None]
+        done = [(r, p.poll()) for r, p in enumerate(self.procs, start=self.first_rank)
+                if p.poll() is not None]
         return sorted(done, key=lambda rc: (rc[1] >= 0, rc[0]))
 
     def exit_reason(self) -> str | None:
@@ -41,7 +44,8 @@ class RankProcs:
         if not done:
             return None
         rank, code = done[0]
-        return f"rank {rank} (pid {self.procs[rank].pid}) exited with {describe_exit(code)}"
+        pid = self.procs[rank - self.first_rank].pid
+        return f"rank {rank} (pid {pid}) exited with {describe_exit(code)}"
 
     def stopped(self) -> list[int]:
         """Ranks that are alive but stopped (SIGSTOP, a debugger): they will never answer."""
@@ -100,7 +104,7 @@ class RankProcs:
                 log.error("rank pid %d did not die on SIGKILL", p.pid)
 
     def log_exits(self) -> None:
-        for rank, p in enumerate(self.procs):
+        for rank, p in enumerate(self.procs, start=self.first_rank):
             if p.returncode is not None:
                 log.info("rank %d (pid %d) exited with %s", rank, p.pid, describe_exit(p.returncode))
 

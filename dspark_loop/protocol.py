@@ -3,7 +3,7 @@
 Rules: array_like (field order IS the wire format), fields append-only with defaults,
 integer tags, no pickle. Hot arrays travel as raw little-endian buffers (numpy
 `tobytes()`), never as lists of Python ints. Encoders/decoders are built once
-(`ENCODER`, `RANK_DECODER`, `SERVER_DECODER`).
+(`ENCODER`, `RANK_DECODER`, `SERVER_DECODER`, `AGENT_DECODER`).
 
 A step plan carries only what the ranks cannot derive themselves:
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the authenticated handshake (Knock, Challenge) and node agents
 DSPARK_K = 7  # the speculative width: drafts per verify (a verify is DSPARK_K + 1 rows)
 DEFAULT_RUNNER = "workers.runner:ModelRunner"
 
@@ -63,6 +63,7 @@ class RankConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     connect: str = ""  # tcp://host:port of the server's ROUTER (the Mesh fills it in)
     dist_init: str = ""  # tcp://host:port of the torch.distributed rendezvous
     parent_pid: int = 0  # a rank exits when this process is gone; 0: started by hand
+    first_rank: int = 0  # the first rank of this node (devices[i] is rank first_rank + i's)
 
     @property
     def num_groups(self) -> int:
@@ -71,7 +72,8 @@ class RankConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     def device_id(self, rank: int) -> int:
         if self.backend == "cpu":
             return 0
-        return self.devices[rank] if self.devices else rank
+        local = rank - self.first_rank
+        return self.devices[local] if self.devices else local
 
     def problems(self, rank: int) -> list[str]:
         out = []
@@ -98,6 +100,8 @@ class Hello(msgspec.Struct, array_like=True, tag=1):
     num_blocks: list[int] = []  # per cache family: pages this rank can hold
     error: str = ""
     load_s: float = 0.0
+    fingerprint: str = ""  # checkpoint_fingerprint() of the rank's checkpoint
+    mac: bytes = b""  # mesh_auth.sign(): HMAC over this Hello and the server's nonce
 
 
 class PrefillChunk(msgspec.Struct, array_like=True):
@@ -147,6 +151,9 @@ class StepPlan(msgspec.Struct, array_like=True, tag=2):
 
 class Shutdown(msgspec.Struct, array_like=True, tag=3):
     reason: str = ""
+    grace_s: float = 5.0  # node agents: how long their ranks get before SIGTERM
+    error: bool = False  # node agents: the mesh failed (exit 1) rather than closed (exit 0)
+    rejoin: bool = False  # node agents: stay, and join the next mesh node 0 starts (recovery)
 
 
 class StepResult(msgspec.Struct, array_like=True, tag=4):
@@ -166,12 +173,56 @@ def identity(rank: int) -> bytes:
     return b"rank%d" % rank
 
 
-ServerToRank = StepPlan | Shutdown
-RankToServer = Hello | StepResult
+# ---- joining the mesh (mesh_auth.py, nodes.py): every peer knocks before its Hello ----------
+
+class Knock(msgspec.Struct, array_like=True, tag=6):
+    """peer (rank or node agent) -> server: please send a Challenge."""
+    client_nonce: bytes
+
+
+class Challenge(msgspec.Struct, array_like=True, tag=7):
+    """server -> peer: the nonce to sign the Hello with, and proof the server has the secret."""
+    client_nonce: bytes  # echoed: a peer that knocked again ignores stale challenges
+    server_nonce: bytes
+    proof: bytes
+
+
+class NodeHello(msgspec.Struct, array_like=True, tag=8):
+    """node agent (node_rank > 0) -> node 0, before its ranks load: may it join?"""
+    protocol_version: int
+    node_rank: int
+    nnodes: int
+    fingerprint: str  # checkpoint_fingerprint() of the node's checkpoint
+    rank_config: str  # the node's RankConfig as JSON, compared field by field
+    pid: int = 0
+    mac: bytes = b""
+
+
+class Welcome(msgspec.Struct, array_like=True, tag=9):
+    """node 0 -> node agent: admitted; start the node's ranks."""
+    node_rank: int
+
+
+class Refused(msgspec.Struct, array_like=True, tag=10):
+    """node 0 -> node agent: not admitted, and why (the agent prints it and exits)."""
+    reason: str
+
+
+class RankExited(msgspec.Struct, array_like=True, tag=11):
+    """node agent -> node 0: one of its ranks exited without being told to (a crash before
+    its Hello would otherwise only show as a start-up timeout)."""
+    rank: int
+    how: str  # "code 2", "signal SIGKILL"
+
+
+ServerToRank = StepPlan | Shutdown | Challenge
+RankToServer = Hello | StepResult | Knock | NodeHello | RankExited
+ServerToAgent = Challenge | Welcome | Refused | Shutdown
 
 ENCODER = msgspec.msgpack.Encoder()
 RANK_DECODER = msgspec.msgpack.Decoder(ServerToRank)
 SERVER_DECODER = msgspec.msgpack.Decoder(RankToServer)
+AGENT_DECODER = msgspec.msgpack.Decoder(ServerToAgent)
 
 
 def i32(values) -> bytes:

@@ -16,11 +16,15 @@ class RestartBudget:
         self.window_s = window_s
         self.times: deque[float] = deque()  # restarts inside the window, oldest first
 
-    def take(self, now: float) -> bool:
-        """Spend one restart at `now` if the window allows it."""
+    def available(self, now: float) -> bool:
+        """Whether take(now) would succeed (spends nothing)."""
         while self.times and now - self.times[0] >= self.window_s:
             self.times.popleft()
-        if len(self.times) >= self.max_restarts:
+        return len(self.times) < self.max_restarts
+
+    def take(self, now: float) -> bool:
+        """Spend one restart at `now` if the window allows it."""
+        if not self.available(now):
             return False
         self.times.append(now)
         return True

@@ -9,6 +9,11 @@
                      pools, leases and prefix cache) and resume the loop; /health says
                      503 "restarting" meanwhile. Past the budget, or if the new ranks fail
                      to start, the engine gives up: dead, 503, the reason in the log.
+                     Other nodes (--nnodes): the dying mesh tells their agents
+                     Shutdown(rejoin=True) when the budget allows a restart, so they stop
+                     their ranks and join the new mesh (same --dist-init-addr ports); a lost
+                     node must come back (its agent restarted) within --dist-timeout, else
+                     the restart fails and the engine gives up (agents then exit 1).
     close()          the restart in flight, the engine loop, the ranks
 
 Every restart is a log line, dspark:mesh_restarts_total and a trace (a MeshRestart to
@@ -46,9 +51,15 @@ class MeshSupervisor:
         self._restart: asyncio.Task | None = None
         self._starting: asyncio.Task | None = None
 
+    def _fresh_mesh(self):
+        mesh = self.new_mesh()
+        # other nodes' agents stay for the next mesh only if a restart will follow
+        mesh.rejoin_on_death = lambda: self.budget.available(time.monotonic())
+        return mesh
+
     async def start(self) -> EngineLoop:
         self._starting = asyncio.current_task()  # close() cancels a start-up in flight
-        self.mesh = self.new_mesh()
+        self.mesh = self._fresh_mesh()
         await self.mesh.start()
         self._starting = None
         for ob in self.observers:
@@ -72,7 +83,7 @@ class MeshSupervisor:
         log.warning("restarting the rank mesh (restart %d of at most %d in %g s) after: %s",
                     self.budget.used, self.budget.max_restarts, self.budget.window_s, reason)
         try:
-            self.mesh = self.new_mesh()
+            self.mesh = self._fresh_mesh()
             await self.mesh.start()
         except MeshStartError as e:
             why = f"{reason}; the restarted ranks failed to start: {e}"

@@ -1,8 +1,10 @@
-"""python -m workers: one rank process. The server spawns these with its RankConfig; on
-several hosts start them by hand with the JSON the server logs (Mesh.rank_argv):
+"""python -m workers: one rank process. The server spawns these with its RankConfig (on
+other hosts, their node agent does: docs/deployment.md). To start one by hand, use the JSON
+a Mesh(launch=False) logs (Mesh.rank_argv), with that mesh's secret in DSPARK_MESH_SECRET
+(the rank proves it in its Hello):
 
-    python -m workers --rank 3 --config '{"model": "/ckpt", "world_size": 8, "tp": 4,
-        "backend": "npu", "connect": "tcp://10.0.0.1:5555",
+    DSPARK_MESH_SECRET=... python -m workers --rank 3 --config '{"model": "/ckpt",
+        "world_size": 8, "tp": 4, "backend": "npu", "connect": "tcp://10.0.0.1:5555",
         "dist_init": "tcp://10.0.0.1:29500"}'
 """
 from __future__ import annotations

@@ -24,6 +24,9 @@ import msgspec
 import numpy as np
 import zmq
 
+from dspark_loop.checkpoint_fingerprint import checkpoint_fingerprint
+from dspark_loop.mesh_auth import SecretError, secret_from_env
+from dspark_loop.mesh_join import JoinError, Knocker, knock_sync
 from dspark_loop.protocol import (ENCODER, PROTOCOL_VERSION, RANK_DECODER, Hello, RankConfig,
                                   Shutdown, StepPlan, StepResult, f32, i32,
                                   identity)
@@ -61,8 +64,9 @@ def load_runner_class(spec: str):
 
 
 class Rank:
-    def __init__(self, rank: int, cfg: RankConfig) -> None:
+    def __init__(self, rank: int, cfg: RankConfig, secret: str) -> None:
         self.rank, self.cfg = rank, cfg
+        self.knocker = Knocker(secret, f"the server at {cfg.connect}")
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, identity(rank))
@@ -91,10 +95,20 @@ class Rank:
     def send(self, msg) -> None:
         self.sock.send(ENCODER.encode(msg))
 
-    def hello(self, load_s: float, error: str = "") -> None:
+    def hello(self, load_s: float, error: str = "") -> bool:
+        """Knock, check the server's proof, say the signed Hello (mesh_auth.py); False (logged)
+        when the server did not let this rank join."""
         num_blocks = [] if error else [int(n) for n in self.runner.num_blocks]
-        self.send(Hello(PROTOCOL_VERSION, self.rank, self.cfg.world_size, os.getpid(),
-                        num_blocks=num_blocks, error=error, load_s=load_s))
+        hello = Hello(PROTOCOL_VERSION, self.rank, self.cfg.world_size, os.getpid(),
+                      num_blocks=num_blocks, error=error, load_s=load_s,
+                      fingerprint=fingerprint_or_empty(self.cfg.model))
+        try:
+            challenge = knock_sync(self.sock, self.knocker, RANK_DECODER, self.cfg.dist_timeout_s)
+        except JoinError as exc:
+            log.error("cannot join the mesh: %s", exc)
+            return False
+        self.send(self.knocker.sign(hello, challenge))
+        return True
 
     def run_step(self, plan: StepPlan) -> StepResult:
         if len(plan.partitions) != self.cfg.num_groups:
@@ -144,7 +158,11 @@ def run(rank_id: int, cfg: RankConfig) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if cfg.parent_pid:
         watch_parent(cfg.parent_pid)
-    rank = Rank(rank_id, cfg)
+    try:
+        rank = Rank(rank_id, cfg, secret_from_env())
+    except SecretError as exc:
+        log.error("%s", exc)
+        return 2
     t0 = time.perf_counter()
     try:
         rank.load()
@@ -155,13 +173,23 @@ def run(rank_id: int, cfg: RankConfig) -> int:
         return 2
     load_s = time.perf_counter() - t0
     log.info("ready in %.2f s (pid %d, num_blocks %s)", load_s, os.getpid(), rank.runner.num_blocks)
-    rank.hello(load_s)
+    if not rank.hello(load_s):
+        _destroy_process_group()
+        rank.close()
+        return 2
     try:
         code = rank.serve()
     finally:
         _destroy_process_group()
         rank.close()
     return code
+
+
+def fingerprint_or_empty(model_dir: str) -> str:
+    try:
+        return checkpoint_fingerprint(model_dir)
+    except (OSError, ValueError):
+        return ""  # no readable checkpoint: the load error says why
 
 
 def _destroy_process_group() -> None:

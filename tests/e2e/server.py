@@ -65,7 +65,9 @@ def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str], *, timeout_s: float = 180.0, env: dict | None = None):
+    def __init__(self, args: list[str], *, timeout_s: float = 180.0, env: dict | None = None,
+                 wait: bool = True):
+        """wait=False: return at once; call wait_ready() (a test starting another node first)."""
         self.args = list(args)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -76,6 +78,11 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dspark_loop", "--port", str(self.port), *args],
             cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
+        self.ready_s, self.ranks = None, []
+        if wait:
+            self.wait_ready(timeout_s)
+
+    def wait_ready(self, timeout_s: float = 180.0) -> None:
         self.ready_s = self._wait_ready(timeout_s)
         self.ranks = self.rank_pids()
 

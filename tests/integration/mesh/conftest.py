@@ -3,9 +3,12 @@ import os
 import pathlib
 
 import pytest
+import zmq
+import zmq.asyncio
 
 from dspark_loop.mesh import Mesh
-from dspark_loop.protocol import DEFAULT_RUNNER, RankConfig
+from dspark_loop.mesh_join import Knocker
+from dspark_loop.protocol import DEFAULT_RUNNER, ENCODER, RANK_DECODER, RankConfig, identity
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 FAKE_RUNNER = "tests.integration.mesh.fake_runner:FakeRunner"
@@ -51,3 +54,21 @@ async def wait_until(cond, timeout_s: float) -> bool:
             return False
         await asyncio.sleep(0.05)
     return True
+
+
+async def hand_rank(address: str, secret: str, hello, *, linger_s: float = 5.0) -> None:
+    """Play one rank by hand: knock on the mesh at `address`, then say `hello` signed with
+    `secret` (the mesh must be in start() to answer); the socket stays open linger_s."""
+    ctx = zmq.asyncio.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.IDENTITY, identity(hello.rank))
+    dealer.connect(address)
+    knocker = Knocker(secret, address)
+    try:
+        await dealer.send(ENCODER.encode(knocker.knock()))
+        challenge = RANK_DECODER.decode(await asyncio.wait_for(dealer.recv(), 10.0))
+        # NOTE: no knocker.accepts(): with another secret the mesh, not this test, must refuse.
+        await dealer.send(ENCODER.encode(knocker.sign(hello, challenge)))
+        await asyncio.sleep(linger_s)
+    finally:
+        ctx.destroy(linger=0)

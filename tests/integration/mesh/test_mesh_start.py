@@ -1,13 +1,12 @@
 import asyncio
 
 import pytest
-import zmq
-import zmq.asyncio
 
+from dspark_loop.checkpoint_fingerprint import checkpoint_fingerprint
 from dspark_loop.errors import MeshStartError
 from dspark_loop.mesh import Mesh
-from dspark_loop.protocol import ENCODER, PROTOCOL_VERSION, Hello, RankConfig, identity
-from tests.integration.mesh.conftest import alive, make_mesh
+from dspark_loop.protocol import PROTOCOL_VERSION, Hello, RankConfig
+from tests.integration.mesh.conftest import alive, hand_rank, make_mesh
 
 
 async def test_rank_that_cannot_load_its_model_fails_start_with_its_message(tmp_path):
@@ -24,17 +23,36 @@ async def test_hello_with_another_protocol_version_is_refused(fake_model_dir):
     """A rank speaking another protocol version must be refused at the handshake."""
     mesh = Mesh(RankConfig(model=fake_model_dir), launch=False, start_timeout_s=10.0)
     mesh.bind()
-    ctx = zmq.asyncio.Context()
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.IDENTITY, identity(0))
-    dealer.connect(mesh.address)
-    try:
-        await dealer.send(ENCODER.encode(Hello(PROTOCOL_VERSION + 1, 0, 1, 1234, [8])))
-        with pytest.raises(MeshStartError, match="protocol version .* refused"):
-            await asyncio.wait_for(mesh.start(), 5.0)
-    finally:
-        dealer.close(linger=0)
-        ctx.term()
+    hello = Hello(PROTOCOL_VERSION + 1, 0, 1, 1234, [8], fingerprint=checkpoint_fingerprint(fake_model_dir))
+    rank = asyncio.ensure_future(hand_rank(mesh.address, mesh.secret, hello))
+    with pytest.raises(MeshStartError, match="protocol version .* refused"):
+        await asyncio.wait_for(mesh.start(), 5.0)
+    rank.cancel()
+
+
+async def test_a_rank_serving_another_checkpoint_is_refused(fake_model_dir):
+    """A rank whose checkpoint has another fingerprint (config + tensor names) than the
+    server's must stop the start-up with a message saying so."""
+    mesh = Mesh(RankConfig(model=fake_model_dir), launch=False, start_timeout_s=10.0)
+    mesh.bind()
+    hello = Hello(PROTOCOL_VERSION, 0, 1, 1234, [8], fingerprint="0123456789abcdef" * 4)
+    rank = asyncio.ensure_future(hand_rank(mesh.address, mesh.secret, hello))
+    with pytest.raises(MeshStartError, match="rank 0 serves another checkpoint .*0123456789ab"):
+        await asyncio.wait_for(mesh.start(), 5.0)
+    rank.cancel()
+
+
+async def test_a_rank_without_the_secret_is_not_heard(fake_model_dir, caplog):
+    """A Hello signed with another secret must not count: the server logs the refusal and
+    start() times out naming that rank as missing."""
+    mesh = Mesh(RankConfig(model=fake_model_dir), launch=False, start_timeout_s=1.5)
+    mesh.bind()
+    hello = Hello(PROTOCOL_VERSION, 0, 1, 1234, [8], fingerprint=checkpoint_fingerprint(fake_model_dir))
+    rank = asyncio.ensure_future(hand_rank(mesh.address, "not-the-secret-of-this-mesh", hello))
+    with pytest.raises(MeshStartError, match=r"ranks \[0\] did not say Hello within"):
+        await mesh.start()
+    rank.cancel()
+    assert "rank 0 failed authentication: its DSPARK_MESH_SECRET differs" in caplog.text
 
 
 async def test_start_times_out_with_the_missing_ranks_named(fake_model_dir):

@@ -5,11 +5,11 @@ import subprocess
 import sys
 
 import pytest
-import zmq
-import zmq.asyncio
 
 from dspark_loop.mesh import free_port
-from dspark_loop.protocol import ENCODER, SERVER_DECODER, Hello, RankConfig, Shutdown, StepResult
+from dspark_loop.mesh_auth import SECRET_ENV
+from dspark_loop.mesh_socket import MeshSocket
+from dspark_loop.protocol import ENCODER, Hello, RankConfig, Shutdown, StepResult, identity
 from tests.integration.mesh.conftest import FAKE_RUNNER, REPO, alive, fake_env, wait_until
 from tests.integration.mesh.plans import prefill_plan
 
@@ -20,19 +20,25 @@ def rank_argv(address: str, model_dir: str, parent_pid: int = 0) -> list[str]:
     return [sys.executable, "-m", "workers", "--rank", "0", "--config", cfg.encode()]
 
 
+SECRET = "rank-process-test-secret"
+
+
 @pytest.fixture
 async def router():
-    ctx = zmq.asyncio.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    port = sock.bind_to_random_port("tcp://127.0.0.1")
-    yield sock, f"tcp://127.0.0.1:{port}"
-    sock.close(linger=0)
-    ctx.term()
+    """The server's socket (it answers the rank's Knock); the rank gets SECRET."""
+    sock = MeshSocket(SECRET, {identity(0)})
+    yield sock, sock.bind("127.0.0.1")
+    sock.close()
 
 
-async def recv(sock, timeout_s: float = 30.0):
-    sender, frame = await asyncio.wait_for(sock.recv_multipart(), timeout_s)
-    return sender, SERVER_DECODER.decode(frame)
+def rank_env() -> dict[str, str]:
+    return {**os.environ, **fake_env(), SECRET_ENV: SECRET}
+
+
+async def recv(sock: MeshSocket, timeout_s: float = 30.0):
+    got = await sock.recv(timeout_s)
+    assert got is not None, f"nothing from the rank within {timeout_s} s"
+    return got
 
 
 async def test_malformed_frames_are_dropped_and_the_rank_keeps_serving(router, fake_model_dir):
@@ -40,18 +46,18 @@ async def test_malformed_frames_are_dropped_and_the_rank_keeps_serving(router, f
     unexecuted; the next good plan must still be answered, and Shutdown must end the rank
     with exit code 0."""
     sock, address = router
-    env = {**os.environ, **fake_env()}
+    env = rank_env()
     proc = subprocess.Popen(rank_argv(address, fake_model_dir), env=env, cwd=REPO)
     try:
         sender, hello = await recv(sock)
         assert isinstance(hello, Hello) and not hello.error and hello.pid == proc.pid
         for junk in [b"\xc1not msgpack", b"", ENCODER.encode(Hello(1, 0, 1, 0))]:
-            await sock.send_multipart([sender, junk])
-        await sock.send_multipart([sender, ENCODER.encode(prefill_plan(7, 1))])
+            await sock.send_frame(sender, junk)
+        await sock.send(sender, prefill_plan(7, 1))
         _, result = await recv(sock)
         assert isinstance(result, StepResult) and result.step_id == 7 and not result.error
         assert len(result.token_ids) == 2 * 4  # two sampled prefills, int32 each
-        await sock.send_multipart([sender, ENCODER.encode(Shutdown("test done"))])
+        await sock.send(sender, Shutdown("test done"))
         assert await wait_until(lambda: proc.poll() is not None, 10.0)
         assert proc.returncode == 0
     finally:
@@ -62,7 +68,7 @@ async def test_malformed_frames_are_dropped_and_the_rank_keeps_serving(router, f
 async def test_rank_exits_by_itself_when_its_server_dies(router, fake_model_dir):
     """A rank whose parent (the server) is killed must exit on its own within seconds."""
     _, address = router
-    env = {**os.environ, **fake_env()}
+    env = rank_env()
     # NOTE: a small Python parent starts the rank with its own pid as parent_pid.
     script = ("import os, subprocess, sys\n"
               "from tests.integration.mesh.test_rank_process import rank_argv\n"
@@ -81,3 +87,12 @@ async def test_rank_exits_by_itself_when_its_server_dies(router, fake_model_dir)
     finally:
         if alive(rank_pid):
             os.kill(rank_pid, 9)
+
+
+def test_rank_without_the_mesh_secret_exits_2_naming_the_variable(fake_model_dir):
+    """A rank started without DSPARK_MESH_SECRET cannot prove itself: it must exit 2 at once
+    with a message naming the variable (before loading anything)."""
+    env = {k: v for k, v in rank_env().items() if k != SECRET_ENV}
+    proc = subprocess.run(rank_argv("tcp://127.0.0.1:9", fake_model_dir), env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "DSPARK_MESH_SECRET is not set" in proc.stderr

@@ -53,3 +53,23 @@ def test_a_rank_refuses_a_bad_config_naming_the_flag(config, needle, capsys):
         parse_rank_args(["--rank", "0", "--config", config])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--config" in err and needle in err
+
+
+def test_a_node_indexes_its_devices_from_its_first_rank():
+    """On a node running ranks 8..15, --devices lists that node's devices: rank 9 must get the
+    second one (or device 1 when none are listed); on cpu every rank uses device 0."""
+    rc = RankConfig(model="/m", world_size=16, tp=4, backend="npu", devices=[4, 5, 6, 7, 0, 1, 2, 3],
+                    first_rank=8)
+    assert rc.device_id(9) == 5 and rc.device_id(15) == 3
+    assert RankConfig(model="/m", world_size=16, backend="npu", first_rank=8).device_id(9) == 1
+    assert RankConfig(model="/m", world_size=16, first_rank=8).device_id(9) == 0
+
+
+def test_cpu_threads_are_shared_among_this_nodes_ranks_only(monkeypatch):
+    """A CPU rank's torch threads must be the host's cores over the ranks on this host, not
+    over the whole world."""
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    one = rank_config(parse_args(["--dp", "2", "--tp", "2", "--ep", "4"]))
+    two = rank_config(parse_args(["--dp", "2", "--tp", "2", "--ep", "4", "--nnodes", "2",
+                                  "--dist-init-addr", "127.0.0.1:5000"]))
+    assert (one.threads, two.threads) == (4, 8)

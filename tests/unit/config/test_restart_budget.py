@@ -22,3 +22,11 @@ def test_the_window_slides():
 def test_zero_means_never_restart():
     """--max-rank-restarts 0 must refuse the first restart."""
     assert not RestartBudget(0).take(0)
+
+
+def test_available_tells_what_take_would_do_without_spending():
+    """available(now) must equal take(now)'s answer and must not spend a restart."""
+    b = RestartBudget(1, window_s=100)
+    assert b.available(0) and b.available(0) and b.used == 0
+    assert b.take(0)
+    assert not b.available(50) and b.available(100)
