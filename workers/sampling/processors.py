@@ -14,6 +14,8 @@ a Comm is a collective over the TP group: all ranks call it with the same rows.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from workers.comm import Comm
@@ -24,17 +26,22 @@ from workers.sampling.thresholds import (fixed_exp, fixed_point_shift, group_max
 NEG_INF = float("-inf")
 
 
-def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, prompt_mask: torch.Tensor | None,
-                    rows: SamplingRows) -> torch.Tensor:
-    """logits [L, V/tp] fp32; counts [L, V/tp] int (the row's output ids so far: committed
-    tokens, plus drafts 0..i-1 for verify row i); prompt_mask [L, V/tp] bool (prompt ids, for
-    the repetition penalty) or None. Rows without a penalty keep their exact bits."""
-    on = rows.has_penalty.nonzero()[:, 0]  # [m]
+@dataclass
+class PenaltyRows:
+    """The logit rows with a penalty and what they have seen (built by PenaltyLedger)."""
+    row_ids: torch.Tensor  # [m] long: indices into the step's logit rows
+    counts: torch.Tensor  # [m, V/tp] int32: output ids so far (+ the tile's earlier drafts)
+    prompt_mask: torch.Tensor | None  # [m, V/tp] bool: prompt ids (repetition penalty) or None
+
+
+def apply_penalties(logits: torch.Tensor, rows: SamplingRows, pen: PenaltyRows) -> torch.Tensor:
+    """logits [L, V/tp] fp32 -> penalised copy; rows outside pen.row_ids keep their exact bits."""
+    on = pen.row_ids
     if not len(on):
         return logits
-    x, c = logits[on], counts[on]  # [m, V/tp]
+    x, c = logits[on], pen.counts  # [m, V/tp]
     seen = c > 0
-    rep_ids = seen if prompt_mask is None else seen | prompt_mask[on]
+    rep_ids = seen if pen.prompt_mask is None else seen | pen.prompt_mask
     r = rows.repetition_penalty[on][:, None]  # [m, 1]
     x = torch.where(rep_ids, torch.where(x > 0, x / r, x * r), x)
     x = x - rows.frequency_penalty[on][:, None] * c.to(x.dtype)

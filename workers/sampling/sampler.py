@@ -15,20 +15,20 @@ import torch
 
 from workers.comm import Comm
 from workers.sampling.noise import gumbel_noise
-from workers.sampling.processors import apply_penalties, filter_logits
+from workers.sampling.processors import PenaltyRows, apply_penalties, filter_logits
 from workers.sampling.rows import SamplingRows
 
 
 def sample(logits: torch.Tensor, rows: SamplingRows, comm: Comm, vocab_offset: int,
-           counts: torch.Tensor | None = None, prompt_mask: torch.Tensor | None = None) -> torch.Tensor:
+           penalties: PenaltyRows | None = None) -> torch.Tensor:
     """logits [L, V/tp] fp32 (constraint masks already at -inf) -> tokens [L] int64 (global ids).
 
-    counts / prompt_mask [L, V/tp]: see apply_penalties (None: no row has a penalty).
+    penalties: the rows with a penalty and their counts (None: no row has one).
     A collective: every rank of the TP group calls it with its slice of the same rows."""
     local_vocab = logits.shape[1]
     vocab_size = local_vocab * comm.shard.tp_size
-    if counts is not None:
-        logits = apply_penalties(logits, counts, prompt_mask, rows)
+    if penalties is not None:
+        logits = apply_penalties(logits, rows, penalties)
     random = rows.is_random  # [L]
     tokens = torch.zeros(rows.num_rows, dtype=torch.int64, device=logits.device)
     greedy, rand = (~random).nonzero()[:, 0], random.nonzero()[:, 0]

@@ -7,7 +7,7 @@ from transformers.generation.logits_process import (MinPLogitsWarper, Repetition
 
 from tests.unit.sampling.sharded import gather_slices, run_sharded
 from workers.comm import LocalComm
-from workers.sampling.processors import apply_penalties, filter_logits
+from workers.sampling.processors import PenaltyRows, apply_penalties, filter_logits
 from workers.sampling.rows import SamplingRows
 from workers.sampling.thresholds import order_keys, threshold_over
 
@@ -92,7 +92,7 @@ def test_repetition_penalty_equals_transformers_and_counts_give_vllms_penalties(
     prompt_mask[:, prompt_ids] = True
     rows = SamplingRows.make(3, repetition_penalty=[1.3, 1.0, 1.0], frequency_penalty=[0.0, 0.4, 0.0],
                              presence_penalty=[0.0, -0.5, 0.0])
-    out = apply_penalties(logits, counts, prompt_mask, rows)
+    out = apply_penalties(logits, rows, PenaltyRows(torch.arange(2), counts[:2], prompt_mask[:2]))
     ids = torch.tensor([prompt_ids + out_ids])
     assert torch.equal(out[0], RepetitionPenaltyLogitsProcessor(1.3)(ids, logits[:1].clone())[0])
     expect = logits[1].clone()

@@ -6,6 +6,7 @@ import torch
 from tests.unit.sampling.sharded import run_sharded
 from tests.unit.sampling.test_processors import reference_filter
 from workers.comm import LocalComm
+from workers.sampling.processors import PenaltyRows
 from workers.sampling.rows import SamplingRows
 from workers.sampling.sampler import sample
 
@@ -111,8 +112,10 @@ def test_tp_slices_sample_the_same_tokens_as_one_rank(tp):
     rows.repetition_penalty[1::3] = 1.4
     rows.frequency_penalty[2::5] = 0.5
     counts = torch.randint(0, 3, (64, 96), generator=torch.Generator().manual_seed(4), dtype=torch.int32)
-    full = sample(logits, rows, LocalComm(), 0, counts)
+    on = rows.has_penalty.nonzero()[:, 0]
+    full = sample(logits, rows, LocalComm(), 0, PenaltyRows(on, counts[on], None))
     n = 96 // tp
-    parts = run_sharded(lambda x, comm, off: sample(x, rows, comm, off, counts[:, off:off + n].clone()), logits, tp)
+    parts = run_sharded(lambda x, comm, off: sample(x, rows, comm, off, PenaltyRows(on, counts[on, off:off + n], None)),
+                        logits, tp)
     for tokens in parts:
         assert torch.equal(tokens, full)
