@@ -22,7 +22,7 @@ import torch
 
 MASK32 = 0xFFFFFFFF
 GOLDEN = 0x9E3779B9  # absorbed between words so a zero word never maps to a fixed point
-CHUNK_ELEMENTS = 1 << 15
+CHUNK_ELEMENTS = 1 << 14
 _TWO_M32 = 2.0 ** -32
 
 
