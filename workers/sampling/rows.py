@@ -32,12 +32,14 @@ class SamplingRows:
     choice: torch.Tensor  # [L] int64 (n > 1: the choice's index)
     position: torch.Tensor  # [L] int64, absolute position of the sampled token
 
+    NEUTRAL = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, presence_penalty=0.0,
+                   frequency_penalty=0.0, repetition_penalty=1.0, seed=0, choice=0, position=0)
+
     @classmethod
     def make(cls, num_rows: int, device: str | torch.device = "cpu", **values) -> "SamplingRows":
         """Neutral rows (greedy, no filter, no penalty, seed 0) with `values` overriding
         (each a scalar or a length-L sequence)."""
-        neutral = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, presence_penalty=0.0,
-                       frequency_penalty=0.0, repetition_penalty=1.0, seed=0, choice=0, position=0)
+        neutral = cls.NEUTRAL
         unknown = set(values) - set(neutral)
         if unknown:
             raise TypeError(f"unknown sampling fields {sorted(unknown)}")
