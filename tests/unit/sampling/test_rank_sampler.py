@@ -145,3 +145,20 @@ def test_a_readmitted_request_resumes_with_the_tokens_it_would_have_sampled():
         part = plan([PrefillChunk(7, 0, i32(seq), True)], sampling=[again])
         tokens, _ = run_step(RankSampler(0, V), part, lambda i: seq)
         assert int(tokens[0]) == out[m], m
+
+
+def test_drafts_drawn_with_the_shared_noise_match_the_target_sample_when_the_logits_agree():
+    """A drafter whose logits equal the target's must propose exactly the verify rows' samples
+    (same noise coordinates); greedy requests keep the argmax."""
+    from workers.sampling.draft_pick import DraftPicker
+    from workers.sampling.rows import SamplingRows
+    from workers.sampling.sampler import sample
+    logits = torch.randn(6, V, generator=torch.Generator().manual_seed(5)) * 2
+    rows = SamplingRows.make(6, temperature=[0.8, 1.0, 0.0, 1.3, 0.5, 1.0], top_k=[0, 5, 0, 0, 0, 0],
+                             seed=torch.arange(6) + 40)
+    anchor = torch.tensor([10, 20, 30, 40, 50, 60])
+    pick = DraftPicker(rows, anchor, LocalComm(), 0)
+    for s in range(3):
+        target = sample(logits, SamplingRows.make(6, temperature=rows.temperature, top_k=rows.top_k,
+                                                  seed=rows.seed, position=anchor + 1 + s), LocalComm(), 0)
+        assert torch.equal(pick(logits, s), target)
