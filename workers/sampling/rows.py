@@ -36,7 +36,7 @@ class SamplingRows:
                    frequency_penalty=0.0, repetition_penalty=1.0, seed=0, choice=0, position=0)
 
     @classmethod
-    def make(cls, num_rows: int, device: str | torch.device = "cpu", **values) -> "SamplingRows":
+    def make(cls, num_rows: int, device: str | torch.device = "cpu", **values) -> SamplingRows:
         """Neutral rows (greedy, no filter, no penalty, seed 0) with `values` overriding
         (each a scalar or a length-L sequence)."""
         neutral = cls.NEUTRAL
@@ -53,7 +53,7 @@ class SamplingRows:
                 raise ValueError(f"{name}: expected {num_rows} values, got {tuple(out[name].shape)}")
         return cls(**out)
 
-    def select(self, rows: torch.Tensor) -> "SamplingRows":
+    def select(self, rows: torch.Tensor) -> SamplingRows:
         """The rows at indices rows [m] (long)."""
         return SamplingRows(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
 

@@ -72,7 +72,7 @@ def test_threshold_search_matches_a_sort_on_random_weights():
     budget = torch.rand(50, generator=g, dtype=torch.float64) * weights.sum(1).double() + 0.5
     t = threshold_over(keys, weights, budget, LocalComm())
     for r in range(50):
-        def mass_above(x):
+        def mass_above(x, r=r):
             return int(weights[r][keys[r] > x].sum())
         cands = sorted(set(keys[r].tolist()) | {0})
         # the answer is either 0 or one past an element (F only steps just above an element)

@@ -73,7 +73,7 @@ def generate_k7(s, num_tokens, reference, error_at):
             drafts[error_at] = (drafts[error_at] + 1) % V
         tile = [seq[-1], *drafts.tolist()]
         d = DecodeBatch(i32([1]), i32([L]), i8([8]), i32(tile))
-        preds, _ = run_step(sampler, plan(decode=d), lambda i: seq + tile[1:i + 1])
+        preds, _ = run_step(sampler, plan(decode=d), lambda i, seq=seq, tile=tile: seq + tile[1:i + 1])
         a = int(accept_chain(drafts[None], preds.numpy()[None])[0])
         seq += drafts[:a - 1].tolist() + [int(preds[a - 1])]
     return seq[len(PROMPT):len(PROMPT) + num_tokens]
@@ -109,7 +109,8 @@ def test_prompt_and_sampled_logprob_entries_name_positions_and_tokens():
     assert lp.positions.tolist() == [1, 2, 3, 4]
     assert lp.token_ids.tolist() == PROMPT[1:] + [int(tokens[0])]
     ref = log_softmax_sharded(logits, LocalComm())
-    assert np.array_equal(lp.values, ref[torch.arange(4), torch.tensor(lp.token_ids.tolist(), dtype=torch.long)].numpy())
+    at = torch.tensor(lp.token_ids.tolist(), dtype=torch.long)
+    assert np.array_equal(lp.values, ref[torch.arange(4), at].numpy())
     assert lp.top_ids.shape == (4, 2)
 
 
@@ -143,7 +144,7 @@ def test_a_readmitted_request_resumes_with_the_tokens_it_would_have_sampled():
         again = spec(7, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, output_token_ids=i32(out[:m]))
         seq = PROMPT + out[:m]
         part = plan([PrefillChunk(7, 0, i32(seq), True)], sampling=[again])
-        tokens, _ = run_step(RankSampler(0, V), part, lambda i: seq)
+        tokens, _ = run_step(RankSampler(0, V), part, lambda i, seq=seq: seq)
         assert int(tokens[0]) == out[m], m
 
 
