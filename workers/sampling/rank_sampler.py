@@ -19,9 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dspark_loop.protocol import PartitionPlan, as_i32
+from dspark_loop.protocol import GREEDY_BELOW, PartitionPlan, as_i32
 from workers.comm import Comm
 from workers.sampling.logprobs import log_softmax_sharded, token_logprobs, top_logprobs
+from workers.sampling.draft_pick import DraftPicker
 from workers.sampling.penalty_ledger import PenaltyLedger
 from workers.sampling.processors import PenaltyRows
 from workers.sampling.rows import SamplingRows
@@ -67,6 +68,16 @@ class RankSampler:
     def wants_prompt_logprobs(self, req_id: int) -> bool:
         spec = self.specs.get(req_id)
         return spec is not None and spec.num_prompt_logprobs >= 0
+
+    def draft_picker(self, req_ids: list[int], anchor_pos: torch.Tensor, comm: Comm) -> DraftPicker | None:
+        """How the drafter picks for these anchors' requests (None: all greedy, the argmax).
+        NOTE: every rank of the group sees the same specs, so all agree on None."""
+        if not any(r in self.specs and self.specs[r].temperature >= GREEDY_BELOW for r in req_ids):
+            return None
+        values = {name: [getattr(self.specs[r], name) if r in self.specs else SamplingRows.NEUTRAL[name]
+                         for r in req_ids] for name in SPEC_FIELDS}
+        rows = SamplingRows.make(len(req_ids), self.device, **values)
+        return DraftPicker(rows, anchor_pos, comm, self.offset)
 
     def is_plain(self, rows: StepRows) -> bool:
         """No row of this step needs more than the greedy argmax."""

@@ -15,8 +15,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-# NOTE: vLLM's _SAMPLING_EPS: a temperature below it is greedy (x / T would overflow).
-GREEDY_BELOW = 1e-5
+from dspark_loop.protocol import GREEDY_BELOW
 
 
 @dataclass
