@@ -25,8 +25,9 @@ from dspark_loop.api.chat_validate import ChatRequestError, validate_chat_reques
 from dspark_loop.api.context import ServingContext
 from dspark_loop.api.errors import ApiError, bad_request, unsupported
 from dspark_loop.api.generation import Generation, GenerationRoute, OutputError
+from dspark_loop.api.logprobs_format import LogprobsFormatter
 from dspark_loop.api.sampling import sampling_params
-from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
+from dspark_loop.engine.outputs import GenerateRequest, RequestOutput, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +46,26 @@ class ChatCompletion(Generation):
         self.parallel_tool_calls = req.parallel_tool_calls is not False
         self.output = ChatOutput(self.start_in_reasoning,
                                  parallel_tool_calls=self.parallel_tool_calls)
+        self.logprobs: list[TokenLogprob] = []  # entries not answered yet (logprobs: true)
+        self.formatter = LogprobsFormatter(lambda t: ctx.encoder.decode([t]))
+
+    def note(self, out: RequestOutput, token_ids: list[int]) -> None:
+        super().note(out, token_ids)
+        self.logprobs += out.logprobs or []
+
+    def take_logprobs(self) -> dict | None:
+        if not self.req.logprobs:
+            return None
+        entries, self.logprobs = self.logprobs, []
+        return self.formatter.chat(entries)
 
     @property
     def constrained(self) -> bool:
         return needs_constraint(self.tools, self.req.tool_choice)
 
     def chunk(self, delta: dict, reason: str | None = None, stop_reason=None,
-              continuous: bool = False) -> dict:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+              continuous: bool = False, logprobs: dict | None = None) -> dict:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         if reason is not None:
             choice["stop_reason"] = stop_reason
         return self.chunk_body(choice, continuous)
@@ -67,7 +80,7 @@ class ChatCompletion(Generation):
 
     def whole_choice(self, reason: str, last: RequestOutput, token_ids: list[int]) -> tuple[dict, str]:
         reason = self.output.finish_reason(reason)
-        choice = {"index": 0, "message": self.output.message(), "logprobs": None,
+        choice = {"index": 0, "message": self.output.message(), "logprobs": self.take_logprobs(),
                   "finish_reason": reason, "stop_reason": last.stop_reason}
         return choice, reason
 
@@ -78,11 +91,13 @@ class ChatCompletion(Generation):
         with malformed_as_output_error():
             delta = self.output.feed(out.new_text)
             tail = self.output.finish() if out.finished else None
-        chunks = [self.chunk(delta, continuous=continuous)] if delta else []
+        # NOTE: a delta's token logprobs ride on its first chunk (text may lag tokens)
+        chunks = [self.chunk(delta, continuous=continuous, logprobs=self.take_logprobs())] if delta else []
         if not out.finished:
             return chunks, None
         reason = self.output.finish_reason(out.finish_reason)
-        chunks.append(self.chunk(tail or {}, reason, out.stop_reason, continuous))
+        chunks.append(self.chunk(tail or {}, reason, out.stop_reason, continuous,
+                                 None if chunks else self.take_logprobs()))
         return chunks, reason
 
     def log_finished(self, reason: str | None) -> None:
@@ -102,10 +117,6 @@ def malformed_as_output_error():
 
 
 def check_chat_options(req: ChatCompletionRequest) -> None:
-    if req.logprobs:
-        raise unsupported("logprobs", "logprobs are not supported by this server.")
-    if req.top_logprobs:
-        raise unsupported("top_logprobs", "top_logprobs are not supported by this server.")
     if req.response_format is not None and req.response_format.get("type") != "text":
         raise unsupported("response_format", "response_format other than {\"type\": \"text\"} "
                                              "is not supported by this server.")
@@ -141,6 +152,9 @@ class ChatCompletionsRoute(GenerationRoute):
         for w in warnings:
             log.debug("chat request: %s", w)
         check_chat_options(req)
+        if (req.n or 1) > 1:
+            raise unsupported("n", f"n {req.n} is not supported on /v1/chat/completions yet; send n 1 "
+                                   f"(or use /v1/completions, which serves n > 1).")
         # NOTE: tool_choice "none" leaves the request's tools out of the prompt: the model
         # cannot call what it was not shown, and the answer is plain text as OpenAI promises.
         tools = None if req.tool_choice == "none" else req.tools
@@ -154,7 +168,8 @@ class ChatCompletionsRoute(GenerationRoute):
             raise
         # chat's default length: the context left (unless --generate-config sets one)
         params = sampling_params(req, ctx.defaults, ctx.encoder, len(prompt_ids), ctx.max_model_len,
-                                 default_max_tokens=ctx.max_model_len - len(prompt_ids))
+                                 default_max_tokens=ctx.max_model_len - len(prompt_ids),
+                                 sampling_defaults=ctx.sampling_defaults, chat=True)
         params = dataclasses.replace(params, skip_special_tokens=False)
         g = GenerateRequest(ctx.new_request_id("chatcmpl"), prompt_ids, params,
                             arrival_time=time.monotonic())

@@ -12,18 +12,10 @@ refused) is written as -9999.0, as vLLM does: JSON has no infinity.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+
+from dspark_loop.engine.outputs import TokenLogprob
 
 FLOOR = -9999.0
-
-
-@dataclass
-class TokenLogprob:
-    """One position: the token there, its logprob (None: a prompt's first token, which has
-    none), and the top entries (id, logprob), best first."""
-    token_id: int
-    logprob: float | None
-    top: list[tuple[int, float]] = field(default_factory=list)
 
 
 def _lp(x: float) -> float:
