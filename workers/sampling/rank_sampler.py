@@ -53,6 +53,7 @@ class RankSampler:
         self.offset, self.local_vocab, self.device = vocab_offset, local_vocab, torch.device(device)
         self.specs: dict[int, object] = {}  # req_id -> SamplingSpec
         self.ledger = PenaltyLedger(vocab_offset, local_vocab, device)
+        self.shared_noise_drafts = True  # False: the drafter proposes greedily (benchmarks)
 
     # ---- state ----------------------------------------------------------------------------
     def begin(self, part: PartitionPlan) -> None:
@@ -72,7 +73,8 @@ class RankSampler:
     def draft_picker(self, req_ids: list[int], anchor_pos: torch.Tensor, comm: Comm) -> DraftPicker | None:
         """How the drafter picks for these anchors' requests (None: all greedy, the argmax).
         NOTE: every rank of the group sees the same specs, so all agree on None."""
-        if not any(r in self.specs and self.specs[r].temperature >= GREEDY_BELOW for r in req_ids):
+        if not self.shared_noise_drafts or not any(
+                r in self.specs and self.specs[r].temperature >= GREEDY_BELOW for r in req_ids):
             return None
         values = {name: [getattr(self.specs[r], name) if r in self.specs else SamplingRows.NEUTRAL[name]
                          for r in req_ids] for name in SPEC_FIELDS}
