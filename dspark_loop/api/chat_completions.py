@@ -22,6 +22,7 @@ from dspark_loop.api.chat_parse import ToolParseError
 from dspark_loop.api.chat_render import THINK_START, chat_options, render_messages
 from dspark_loop.api.chat_schemas import ChatCompletionRequest
 from dspark_loop.api.chat_validate import ChatRequestError, validate_chat_request
+from dspark_loop.api.completion_choices import Choices, run_choices
 from dspark_loop.api.context import ServingContext
 from dspark_loop.api.errors import ApiError, bad_request, unsupported
 from dspark_loop.api.generation import Generation, GenerationRoute, OutputError
@@ -46,6 +47,7 @@ class ChatCompletion(Generation):
         self.parallel_tool_calls = req.parallel_tool_calls is not False
         self.output = ChatOutput(self.start_in_reasoning,
                                  parallel_tool_calls=self.parallel_tool_calls)
+        self.index = 0  # the choice's index (n > 1)
         self.logprobs: list[TokenLogprob] = []  # entries not answered yet (logprobs: true)
         self.formatter = LogprobsFormatter(lambda t: ctx.encoder.decode([t]))
 
@@ -65,7 +67,7 @@ class ChatCompletion(Generation):
 
     def chunk(self, delta: dict, reason: str | None = None, stop_reason=None,
               continuous: bool = False, logprobs: dict | None = None) -> dict:
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+        choice = {"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         if reason is not None:
             choice["stop_reason"] = stop_reason
         return self.chunk_body(choice, continuous)
@@ -80,7 +82,7 @@ class ChatCompletion(Generation):
 
     def whole_choice(self, reason: str, last: RequestOutput, token_ids: list[int]) -> tuple[dict, str]:
         reason = self.output.finish_reason(reason)
-        choice = {"index": 0, "message": self.output.message(), "logprobs": self.take_logprobs(),
+        choice = {"index": self.index, "message": self.output.message(), "logprobs": self.take_logprobs(),
                   "finish_reason": reason, "stop_reason": last.stop_reason}
         return choice, reason
 
@@ -138,7 +140,7 @@ def declared_tools(req: ChatCompletionRequest) -> list[dict]:
 
 
 class ChatCompletionsRoute(GenerationRoute):
-    def accept(self, body: bytes) -> ChatCompletion:
+    def accept(self, body: bytes):
         ctx = self.ctx
         req = self.decode(body, ChatCompletionRequest)
         fields = req.format_fields()
@@ -152,9 +154,6 @@ class ChatCompletionsRoute(GenerationRoute):
         for w in warnings:
             log.debug("chat request: %s", w)
         check_chat_options(req)
-        if (req.n or 1) > 1:
-            raise unsupported("n", f"n {req.n} is not supported on /v1/chat/completions yet; send n 1 "
-                                   f"(or use /v1/completions, which serves n > 1).")
         # NOTE: tool_choice "none" leaves the request's tools out of the prompt: the model
         # cannot call what it was not shown, and the answer is plain text as OpenAI promises.
         tools = None if req.tool_choice == "none" else req.tools
@@ -171,17 +170,26 @@ class ChatCompletionsRoute(GenerationRoute):
                                  default_max_tokens=ctx.max_model_len - len(prompt_ids),
                                  sampling_defaults=ctx.sampling_defaults, chat=True)
         params = dataclasses.replace(params, skip_special_tokens=False)
-        g = GenerateRequest(ctx.new_request_id("chatcmpl"), prompt_ids, params,
-                            arrival_time=time.monotonic())
-        c = ChatCompletion(ctx, req, prompt_ids, prompt_text, g,
-                           [] if req.tool_choice == "none" else declared_tools(req))
+        tools = [] if req.tool_choice == "none" else declared_tools(req)
+        choices = []
+        for j in range(req.n or 1):  # n > 1: one engine request per choice (its own noise)
+            g = GenerateRequest(ctx.new_request_id("chatcmpl"), prompt_ids,
+                                dataclasses.replace(params, choice=j), arrival_time=time.monotonic())
+            choices.append(ChatCompletion(ctx, req, prompt_ids, prompt_text, g, tools))
+            choices[-1].index = j
+        c = choices[0]
         if c.constrained:
             # NOTE: the grammar ends with EOS; tokens forced past it would break the grammar.
             for name, value in (("ignore_eos", params.ignore_eos), ("min_tokens", params.min_tokens)):
                 if value:
                     raise unsupported(name, f"{name} cannot be combined with constrained tool "
                                             "calls (tool_choice required/named, strict tools).")
-        return c
+        return c if len(choices) == 1 else Choices(ctx, req, choices)
+
+    async def run(self, request, g):
+        if isinstance(g, Choices):
+            return await run_choices(self, request, g)
+        return await super().run(request, g)
 
     async def prepare(self, c: ChatCompletion) -> None:
         if c.constrained:

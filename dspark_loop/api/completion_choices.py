@@ -1,4 +1,5 @@
-"""Several choices in one /v1/completions answer: a batch of prompts and/or n > 1.
+"""Several choices in one answer: a batch of prompts and/or n > 1 (/v1/completions), n > 1
+(/v1/chat/completions).
 
 Each choice is its own engine request (a Completion with its index); they run concurrently
 and the answer merges them: one JSON body with the choices in index order, or one SSE stream
@@ -13,7 +14,7 @@ import logging
 
 from aiohttp import web
 
-from dspark_loop.api.generation import OK_REASONS, engine_failure
+from dspark_loop.api.generation import OK_REASONS, OutputError, engine_failure
 from dspark_loop.api.sse import SSEStream
 
 log = logging.getLogger(__name__)
@@ -41,16 +42,20 @@ async def _collect(ctx, c) -> dict:
     gen = ctx.engine.generate(c.generate)
     try:
         token_ids, last = [], None
-        async for out in gen:
-            token_ids.extend(out.new_token_ids)
-            c.note(out, token_ids)
-            c.feed(out.new_text)
-            last = out
-            if out.finished:
-                break
-        reason = last.finish_reason if last is not None and last.finished else None
-        if reason not in OK_REASONS:
-            raise engine_failure(ctx, last)
+        try:
+            async for out in gen:
+                token_ids.extend(out.new_token_ids)
+                c.note(out, token_ids)
+                c.feed(out.new_text)
+                last = out
+                if out.finished:
+                    break
+            reason = last.finish_reason if last is not None and last.finished else None
+            if reason not in OK_REASONS:
+                raise engine_failure(ctx, last)
+            c.finish_output()
+        except OutputError as e:
+            raise e.api_error from None
         return c.whole_choice(reason, last, token_ids)[0]
     finally:
         await gen.aclose()
@@ -93,6 +98,9 @@ async def _stream(ctx, request: web.Request, cs: Choices) -> web.StreamResponse:
             raise engine_failure(ctx, out)
         sse = SSEStream(request)
         await sse.start()
+        for ch in cs.choices:
+            for chunk in ch.opening_chunks(continuous):
+                await sse.send(chunk)
         token_ids = {id(ch): [] for ch in cs.choices}
         done = 0
         while True:
@@ -109,7 +117,11 @@ async def _stream(ctx, request: web.Request, cs: Choices) -> web.StreamResponse:
                 if out.finished and out.finish_reason not in OK_REASONS:
                     await sse.send_error(engine_failure(ctx, out).body())
                     break
-                chunks, _ = c.delta_chunks(out, continuous)
+                try:
+                    chunks, _ = c.delta_chunks(out, continuous)
+                except OutputError as e:
+                    await sse.send_error(e.api_error.body())
+                    break
                 for chunk in chunks:
                     await sse.send(chunk)
                 c.finished_ok = out.finished
@@ -126,6 +138,8 @@ async def _stream(ctx, request: web.Request, cs: Choices) -> web.StreamResponse:
 
 
 async def run_choices(route, request: web.Request, cs: Choices) -> web.StreamResponse:
+    for c in cs.choices:
+        await route.prepare(c)  # a constrained chat request's grammar, per choice
     log.info("request %s received: %d choices, max_tokens=%d stream=%s", cs.request_id,
              len(cs.choices), cs.choices[0].generate.params.max_tokens, bool(cs.req.stream))
     if cs.req.stream:

@@ -86,3 +86,31 @@ def test_echoed_prompt_and_sampled_logprobs_equal_transformers_log_softmax(serve
         top = lp["top_logprobs"][q]
         assert 1 <= len(top) <= 2
         assert abs(max(top.values()) - float(ref[q - 1].max())) < 1e-4
+
+
+async def test_chat_n_choices_with_logprobs_stream_and_whole_agree(server4, http):
+    """Chat n=2 with logprobs: two indexed choices, each token's entry with a 2-long top list;
+    the streamed deltas per index must spell the whole answer's messages; the same seed
+    again gives the same answer."""
+    body = {"messages": [{"role": "user", "content": "Say something."}], "n": 2, "max_tokens": 6,
+            "temperature": 1.0, "seed": 21, "logprobs": True, "top_logprobs": 2, "ignore_eos": True}
+    status, out = server4.post("/v1/chat/completions", body)
+    assert status == 200, out
+    choices = out["choices"]
+    assert [c["index"] for c in choices] == [0, 1]
+    for c in choices:
+        entries = c["logprobs"]["content"]
+        assert entries and all(len(e["top_logprobs"]) == 2 for e in entries)
+        assert all(e["logprob"] <= e["top_logprobs"][0]["logprob"] + 1e-6 for e in entries)
+    assert sum(len(c["logprobs"]["content"]) for c in choices) == out["usage"]["completion_tokens"]
+    assert server4.post("/v1/chat/completions", body)[1]["choices"] == choices
+    r = await stream_completion(http, server4.url, {**body, "stream": True}, path="/v1/chat/completions")
+    assert r.errors == [] and r.done
+    text = {0: "", 1: ""}
+    for e in r.chunks:
+        for c in e["choices"]:
+            d = c["delta"]
+            text[c["index"]] += (d.get("content") or "") + (d.get("reasoning_content") or "")
+    for c in choices:
+        m = c["message"]
+        assert text[c["index"]] == (m.get("content") or "") + (m.get("reasoning_content") or "")
