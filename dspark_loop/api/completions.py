@@ -4,7 +4,8 @@ accept/whole/stream skeleton is generation.py; several choices: completion_choic
 One prompt and n = 1 is one Completion. A batch of prompts (a list of strings or of id
 lists) and/or n > 1 gives one engine request per (prompt i, choice j), answered as choice
 index i * n + j, as vLLM does; the n choices of a prompt share its seed and differ by their
-choice index (their own noise), and share its prefix-cache pages.
+choice index (their own noise). NOTE: siblings admitted in one step each prefill the prompt
+(pages enter the prefix cache only once computed).
 """
 from __future__ import annotations
 
