@@ -31,6 +31,14 @@ def sampling_spec(req: Request) -> SamplingSpec:
         prompt_token_ids=prompt_ids)
 
 
+def next_prompt_token(req: Request, end: int, sample: bool) -> int:
+    """PrefillChunk.next_token_id: the prompt token after a chunk ending at `end`, for
+    prompt-logprob requests (the chunk's last row is about it); -1 otherwise."""
+    if sample or req.params.prompt_logprobs < 0:
+        return -1
+    return int(req.token_slice(end, end + 1)[0])
+
+
 def read_logprobs(res) -> dict[int, dict[int, TokenLogprob]]:
     """A leader's logprob entries by wire request id, then by position."""
     req_ids = as_i32(res.lp_req_ids)

@@ -17,7 +17,7 @@ from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.partition import Partition
 from dspark_loop.engine.prefix_cache import PrefixCache
 from dspark_loop.engine.request import Request, Status
-from dspark_loop.engine.sampling_wire import delta_logprobs, note_prompt_logprobs
+from dspark_loop.engine.sampling_wire import delta_logprobs, next_prompt_token, note_prompt_logprobs
 from dspark_loop.engine.scheduled_step import PartitionStep, ScheduledStep, decode_batch
 from dspark_loop.engine.spec_counters import SpecCounters
 from dspark_loop.engine.step_update import RowResult, read_results
@@ -200,7 +200,7 @@ class Scheduler:
         pplan = PartitionPlan(block_updates=updates)
         pplan.prefills = [PrefillChunk(r.req_id, r.num_computed,
                                        i32(r.token_slice(r.num_computed, r.num_computed + n)), s,
-                                       _next_prompt_token(r, r.num_computed + n, s))
+                                       next_prompt_token(r, r.num_computed + n, s))
                           for r, n, s in pstep.prefills]
         if decodes:
             pstep.decode_reqs = decodes
@@ -322,10 +322,3 @@ class Scheduler:
             req.request_id, [], "", finished=True, finish_reason="error", error=message,
             num_prompt_tokens=req.prompt_len, num_output_tokens=len(req.output_ids),
             num_cached_tokens=req.num_cached_tokens))
-
-
-def _next_prompt_token(req: Request, end: int, sample: bool) -> int:
-    """The prompt token after a chunk ending at `end`, for prompt-logprob requests (-1: none)."""
-    if sample or req.params.prompt_logprobs < 0:
-        return -1
-    return int(req.token_slice(end, end + 1)[0])
