@@ -3,7 +3,7 @@ bits on every TP split, top-N by (logprob desc, id asc)."""
 import pytest
 import torch
 
-from tests.unit.sampling.sharded import gather_slices, run_sharded
+from tests.unit.workers.sampling.sharded import gather_slices, run_sharded
 from workers.comm import LocalComm
 from workers.sampling.logprobs import log_softmax_sharded, token_logprobs, top_logprobs
 

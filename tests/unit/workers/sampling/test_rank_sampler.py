@@ -8,7 +8,7 @@ import torch
 
 from dspark_loop.acceptance import accept_chain
 from dspark_loop.protocol import DecodeBatch, PrefillChunk, i8, i32
-from tests.unit.sampling.sharded import run_sharded
+from tests.unit.workers.sampling.sharded import run_sharded
 from workers.comm import LocalComm
 from workers.sampling.logprobs import log_softmax_sharded
 from workers.sampling.rank_sampler import RankSampler

@@ -3,8 +3,8 @@ alone, in any batch and on any TP split."""
 import pytest
 import torch
 
-from tests.unit.sampling.sharded import run_sharded
-from tests.unit.sampling.test_processors import reference_filter
+from tests.unit.workers.sampling.sharded import run_sharded
+from tests.unit.workers.sampling.test_processors import reference_filter
 from workers.comm import LocalComm
 from workers.sampling.processors import PenaltyRows
 from workers.sampling.rows import SamplingRows

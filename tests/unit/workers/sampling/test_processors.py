@@ -5,7 +5,7 @@ import torch
 from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
                                                     TopKLogitsWarper, TopPLogitsWarper)
 
-from tests.unit.sampling.sharded import gather_slices, run_sharded
+from tests.unit.workers.sampling.sharded import gather_slices, run_sharded
 from workers.comm import LocalComm
 from workers.sampling.processors import PenaltyRows, apply_penalties, filter_logits
 from workers.sampling.rows import SamplingRows
