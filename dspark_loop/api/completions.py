@@ -14,11 +14,15 @@ import time
 
 from dspark_loop.api.completion_choices import Choices, run_choices
 from dspark_loop.api.context import ServingContext
+from dspark_loop.api.errors import bad_request
 from dspark_loop.api.generation import Generation, GenerationRoute
 from dspark_loop.api.logprobs_format import LogprobsFormatter
 from dspark_loop.api.sampling import check_completion_options, sampling_params
 from dspark_loop.api.schemas import CompletionRequest
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput, TokenLogprob
+
+
+MAX_CHOICES = 1024  # engine requests one /v1/completions request may start
 
 
 class Completion(Generation):
@@ -110,6 +114,9 @@ class CompletionsRoute(GenerationRoute):
         for ids, _ in prompts:
             ctx.check_context(len(ids))
         check_completion_options(req)
+        if len(prompts) * (req.n or 1) > MAX_CHOICES:
+            raise bad_request(f"{len(prompts)} prompts x n {req.n or 1} make more than {MAX_CHOICES} "
+                              f"choices in one request; split the batch.", "prompt")
         choices = []
         for i, (ids, text) in enumerate(prompts):
             params = sampling_params(req, ctx.defaults, ctx.encoder, len(ids), ctx.max_model_len,

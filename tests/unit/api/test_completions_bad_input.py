@@ -21,6 +21,7 @@ CASES = [
     ("prompt wrong type", {**OK, "prompt": 12}, 400, "prompt", ["prompt"]),
     ("prompt mixed list", {**OK, "prompt": [1, "a"]}, 400, "prompt", ["token ids"]),
     ("batched prompts with an empty one", {**OK, "prompt": ["a", ""]}, 400, "prompt", ["empty"]),
+    ("too many choices", {**OK, "prompt": ["a"] * 9, "n": 128}, 400, "prompt", ["1024"]),
     ("token id out of vocab", {**OK, "prompt": [0, 5, 1024]}, 400, "prompt", ["1024", "vocab"]),
     ("negative token id", {**OK, "prompt": [0, -1]}, 400, "prompt", ["-1"]),
     ("max_tokens negative", {**OK, "max_tokens": -3}, 400, "max_tokens", ["at least 1"]),
