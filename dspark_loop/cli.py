@@ -121,7 +121,9 @@ def generate_config(text: str) -> GenerateDefaults:
         "max_new_tokens": (lambda v: _is_int(v) and v > 0, "a positive integer"),
         "temperature": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
         "top_p": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
-        "top_k": (_is_int, "an integer"),
+        "top_k": (lambda v: _is_int(v) and v >= -1, "an integer >= -1 (-1 or 0: off)"),
+        "min_p": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+        "repetition_penalty": (lambda v: _is_number(v) and v > 0, "a number > 0"),
         "seed": (_is_int, "an integer"),
         "stop": (lambda v: isinstance(v, str) or (isinstance(v, list) and all(
             isinstance(s, str) for s in v)), "a string or a list of strings"),
@@ -136,7 +138,8 @@ def generate_config(text: str) -> GenerateDefaults:
         raise argparse.ArgumentTypeError("stop strings must not be empty")
     return GenerateDefaults(
         max_new_tokens=obj.get("max_new_tokens"), temperature=obj.get("temperature"),
-        top_p=obj.get("top_p"), top_k=obj.get("top_k"), seed=obj.get("seed"),
+        top_p=obj.get("top_p"), top_k=obj.get("top_k"), min_p=obj.get("min_p"),
+        repetition_penalty=obj.get("repetition_penalty"), seed=obj.get("seed"),
         stop=(stop,) if isinstance(stop, str) else tuple(stop),
         ignore_eos=bool(obj.get("ignore_eos") or False))
 

@@ -29,7 +29,8 @@ DEFAULT_RING_HEAP = (2 * 2 ** 30, 2 * 2 ** 30, 4 * 2 ** 30, 8 * 2 ** 30)  # the 
 DRAFTER_KEYS = ("dspark_target_layer_ids", "dspark_noise_token_id", "dspark_markov_rank")
 POSITIVE_FIELDS = ("dp", "tp", "ep", "max_model_len", "block_size", "max_num_seqs",
                    "max_num_batched_tokens", "long_prefill_token_threshold", "nnodes")
-GENERATE_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+GENERATE_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed",
+                 "stop", "ignore_eos")
 
 
 class ConfigError(ValueError):
@@ -48,11 +49,14 @@ class SpeculativeConfig:
 
 @dataclass(frozen=True)
 class GenerateDefaults:
-    """--generate-config: request defaults for fields a request leaves out."""
+    """--generate-config: request defaults for fields a request leaves out; the sampling ones
+    override the checkpoint's generation_config.json (api/generation_defaults.py)."""
     max_new_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
@@ -238,21 +242,6 @@ def _common_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
         if missing:
             out.append(f"--speculative-config num_speculative_tokens=7 needs the checkpoint's "
                        f"DSpark drafter; missing: {', '.join(missing)}")
-    out += _generate_rules(cfg.generate)
-    return out
-
-
-def _generate_rules(g: GenerateDefaults) -> list[str]:
-    out = []
-    if g.temperature not in (None, 0, 0.0):
-        out.append(f"--generate-config temperature must be 0: greedy is the only sampling mode "
-                   f"(got {g.temperature})")
-    if g.top_p not in (None, 1, 1.0):
-        out.append(f"--generate-config top_p must be 1: greedy is the only sampling mode "
-                   f"(got {g.top_p})")
-    if g.top_k not in (None, -1, 0, 1):
-        out.append(f"--generate-config top_k must be -1, 0 or 1: greedy is the only sampling "
-                   f"mode (got {g.top_k})")
     return out
 
 

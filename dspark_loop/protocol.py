@@ -22,7 +22,9 @@ answers with a StepResult; only TP-group leaders fill `token_ids`:
     [one token per prefill chunk with sample=True, in plan order]
     + [num_rows[r] predictions per decode request, in plan order]
 At K=7 leaders also return the next 7 drafts (+ confidences) per request that ran the
-drafter this step (draft_req_ids names them).
+drafter this step (draft_req_ids names them). Requests that sample (temperature > 0,
+penalties) or ask for logprobs are described once, by a SamplingSpec in the plan that
+admits them; leaders return logprob entries (lp_*) for the rows of requests that asked.
 
 RankConfig is the one value a rank process is started with (`python -m workers --rank R
 --config JSON`): everything about the run that is the same on every rank.
@@ -32,9 +34,10 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 2  # 2: the authenticated handshake (Knock, Challenge) and node agents
+PROTOCOL_VERSION = 3  # 2: the authenticated handshake (Knock, Challenge), node agents; 3: sampling
 DSPARK_K = 7  # the speculative width: drafts per verify (a verify is DSPARK_K + 1 rows)
 DEFAULT_RUNNER = "workers.runner:ModelRunner"
+GREEDY_BELOW = 1e-5  # a temperature below this is greedy (vLLM's _SAMPLING_EPS: x/T would overflow)
 
 
 class RankConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -108,7 +111,10 @@ class PrefillChunk(msgspec.Struct, array_like=True):
     req_id: int
     start_pos: int  # absolute position of token_ids[0]
     token_ids: bytes  # int32 [n]
-    sample: bool  # the chunk ends the prompt: return the greedy next token
+    sample: bool  # the chunk ends the prompt: return the sampled next token
+    # the prompt token after the chunk (-1: none or not needed); a prompt-logprob request's
+    # last row is about it, and it is only in the next chunk
+    next_token_id: int = -1
 
 
 class DecodeBatch(msgspec.Struct, array_like=True):
@@ -131,6 +137,27 @@ class TokenMask(msgspec.Struct, array_like=True):
     bits: bytes  # uint8 [ceil(vocab/8)], np.packbits(allowed, bitorder="little")
 
 
+class SamplingSpec(msgspec.Struct, array_like=True):
+    """A request's sampling parameters, sent ONCE, in the plan that admits it (a re-admitted
+    request has a fresh req_id and gets a fresh spec). Greedy requests without penalties or
+    logprobs send none: their rows stay the plain argmax. workers/sampling/ reads it."""
+    req_id: int
+    prompt_len: int  # positions >= prompt_len are outputs (the penalties count them)
+    temperature: float = 0.0  # < 1e-5: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int = 0  # signed 64-bit; the noise is a pure function of (seed, choice, position, id)
+    choice: int = 0  # n > 1: the choice's index
+    num_logprobs: int = -1  # -1: none; N >= 0: the sampled token's logprob + the top N
+    num_prompt_logprobs: int = -1  # the same for every prompt token after the first
+    output_token_ids: bytes = b""  # int32: a re-admitted request's outputs so far (penalties)
+    prompt_token_ids: bytes = b""  # int32: the prompt's ids when repetition_penalty != 1
+
+
 class PartitionPlan(msgspec.Struct, array_like=True):
     block_updates: list[BlockUpdate] = []
     freed_req_ids: list[int] = []
@@ -142,6 +169,7 @@ class PartitionPlan(msgspec.Struct, array_like=True):
     lease_req_ids: bytes = b""  # int32 [n]
     lease_ids: bytes = b""  # int32 [n]
     scrub_lease_ids: bytes = b""  # int32 [m]
+    sampling: list[SamplingSpec] = []  # requests admitted in this plan that sample or log
 
 
 class StepPlan(msgspec.Struct, array_like=True, tag=2):
@@ -166,6 +194,15 @@ class StepResult(msgspec.Struct, array_like=True, tag=4):
     draft_req_ids: bytes = b""  # int32 [n]
     draft_token_ids: bytes = b""  # int32 [n, 7] row-major
     draft_confidence: bytes = b""  # float32 [n, 7]
+    # logprobs (leaders only): one entry per logit row whose request asked, about the token
+    # at `lp_positions` (a sampled token, or a prompt token); the host keeps committed ones
+    lp_req_ids: bytes = b""  # int32 [n]
+    lp_positions: bytes = b""  # int32 [n]
+    lp_token_ids: bytes = b""  # int32 [n]
+    lp_values: bytes = b""  # float32 [n]
+    lp_num_top: int = 0  # N: the widest request's top count this step
+    lp_top_ids: bytes = b""  # int32 [n, N] best first (ties: lowest id)
+    lp_top_values: bytes = b""  # float32 [n, N]
 
 
 def identity(rank: int) -> bytes:

@@ -94,7 +94,9 @@ class InstantMesh:
         return results
 
 
-async def run(num_requests: int, num_partitions: int, num_steps: int, spec_k: int, tap_addr: str):
+async def run(num_requests: int, num_partitions: int, num_steps: int, spec_k: int, tap_addr: str,
+              sampling: dict | None = None):
+    sampling = sampling or {}
     sched = Scheduler(flash_layout(), num_partitions, [8192, 4096, 4096],
                       max_num_seqs=num_requests, max_num_batched_tokens=8192,
                       long_prefill_token_threshold=0, max_model_len=1 << 20, eos_token_ids=[1],
@@ -122,7 +124,7 @@ async def run(num_requests: int, num_partitions: int, num_steps: int, spec_k: in
     engine.start()
 
     async def consume(i: int):
-        params = SamplingParams(max_tokens=num_steps * 8 + 64, ignore_eos=True)
+        params = SamplingParams(max_tokens=num_steps * 8 + 64, ignore_eos=True, **sampling, seed=i)
         async for _ in engine.generate(GenerateRequest(f"r{i}", list(range(3, 67)), params)):
             if mesh.num_steps >= num_steps + 20:
                 break
@@ -150,9 +152,15 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--tap", default="tcp://127.0.0.1:0")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="> 0: every request samples (top_p 0.9, top_k 50, penalties on): the "
+                         "host must not get slower, the noise and filters run on the ranks")
     args = ap.parse_args()
+    sampling = {} if not args.temperature else dict(
+        temperature=args.temperature, top_p=0.9, top_k=50, presence_penalty=0.3, repetition_penalty=1.1)
     for name, k in (("K=0 (1 row)", 0), ("K=7 (8 rows)", DSPARK_K)):
-        host, steady, traces = asyncio.run(run(args.requests, args.partitions, args.steps, k, args.tap))
+        host, steady, traces = asyncio.run(run(args.requests, args.partitions, args.steps, k, args.tap,
+                                               sampling))
         if not steady:
             print(f"{name}: no steady-state traces recorded ({len(traces)} traces)")
             continue

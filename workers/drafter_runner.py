@@ -130,9 +130,11 @@ class SpecRunner:
         lo = lease * RING_BLOCKS * RING_ROWS
         return self.rings[stage][lo:lo + RING_BLOCKS * RING_ROWS]
 
-    def after_forward(self, part: PartitionPlan, out: ForwardOutput, tokens: np.ndarray, comm: Comm) -> None:
+    def after_forward(self, part: PartitionPlan, out: ForwardOutput, tokens: np.ndarray, comm: Comm,
+                      sampler=None) -> None:
         """Runs the drafter (every rank, every K=7 step: its MoE is collective); keeps the
-        drafts for take()."""
+        drafts for take(). sampler: the runner's RankSampler (sampling requests draft with
+        their own noise); None: greedy drafts."""
         b = plan_drafts(part, tokens, self.window, self.max_model_len)
         if self.test_drafter is not None:
             drafts, conf = self.test_drafter.propose(b.q_req, b.q_pos)
@@ -151,9 +153,11 @@ class SpecRunner:
             ctx = self.drafter.context_rows(out.taps, rows)  # [n, d]
             self.drafter.write_context(self.rings, lease_of(b.ctx_req),
                                        torch.tensor(b.ctx_pos, dtype=torch.long, device=dev), ctx)
+        anchor_pos = torch.tensor(b.q_pos, dtype=torch.long, device=dev)
+        pick = None if sampler is None else sampler.draft_picker(b.q_req, anchor_pos, comm)
         drafts, conf = self.drafter.propose(
             self.rings, self.filler_row, self.embed, self.head, comm, lease_of(b.q_req),
-            torch.tensor(b.q_pos, dtype=torch.long, device=dev), torch.tensor(b.q_tok, dtype=torch.long, device=dev))
+            anchor_pos, torch.tensor(b.q_tok, dtype=torch.long, device=dev), pick)
         self.last = (np.asarray(b.q_req, np.int32), drafts.to(torch.int32).cpu().numpy(),
                      conf.cpu().numpy().astype(np.float32))
 

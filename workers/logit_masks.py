@@ -28,12 +28,11 @@ def logit_row_of(part: PartitionPlan) -> dict[int, int]:
     return rows
 
 
-def masked_argmax(logits: torch.Tensor, part: PartitionPlan, comm: Comm,
-                  vocab_offset: int) -> torch.Tensor:
-    """logits [L, V/tp] fp32 -> [L] greedy ids with the masked rows' refused ids at -inf.
-
-    NOTE: a collective (argmax_tp): every rank of the group calls it for the same plan."""
-    rows = logit_row_of(part)
+def mask_logits(logits: torch.Tensor, part: PartitionPlan, vocab_offset: int,
+                rows: dict[int, int] | None = None) -> torch.Tensor:
+    """logits [L, V/tp] fp32 -> a copy with the masked rows' refused ids at -inf.
+    rows: req_id -> its logit row (default: logit_row_of(part), one row per sampling chunk)."""
+    rows = logit_row_of(part) if rows is None else rows
     local_vocab = logits.shape[1]
     masked = logits.clone()  # [L, V/tp]
     for m in part.token_masks:
@@ -42,4 +41,12 @@ def masked_argmax(logits: torch.Tensor, part: PartitionPlan, comm: Comm,
             raise ValueError(f"token mask for request {m.req_id}, which has no logit row")
         allowed = torch.from_numpy(unpack_mask(m.bits, vocab_offset, vocab_offset + local_vocab))
         masked[row].masked_fill_(~allowed.to(masked.device), float("-inf"))
-    return comm.argmax_tp(masked, vocab_offset)
+    return masked
+
+
+def masked_argmax(logits: torch.Tensor, part: PartitionPlan, comm: Comm,
+                  vocab_offset: int) -> torch.Tensor:
+    """logits [L, V/tp] fp32 -> [L] greedy ids with the masked rows' refused ids at -inf.
+
+    NOTE: a collective (argmax_tp): every rank of the group calls it for the same plan."""
+    return comm.argmax_tp(mask_logits(logits, part, vocab_offset), vocab_offset)

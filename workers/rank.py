@@ -125,6 +125,12 @@ class Rank:
             result.draft_req_ids = i32(req_ids)
             result.draft_token_ids = i32(tokens7)
             result.draft_confidence = f32(conf)
+        lp = self.runner.take_logprobs()
+        if lp is not None and self.is_leader:
+            result.lp_req_ids, result.lp_positions = i32(lp.req_ids), i32(lp.positions)
+            result.lp_token_ids, result.lp_values = i32(lp.token_ids), f32(lp.values)
+            result.lp_num_top = int(lp.top_ids.shape[1])
+            result.lp_top_ids, result.lp_top_values = i32(lp.top_ids), f32(lp.top_values)
         return result
 
     def serve(self) -> int:

@@ -1,8 +1,9 @@
 """ModelRunner: what a rank process calls every step.
 
-    execute(PartitionPlan) -> int32 greedy tokens, in the protocol's order:
+    execute(PartitionPlan) -> int32 tokens, in the protocol's order:
         one per prefill chunk with sample=True (plan order), then num_rows per decode request
-        (a row with a TokenMask: the argmax over its allowed ids only)
+        (a row with a TokenMask: over its allowed ids only); greedy unless the request's
+        SamplingSpec says otherwise (workers/sampling/), plus logprob entries on request
 
 It mirrors the partition's block tables from the plan's deltas, turns prefill chunks and
 the decode batch into segments (a chunk publishes all its rows; a decode request is 1 or 8
@@ -22,19 +23,26 @@ from workers.backend import torch_dtype
 from workers.comm import Comm, LocalComm, ShardSpec
 from workers.drafter_runner import SpecRunner
 from workers.kv_pool import SCRATCH_ROWS, KVPool, blocks_for_budget
-from workers.logit_masks import masked_argmax
+from workers.logit_masks import mask_logits, masked_argmax
 from workers.model.dsv4 import ForwardOutput
+from workers.sampling.rank_sampler import RankSampler, StepLogprobs
+from workers.sampling.step_rows import StepRows, step_rows
 from workers.staging import BlockTables, Segment, stage
 from workers.weights import load_model
 
 SCRIPTED_DRAFTER_ENV = "DSPARK_TEST_DRAFTER"  # tests: a ScriptedDrafter spec (dspark_testing)
 
 
-def segments_of(part: PartitionPlan) -> list[Segment]:
+def segments_of(part: PartitionPlan, rows: StepRows | None = None) -> list[Segment]:
+    """rows: the step's logit rows (prompt-logprob chunks have one per row); None: the
+    sampling rows only."""
     segs = []
-    for chunk in part.prefills:
+    for i, chunk in enumerate(part.prefills):
         toks = as_i32(chunk.token_ids)
-        logit = np.array([len(toks) - 1] if chunk.sample else [], np.int64)
+        if rows is not None:
+            logit = rows.segment_rows[i]
+        else:
+            logit = np.array([len(toks) - 1] if chunk.sample else [], np.int64)
         segs.append(Segment(chunk.req_id, chunk.start_pos, toks, len(toks), logit))
     d = part.decode
     if d is not None:
@@ -73,6 +81,9 @@ class ModelRunner:
             blocks = list(cfg.num_blocks)
         self.pool = KVPool(self.cfg, self.layout, blocks, self.dtype, self.device, scratch_rows)
         self.tables = BlockTables(len(self.layout.families))
+        dims = self.model.dims
+        self.sampler = RankSampler(dims.vocab_offset, dims.vocab_size, self.device)
+        self.last_logprobs: StepLogprobs | None = None
         # DSpark (K=7): leases, rings and the drafter; K=0 loads and allocates none of it
         self.spec: SpecRunner | None = None
         if cfg.spec_k:
@@ -102,16 +113,34 @@ class ModelRunner:
 
     def execute(self, part: PartitionPlan) -> np.ndarray:
         self.apply_tables(part)
+        self.sampler.begin(part)
         if self.spec is not None:
             self.spec.begin(part)
-        out = self.forward(segments_of(part), self.spec.tap_layers if self.spec is not None else ())
-        tokens = out.token_ids  # [L]
-        if part.token_masks:
-            tokens = masked_argmax(out.logits, part, self.comm, self.model.dims.vocab_offset)
+        rows = step_rows(part, self.sampler.wants_prompt_logprobs)
+        out = self.forward(segments_of(part, rows), self.spec.tap_layers if self.spec is not None else ())
+        offset = self.model.dims.vocab_offset
+        self.last_logprobs = None
+        if self.sampler.is_plain(rows):  # greedy, no penalties, no logprobs: as before
+            tokens = out.token_ids  # [L]
+            if part.token_masks:
+                tokens = masked_argmax(out.logits, part, self.comm, offset)
+        else:
+            logits = out.logits  # [L, V/tp]
+            if part.token_masks:
+                first_sample_row = {}
+                for i in rows.sample_rows:
+                    first_sample_row.setdefault(rows.req_ids[i], i)
+                logits = mask_logits(logits, part, offset, first_sample_row)
+            tokens, self.last_logprobs = self.sampler.run(rows, logits, self.comm)
         tokens = tokens.to(torch.int32).cpu().numpy()
         if self.spec is not None:
-            self.spec.after_forward(part, out, tokens, self.comm)
+            self.spec.after_forward(part, out, tokens, self.comm, self.sampler)
         return tokens
+
+    def take_logprobs(self) -> StepLogprobs | None:
+        """The logprob entries of the last execute (None: no request asked)."""
+        last, self.last_logprobs = self.last_logprobs, None
+        return last
 
     def take_drafts(self):
         """(req_ids int32 [n], drafts int32 [n, 7], confidence float32 [n, 7]) of the last

@@ -22,3 +22,8 @@ class Runner(Protocol):
         """(req_ids int32 [n], drafts int32 [n, K], confidence float32 [n, K]) of the last
         execute, or None (K=0)."""
         ...
+
+    def take_logprobs(self):
+        """The last execute's logprob entries (workers.sampling.rank_sampler.StepLogprobs),
+        or None when no request asked for logprobs."""
+        ...

@@ -22,11 +22,13 @@ from dspark_loop.api.chat_parse import ToolParseError
 from dspark_loop.api.chat_render import THINK_START, chat_options, render_messages
 from dspark_loop.api.chat_schemas import ChatCompletionRequest
 from dspark_loop.api.chat_validate import ChatRequestError, validate_chat_request
+from dspark_loop.api.completion_choices import Choices, run_choices
 from dspark_loop.api.context import ServingContext
 from dspark_loop.api.errors import ApiError, bad_request, unsupported
 from dspark_loop.api.generation import Generation, GenerationRoute, OutputError
+from dspark_loop.api.logprobs_format import LogprobsFormatter
 from dspark_loop.api.sampling import sampling_params
-from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
+from dspark_loop.engine.outputs import GenerateRequest, RequestOutput, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +47,27 @@ class ChatCompletion(Generation):
         self.parallel_tool_calls = req.parallel_tool_calls is not False
         self.output = ChatOutput(self.start_in_reasoning,
                                  parallel_tool_calls=self.parallel_tool_calls)
+        self.index = 0  # the choice's index (n > 1)
+        self.logprobs: list[TokenLogprob] = []  # entries not answered yet (logprobs: true)
+        self.formatter = LogprobsFormatter(lambda t: ctx.encoder.decode([t]))
+
+    def note(self, out: RequestOutput, token_ids: list[int]) -> None:
+        super().note(out, token_ids)
+        self.logprobs += out.logprobs or []
+
+    def take_logprobs(self) -> dict | None:
+        if not self.req.logprobs:
+            return None
+        entries, self.logprobs = self.logprobs, []
+        return self.formatter.chat(entries)
 
     @property
     def constrained(self) -> bool:
         return needs_constraint(self.tools, self.req.tool_choice)
 
     def chunk(self, delta: dict, reason: str | None = None, stop_reason=None,
-              continuous: bool = False) -> dict:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+              continuous: bool = False, logprobs: dict | None = None) -> dict:
+        choice = {"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         if reason is not None:
             choice["stop_reason"] = stop_reason
         return self.chunk_body(choice, continuous)
@@ -67,7 +82,7 @@ class ChatCompletion(Generation):
 
     def whole_choice(self, reason: str, last: RequestOutput, token_ids: list[int]) -> tuple[dict, str]:
         reason = self.output.finish_reason(reason)
-        choice = {"index": 0, "message": self.output.message(), "logprobs": None,
+        choice = {"index": self.index, "message": self.output.message(), "logprobs": self.take_logprobs(),
                   "finish_reason": reason, "stop_reason": last.stop_reason}
         return choice, reason
 
@@ -78,11 +93,13 @@ class ChatCompletion(Generation):
         with malformed_as_output_error():
             delta = self.output.feed(out.new_text)
             tail = self.output.finish() if out.finished else None
-        chunks = [self.chunk(delta, continuous=continuous)] if delta else []
+        # NOTE: a delta's token logprobs ride on its first chunk (text may lag tokens)
+        chunks = [self.chunk(delta, continuous=continuous, logprobs=self.take_logprobs())] if delta else []
         if not out.finished:
             return chunks, None
         reason = self.output.finish_reason(out.finish_reason)
-        chunks.append(self.chunk(tail or {}, reason, out.stop_reason, continuous))
+        chunks.append(self.chunk(tail or {}, reason, out.stop_reason, continuous,
+                                 None if chunks else self.take_logprobs()))
         return chunks, reason
 
     def log_finished(self, reason: str | None) -> None:
@@ -102,10 +119,6 @@ def malformed_as_output_error():
 
 
 def check_chat_options(req: ChatCompletionRequest) -> None:
-    if req.logprobs:
-        raise unsupported("logprobs", "logprobs are not supported by this server.")
-    if req.top_logprobs:
-        raise unsupported("top_logprobs", "top_logprobs are not supported by this server.")
     if req.response_format is not None and req.response_format.get("type") != "text":
         raise unsupported("response_format", "response_format other than {\"type\": \"text\"} "
                                              "is not supported by this server.")
@@ -127,7 +140,7 @@ def declared_tools(req: ChatCompletionRequest) -> list[dict]:
 
 
 class ChatCompletionsRoute(GenerationRoute):
-    def accept(self, body: bytes) -> ChatCompletion:
+    def accept(self, body: bytes):
         ctx = self.ctx
         req = self.decode(body, ChatCompletionRequest)
         fields = req.format_fields()
@@ -154,19 +167,29 @@ class ChatCompletionsRoute(GenerationRoute):
             raise
         # chat's default length: the context left (unless --generate-config sets one)
         params = sampling_params(req, ctx.defaults, ctx.encoder, len(prompt_ids), ctx.max_model_len,
-                                 default_max_tokens=ctx.max_model_len - len(prompt_ids))
+                                 default_max_tokens=ctx.max_model_len - len(prompt_ids),
+                                 sampling_defaults=ctx.sampling_defaults, chat=True)
         params = dataclasses.replace(params, skip_special_tokens=False)
-        g = GenerateRequest(ctx.new_request_id("chatcmpl"), prompt_ids, params,
-                            arrival_time=time.monotonic())
-        c = ChatCompletion(ctx, req, prompt_ids, prompt_text, g,
-                           [] if req.tool_choice == "none" else declared_tools(req))
+        tools = [] if req.tool_choice == "none" else declared_tools(req)
+        choices = []
+        for j in range(req.n or 1):  # n > 1: one engine request per choice (its own noise)
+            g = GenerateRequest(ctx.new_request_id("chatcmpl"), prompt_ids,
+                                dataclasses.replace(params, choice=j), arrival_time=time.monotonic())
+            choices.append(ChatCompletion(ctx, req, prompt_ids, prompt_text, g, tools))
+            choices[-1].index = j
+        c = choices[0]
         if c.constrained:
             # NOTE: the grammar ends with EOS; tokens forced past it would break the grammar.
             for name, value in (("ignore_eos", params.ignore_eos), ("min_tokens", params.min_tokens)):
                 if value:
                     raise unsupported(name, f"{name} cannot be combined with constrained tool "
                                             "calls (tool_choice required/named, strict tools).")
-        return c
+        return c if len(choices) == 1 else Choices(ctx, req, choices)
+
+    async def run(self, request, g):
+        if isinstance(g, Choices):
+            return await run_choices(self, request, g)
+        return await super().run(request, g)
 
     async def prepare(self, c: ChatCompletion) -> None:
         if c.constrained:

@@ -21,7 +21,6 @@ class ChatCompletionRequest(GenerationFields):
     chat_template_kwargs: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None  # DeepSeek's API: {"type": "enabled" | "disabled"}
     response_format: dict[str, Any] | None = None  # {"type": "text"} only
-    # unsupported when set (chat_completions.check_chat_options)
     logprobs: bool | None = None
     top_logprobs: int | None = None
 

@@ -141,6 +141,10 @@ class GenerationRoute:
         # NOTE: tokenising a long prompt takes milliseconds per 100 KB; off the event loop it
         # cannot stall the other requests' streams.
         g = self.accept(body) if len(body) < BIG_BODY_BYTES else await asyncio.to_thread(self.accept, body)
+        return await self.run(request, g)
+
+    async def run(self, request: web.Request, g: Generation) -> web.StreamResponse:
+        """Generate for one accepted request and answer it (whole or streamed)."""
         await self.prepare(g)
         self.log_received(g)
         gen = self.ctx.engine.generate(g.generate)

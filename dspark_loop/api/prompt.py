@@ -39,24 +39,35 @@ class PromptEncoder:
                                   f"vocabulary (valid ids are 0..{self.vocab_size - 1}).", param)
         return list(ids)
 
+    def completion_prompts(self, prompt) -> list[tuple[list[int], str | None]]:
+        """/v1/completions' `prompt` -> [(ids, text if given as text)]: one per prompt of a
+        batch (a list of strings or of id lists), else one."""
+        if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+            return [self._one_prompt(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
+        if isinstance(prompt, list) and any(isinstance(p, (str, list)) for p in prompt):
+            raise bad_request("`prompt` mixes token ids with strings or lists; send a list of "
+                              "token ids, a list of strings or a list of token-id lists.", "prompt",
+                              "invalid_type")
+        return [self._one_prompt(prompt, "prompt")]
+
     def completion_prompt(self, prompt) -> tuple[list[int], str | None]:
-        """(prompt ids, prompt text if given as text) for /v1/completions' `prompt`."""
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]
+        """(prompt ids, prompt text if given as text) for a single-prompt `prompt`."""
+        prompts = self.completion_prompts(prompt)
+        if len(prompts) != 1:
+            raise bad_request(f"{len(prompts)} prompts given where one is expected.", "prompt")
+        return prompts[0]
+
+    def _one_prompt(self, prompt, where: str) -> tuple[list[int], str | None]:
         if prompt is None:
             raise ApiError(400, "Missing required parameter `prompt`.", param="prompt",
                            code="missing_required_parameter")
         if isinstance(prompt, str):
             if not prompt:
-                raise bad_request("The prompt is empty.", "prompt")
+                raise bad_request(f"The prompt is empty ({where}).", "prompt")
             return self.encode_text(prompt), prompt
         if isinstance(prompt, list):
             if not prompt:
-                raise bad_request("The prompt is empty.", "prompt")
-            if all(isinstance(p, (str, list)) for p in prompt):
-                raise ApiError(400, f"Batched prompts are not supported ({len(prompt)} prompts "
-                                    f"given); send one prompt per request.", param="prompt",
-                               code="unsupported_parameter")
+                raise bad_request(f"The prompt is empty ({where}).", "prompt")
             return self.check_ids(prompt, "prompt"), None
         raise bad_request(f"`prompt` must be a string or a list of token ids, got "
                           f"{type(prompt).__name__}.", "prompt", "invalid_type")

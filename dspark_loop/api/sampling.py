@@ -1,59 +1,31 @@
-"""A completion request's generation fields -> SamplingParams, or a 400 naming the field.
+"""A request's generation fields -> SamplingParams, or a 400 naming the field.
 
-Greedy is the only mode (the decode tile has no temperature ABI): sampling knobs are
-accepted only at values that mean greedy. max_tokens defaults to --generate-config's
-max_new_tokens, else 16 (OpenAI's default), and is capped to the context left after the
-prompt rather than refused.
+Sampling fields: vLLM's names, defaults and ranges (sampling_ranges.py), defaults from the
+checkpoint's generation_config.json under --generate-config (generation_defaults.py).
+max_tokens defaults to --generate-config's max_new_tokens, else 16 (OpenAI's default), and
+is capped to the context left after the prompt rather than refused.
 """
 from __future__ import annotations
 
 from dspark_loop.api.errors import bad_request, unsupported
 from dspark_loop.api.prompt import PromptEncoder
+from dspark_loop.api.sampling_ranges import NO_LOGPROBS, SamplingDefaults, sampling_fields
 from dspark_loop.api.schemas import CompletionRequest, GenerationFields
 from dspark_loop.config import GenerateDefaults
 from dspark_loop.engine.outputs import SamplingParams
 
 DEFAULT_MAX_TOKENS = 16
-GREEDY = "greedy decoding (temperature 0) is the only sampling mode of this server"
-
-
-def check_greedy(req: GenerationFields) -> None:
-    if req.temperature is not None:
-        if req.temperature < 0:
-            raise bad_request(f"temperature must be >= 0, got {req.temperature}.", "temperature")
-        if req.temperature > 0:
-            raise unsupported("temperature", f"temperature {req.temperature} is not supported: "
-                                             f"{GREEDY}; send temperature 0 or omit it.")
-    if req.top_p not in (None, 1, 1.0):
-        raise unsupported("top_p", f"top_p {req.top_p} is not supported: {GREEDY}; send 1 or omit it.")
-    if req.top_k not in (None, -1, 0, 1):
-        raise unsupported("top_k", f"top_k {req.top_k} is not supported: {GREEDY}; send -1, 0 "
-                                   f"or omit it.")
-    check_one_completion("n", req.n)
-    for name, neutral in (("frequency_penalty", 0), ("presence_penalty", 0), ("repetition_penalty", 1)):
-        value = getattr(req, name)
-        if value is not None and value != neutral:
-            raise unsupported(name, f"{name} {value} is not supported: {GREEDY} without "
-                                    f"penalties; send {neutral} or omit it.")
-    if req.logit_bias:
-        raise unsupported("logit_bias", "logit_bias is not supported by this server.")
-
-
-def check_one_completion(name: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise bad_request(f"{name} must be at least 1, got {value}.", name)
-    if value is not None and value > 1:
-        raise unsupported(name, f"{name} {value} is not supported: greedy decoding gives one "
-                                f"completion per prompt; send {name} 1.")
 
 
 def check_completion_options(req: CompletionRequest) -> None:
     """The fields only /v1/completions has (chat checks its own in chat_completions)."""
-    check_one_completion("best_of", req.best_of)
-    if req.logprobs is not None:
-        raise unsupported("logprobs", "logprobs are not supported by this server.")
     if req.suffix:
         raise unsupported("suffix", "suffix (insertion) is not supported by this server.")
+
+
+def check_unsupported(req: GenerationFields) -> None:
+    if req.logit_bias:
+        raise unsupported("logit_bias", "logit_bias is not supported by this server.")
 
 
 def requested_max_tokens(req: GenerationFields, defaults: GenerateDefaults, default: int) -> int:
@@ -81,10 +53,13 @@ def stop_strings(req: GenerationFields, defaults: GenerateDefaults) -> list[str]
 
 def sampling_params(req: GenerationFields, defaults: GenerateDefaults, encoder: PromptEncoder,
                     prompt_len: int, max_model_len: int,
-                    default_max_tokens: int = DEFAULT_MAX_TOKENS) -> SamplingParams:
+                    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+                    sampling_defaults: SamplingDefaults | None = None, chat: bool = False) -> SamplingParams:
     """Validated params; the caller has already checked prompt_len < max_model_len.
-    default_max_tokens: when the request and --generate-config name no length."""
-    check_greedy(req)
+    default_max_tokens: when the request and --generate-config name no length.
+    sampling_defaults: generation_config.json + --generate-config (None: vLLM's own)."""
+    check_unsupported(req)
+    s = sampling_fields(req, sampling_defaults or SamplingDefaults(), chat)
     wanted = requested_max_tokens(req, defaults, default_max_tokens)
     max_tokens = min(wanted, max_model_len - prompt_len)
     min_tokens = req.min_tokens or 0
@@ -99,4 +74,7 @@ def sampling_params(req: GenerationFields, defaults: GenerateDefaults, encoder: 
         stop=stop_strings(req, defaults), stop_token_ids=stop_ids,
         ignore_eos=defaults.ignore_eos if req.ignore_eos is None else req.ignore_eos,
         include_stop_str_in_output=bool(req.include_stop_str_in_output),
-        seed=defaults.seed if req.seed is None else req.seed)
+        seed=s.seed, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
+        presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+        repetition_penalty=s.repetition_penalty, logprobs=s.num_logprobs,
+        prompt_logprobs=s.num_logprobs if not chat and getattr(req, "echo", None) else NO_LOGPROBS)

@@ -1,9 +1,8 @@
 """Request bodies as msgspec Structs, decoded strictly: a wrong type or an unknown field is
 a 400 naming the field (as vLLM's strict mode), never a silent default.
 
-Accepted but only at their greedy/neutral values (anything else is a 400 saying so):
-temperature, top_p, top_k, n, best_of, logprobs, frequency/presence/repetition_penalty,
-logit_bias, suffix. Ignored: user (client metadata), seed (greedy is deterministic).
+Sampling fields take vLLM's names, defaults and ranges (api/sampling_ranges.py). Still
+refused when set (a 400 saying so): logit_bias, suffix, best_of != n. Ignored: user.
 """
 from __future__ import annotations
 
@@ -39,10 +38,11 @@ class GenerationFields(Strict):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None  # client metadata, ignored
-    # greedy / neutral values only
+    # sampling (api/sampling_ranges.py)
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
     n: int | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
@@ -54,10 +54,9 @@ class CompletionRequest(GenerationFields):
     prompt: Any = None  # str | list[int] | [str] | [list[int]]: checked in prompt.py
     echo: bool | None = None
     return_token_ids: bool | None = None
-    # greedy / neutral values only
-    best_of: int | None = None
-    logprobs: int | None = None
-    suffix: str | None = None
+    best_of: int | None = None  # only == n
+    logprobs: int | None = None  # top entries per token (0..20); with echo: the prompt's too
+    suffix: str | None = None  # refused
 
 
 class TokenizeRequest(Strict):

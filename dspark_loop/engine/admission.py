@@ -8,6 +8,7 @@ from dspark_loop.engine.kv_cache import PartitionCache
 from dspark_loop.engine.partition import Partition
 from dspark_loop.engine.prefix_cache import PrefixCache
 from dspark_loop.engine.request import Request, Status
+from dspark_loop.engine.sampling_wire import sampling_spec
 from dspark_loop.engine.spec_counters import SpecCounters
 from dspark_loop.protocol import BlockUpdate, i32
 
@@ -42,7 +43,9 @@ class Admission:
         cache, failed = part.cache, []
         while part.waiting and budget > 0 and len(part.running) < self.max_seqs_per_partition:
             req = part.waiting[0]
-            hit = self.prefix.find(cache, req) if self.prefix is not None else None
+            # NOTE: prompt logprobs need every prompt row's logits: a cached head has none
+            use_cache = self.prefix is not None and req.params.prompt_logprobs < 0
+            hit = self.prefix.find(cache, req) if use_cache else None
             start = hit.num_tokens if hit else 0
             n = min(req.num_tokens - start, self.chunk_cap, budget)
             req.pages = hit.pages if hit else cache.new_pages()
@@ -70,6 +73,8 @@ class Admission:
             part.running.append(req)
             if part.leases is not None and part.take_lease(req):
                 self.spec.num_lease_scrubs += 1
+            if req.params.needs_sampling_spec:
+                part.new_sampling.append(sampling_spec(req))
             if hit:
                 cache.share(req.pages)
                 updates += [BlockUpdate(req.req_id, f, fp.first_page, i32(fp.block_ids))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dspark_loop.protocol import GREEDY_BELOW
+
 
 @dataclass
 class SamplingParams:
@@ -14,8 +16,34 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
-    seed: int | None = None  # accepted for API compatibility; greedy ignores it
+    seed: int | None = None  # the noise's seed (the API draws one when the client sent none)
     skip_special_tokens: bool = True  # False: special tokens (</think>, ｜DSML｜) appear in text
+    # sampling (workers/sampling/): neutral values = greedy, as before
+    temperature: float = 0.0  # < 1e-5: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    choice: int = 0  # n > 1: this choice's index (same seed, its own noise)
+    logprobs: int = -1  # -1: none; N >= 0: each new token's logprob + the top N
+    prompt_logprobs: int = -1  # the same for the prompt's tokens (echo + logprobs)
+
+    @property
+    def needs_sampling_spec(self) -> bool:
+        """Anything beyond plain greedy: the ranks must be told (protocol.SamplingSpec)."""
+        return (self.temperature >= GREEDY_BELOW or self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.repetition_penalty != 1 or self.logprobs >= 0 or self.prompt_logprobs >= 0)
+
+
+@dataclass
+class TokenLogprob:
+    """One position's logprob: the token there, log p (None: a prompt's first token), and
+    the top entries (id, log p), best first."""
+    token_id: int
+    logprob: float | None
+    top: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -44,3 +72,5 @@ class RequestOutput:
     num_output_tokens: int = 0  # total so far
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     stop_reason: str | int | None = None  # the stop string or token id that matched
+    logprobs: list[TokenLogprob] | None = None  # per new token (params.logprobs >= 0)
+    prompt_logprobs: list[TokenLogprob] | None = None  # the whole prompt, on the first delta

@@ -10,7 +10,7 @@ from dspark_loop.engine.kv_cache import PartitionCache
 from dspark_loop.engine.leases import LeasePool
 from dspark_loop.engine.prefix_cache import stop_registering
 from dspark_loop.engine.request import Request, Status
-from dspark_loop.protocol import PartitionPlan, i32
+from dspark_loop.protocol import PartitionPlan, SamplingSpec, i32
 
 
 class Partition:
@@ -23,6 +23,7 @@ class Partition:
         self.leases = LeasePool(num_leases) if num_leases else None  # K=7 drafter leases
         self.new_leases: list[tuple[int, int]] = []  # (req_id, lease) for the next plan
         self.scrub_lease_ids: list[int] = []
+        self.new_sampling: list[SamplingSpec] = []  # specs of requests admitted since the last plan
 
     @property
     def num_requests(self) -> int:
@@ -46,7 +47,10 @@ class Partition:
         req.draft_ids = None
 
     def take_lease_fields(self, pplan: PartitionPlan) -> None:
-        """Move the leases given since the last plan into pplan (a non-empty plan)."""
+        """Move the leases and sampling specs given since the last plan into pplan (a
+        non-empty plan: admissions only happen in one)."""
+        if self.new_sampling:
+            pplan.sampling, self.new_sampling = self.new_sampling, []
         if self.new_leases:
             pplan.lease_req_ids = i32([r for r, _ in self.new_leases])
             pplan.lease_ids = i32([lease for _, lease in self.new_leases])

@@ -68,6 +68,7 @@ class Request:
         self.num_accepted = 0  # tokens the chain accepted over all verifies (before truncation)
         self.num_fallback_steps = 0
         self.lease = -1  # drafter lease while running at K=7 (engine/leases.py)
+        self.prompt_logprobs: dict = {}  # position -> TokenLogprob until the first delta
 
     @property
     def num_tokens(self) -> int:

@@ -17,6 +17,7 @@ from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.partition import Partition
 from dspark_loop.engine.prefix_cache import PrefixCache
 from dspark_loop.engine.request import Request, Status
+from dspark_loop.engine.sampling_wire import delta_logprobs, next_prompt_token, note_prompt_logprobs
 from dspark_loop.engine.scheduled_step import PartitionStep, ScheduledStep, decode_batch
 from dspark_loop.engine.spec_counters import SpecCounters
 from dspark_loop.engine.step_update import RowResult, read_results
@@ -211,7 +212,8 @@ class Scheduler:
             pstep.prefills.append((req, n, start + n == req.prefill_target))
         pplan = PartitionPlan(block_updates=updates)
         pplan.prefills = [PrefillChunk(r.req_id, r.num_computed,
-                                       i32(r.token_slice(r.num_computed, r.num_computed + n)), s)
+                                       i32(r.token_slice(r.num_computed, r.num_computed + n)), s,
+                                       next_prompt_token(r, r.num_computed + n, s))
                           for r, n, s in pstep.prefills]
         if decodes:
             pstep.decode_reqs = decodes
@@ -244,13 +246,15 @@ class Scheduler:
             for row in update.rows:
                 req = row.req
                 req.num_computed += row.num_computed
+                entries = update.logprobs.get(req.req_id)
+                note_prompt_logprobs(req, entries)
                 if row.tokens is None:  # a prefill chunk that samples nothing
                     self._register_pages(part, req)
                     part.release_ring(req)
                     continue
                 if row.is_decode:
                     self._count_decode(step, row)
-                outputs.append(self._commit(part, step, req, row.tokens, now))
+                outputs.append(self._commit(part, step, req, row.tokens, now, entries))
             by_id = {r.req_id: r for r in part.running}
             for req_id, drafts in update.drafts:  # stale for requests that finished
                 req = by_id.get(req_id)
@@ -283,10 +287,11 @@ class Scheduler:
         step.accepted_num_drafts.append(row.num_drafts)
 
     def _commit(self, part: Partition, step: ScheduledStep, req: Request, accepted: list[int],
-                now: float) -> RequestOutput:
+                now: float, entries=None) -> RequestOutput:
         """Append what the finish rules keep, finish the request or give back ring pages."""
         f = check_finish(accepted, len(req.output_ids), req.prompt_len, req.rules, req.params,
                          req.detokenizer)
+        logprobs, prompt_logprobs = delta_logprobs(req, req.num_tokens, f.kept, entries)
         req.output_ids.extend(f.kept)
         step.num_new_tokens += len(f.kept)
         self._register_pages(part, req)  # before finish or ring release gives pages away
@@ -306,7 +311,8 @@ class Scheduler:
         return RequestOutput(
             req.request_id, f.kept, f.text, finished=f.reason is not None, finish_reason=f.reason,
             num_prompt_tokens=req.prompt_len, num_output_tokens=len(req.output_ids),
-            num_cached_tokens=req.num_cached_tokens, stop_reason=f.stop_reason)
+            num_cached_tokens=req.num_cached_tokens, stop_reason=f.stop_reason,
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
     def _register_pages(self, part: Partition, req: Request) -> None:
         if req.num_computed >= req.register_pos:  # a page became full (prefix caching is on)

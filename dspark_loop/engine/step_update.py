@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dspark_loop.acceptance import accept_chain
+from dspark_loop.engine.outputs import TokenLogprob
 from dspark_loop.engine.request import Request, Status
+from dspark_loop.engine.sampling_wire import read_logprobs
 from dspark_loop.engine.scheduled_step import ScheduledStep
 from dspark_loop.errors import EngineDead
 from dspark_loop.protocol import as_i32
@@ -32,6 +34,7 @@ class RowResult:
 class PartitionUpdate:
     rows: list[RowResult] = field(default_factory=list)
     drafts: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (req_id, [K] next drafts)
+    logprobs: dict[int, dict[int, TokenLogprob]] = field(default_factory=dict)  # req_id -> pos -> entry
 
 
 def read_results(step: ScheduledStep, results, spec_k: int, max_model_len: int) -> list[PartitionUpdate]:
@@ -57,6 +60,7 @@ def read_results(step: ScheduledStep, results, spec_k: int, max_model_len: int) 
             up.rows += _read_decode(pstep, tokens[i:], spec_k, max_model_len)
         if spec_k:
             up.drafts = _read_drafts(res)
+        up.logprobs = read_logprobs(res)
         updates.append(up)
     return updates
 

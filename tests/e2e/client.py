@@ -71,9 +71,10 @@ class Stream:
         self.response.close()
 
 
-async def open_stream(session: aiohttp.ClientSession, url: str, body: dict) -> Stream:
+async def open_stream(session: aiohttp.ClientSession, url: str, body: dict,
+                      path: str = "/v1/completions") -> Stream:
     sent_at = time.perf_counter()
-    resp = await session.post(url + "/v1/completions", json={**body, "stream": True})
+    resp = await session.post(url + path, json={**body, "stream": True})
     if resp.status != 200:
         text = await resp.text()
         resp.release()
@@ -81,8 +82,9 @@ async def open_stream(session: aiohttp.ClientSession, url: str, body: dict) -> S
     return Stream(resp, sent_at)
 
 
-async def stream_completion(session: aiohttp.ClientSession, url: str, body: dict) -> StreamResult:
-    stream = await open_stream(session, url, body)
+async def stream_completion(session: aiohttp.ClientSession, url: str, body: dict,
+                            path: str = "/v1/completions") -> StreamResult:
+    stream = await open_stream(session, url, body, path)
     result = StreamResult()
     async with stream.response:
         async for event in stream.events():

@@ -153,7 +153,8 @@ def test_malformed_tool_block_is_a_clean_error_not_a_crash(chat_server, ask):
     ({"messages": [{"role": "user", "content": "hi <｜User｜> there"}]}, "messages[0].content"),
     ({"messages": [{"role": "tool", "tool_call_id": "x", "content": "r"}]},
      "messages[0].tool_call_id"),
-    ({"temperature": 0.7}, "temperature"),
+    ({"temperature": -0.7}, "temperature"),
+    ({"top_logprobs": 3}, "top_logprobs"),
     ({"reasoning_effort": "extreme"}, "reasoning_effort"),
 ])
 def test_bad_chat_requests_answer_400_with_the_openai_error_body(chat_server, body, param):

@@ -104,9 +104,11 @@ class Drafter(nn.Module):
     # ---- the query block ----------------------------------------------------------------
     @torch.no_grad()
     def propose(self, rings: list[torch.Tensor], filler_row: int, embed: Embedding, head: Linear,
-                comm: Comm, lease: torch.Tensor, anchor_pos: torch.Tensor, anchor_tok: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                comm: Comm, lease: torch.Tensor, anchor_pos: torch.Tensor, anchor_tok: torch.Tensor,
+                pick=None) -> tuple[torch.Tensor, torch.Tensor]:
         """lease/anchor_pos/anchor_tok [R] long -> drafts [R, 7] long, confidence [R, 7] fp32.
+        pick(logits [R, V/tp], s) -> [R]: how draft s is chosen (None: the group's argmax;
+        sampling requests: workers/sampling/draft_pick.DraftPicker, the verify rows' noise).
 
         Every rank of the world calls this every K=7 step (R may be 0): the MoE exchange
         is collective."""
@@ -141,7 +143,8 @@ class Drafter(nn.Module):
         for s in range(K1 - 1):
             m = self.markov_w1(prev)  # [R, rank]
             bias = linear_rows(self.markov_w2, m).float()  # [R, V/tp]
-            drafts[:, s] = comm.argmax_tp(logits[:, s] + bias, self.dims.vocab_offset)
+            scores = logits[:, s] + bias  # [R, V/tp]
+            drafts[:, s] = comm.argmax_tp(scores, self.dims.vocab_offset) if pick is None else pick(scores, s)
             feat = torch.cat([x[:, s].float(), m.float()], dim=-1)  # [R, d+rank]
             conf[:, s] = torch.sigmoid(linear_rows(self.confidence, feat)[:, 0])
             prev = drafts[:, s]

@@ -38,6 +38,12 @@ class LocalMesh:
             if drafts is not None:
                 res.draft_req_ids, res.draft_token_ids, res.draft_confidence = \
                     i32(drafts[0]), i32(drafts[1]), f32(drafts[2])
+            lp = runner.take_logprobs()
+            if lp is not None:
+                res.lp_req_ids, res.lp_positions = i32(lp.req_ids), i32(lp.positions)
+                res.lp_token_ids, res.lp_values = i32(lp.token_ids), f32(lp.values)
+                res.lp_num_top = int(lp.top_ids.shape[1])
+                res.lp_top_ids, res.lp_top_values = i32(lp.top_ids), f32(lp.top_values)
             out.append(res)
         return out
 
@@ -45,6 +51,8 @@ class LocalMesh:
 @dataclass
 class Run:
     tokens: dict[str, list[int]]
+    logprobs: dict[str, list]  # per request: its TokenLogprob entries (when asked)
+    prompt_logprobs: dict[str, list]
     reasons: dict[str, str]
     texts: dict[str, str]
     summary: dict
@@ -73,11 +81,16 @@ async def _run(engine: EngineLoop, reqs: list[GenerateRequest], abort_after: dic
     engine.start()
     tokens = {g.request_id: [] for g in reqs}
     reasons, texts = {}, {g.request_id: "" for g in reqs}
+    logprobs = {g.request_id: [] for g in reqs}
+    prompt_logprobs = {}
 
     async def one(g):
         async for out in engine.generate(g):
             tokens[g.request_id] += out.new_token_ids
             texts[g.request_id] += out.new_text
+            logprobs[g.request_id] += out.logprobs or []
+            if out.prompt_logprobs is not None:
+                prompt_logprobs[g.request_id] = out.prompt_logprobs
             if out.finished:
                 reasons[g.request_id] = out.finish_reason
             if len(tokens[g.request_id]) >= abort_after.get(g.request_id, 1 << 30):
@@ -86,7 +99,7 @@ async def _run(engine: EngineLoop, reqs: list[GenerateRequest], abort_after: dic
 
     await asyncio.gather(*(one(g) for g in reqs))
     await asyncio.sleep(0)
-    return tokens, reasons, texts
+    return tokens, reasons, texts, logprobs, prompt_logprobs
 
 
 def run(path: str, spec_k: int, prompts: dict[str, list[int]], params: dict[str, SamplingParams],
@@ -101,8 +114,8 @@ def run(path: str, spec_k: int, prompts: dict[str, list[int]], params: dict[str,
             engine.scheduler.check_integrity()
             await engine.stop()
 
-    tokens, reasons, texts = asyncio.run(main())
-    return Run(tokens, reasons, texts, engine.dspark_summary(), runners, engine)
+    tokens, reasons, texts, logprobs, prompt_logprobs = asyncio.run(main())
+    return Run(tokens, logprobs, prompt_logprobs, reasons, texts, engine.dspark_summary(), runners, engine)
 
 
 def prompt(seed: int, n: int, vocab: int) -> list[int]:

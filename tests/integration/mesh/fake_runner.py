@@ -73,3 +73,6 @@ class FakeRunner:
 
     def take_drafts(self) -> None:
         return None  # no drafter
+
+    def take_logprobs(self) -> None:
+        return None  # no logprobs

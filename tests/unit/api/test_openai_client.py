@@ -45,8 +45,8 @@ async def test_openai_client_raises_its_own_errors_for_our_error_bodies():
     our message."""
     async with serving() as tc:
         oc = _client(tc)
-        with pytest.raises(openai.BadRequestError, match="greedy"):
-            await oc.completions.create(model=MODEL, prompt="hi", temperature=0.7)
+        with pytest.raises(openai.BadRequestError, match="temperature"):
+            await oc.completions.create(model=MODEL, prompt="hi", temperature=-0.7)
         with pytest.raises(openai.NotFoundError, match="does not exist"):
             await oc.completions.create(model="other", prompt="hi")
         await oc.close()

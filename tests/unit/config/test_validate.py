@@ -106,8 +106,6 @@ GENERAL_VIOLATIONS = [
     (dict(speculative=SpeculativeConfig("dspark", 4)),
      "--speculative-config num_speculative_tokens must be 0 or 7: DSpark's query width is "
      "fixed at DSPARK_QUERY_WIDTH = 7 (got 4)"),
-    (dict(generate=GenerateDefaults(temperature=0.8)),
-     "--generate-config temperature must be 0: greedy is the only sampling mode (got 0.8)"),
     (dict(max_num_batched_tokens=0, long_prefill_token_threshold=8),
      "--max-num-batched-tokens must be a positive integer (got 0)"),
 ]
@@ -154,3 +152,9 @@ def test_load_config_exits_2_listing_every_problem(tmp_path, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "--tp 3 must divide" in err and "dspark_noise_token_id" in err and "mtp.0" in err
+
+
+def test_sampling_defaults_in_generate_config_are_accepted():
+    """Sampling is served now: --generate-config temperature/top_p/top_k/min_p must pass."""
+    g = GenerateDefaults(temperature=0.8, top_p=0.9, top_k=40, min_p=0.05, repetition_penalty=1.1)
+    assert problems(tiny_model(), generate=g) == []

@@ -1,0 +1,54 @@
+"""Logprobs in OpenAI's two response shapes.
+
+    /v1/completions   {"tokens": [str], "token_logprobs": [float | null],
+                       "top_logprobs": [{str: float} | null], "text_offset": [int]}
+                      (echo: the prompt's tokens first; its first token has null entries)
+    /v1/chat          {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token",
+                       "logprob", "bytes"}]}]}
+
+A token's string is its own decoding (as vLLM's decoded_token). -inf (an id a constraint
+refused) is written as -9999.0, as vLLM does: JSON has no infinity.
+"""
+from __future__ import annotations
+
+import math
+
+from dspark_loop.engine.outputs import TokenLogprob
+
+FLOOR = -9999.0
+
+
+def _lp(x: float) -> float:
+    return FLOOR if math.isinf(x) or math.isnan(x) or x < FLOOR else float(x)
+
+
+class LogprobsFormatter:
+    def __init__(self, token_text) -> None:
+        self.token_text = token_text  # id -> str
+
+    def completion(self, entries: list[TokenLogprob], text_offset: int = 0) -> dict:
+        """entries: one per token; text_offset: where the first one starts in the answer's text."""
+        tokens, lps, tops, offsets = [], [], [], []
+        for e in entries:
+            offsets.append(text_offset)
+            text = self.token_text(e.token_id)
+            tokens.append(text)
+            text_offset += len(text)
+            if e.logprob is None:
+                lps.append(None)
+                tops.append(None)
+                continue
+            lps.append(_lp(e.logprob))
+            top = {}
+            for tid, lp in e.top:
+                top.setdefault(self.token_text(tid), _lp(lp))
+            tops.append(top)
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+    def chat(self, entries: list[TokenLogprob]) -> dict:
+        def one(tid: int, lp: float) -> dict:
+            text = self.token_text(tid)
+            return {"token": text, "logprob": _lp(lp), "bytes": list(text.encode("utf-8"))}
+
+        return {"content": [{**one(e.token_id, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]}
+                            for e in entries]}

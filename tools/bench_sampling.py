@@ -1,0 +1,101 @@
+"""Speculation under sampling: K=7 vs K=0 at temperature 0.7 and 1.0, with the drafter
+proposing with the verify rows' noise (shared) or greedily, in process (one runner).
+
+    python -m tools.bench_sampling [--users 4] [--prompt-len 32] [--max-tokens 64] [--model DIR]
+
+Per setting: mean accepted length per verify, per-user tok/s (output tokens / (finish -
+arrival), mean over users) and the ratio to K=0 at the same temperature. Every K=7 run is
+checked against K=0 (same seeds): speculation must never change a sampled token. Default
+model: the shipped demo when there is one, else a fresh tiny random checkpoint (whose
+drafter is untrained: acceptance there says nothing about a trained one).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+import time
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from dspark_loop.cache_layout import CacheLayout
+from dspark_loop.engine.loop import EngineLoop
+from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
+from dspark_loop.engine.scheduler import Scheduler
+from dspark_loop.model_config import ModelConfig
+from dspark_loop.protocol import DSPARK_K, RankConfig
+from tools.bench_dspark import InProcessMesh
+from workers.runner import ModelRunner
+
+
+def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, temperature: float,
+          shared_noise: bool = True):
+    cfg = ModelConfig.from_dir(path)
+    n = len(prompts)
+    runner = ModelRunner(RankConfig(model=path, block_size=32, num_blocks=8 * n, spec_k=spec_k,
+                                    num_leases=n, max_model_len=4096), quiet=True)
+    runner.sampler.shared_noise_drafts = shared_noise
+    sched = Scheduler(CacheLayout.for_model(cfg, 32), 1, runner.num_blocks, n, 8192, 0, 4096,
+                      cfg.eos_token_ids, spec_k=spec_k, enable_prefix_caching=False)
+    engine = EngineLoop(sched, InProcessMesh(runner), Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
+
+    async def main():
+        engine.start()
+        per_user = []
+
+        async def one(i, p):
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=temperature, seed=1000 + i)
+            t0, toks = time.perf_counter(), []
+            async for out in engine.generate(GenerateRequest(f"u{i}", p, params)):
+                toks += out.new_token_ids
+            per_user.append(len(toks) / (time.perf_counter() - t0))
+            return toks
+
+        outs = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+        await engine.stop()
+        return outs, float(np.mean(per_user))
+
+    outs, user_tps = asyncio.run(main())
+    return outs, user_tps, engine.dspark_summary()
+
+
+def default_model() -> str:
+    try:
+        from dspark_loop.default_model import DEMO_DIR, demo_is_complete
+        if demo_is_complete():
+            return DEMO_DIR
+    except ImportError:
+        pass
+    from tools.make_checkpoint import make_checkpoint
+    return make_checkpoint(os.path.join(tempfile.mkdtemp(), "tiny"), size="tiny", seed=0, with_drafter=True,
+                           quiet=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--users", type=int, default=4)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0])
+    ap.add_argument("--model", default=None, help="a checkpoint with the drafter")
+    args = ap.parse_args(argv)
+    path = args.model or default_model()
+    cfg = ModelConfig.from_dir(path)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(10, cfg.vocab_size, args.prompt_len).tolist() for _ in range(args.users)]
+    print(f"model {path}, {args.users} users x {args.max_tokens} tokens")
+    for t in args.temperatures:
+        ref, user0, _ = bench(path, 0, prompts, args.max_tokens, t)
+        print(f"T={t}: K=0 per-user {user0:7.1f} tok/s")
+        for shared in (True, False):
+            outs, user, s = bench(path, DSPARK_K, prompts, args.max_tokens, t, shared)
+            same = "tokens == K=0" if outs == ref else "TOKENS DIFFER FROM K=0"
+            print(f"T={t}: K=7 {'shared-noise' if shared else 'greedy'} drafts: mean accepted "
+                  f"{s['mean_accepted_len']:.2f}  per-user {user:7.1f} tok/s ({user / user0:4.2f}x)  {same}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
