@@ -69,7 +69,7 @@ def main(argv=None) -> int:
                                      lr=3e-3, log=log, progress=progress)
         else:
             from tools.train_demo import drafter
-            steps = args.drafter_steps or (6 if args.smoke else 300)
+            steps = args.drafter_steps or (6 if args.smoke else 400)
             info[stage] = drafter.run(args.out, args.seed, args.smoke, args.resume, steps, log=log,
                                       progress=progress)
     with open(os.path.join(args.out, f"summary-{args.stage}.json"), "w", encoding="utf-8") as f:

@@ -1,9 +1,10 @@
 """The training text: the Python standard library's own source, offline on every machine.
 
 Files: every *.py under sysconfig's stdlib path, without tests (test/, tests/, idle_test/,
-test_*.py), codec tables (encodings/), pydoc_data/, site-packages and caches. Split by file: held-out when the first byte of
-sha256(relative path) is below HELD_OUT_BYTE (~5%), else train. The corpus hash covers
-every (relative path, sha256 of the content) pair, so it names the exact text trained on.
+test_*.py), codec tables (encodings/), pydoc_data/, site-packages and caches. Split by
+file: held-out when the first byte of sha256(relative path) is below HELD_OUT_BYTE (~5%),
+else train. The corpus hash covers every (relative path, sha256 of the content) pair, so it
+names the exact text trained on.
 """
 from __future__ import annotations
 

@@ -149,7 +149,7 @@ def run(out_dir: str, seed: int, smoke: bool, resume: bool, steps: int, log, pro
     lr = 2e-3
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     balancer = LoadBalancer(drafter)
-    R = 16 if smoke else 96
+    R = 16 if smoke else 128
     st = state.load_state(os.path.join(d, "state.pt")) if resume else None
     start, history, t_used = 0, [], 0.0
     if st is not None:
