@@ -29,6 +29,8 @@ def parse(argv):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--target-steps", type=int, default=None)
     ap.add_argument("--drafter-steps", type=int, default=None)
+    ap.add_argument("--stop-after", type=int, default=None,
+                    help="stop the stage after this step, state saved (tests of --resume)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     return ap.parse_args(argv)
 
@@ -58,6 +60,8 @@ def main(argv=None) -> int:
     stages = STAGES if args.stage == "all" else (args.stage,)
     info = {}
     for stage in stages:
+        if stage != stages[0] and info.get(stages[stages.index(stage) - 1], 0) is None:
+            break  # the previous stage stopped early (--stop-after)
         if stage == "tokenizer":
             from tools.train_demo import tokenizer
             info[stage] = tokenizer.run(args.out, 512 if args.smoke else 4096, args.smoke, log)
@@ -66,12 +70,12 @@ def main(argv=None) -> int:
             steps = args.target_steps or (6 if args.smoke else 320)
             info[stage] = target.run(args.out, args.seed, args.smoke, args.resume, steps,
                                      batch=4 if args.smoke else 8, seq_len=64 if args.smoke else 256,
-                                     lr=3e-3, log=log, progress=progress)
+                                     lr=3e-3, log=log, progress=progress, stop_after=args.stop_after)
         else:
             from tools.train_demo import drafter
             steps = args.drafter_steps or (6 if args.smoke else 400)
             info[stage] = drafter.run(args.out, args.seed, args.smoke, args.resume, steps, log=log,
-                                      progress=progress)
+                                      progress=progress, stop_after=args.stop_after)
     with open(os.path.join(args.out, f"summary-{args.stage}.json"), "w", encoding="utf-8") as f:
         json.dump({"argv": sys.argv[1:] if argv is None else argv, "seed": args.seed,
                    "threads": args.threads, **info}, f, indent=1)

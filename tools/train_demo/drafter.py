@@ -117,7 +117,8 @@ def init_drafter(p: dict, seed: int, cfg: ModelConfig):
     return drafter
 
 
-def run(out_dir: str, seed: int, smoke: bool, resume: bool, steps: int, log, progress) -> dict:
+def run(out_dir: str, seed: int, smoke: bool, resume: bool, steps: int, log, progress,
+        stop_after: int | None = None) -> dict | None:
     d = os.path.join(out_dir, "drafter")
     os.makedirs(d, exist_ok=True)
     tok_dir, target_dir = os.path.join(out_dir, "tokenizer"), os.path.join(out_dir, "target", "model")
@@ -173,7 +174,8 @@ def run(out_dir: str, seed: int, smoke: bool, resume: bool, steps: int, log, pro
         history.append({"step": step + 1, "loss": round(loss.item(), 4), **{k: round(v, 4) for k, v in stats.items()}})
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{stats['top1']:.2f}")
-        if (step + 1) % (3 if smoke else 25) == 0 or step + 1 == steps:
+        stop = stop_after is not None and step + 1 >= stop_after and step + 1 < steps
+        if (step + 1) % (3 if smoke else 25) == 0 or step + 1 == steps or stop:
             log(f"drafter: step {step + 1}/{steps} loss {loss.item():.4f} ce {stats['ce']:.3f} "
                 f"l1 {stats['l1']:.3f} bce {stats['bce']:.3f} top1 {stats['top1']:.3f} "
                 f"({t_used + time.perf_counter() - t1:.0f}s)")
@@ -181,6 +183,10 @@ def run(out_dir: str, seed: int, smoke: bool, resume: bool, steps: int, log, pro
             state.save_state(os.path.join(d, "state.pt"), {
                 "model": drafter.state_dict(), "stacks": stacks.state(), "optim": opt.state_dict(),
                 "step": step + 1, "history": history, "seconds": t_used + time.perf_counter() - t1})
+        if stop:
+            bar.close()
+            log(f"drafter: stopped after step {step + 1} (--stop-after); continue with --resume")
+            return None
     bar.close()
     seconds = t_used + time.perf_counter() - t1
     stacks.sync()

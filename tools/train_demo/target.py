@@ -101,7 +101,7 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
 
 
 def run(out_dir: str, seed: int, smoke: bool, resume: bool, steps: int, batch: int, seq_len: int,
-        lr: float, log, progress) -> dict:
+        lr: float, log, progress, stop_after: int | None = None) -> dict | None:
     d = os.path.join(out_dir, "target")
     os.makedirs(d, exist_ok=True)
     tok_dir = os.path.join(out_dir, "tokenizer")
@@ -143,7 +143,8 @@ def run(out_dir: str, seed: int, smoke: bool, resume: bool, steps: int, batch: i
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
         last = step + 1 == steps
-        if (step + 1) % (5 if smoke else 10) == 0 or last:
+        stop = stop_after is not None and step + 1 >= stop_after
+        if (step + 1) % (5 if smoke else 10) == 0 or last or stop:
             if last or (step + 1) % (100 if not smoke else 5) == 0:
                 history[-1]["heldout"] = heldout_loss(model, cfg, held, n_eval, seq_len, batch)
             log(f"target: step {step + 1}/{steps} train {loss.item():.4f}"
@@ -153,6 +154,10 @@ def run(out_dir: str, seed: int, smoke: bool, resume: bool, steps: int, batch: i
             state.save_state(os.path.join(d, "state.pt"), {
                 "model": model.state_dict(), "stacks": stacks.state(), "optim": opt.state_dict(),
                 "step": step + 1, "history": history, "seconds": t_used + time.perf_counter() - t0})
+        if stop and not last:
+            bar.close()
+            log(f"target: stopped after step {step + 1} (--stop-after); continue with --resume")
+            return None
     bar.close()
     seconds = t_used + time.perf_counter() - t0
     stacks.sync()
