@@ -28,7 +28,7 @@ from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.model_config import ModelConfig
-from dspark_loop.protocol import StepResult, as_i32, as_i8, f32, i32
+from dspark_loop.protocol import StepResult, as_i8, as_i32, f32, i32
 from workers.runner import ModelRunner
 
 BLOCK = 32

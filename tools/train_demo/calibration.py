@@ -83,4 +83,4 @@ def calibrate(drafter, target, ro, held, seed: int, n: int, log) -> dict:
     log(f"calibration: temperature {t:.3f}, held-out ECE {before:.4f} -> {after:.4f} ({len(ce)} events); "
         f"offline held-out mean accepted length {acc['mean_accepted_len']:.3f}, per position "
         f"{acc['acceptance_per_position']}")
-    return {"temperature": t, "ece_before": before, "ece_after": after, "ece_events": int(len(ce)), **acc}
+    return {"temperature": t, "ece_before": before, "ece_after": after, "ece_events": len(ce), **acc}

@@ -16,7 +16,6 @@ Then the confidence head is calibrated by one temperature (calibration.py).
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 import time

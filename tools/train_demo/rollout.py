@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tools.train_demo import trunk
 from workers.comm import LocalComm
 from workers.staging import Segment, stage
-from tools.train_demo import trunk
 
 
 @dataclass

@@ -60,7 +60,7 @@ def run(out_dir: str, vocab_size: int, smoke: bool, log) -> dict:
     np.save(os.path.join(d, "train.npy"), tr)
     np.save(os.path.join(d, "heldout.npy"), ho)
     info = {"corpus_hash": corpus_hash(files), "num_files": len(files), "train_files": len(train),
-            "heldout_files": len(held), "train_tokens": int(len(tr)), "heldout_tokens": int(len(ho)),
+            "heldout_files": len(held), "train_tokens": len(tr), "heldout_tokens": len(ho),
             "heldout_paths": [f.relpath for f in held], "vocab_size": vocab_size, "smoke": smoke,
             "bytes_per_token": round(sum(len(f.text.encode()) for f in train) / len(tr), 3)}
     with open(os.path.join(d, "corpus.json"), "w", encoding="utf-8") as f:

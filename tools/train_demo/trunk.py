@@ -39,7 +39,7 @@ class ExpertStacks:
                 stacks.append(nn.Parameter(w))
             self.params += stacks
             moe._train_stacks = stacks
-            moe.stacked_weights = (lambda s: lambda: [(p, None) for p in s])(stacks)
+            moe.stacked_weights = _reader(stacks)
 
     def state(self) -> list[torch.Tensor]:
         return [p.detach().clone() for p in self.params]
@@ -55,6 +55,11 @@ class ExpertStacks:
             for name, stack in zip(("w1", "w3", "w2"), moe._train_stacks):
                 for i, e in enumerate(moe.experts.values()):
                     getattr(e, name).weight.data = stack.data[i].clone()
+
+
+def _reader(stacks: list[nn.Parameter]):
+    """MoE.stacked_weights' contract: (weight [E, out, in], no W8A8 scale) for w1, w3, w2."""
+    return lambda: [(p, None) for p in stacks]
 
 
 def trainable(module: nn.Module) -> tuple[list[nn.Parameter], ExpertStacks]:

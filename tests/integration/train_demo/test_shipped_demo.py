@@ -11,7 +11,12 @@ import sys
 import pytest
 from tokenizers import Tokenizer
 
-from dspark_loop.default_model import DEMO_DIR, DEMO_MANIFEST, default_model_dir, demo_is_complete
+from dspark_loop.default_model import (
+    DEMO_DIR,
+    DEMO_MANIFEST,
+    default_model_dir,
+    demo_is_complete,
+)
 from dspark_loop.engine.outputs import SamplingParams
 from tests.integration.dspark.harness import run
 from tools.train_demo.ship import file_sha256

@@ -31,7 +31,7 @@ def test_events_count_only_drafts_the_chain_reached():
     labels = np.array([[5, 6, 7, 8, 9, 10, 11]])
     drafts = np.array([[5, 6, 0, 8, 9, 10, 11]])  # third draft wrong: later matches never count
     conf = np.full((1, 7), 0.5, np.float32)
-    c, y, pos = calibration.events(drafts, conf, labels)
+    _, y, pos = calibration.events(drafts, conf, labels)
     assert pos.tolist() == [0, 1, 2] and y.tolist() == [True, True, False]
     acc = calibration.acceptance(drafts, labels)
     assert acc["mean_accepted_len"] == 3.0 and acc["acceptance_per_position"][:3] == [1.0, 1.0, 0.0]
