@@ -51,9 +51,20 @@ def heldout_prompts(relpaths: list[str], n: int = PROMPTS) -> list[str]:
     return out
 
 
+STAGE_ORDER = ("tokenizer", "target", "drafter")
+
+
 def commands(out_dir: str) -> list[str]:
+    """The train.log commands that made the shipped model: a stage's command is dropped when
+    an earlier stage ran again after it (its output was superseded)."""
     with open(os.path.join(out_dir, "train.log"), encoding="utf-8") as f:
-        return [line.split(" command: ", 1)[1].strip() for line in f if " command: " in line]
+        cmds = [line.split(" command: ", 1)[1].strip() for line in f if " command: " in line]
+
+    def rank(cmd: str) -> int:
+        stage = cmd.split()[3] if len(cmd.split()) > 3 else ""
+        return STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER)
+
+    return [c for i, c in enumerate(cmds) if all(rank(later) >= rank(c) for later in cmds[i + 1:])]
 
 
 def load(path: str) -> dict:
@@ -71,6 +82,8 @@ def ship(out_dir: str, dest: str = DEMO_DIR, bench: str | None = None) -> dict:
     tmp = dest.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(os.path.join(out_dir, "model"), tmp)
+    for name in os.listdir(tmp):
+        os.chmod(os.path.join(tmp, name), 0o644)  # safetensors writes 0600
     files = {n: {"bytes": os.path.getsize(os.path.join(tmp, n)), "sha256": file_sha256(os.path.join(tmp, n))}
              for n in sorted(os.listdir(tmp))}
     manifest = {
