@@ -42,7 +42,9 @@ def heldout_prompts(relpaths: list[str], n: int = PROMPTS) -> list[str]:
             continue
         for i, line in enumerate(lines):
             if line.startswith(("def ", "class ")):
-                text = "\n".join(lines[i:i + PROMPT_LINES]) + "\n"
+                # NOTE: no trailing newline: a lone "\n" token ends no line of the corpus (the
+                # BPE joins a newline with the next line's indent), so it would derail the model.
+                text = "\n".join(lines[i:i + PROMPT_LINES])
                 if text.isascii() and len(text) < 300:
                     out.append(text)
                 break
