@@ -269,8 +269,8 @@ def load_config(argv: list[str] | None = None) -> tuple[ServerConfig, ModelConfi
     parser = build_parser()
     cfg = parse_args(argv)
     if cfg.model is None:
-        from dspark_loop.default_model import ensure_default_model
-        cfg = replace(cfg, model=ensure_default_model())
+        from dspark_loop.default_model import default_model_dir
+        cfg = replace(cfg, model=default_model_dir())
     try:
         model = ModelConfig.from_dir(cfg.model)
     except (OSError, ValueError, KeyError, TypeError) as e:

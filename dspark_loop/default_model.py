@@ -1,6 +1,13 @@
-"""The embedded default model: a tiny random checkpoint made once and cached on disk.
+"""The embedded default model.
 
-Size tiny, a fixed seed, float32, with the DSpark drafter (mtp.0..2) so the default
+default_model_dir(): the trained DSpark demo shipped inside the package (dspark_loop/demo:
+a DeepSeek-V4-architecture target + DSpark drafter trained on the Python standard library
+by tools/train_demo, manifest.json says how), used as is: nothing is built at start-up.
+If a copy of the package lacks it (or a file is damaged), it falls back to
+ensure_default_model().
+
+ensure_default_model(): a tiny random checkpoint made once and cached on disk (what tests
+use). Size tiny, a fixed seed, float32, with the DSpark drafter (mtp.0..2) so the default
 server can speculate; transformers ignores the mtp.* tensors.
 
 Lives in ${DSPARK_CACHE_DIR:-${XDG_CACHE_HOME:-~/.cache}/dspark_loop}/default-v1. A
@@ -18,6 +25,25 @@ import tempfile
 DEFAULT_NAME = "default-v1"
 DEFAULT_SEED = 20260731
 MARKER = "dspark_default.complete"
+DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo")
+DEMO_MANIFEST = "manifest.json"
+
+
+def demo_is_complete(path: str = DEMO_DIR) -> bool:
+    """The shipped demo is there and every file the manifest lists has its recorded size."""
+    try:
+        with open(os.path.join(path, DEMO_MANIFEST), encoding="utf-8") as f:
+            files = json.load(f)["files"]
+        return bool(files) and all(os.path.getsize(os.path.join(path, name)) == meta["bytes"]
+                                   for name, meta in files.items())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def default_model_dir() -> str:
+    """What `python -m dspark_loop` serves without --model: the shipped demo, else the tiny
+    random checkpoint."""
+    return DEMO_DIR if demo_is_complete() else ensure_default_model()
 
 
 def default_cache_dir() -> str:

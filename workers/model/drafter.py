@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 from dspark_loop.model_config import ModelConfig
-from dspark_loop.protocol import DSPARK_K
 from workers.comm import Comm
 from workers.model.attention import attend
 from workers.model.config import LocalDims
@@ -35,7 +34,7 @@ from workers.model.linear import Linear
 
 RING_ROWS = 32  # rows per ring block
 RING_BLOCKS = 6  # blocks per lease and stage
-QUERY_ROWS = DSPARK_K + 1  # anchor + DSPARK_K noise rows
+QUERY_ROWS = 8  # anchor + 7 noise rows
 DRAFTER_ROPE_THETA = 1e4
 
 
@@ -112,6 +111,27 @@ class Drafter(nn.Module):
 
         Every rank of the world calls this every K=7 step (R may be 0): the MoE exchange
         is collective."""
+        R, K1 = int(lease.shape[0]), QUERY_ROWS
+        x = self.block_hidden(rings, filler_row, embed, comm, lease, anchor_pos, anchor_tok)  # [R, 7, d]
+        logits = self.block_logits(head, x)  # [R, 7, V/tp]
+        drafts = torch.zeros(R, K1 - 1, dtype=torch.long, device=lease.device)
+        conf = torch.zeros(R, K1 - 1, dtype=torch.float32, device=lease.device)
+        if R == 0:
+            return drafts, conf
+        prev = anchor_tok
+        for s in range(K1 - 1):
+            m, bias = self.markov(prev)
+            scores = logits[:, s] + bias  # [R, V/tp]
+            drafts[:, s] = comm.argmax_tp(scores, self.dims.vocab_offset) if pick is None else pick(scores, s)
+            conf[:, s] = self.confidence_of(x[:, s], m)
+            prev = drafts[:, s]
+        return drafts, conf
+
+    # NOTE: the pieces below carry no grad decorator: tools/train_demo trains through them
+    # (teacher-forced: prev = the target's tokens instead of the drafts).
+    def block_hidden(self, rings: list[torch.Tensor], filler_row: int, embed: Embedding, comm: Comm,
+                     lease: torch.Tensor, anchor_pos: torch.Tensor, anchor_tok: torch.Tensor) -> torch.Tensor:
+        """The query blocks through the stages: [R] -> x [R, 7, d] (rows 1..7, hc_head, pre-norm)."""
         c, R, K1 = self.cfg, int(lease.shape[0]), QUERY_ROWS
         offs = torch.arange(K1, device=lease.device)
         pos = (anchor_pos[:, None] + offs[None, :]).reshape(-1)  # [R*8]
@@ -133,22 +153,25 @@ class Drafter(nn.Module):
             h = self._stage(stage, h, tokens, ring_keys, mask, cos, sin, comm)
         x = hc_head(h.view(R, K1, c.hc_mult, c.hidden_size)[:, 1:].reshape(R * (K1 - 1), c.hc_mult, c.hidden_size),
                     self.hc_head_fn, self.hc_head_base, self.hc_head_scale, c.hc_eps, c.rms_norm_eps)  # [R*7, d]
-        logits = linear_rows(head, self.norm(x)).float().view(R, K1 - 1, self.dims.vocab_size)  # [R, 7, V/tp]
-        x = x.view(R, K1 - 1, c.hidden_size)
-        drafts = torch.zeros(R, K1 - 1, dtype=torch.long, device=lease.device)
-        conf = torch.zeros(R, K1 - 1, dtype=torch.float32, device=lease.device)
-        if R == 0:
-            return drafts, conf
-        prev = anchor_tok
-        for s in range(K1 - 1):
-            m = self.markov_w1(prev)  # [R, rank]
-            bias = linear_rows(self.markov_w2, m).float()  # [R, V/tp]
-            scores = logits[:, s] + bias  # [R, V/tp]
-            drafts[:, s] = comm.argmax_tp(scores, self.dims.vocab_offset) if pick is None else pick(scores, s)
-            feat = torch.cat([x[:, s].float(), m.float()], dim=-1)  # [R, d+rank]
-            conf[:, s] = torch.sigmoid(linear_rows(self.confidence, feat)[:, 0])
-            prev = drafts[:, s]
-        return drafts, conf
+        return x.view(R, K1 - 1, c.hidden_size)
+
+    def block_logits(self, head: Linear, x: torch.Tensor) -> torch.Tensor:
+        """x [R, 7, d] -> the shared head's logits [R, 7, V/tp] fp32 (no Markov bias)."""
+        R, n, d = x.shape
+        return linear_rows(head, self.norm(x.reshape(R * n, d))).float().view(R, n, self.dims.vocab_size)
+
+    def markov(self, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """prev [R] -> markov_w1[prev] [R, rank], the bias w2(w1[prev]) [R, V/tp] fp32."""
+        m = self.markov_w1(prev)  # [R, rank]
+        return m, linear_rows(self.markov_w2, m).float()
+
+    def confidence_of(self, x_s: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """x_s [R, d] (pre-norm), m [R, rank] -> P(draft survives) [R] fp32."""
+        return torch.sigmoid(self.confidence_logit(x_s, m))
+
+    def confidence_logit(self, x_s: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        feat = torch.cat([x_s.float(), m.float()], dim=-1)  # [R, d+rank]
+        return linear_rows(self.confidence, feat)[:, 0]
 
     def _stage(self, stage: Block, h, tokens, ring_keys, mask, cos, sin, comm: Comm) -> torch.Tensor:
         c = self.cfg

@@ -112,6 +112,17 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def forward(self, batch: StagedBatch, pool: KVPool, comm: Comm,
                 tap_layers: tuple[int, ...] = (), tap_rows: torch.Tensor | None = None) -> ForwardOutput:
+        h, taps = self.trunk(batch, pool, comm, tap_layers, tap_rows)
+        y = self.final_hidden(h[batch.logit_rows])  # [L, d]
+        logits = linear_rows(self.head, y).float()  # [L, V/tp]
+        tokens = comm.argmax_tp(logits, self.dims.vocab_offset) if logits.shape[0] else \
+            torch.zeros(0, dtype=torch.long)
+        return ForwardOutput(logits, tokens, taps)
+
+    def trunk(self, batch: StagedBatch, pool: KVPool, comm: Comm, tap_layers: tuple[int, ...] = (),
+              tap_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """embed -> layers: h [T, hc, d] after the last layer, taps layer -> [rows, hc, d].
+        No grad decorator: tools/train_demo trains through this same code."""
         ctx = self.context(batch, pool, comm)
         x = self.embed(batch.token_ids)  # [T, d]
         h = x.unsqueeze(1).expand(-1, self.cfg.hc_mult, -1).contiguous()  # [T, hc, d]
@@ -120,10 +131,9 @@ class Transformer(nn.Module):
             h = layer(h, ctx)
             if i in tap_layers:
                 taps[i] = h if tap_rows is None else h[tap_rows]
-        h = h[batch.logit_rows]  # [L, hc, d]
-        y = self.norm(hc_head(h, self.hc_head_fn, self.hc_head_base, self.hc_head_scale,
-                              self.cfg.hc_eps, self.cfg.rms_norm_eps))
-        logits = linear_rows(self.head, y).float()  # [L, V/tp]
-        tokens = comm.argmax_tp(logits, self.dims.vocab_offset) if logits.shape[0] else \
-            torch.zeros(0, dtype=torch.long)
-        return ForwardOutput(logits, tokens, taps)
+        return h, taps
+
+    def final_hidden(self, h: torch.Tensor) -> torch.Tensor:
+        """h [L, hc, d] -> the head's input [L, d] (hc_head, norm)."""
+        return self.norm(hc_head(h, self.hc_head_fn, self.hc_head_base, self.hc_head_scale,
+                                 self.cfg.hc_eps, self.cfg.rms_norm_eps))

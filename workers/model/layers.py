@@ -28,6 +28,12 @@ def matmul_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
         rows 0..7 | 8..15 | ... | n-1, 0-pad    ->  bmm([tiles, 8, in], [tiles, in, out] (expanded))
     """
+    if x.requires_grad or weight.requires_grad:
+        return _TiledMatmul.apply(x, weight)  # training: the same forward, a plain-GEMM backward
+    return _matmul_tiles(x, weight)
+
+
+def _matmul_tiles(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     k, n_out = x.shape[-1], weight.shape[0]
     flat = x.reshape(-1, k)  # [n, in]
     n = flat.shape[0]
@@ -37,6 +43,26 @@ def matmul_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     tiles = flat.view(-1, ROW_TILE, k)  # [tiles, 8, in]
     w = weight.to(x.dtype).t().unsqueeze(0).expand(tiles.shape[0], k, n_out)  # [tiles, in, out]
     return torch.bmm(tiles, w).view(-1, n_out)[:n].view(*x.shape[:-1], n_out)
+
+
+class _TiledMatmul(torch.autograd.Function):
+    """matmul_rows with autograd (tools/train_demo): the forward is the serving tiles' bits;
+    the backward is two plain GEMMs (autograd through the expanded weight would build a
+    [tiles, in, out] gradient and sum it)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        return _matmul_tiles(x, weight)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        k, n_out = x.shape[-1], weight.shape[0]
+        g = grad.reshape(-1, n_out)  # [n, out]
+        gx = (g @ weight.to(g.dtype)).to(x.dtype).view(x.shape) if ctx.needs_input_grad[0] else None
+        gw = (g.t() @ x.reshape(-1, k).to(g.dtype)).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        return gx, gw
 
 
 def linear_rows(lin, x: torch.Tensor) -> torch.Tensor:
@@ -141,11 +167,18 @@ def hc_pre(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
     pre = sigmoid(pre_w * scale[0] + pre_b) + hc_eps
     post = 2 * sigmoid(post_w * scale[1] + post_b)
     comb = comb_w.reshape(rows, hc, hc) * scale[2] + comb_b.view(hc, hc)
-    comb = torch.softmax(comb, dim=-1).add_(hc_eps)
-    comb.div_(comb.sum(dim=-2, keepdim=True).add_(hc_eps))
-    for _ in range(sinkhorn_iters - 1):  # in place: the same ops, fewer allocations
-        comb.div_(comb.sum(dim=-1, keepdim=True).add_(hc_eps))
+    if comb.requires_grad:  # training (tools/train_demo): the same ops out of place, same bits
+        comb = torch.softmax(comb, dim=-1) + hc_eps
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
+        for _ in range(sinkhorn_iters - 1):
+            comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
+            comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
+    else:
+        comb = torch.softmax(comb, dim=-1).add_(hc_eps)
         comb.div_(comb.sum(dim=-2, keepdim=True).add_(hc_eps))
+        for _ in range(sinkhorn_iters - 1):  # in place: the same ops, fewer allocations
+            comb.div_(comb.sum(dim=-1, keepdim=True).add_(hc_eps))
+            comb.div_(comb.sum(dim=-2, keepdim=True).add_(hc_eps))
     collapsed = (pre.unsqueeze(-1) * h).sum(dim=1).to(h.dtype)  # [rows, d]
     return post, comb, collapsed
 

@@ -162,9 +162,39 @@ def _tile_linear(tiles: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor 
                  tile_expert: torch.Tensor) -> torch.Tensor:
     """Linear.forward per tile with its expert's weight: tiles [n, 8, in], weight [E, out, in]
     -> [n, 8, out] (one bmm: each tile gets its own 8-row gemm's bits, see layers)."""
+    if scale is None and (tiles.requires_grad or weight.requires_grad):
+        return _TileLinear.apply(tiles, weight, tile_expert)  # training: same forward bits
     w = weight[tile_expert]  # [n, out, in]
     if scale is None:
         return torch.bmm(tiles.to(weight.dtype), w.transpose(1, 2))
     xq, xs = quantize_per_token(tiles)  # [n, 8, in] int8, [n, 8, 1]
     y = torch.bmm(xq.float(), w.float().transpose(1, 2))  # int products in fp32
     return (y * xs * scale[tile_expert][:, None, :]).to(tiles.dtype)
+
+
+class _TileLinear(torch.autograd.Function):
+    """_tile_linear with autograd (tools/train_demo): the serving forward; a backward that
+    neither keeps the gathered [n, out, in] weights nor scatters per-tile weight gradients
+    (one GEMM per expert instead)."""
+
+    @staticmethod
+    def forward(ctx, tiles: torch.Tensor, weight: torch.Tensor, tile_expert: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(tiles, weight, tile_expert)
+        return torch.bmm(tiles.to(weight.dtype), weight[tile_expert].transpose(1, 2))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # grad [n, 8, out]
+        tiles, weight, tile_expert = ctx.saved_tensors
+        gt = gw = None
+        if ctx.needs_input_grad[0]:
+            gt = torch.empty_like(tiles)
+        if ctx.needs_input_grad[1]:
+            gw = torch.zeros_like(weight)
+        for e in tile_expert.unique().tolist():
+            sel = (tile_expert == e).nonzero().squeeze(1)
+            g = grad[sel].reshape(-1, grad.shape[-1])  # [m*8, out]
+            if gt is not None:
+                gt[sel] = (g @ weight[e].to(g.dtype)).view(-1, tiles.shape[1], tiles.shape[2]).to(tiles.dtype)
+            if gw is not None:
+                gw[e] = (g.t() @ tiles[sel].reshape(-1, tiles.shape[-1]).to(g.dtype)).to(weight.dtype)
+        return gt, gw, None

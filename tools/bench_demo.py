@@ -1,0 +1,187 @@
+"""DSpark on the shipped demo (a trained target + drafter): K=0 vs K=7 in one run, in
+process (one runner, LocalComm), greedy, on the manifest's held-out Python prompts.
+
+    python -m tools.bench_demo [--streams 1 4 16] [--max-tokens 64] [--model DIR] [--json FILE]
+
+Per stream count (all held-out prompts, in rounds of that many streams): per-user tok/s (output tokens / (finish - arrival), mean over users),
+total tok/s (all output tokens / wall), mean accepted length per verify, acceptance per
+draft position (P(draft s and all before it match)), and step costs: a K=0 decode step
+(1 row per request), a K=7 step (8-row verify + the drafter pass) and the drafter pass
+alone. K=7 tokens are checked against K=0 (speculation must never change them).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from dspark_loop.acceptance import accept_chain
+from dspark_loop.cache_layout import CacheLayout
+from dspark_loop.default_model import DEMO_DIR, DEMO_MANIFEST
+from dspark_loop.engine.loop import EngineLoop
+from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
+from dspark_loop.engine.scheduler import Scheduler
+from dspark_loop.model_config import ModelConfig
+from dspark_loop.protocol import StepResult, as_i8, as_i32, f32, i32
+from workers.runner import ModelRunner
+
+BLOCK = 32
+K = 7
+
+
+class TimedMesh:
+    """mesh.step() over one in-process runner; times every step and tallies each verify's
+    matched drafts (the host's accept_chain on the plan's drafts and the step's tokens)."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.step_s: list[tuple[int, float]] = []  # (rows per decode request, seconds) of decode-only steps
+        self.drafter_s: list[float] = []
+        self.matched = np.zeros(K + 1, np.int64)  # histogram of matched drafts per verify
+        if runner.spec is not None:
+            inner = runner.spec.after_forward
+
+            def timed(*a, **kw):
+                t0 = time.perf_counter()
+                inner(*a, **kw)
+                self.drafter_s.append(time.perf_counter() - t0)
+
+            runner.spec.after_forward = timed
+
+    async def step(self, plan):
+        part = plan.partitions[0]
+        t0 = time.perf_counter()
+        tokens = self.runner.execute(part)
+        dt = time.perf_counter() - t0
+        d = part.decode
+        if d is not None and not part.prefills:
+            self.step_s.append((int(as_i8(d.num_rows).max()), dt))
+        if d is not None:
+            toks, li, cu = as_i32(d.token_ids), 0, 0
+            for k in as_i8(d.num_rows).tolist():
+                if k > 1:
+                    self.matched[int(accept_chain(toks[cu + 1:cu + k][None, :], tokens[li:li + k][None, :])[0]) - 1] += 1
+                li, cu = li + k, cu + k
+        res = StepResult(plan.step_id, 0, i32(tokens))
+        drafts = self.runner.take_drafts()
+        if drafts is not None:
+            res.draft_req_ids, res.draft_token_ids, res.draft_confidence = i32(drafts[0]), i32(drafts[1]), f32(drafts[2])
+        return [res]
+
+
+def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int) -> dict:
+    cfg = ModelConfig.from_dir(path)
+    n = len(prompts)
+    longest = max(map(len, prompts)) + max_tokens + 8
+    runner = ModelRunner(path, "float32", block_size=BLOCK, num_blocks=n * (-(-longest // BLOCK) + 1) + 4,
+                         quiet=True, spec_k=spec_k, num_leases=n, max_model_len=4096)
+    mesh = TimedMesh(runner)
+    sched = Scheduler(CacheLayout.for_model(cfg, BLOCK), 1, runner.num_blocks, n, 8192, 0, 4096,
+                      cfg.eos_token_ids, spec_k=spec_k, enable_prefix_caching=False)
+    engine = EngineLoop(sched, mesh, Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
+
+    async def main():
+        engine.start()
+        per_user = []
+
+        async def one(i, p):
+            t0, toks = time.perf_counter(), []
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+            async for out in engine.generate(GenerateRequest(f"u{i}", p, params)):
+                toks += out.new_token_ids
+            per_user.append(len(toks) / (time.perf_counter() - t0))
+            return toks
+
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+        wall = time.perf_counter() - t0
+        await engine.stop()
+        return outs, float(np.mean(per_user)), sum(map(len, outs)) / wall
+
+    outs, user, total = asyncio.run(main())
+    s = engine.dspark_summary()
+    hist = mesh.matched
+    verifies = max(1, int(hist.sum()))
+    survive = [float(hist[j + 1:].sum() / verifies) for j in range(K)]  # P(matched >= j+1)
+    steps = [t for _, t in mesh.step_s]
+    return {"outputs": outs, "per_user_tok_s": user, "verifies": int(hist.sum()), "total_tok_s": total,
+            "mean_accepted_len": s["mean_accepted_len"], "acceptance_per_position": survive,
+            "step_ms": 1e3 * float(np.median(steps)) if steps else None,
+            "drafter_ms": 1e3 * float(np.median(mesh.drafter_s)) if mesh.drafter_s else None}
+
+
+def merge(runs: list[dict]) -> dict:
+    """Rounds of one stream count: means of the speeds, verify-weighted acceptance."""
+    w = np.array([r["verifies"] for r in runs], np.float64)
+    w = w / w.sum() if w.sum() else np.full(len(runs), 1 / len(runs))
+    out = {"outputs": [o for r in runs for o in r["outputs"]],
+           "per_user_tok_s": float(np.mean([r["per_user_tok_s"] for r in runs])),
+           "total_tok_s": float(np.mean([r["total_tok_s"] for r in runs])),
+           "mean_accepted_len": float(sum(wi * r["mean_accepted_len"] for wi, r in zip(w, runs))),
+           "acceptance_per_position": [float(sum(wi * r["acceptance_per_position"][j] for wi, r in zip(w, runs)))
+                                       for j in range(K)]}
+    for key in ("step_ms", "drafter_ms"):
+        vals = [r[key] for r in runs if r[key] is not None]
+        out[key] = float(np.median(vals)) if vals else None
+    return out
+
+
+def heldout_prompts(path: str, tok: Tokenizer) -> list[list[int]]:
+    with open(os.path.join(path, DEMO_MANIFEST), encoding="utf-8") as f:
+        texts = json.load(f)["heldout_prompts"]
+    return [[0] + tok.encode(t, add_special_tokens=False).ids for t in texts]  # BOS + text
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--model", default=DEMO_DIR, help="a demo checkpoint directory with manifest.json")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", default=None, help="also write the figures here")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    tok = Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
+    pool = heldout_prompts(args.model, tok)
+    bench(args.model, 0, pool[:1], 8)  # warm-up (allocator, first-call paths)
+    rows = []
+    for n in args.streams:
+        # NOTE: every count sees all the held-out prompts: len(pool) // n rounds of n streams
+        k0, k7 = [], []
+        for r in range(max(1, len(pool) // n)):
+            prompts = [pool[(r * n + i) % len(pool)] for i in range(n)]
+            k0.append(bench(args.model, 0, prompts, args.max_tokens))
+            k7.append(bench(args.model, K, prompts, args.max_tokens))
+        k0, k7 = merge(k0), merge(k7)
+        same = k7["outputs"] == k0["outputs"]
+        row = {"streams": n, "k0_per_user_tok_s": k0["per_user_tok_s"], "k0_total_tok_s": k0["total_tok_s"],
+               "k7_per_user_tok_s": k7["per_user_tok_s"], "k7_total_tok_s": k7["total_tok_s"],
+               "per_user_speedup": k7["per_user_tok_s"] / k0["per_user_tok_s"],
+               "total_speedup": k7["total_tok_s"] / k0["total_tok_s"],
+               "mean_accepted_len": k7["mean_accepted_len"],
+               "acceptance_per_position": [round(a, 4) for a in k7["acceptance_per_position"]],
+               "k0_step_ms": k0["step_ms"], "k7_step_ms": k7["step_ms"], "drafter_ms": k7["drafter_ms"],
+               "verify_step_cost_vs_1row": k7["step_ms"] / k0["step_ms"] if k0["step_ms"] else None,
+               "tokens_equal": same}
+        rows.append(row)
+        print(f"{n:2d} streams  K=0 per-user {row['k0_per_user_tok_s']:6.1f} total {row['k0_total_tok_s']:6.1f} tok/s | "
+              f"K=7 per-user {row['k7_per_user_tok_s']:6.1f} ({row['per_user_speedup']:.2f}x) total "
+              f"{row['k7_total_tok_s']:6.1f} ({row['total_speedup']:.2f}x) | accepted {row['mean_accepted_len']:.2f} "
+              f"| step {row['k0_step_ms']:.1f} -> {row['k7_step_ms']:.1f} ms ({row['verify_step_cost_vs_1row']:.2f}x, "
+              f"drafter {row['drafter_ms']:.1f} ms) | {'tokens == K=0' if same else 'TOKENS DIFFER FROM K=0'}",
+              flush=True)
+        print(f"           acceptance per position {row['acceptance_per_position']}", flush=True)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"max_tokens": args.max_tokens, "threads": args.threads, "rows": rows}, f, indent=1)
+    return 0 if all(r["tokens_equal"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,9 @@
+"""Train the shipped DSpark demo: tokenizer, DeepSeek-V4 target, DSpark drafter.
+
+    python -m tools.train_demo {tokenizer,target,drafter,all} --out DIR [--smoke] [--resume]
+        [--seed 0] [--threads 2]
+
+Every stage trains through the modules the ranks serve (workers.model: the trunk's paged
+prefill with autograd, the drafter's ring/block/Markov pieces), so the served model sees
+exactly what it was trained on. Corpus: the Python standard library's own source.
+"""
