@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workers.model import kernels
 from workers.model.linear import Linear, quantize_per_token
 
 ROW_TILE = 8
@@ -118,6 +119,13 @@ def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.d
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Interleaved rope on the LAST 2*cos.shape[-1] channels: pairs (x0, x1) of consecutive
     channels rotate together. x [n, ..., dim], cos/sin [n, rope_dim/2]; pass -sin to undo."""
+    k = kernels.lib()
+    if k is not None and x.dim() >= 2 and kernels.fits(x, cos, sin):
+        out = torch.empty_like(x)
+        n, half, dim = x.shape[0], cos.shape[-1], x.shape[-1]
+        k.rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), n,
+               x.numel() // max(n * dim, 1), dim, half)
+        return out
     extra = x.dim() - 2
     rd = 2 * cos.shape[-1]
     cos = cos.repeat_interleave(2, dim=-1).view(cos.shape[0], *([1] * extra), rd)  # [n, 1.., rd]
@@ -142,17 +150,43 @@ def hc_pre(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
     post = 2 * sigmoid(post_w * scale[1] + post_b)
     comb = comb_w.reshape(rows, hc, hc) * scale[2] + comb_b.view(hc, hc)
     comb = torch.softmax(comb, dim=-1).add_(hc_eps)
-    comb.div_(comb.sum(dim=-2, keepdim=True).add_(hc_eps))
-    for _ in range(sinkhorn_iters - 1):  # in place: the same ops, fewer allocations
-        comb.div_(comb.sum(dim=-1, keepdim=True).add_(hc_eps))
-        comb.div_(comb.sum(dim=-2, keepdim=True).add_(hc_eps))
-    collapsed = (pre.unsqueeze(-1) * h).sum(dim=1).to(h.dtype)  # [rows, d]
-    return post, comb, collapsed
+    sinkhorn_(comb, sinkhorn_iters, hc_eps)
+    return post, comb, weighted_streams(pre, h)  # collapsed [rows, d]
+
+
+def sinkhorn_(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """In place on comb [rows, hc, hc]: a column normalisation, then iters-1 rounds of
+    (rows, columns), each x / (sum + eps)."""
+    k = kernels.lib()
+    if k is not None and kernels.fits(comb):
+        k.sinkhorn(comb.data_ptr(), comb.shape[0], comb.shape[1], iters - 1, eps)
+        return comb
+    comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
+    for _ in range(iters - 1):  # in place: the same ops, fewer allocations
+        comb.div_(comb.sum(dim=-1, keepdim=True).add_(eps))
+        comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
+    return comb
+
+
+def weighted_streams(w: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """sum_k w[:, k] * h[:, k] in h's dtype: w [rows, hc] fp32, h [rows, hc, d] -> [rows, d]."""
+    k = kernels.lib()
+    if k is not None and kernels.fits(w, h):
+        out = h.new_empty(h.shape[0], h.shape[2])
+        k.weighted_sum(h.data_ptr(), w.data_ptr(), out.data_ptr(), h.shape[0], h.shape[1], h.shape[2])
+        return out
+    return (w.unsqueeze(-1) * h).sum(dim=1).to(h.dtype)
 
 
 def hc_post(h: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """h'[k] = post[k]*out + sum_j comb[j, k]*h[j]. h [rows, hc, d], out [rows, d]."""
     dtype = h.dtype
+    k = kernels.lib()
+    if k is not None and kernels.fits(h, out, post, comb):
+        res = torch.empty_like(h)
+        k.hc_post(h.data_ptr(), out.data_ptr(), post.data_ptr(), comb.data_ptr(), res.data_ptr(),
+                  h.shape[0], h.shape[1], h.shape[2])
+        return res
     comb = comb.to(dtype)
     # NOTE: elementwise in a fixed order, not a batched matmul over rows (its tail handling
     # depends on the row count, see linear_rows).
@@ -168,7 +202,7 @@ def hc_head(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.
     flat = rms_unweighted(h.flatten(1).float(), norm_eps)
     mix = matmul_rows(flat, fn.float())  # [rows, hc]
     pre = sigmoid(mix * scale.float() + base.float()) + hc_eps
-    return (pre.unsqueeze(-1) * h).sum(dim=1).to(h.dtype)
+    return weighted_streams(pre, h)
 
 
 def hadamard_matrix(dim: int) -> torch.Tensor:
