@@ -35,10 +35,30 @@ def matmul_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     n = flat.shape[0]
     pad = (-n) % ROW_TILE
     if pad:
-        flat = torch.cat([flat, flat.new_zeros(pad, k)])
-    tiles = flat.view(-1, ROW_TILE, k)  # [tiles, 8, in]
-    w = weight.to(x.dtype).t().unsqueeze(0).expand(tiles.shape[0], k, n_out)  # [tiles, in, out]
-    return torch.bmm(tiles, w).view(-1, n_out)[:n].view(*x.shape[:-1], n_out)
+        flat = F.pad(flat, (0, 0, 0, pad))  # zero rows
+    num_tiles = flat.shape[0] // ROW_TILE
+    if weight.dtype != x.dtype:
+        weight = weight.to(x.dtype)
+    w = weight.t().expand(num_tiles, k, n_out)  # [tiles, in, out]
+    y = torch.bmm(flat.view(num_tiles, ROW_TILE, k), w).view(-1, n_out)  # [tiles*8, out]
+    return (y[:n] if pad else y).view(*x.shape[:-1], n_out)
+
+
+def matmul_groups(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """matmul_rows per group in one bmm: x [rows, G, in] @ weight [G, out, in] -> [rows, G, out].
+
+        group 0: rows 0..7 | 8..15 | ... | group 1: rows 0..7 | ...  -> bmm([G*tiles, 8, in], ...)
+    Each (group, tile) is its own 8-row gemm with the same weight layout as matmul_rows."""
+    rows, groups, k = x.shape
+    pad = (-rows) % ROW_TILE
+    xg = x.transpose(0, 1)  # [G, rows, in]
+    if pad:
+        xg = F.pad(xg, (0, 0, 0, pad))
+    num_tiles = (rows + pad) // ROW_TILE
+    tiles = xg.reshape(groups * num_tiles, ROW_TILE, k)  # [G*tiles, 8, in]
+    w = weight.to(x.dtype).repeat_interleave(num_tiles, dim=0).transpose(1, 2)  # [G*tiles, in, out]
+    y = torch.bmm(tiles, w).view(groups, num_tiles * ROW_TILE, weight.shape[1])  # [G, tiles*8, out]
+    return y[:, :rows].transpose(0, 1)  # [rows, G, out]
 
 
 def linear_rows(lin, x: torch.Tensor) -> torch.Tensor:
@@ -77,8 +97,8 @@ def row_tiles(fn, *xs: torch.Tensor) -> torch.Tensor:
 # NOTE: exact compositions of the four tail-sensitive pointwise ops (see the module doc):
 # on this CPU torch.sigmoid/silu/softplus/rsqrt give a different last bit in the scalar tail
 # of a vector loop, so a row's bits would follow the batch's total element count.
-def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    return 1.0 / (1.0 + torch.exp(-x))
+def sigmoid(x: torch.Tensor) -> torch.Tensor:  # 1 / (1 + e^-x)
+    return torch.reciprocal(torch.exp(-x) + 1.0)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
@@ -90,8 +110,8 @@ def softplus(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x > 20, x, torch.log1p(torch.exp(x.clamp(max=20))))
 
 
-def rsqrt(x: torch.Tensor) -> torch.Tensor:
-    return 1.0 / torch.sqrt(x)
+def rsqrt(x: torch.Tensor) -> torch.Tensor:  # 1 / sqrt(x)
+    return torch.reciprocal(torch.sqrt(x))
 
 
 class RMSNorm(nn.Module):
