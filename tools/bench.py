@@ -162,8 +162,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="only the goal table: 1 stream, prefill 512, N mixed requests vs transformers")
     ap.add_argument("--mixed-requests", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2, help="best of N runs per figure (--mixed)")
+    ap.add_argument("--ref-threads", type=int, default=None,
+                    help="torch threads for transformers (default: torch's, one per CPU)")
     args = ap.parse_args(argv)
     topologies = {**TOPOLOGIES, **dict(args.topology)}
+    if args.ref_threads is not None:
+        import torch
+        torch.set_num_threads(args.ref_threads)
     with tempfile.TemporaryDirectory(prefix="dspark-bench-") as tmp:
         ckpt = args.model
         if ckpt is None:

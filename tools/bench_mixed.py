@@ -1,6 +1,6 @@
 """Issue 14's goals in one table: the served system beside transformers in the same run.
 
-    python -m tools.bench --mixed [--mixed-requests 32] [--repeats 2] [--model DIR]
+    python -m tools.bench --mixed [--mixed-requests 32] [--repeats 2] [--ref-threads N] [--model DIR]
 
   goal                      served                               transformers (fp32, same weights)
   1 stream                  tok/s of one greedy stream           cached greedy generate(), batch 1
@@ -120,6 +120,8 @@ def goal_rows(served: dict, ref: dict) -> list[tuple[str, str, str, float]]:
 
 def run(ckpt: str, args, vocab_size: int) -> None:
     import os
+
+    import torch
     work = mixed_workload(args.mixed_requests, vocab_size)
     print(f"... served, one rank: 1 stream, prefill 512, {args.mixed_requests} mixed", flush=True)
     served = bench_served(ckpt, args, vocab_size, work)
@@ -127,7 +129,8 @@ def run(ckpt: str, args, vocab_size: int) -> None:
     ref = bench_reference(ckpt, args, vocab_size, work)
     n = args.mixed_requests
     print(f"\n{n} mixed requests: prompts 16-512, outputs 16-128 ({sum(work[1])} tokens); 1 stream: prompt "
-          f"{args.prompt_len}, {args.max_tokens} tokens; best of {args.repeats}; {os.cpu_count()} CPUs\n")
+          f"{args.prompt_len}, {args.max_tokens} tokens; best of {args.repeats}; {os.cpu_count()} CPUs; transformers on "
+          f"{torch.get_num_threads()} thread(s)\n")
     head = f"{'goal':<24} {'served':>16} {'transformers':>20} {'ratio':>7} {'goal':>6}"
     print(head)
     print("-" * len(head))
