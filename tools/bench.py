@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="only the goal table: 1 stream, prefill 512, N mixed requests vs transformers")
     ap.add_argument("--mixed-requests", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2, help="best of N runs per figure (--mixed)")
+    ap.add_argument("--one-at-a-time-once", action="store_true",
+                    help="(--mixed) transformers one request at a time in the first round only")
     ap.add_argument("--ref-threads", type=int, default=None,
                     help="torch threads for transformers (default: torch's, one per CPU)")
     args = ap.parse_args(argv)

@@ -9,8 +9,10 @@
   prefill 512               time to first token (max_tokens 1)   one forward of the same prompt
 
 tok/s counts the tokens each request asked for (a static batch runs to its longest request;
-its padding and surplus tokens do not count). Each figure is the best of --repeats runs
-(the machine is shared: the best run is the least disturbed one). No pass/fail: ratios.
+its padding and surplus tokens do not count). Served and transformers rounds alternate and
+each figure is the best of --repeats rounds (on a shared machine the best round is the least
+disturbed one); --one-at-a-time-once runs the long one-request-at-a-time baseline in the
+first round only. No pass/fail: ratios.
 """
 from __future__ import annotations
 
@@ -46,63 +48,69 @@ async def _serve(url: str, prompts: list[list[int]], max_tokens: list[int]) -> d
     return {"tok_s": sum(max_tokens) / wall, "wall_s": wall, "ttft_s": min(r.first_token_s for r in results)}
 
 
-def best(fn, repeats: int, key: str, lower: bool = False) -> dict:
-    runs = [fn() for _ in range(repeats)]
+def best(runs: list[dict], key: str, lower: bool = False) -> dict:
     return (min if lower else max)(runs, key=lambda r: r[key])
 
 
-def bench_served(ckpt: str, args, vocab_size: int, work: tuple) -> dict:
-    from tests.e2e.server import ServerProcess
-    from tools.bench import prompt_ids
-    prompts, outs = work
-    one, long = prompt_ids(args.prompt_len, 0, vocab_size), prompt_ids(512, 1, vocab_size)
-    server = ServerProcess(["--model", ckpt, "--log-level", "warning"], timeout_s=900)
-    try:
-        server.complete(prompt_ids(args.prompt_len, 999, vocab_size), 2)  # warm-up
-        return {
-            "1 stream": best(lambda: asyncio.run(_serve(server.url, [one], [args.max_tokens])),
-                             args.repeats, "tok_s"),
-            "prefill 512": best(lambda: asyncio.run(_serve(server.url, [long], [1])), args.repeats,
-                                "ttft_s", lower=True),
-            "mixed": best(lambda: asyncio.run(_serve(server.url, prompts, outs)), args.repeats, "tok_s"),
-        }
-    finally:
-        server.stop()
+class Reference:
+    """transformers' DeepseekV4ForCausalLM on the same checkpoint: each goal's baseline."""
 
+    def __init__(self, ckpt: str) -> None:
+        from tests.e2e.reference import GreedyReference
+        self.ref = GreedyReference(ckpt)
 
-def bench_reference(ckpt: str, args, vocab_size: int, work: tuple) -> dict:
-    import torch
+    def generate(self, batch: list[list[int]], num_new: int) -> float:
+        import torch
 
-    from tests.e2e.reference import GreedyReference
-    from tests.tie_rule import lowest_index_ties
-    from tools.bench import prompt_ids
-    ref = GreedyReference(ckpt)
-    prompts, outs = work
-
-    def generate(batch: list[list[int]], num_new: int) -> float:
+        from tests.tie_rule import lowest_index_ties
         width = max(len(p) for p in batch)
         ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])  # left-padded
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
         t0 = time.perf_counter()
         with torch.no_grad(), lowest_index_ties():
-            ref.model.generate(ids, attention_mask=mask, generation_config=ref.generation_config(num_new, 0))
+            self.ref.model.generate(ids, attention_mask=mask,
+                                    generation_config=self.ref.generation_config(num_new, 0))
         return time.perf_counter() - t0
 
-    def forward(ids: list[int]) -> float:
+    def forward(self, ids: list[int]) -> float:
+        import torch
         t0 = time.perf_counter()
         with torch.no_grad():
-            ref.model(torch.tensor([ids]))
+            self.ref.model(torch.tensor([ids]))
         return time.perf_counter() - t0
 
+
+def measure(ckpt: str, args, vocab_size: int, work: tuple) -> tuple[dict, dict]:
+    """Served and transformers figures, alternating (served round, transformers round) x
+    repeats so both sides see the same machine; the best round of each."""
+    from tests.e2e.server import ServerProcess
+    from tools.bench import prompt_ids
+    prompts, outs = work
     one, long = prompt_ids(args.prompt_len, 0, vocab_size), prompt_ids(512, 1, vocab_size)
-    generate([one], 2)  # warm-up
-    return {
-        "1 stream": best(lambda: {"tok_s": args.max_tokens / generate([one], args.max_tokens)},
-                         args.repeats, "tok_s"),
-        "prefill 512": best(lambda: {"ttft_s": forward(long)}, args.repeats, "ttft_s", lower=True),
-        "static": best(lambda: {"tok_s": sum(outs) / generate(prompts, max(outs))}, args.repeats, "tok_s"),
-        "one at a time": {"tok_s": sum(outs) / sum(generate([p], o) for p, o in zip(prompts, outs))},
-    }
+    ref = Reference(ckpt)
+    ref.generate([one], 2)  # warm-up
+    served_runs: dict[str, list] = {"1 stream": [], "prefill 512": [], "mixed": []}
+    ref_runs: dict[str, list] = {"1 stream": [], "prefill 512": [], "static": [], "one at a time": []}
+    server = ServerProcess(["--model", ckpt, "--log-level", "warning"], timeout_s=900)
+    try:
+        server.complete(prompt_ids(args.prompt_len, 999, vocab_size), 2)  # warm-up
+        for i in range(args.repeats):
+            print(f"... round {i + 1}/{args.repeats}: served, then transformers", flush=True)
+            served_runs["1 stream"].append(asyncio.run(_serve(server.url, [one], [args.max_tokens])))
+            ref_runs["1 stream"].append({"tok_s": args.max_tokens / ref.generate([one], args.max_tokens)})
+            served_runs["prefill 512"].append(asyncio.run(_serve(server.url, [long], [1])))
+            ref_runs["prefill 512"].append({"ttft_s": ref.forward(long)})
+            served_runs["mixed"].append(asyncio.run(_serve(server.url, prompts, outs)))
+            ref_runs["static"].append({"tok_s": sum(outs) / ref.generate(prompts, max(outs))})
+            if i == 0 or not args.one_at_a_time_once:
+                ref_runs["one at a time"].append(
+                    {"tok_s": sum(outs) / sum(ref.generate([p], o) for p, o in zip(prompts, outs))})
+    finally:
+        server.stop()
+    lower = {"prefill 512"}
+    served = {k: best(v, "ttft_s" if k in lower else "tok_s", k in lower) for k, v in served_runs.items()}
+    refd = {k: best(v, "ttft_s" if k in lower else "tok_s", k in lower) for k, v in ref_runs.items()}
+    return served, refd
 
 
 def goal_rows(served: dict, ref: dict) -> list[tuple[str, str, str, float]]:
@@ -123,10 +131,7 @@ def run(ckpt: str, args, vocab_size: int) -> None:
 
     import torch
     work = mixed_workload(args.mixed_requests, vocab_size)
-    print(f"... served, one rank: 1 stream, prefill 512, {args.mixed_requests} mixed", flush=True)
-    served = bench_served(ckpt, args, vocab_size, work)
-    print("... transformers: 1 stream, prefill 512, static batch, one at a time", flush=True)
-    ref = bench_reference(ckpt, args, vocab_size, work)
+    served, ref = measure(ckpt, args, vocab_size, work)
     n = args.mixed_requests
     print(f"\n{n} mixed requests: prompts 16-512, outputs 16-128 ({sum(work[1])} tokens); 1 stream: prompt "
           f"{args.prompt_len}, {args.max_tokens} tokens; best of {args.repeats}; {os.cpu_count()} CPUs; transformers on "
