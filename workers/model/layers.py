@@ -15,7 +15,6 @@ Row invariance (a row's bits never depend on the batch) rests on three measured 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from workers.model import kernels
@@ -35,7 +34,7 @@ def matmul_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     n = flat.shape[0]
     pad = (-n) % ROW_TILE
     if pad:
-        flat = F.pad(flat, (0, 0, 0, pad))  # zero rows
+        flat = torch.constant_pad_nd(flat, (0, 0, 0, pad))  # zero rows
     num_tiles = flat.shape[0] // ROW_TILE
     if weight.dtype != x.dtype:
         weight = weight.to(x.dtype)
@@ -53,7 +52,7 @@ def matmul_groups(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     pad = (-rows) % ROW_TILE
     xg = x.transpose(0, 1)  # [G, rows, in]
     if pad:
-        xg = F.pad(xg, (0, 0, 0, pad))
+        xg = torch.constant_pad_nd(xg, (0, 0, 0, pad))
     num_tiles = (rows + pad) // ROW_TILE
     tiles = xg.reshape(groups * num_tiles, ROW_TILE, k)  # [G*tiles, 8, in]
     w = weight.to(x.dtype).repeat_interleave(num_tiles, dim=0).transpose(1, 2)  # [G*tiles, in, out]
