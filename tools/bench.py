@@ -2,6 +2,8 @@
 
     python -m tools.bench [--max-tokens 64] [--prompt-len 32] [--streams 32]
         [--startup 1,4,16] [--serve 1,4] [--no-transformers]
+    python -m tools.bench --mixed [--mixed-requests 32] [--repeats 2]   (issue 14's goal table,
+        see tools/bench_mixed.py)
 
 Measures, in one run and printed as one table (no pass/fail anywhere):
   - startup: seconds from `python -m dspark_loop` to /health 200, per rank count;
@@ -153,8 +155,19 @@ def main(argv: list[str] | None = None) -> int:
                     metavar='N="FLAGS"', help="the flags for N ranks")
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--model", default=None, help="checkpoint (default: a fresh tiny one)")
+    ap.add_argument("--mixed", action="store_true",
+                    help="only the goal table: 1 stream, prefill 512, N mixed requests vs transformers")
+    ap.add_argument("--mixed-requests", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=2, help="best of N runs per figure (--mixed)")
+    ap.add_argument("--one-at-a-time-once", action="store_true",
+                    help="(--mixed) transformers one request at a time in the first round only")
+    ap.add_argument("--ref-threads", type=int, default=None,
+                    help="torch threads for transformers (default: torch's, one per CPU)")
     args = ap.parse_args(argv)
     topologies = {**TOPOLOGIES, **dict(args.topology)}
+    if args.ref_threads is not None:
+        import torch
+        torch.set_num_threads(args.ref_threads)
     with tempfile.TemporaryDirectory(prefix="dspark-bench-") as tmp:
         ckpt = args.model
         if ckpt is None:
@@ -162,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
             ckpt = make_checkpoint(os.path.join(tmp, "tiny"), size="tiny", seed=0, quiet=True)
         from dspark_loop.model_config import ModelConfig
         vocab_size = ModelConfig.from_dir(ckpt).vocab_size
+        if args.mixed:
+            from tools.bench_mixed import run
+            run(ckpt, args, vocab_size)
+            return 0
         rows = []
         for ranks in sorted(set(args.startup) | set(args.serve)):
             print(f"... {ranks} rank(s): {' '.join(topologies[ranks]) or 'one rank'}", flush=True)

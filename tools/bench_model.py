@@ -1,9 +1,13 @@
 """Times our paged forward beside transformers on the same random weights (CPU).
 
     python -m tools.bench_model [--requests 8] [--prefill 256] [--context 128] [--reps 5]
+        [--model tiny|DIR] [--threads N] [--profile TOP]
 
 Measures one decode step of R requests (1 row each, then 8-row verify tiles), one prefill
 of N tokens, and transformers' cached decode per token (batch 1); prints the ratios.
+--model tiny: tools.make_checkpoint's tiny checkpoint (default: a transformers-built one).
+--profile TOP: torch.profiler's TOP ops by self CPU time for each case, and aten ops per step.
+Times are the median of --reps; also the thread CPU time (min), steadier on a shared machine.
 No assertions: numbers only.
 """
 from __future__ import annotations
@@ -48,6 +52,41 @@ def timed(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def cpu_timed(fn, reps: int) -> float:
+    """The least thread CPU time of reps calls (time.thread_time: preemption does not count)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.thread_time()
+        fn()
+        times.append(time.thread_time() - t0)
+    return min(times)
+
+
+def profile(name: str, fn, top: int, reps: int = 5) -> None:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    fn()
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(reps):
+            fn()
+    events = prof.key_averages()
+    print(f"\n== {name}: {sum(e.count for e in events) / reps:.0f} aten ops per step ==")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=top))
+
+
+def load_reference(model: str | None, a):
+    """(checkpoint dir, transformers model): a built one, the tiny checkpoint, or a directory."""
+    if model is None:
+        path = tempfile.mkdtemp(prefix="bench_model_")
+        return path, make_reference(path, a.layers, a.hidden)
+    if model == "tiny":
+        from tools.make_checkpoint import make_checkpoint
+        model = make_checkpoint(tempfile.mkdtemp(prefix="bench_model_"), size="tiny", seed=0, quiet=True)
+    from transformers import DeepseekV4ForCausalLM
+    return model, DeepseekV4ForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=8)
@@ -56,9 +95,14 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--model", default=None, help="'tiny' or a checkpoint dir (default: built here)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--profile", type=int, default=0, metavar="TOP", help="print the TOP ops per case")
     a = ap.parse_args()
-    path = tempfile.mkdtemp(prefix="bench_model_")
-    ref = make_reference(path, a.layers, a.hidden)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    path, ref = load_reference(a.model, a)
+    vocab = ref.config.vocab_size
     block = 32
     runner = ModelRunner(RankConfig(model=path, block_size=block, num_blocks=4096), quiet=True)
     rng = np.random.default_rng(0)
@@ -67,19 +111,24 @@ def main() -> None:
         for fam in runner.layout.families:
             n = fam.num_pages(total)
             runner.tables.apply(BlockUpdate(req, fam.index, 0, i32(range(req * n, (req + 1) * n))))
-    ctx = rng.integers(2, 4096, a.context).astype(np.int32)
+    ctx = rng.integers(2, vocab, a.context).astype(np.int32)
     runner.forward([Segment(r, 0, ctx, len(ctx), np.array([len(ctx) - 1])) for r in range(a.requests)])
 
     def decode(rows: int):
-        segs = [Segment(r, a.context, rng.integers(2, 4096, rows).astype(np.int32), rows, np.arange(rows))
+        segs = [Segment(r, a.context, rng.integers(2, vocab, rows).astype(np.int32), rows, np.arange(rows))
                 for r in range(a.requests)]
         return lambda: runner.forward(segs)
 
-    prompt = rng.integers(2, 4096, a.prefill).astype(np.int32)
+    prompt = rng.integers(2, vocab, a.prefill).astype(np.int32)
     prefill = [Segment(a.requests, 0, prompt, len(prompt), np.array([len(prompt) - 1]))]
-    t_dec1 = timed(decode(1), a.reps)
-    t_dec8 = timed(decode(8), a.reps)
-    t_pre = timed(lambda: runner.forward(prefill), a.reps)
+    cases = {f"decode 1 row x {a.requests}": decode(1), f"verify 8 rows x {a.requests}": decode(8),
+             f"prefill {a.prefill}": lambda: runner.forward(prefill)}
+    if a.profile:
+        for name, fn in cases.items():
+            profile(name, fn, a.profile)
+    t_dec1, t_dec8, t_pre = (timed(fn, a.reps) for fn in cases.values())
+    for name, fn in cases.items():
+        print(f"ours  {name}: thread CPU {cpu_timed(fn, a.reps) * 1e3:.2f} ms/step (min)")
 
     from transformers import DynamicCache
     with torch.no_grad():
@@ -94,11 +143,10 @@ def main() -> None:
         t_hf = timed(hf_step, a.reps)
         t_hf_pre = timed(lambda: ref(torch.from_numpy(prompt[None].astype(np.int64))), a.reps)
 
-    print(f"model: {a.layers} layers, hidden {a.hidden}; {a.requests} requests at context {a.context}")
-    print(f"ours  decode 1 row x {a.requests}:  {t_dec1 * 1e3:8.2f} ms/step  "
-          f"{t_dec1 / a.requests * 1e3:7.2f} ms/token")
-    print(f"ours  verify 8 rows x {a.requests}: {t_dec8 * 1e3:8.2f} ms/step  "
-          f"{t_dec8 / (8 * a.requests) * 1e3:7.2f} ms/row")
+    c = ref.config
+    print(f"model: {c.num_hidden_layers} layers, hidden {c.hidden_size}; {a.requests} requests at context {a.context}")
+    print(f"ours  decode 1 row x {a.requests}:  {t_dec1 * 1e3:8.2f} ms/step  {t_dec1 / a.requests * 1e3:7.2f} ms/token")
+    print(f"ours  verify 8 rows x {a.requests}: {t_dec8 * 1e3:8.2f} ms/step  {t_dec8 / (8 * a.requests) * 1e3:7.2f} ms/row")
     print(f"ours  prefill {a.prefill}:           {t_pre * 1e3:8.2f} ms")
     print(f"hf    cached decode (batch 1): {t_hf * 1e3:8.2f} ms/token")
     print(f"hf    prefill {a.prefill}:           {t_hf_pre * 1e3:8.2f} ms")

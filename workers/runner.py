@@ -11,6 +11,7 @@ rows, every row a logit row), stages them and runs one packed forward.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -31,6 +32,28 @@ from workers.staging import BlockTables, Segment, stage
 from workers.weights import load_model
 
 SCRIPTED_DRAFTER_ENV = "DSPARK_TEST_DRAFTER"  # tests: a ScriptedDrafter spec (dspark_testing)
+
+# NOTE: a CPU step whose projections are this small (rows * hidden^2 multiply-adds) runs on
+# one intra-op thread: every bmm/einsum would otherwise fork and join the OpenMP team for a
+# few microseconds of work, and when the cores are shared (the engine process, other ranks)
+# a join waits for a descheduled thread (measured: a 1-tile bmm 3 us on 1 thread, 24-80 us
+# on 2 threads of a loaded 2-core machine; a tiny-model decode step 10 ms vs 30-280 ms).
+# Thread count does not change the bits (each bmm tile is its own single-threaded gemm).
+SERIAL_STEP_MACS = 1 << 22
+
+
+@contextlib.contextmanager
+def intra_op_threads(n: int):
+    """torch's intra-op thread count set to n inside the block (restored after)."""
+    saved = torch.get_num_threads()
+    if n == saved:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 def segments_of(part: PartitionPlan, rows: StepRows | None = None) -> list[Segment]:
@@ -107,11 +130,24 @@ class ModelRunner:
         for u in part.block_updates:
             self.tables.apply(u)
 
+    def step_threads(self, num_rows: int) -> int:
+        """Intra-op threads for a step of num_rows rows: 1 below SERIAL_STEP_MACS on a CPU."""
+        small = num_rows * self.cfg.hidden_size ** 2 < SERIAL_STEP_MACS
+        return 1 if small and self.device.type == "cpu" else torch.get_num_threads()
+
     def forward(self, segments: list[Segment], tap_layers: tuple[int, ...] = ()) -> ForwardOutput:
         batch = stage(segments, self.tables, self.layout, self.cfg, self.pool, self.device)
-        return self.model(batch, self.pool, self.comm, tap_layers)
+        with intra_op_threads(self.step_threads(batch.num_rows)):
+            return self.model(batch, self.pool, self.comm, tap_layers)
 
     def execute(self, part: PartitionPlan) -> np.ndarray:
+        rows = sum(len(as_i32(c.token_ids)) for c in part.prefills)
+        if part.decode is not None:
+            rows += int(as_i8(part.decode.num_rows).sum())
+        with intra_op_threads(self.step_threads(rows)):
+            return self._execute(part)
+
+    def _execute(self, part: PartitionPlan) -> np.ndarray:
         self.apply_tables(part)
         self.sampler.begin(part)
         if self.spec is not None:

@@ -17,6 +17,7 @@ Slots: swa (ring, page = block_size tokens)  pos p   -> table[p // bs]*bs + p % 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -77,6 +78,26 @@ class RatioIndex:
     key_slots: torch.Tensor  # [T, N] c{r} slots of entries j < (p+1)//r, -1 past it
     num_visible: torch.Tensor  # [T]
 
+    # Derived once per step (every layer of this ratio reads them).
+    @cached_property
+    def state_gather(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """state_slots clamped to a valid index [E, S], and where they are real [E, S]."""
+        return self.state_slots.clamp(min=0), self.state_slots >= 0
+
+    @cached_property
+    def key_gather(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """key_slots clamped [T, N], and where they are real [T, N]."""
+        return self.key_slots.clamp(min=0), self.key_slots >= 0
+
+    @cached_property
+    def width_groups(self) -> list[tuple[int, torch.Tensor | None]]:
+        """Rows by their bucketed visible-entry width: (width, row ids or None for all rows)."""
+        width = (self.num_visible + KEY_BUCKET - 1) // KEY_BUCKET * KEY_BUCKET  # [T]
+        widths = width.unique().tolist()
+        if len(widths) == 1:
+            return [(widths[0], None)]
+        return [(w, (width == w).nonzero().squeeze(1)) for w in widths]
+
 
 @dataclass
 class StagedBatch:
@@ -86,6 +107,11 @@ class StagedBatch:
     raw_slots: torch.Tensor  # [T, W] swa slots of positions p-W+1 .. p, -1 before 0
     logit_rows: torch.Tensor  # [L] rows whose logits are wanted, in segment order
     ratios: dict[int, RatioIndex] = field(default_factory=dict)
+
+    @cached_property
+    def raw_gather(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """raw_slots clamped to a valid index [T, W], and where they are real [T, W]."""
+        return self.raw_slots.clamp(min=0), self.raw_slots >= 0
 
     @property
     def num_rows(self) -> int:

@@ -15,9 +15,9 @@ from torch import nn
 from dspark_loop.model_config import ModelConfig
 from workers.model.compressor import Compressor
 from workers.model.config import LocalDims
-from workers.model.layers import RMSNorm, apply_rope, linear_rows, matmul_rows, rms_unweighted
+from workers.model.layers import RMSNorm, apply_rope, linear_rows, matmul_groups, matmul_rows, rms_unweighted
 from workers.model.linear import Linear
-from workers.staging import KEY_BUCKET, RatioIndex
+from workers.staging import RatioIndex
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, sink: torch.Tensor,
@@ -37,8 +37,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, sink: torch.
 def emit_entries(comp: Compressor, state_kv: torch.Tensor, state_score: torch.Tensor, ri: RatioIndex,
                  cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Entries [E, dim] (normed, roped at j*r) pooled from the swa state rows by slot."""
-    valid = ri.state_slots >= 0  # [E, S]
-    idx = ri.state_slots.clamp(min=0)
+    idx, valid = ri.state_gather  # [E, S]
     entries = comp.pool(state_kv[idx], state_score[idx], valid)
     return apply_rope(entries, cos, sin)
 
@@ -60,11 +59,12 @@ class Indexer(nn.Module):
         if hadamard is not None:
             q = matmul_rows(q, hadamard.t())  # [T, nh, di] @ H
         slots = ri.key_slots  # [T, N]
-        keys = keys_cache[slots.clamp(min=0)]  # [T, N, di]
+        gather, real = ri.key_gather
+        keys = keys_cache[gather]  # [T, N, di]
         scores = torch.einsum("thd,tnd->thn", q.float(), keys.float())  # [T, nh, N] per-row products
         scores = scores.relu() * self.dim ** -0.5  # [T, nh, N]
         w = linear_rows(self.weights_proj, x).float() * self.num_heads ** -0.5  # [T, nh]
-        score = (scores * w[..., None]).sum(dim=1).masked_fill(slots < 0, float("-inf"))  # [T, N]
+        score = (scores * w[..., None]).sum(dim=1).masked_fill(~real, float("-inf"))  # [T, N]
         # NOTE: ties (relu zeros are common) go to the LOWEST entry: a stable descending sort,
         # never torch.topk, whose tie order changes with the tensor's shape.
         order = torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :self.topk]
@@ -108,8 +108,8 @@ class Attention(nn.Module):
         q = apply_rope(rms_unweighted(q, self.eps), cos, sin)  # [T, H, D]
         kv = apply_rope(self.kv_norm(linear_rows(self.wkv, x)), cos, sin)  # [T, D]
         pool.raw_kv[L][b.write_slots] = kv.to(pool.dtype)
-        keys = pool.raw_kv[L][b.raw_slots.clamp(min=0)].to(q.dtype)  # [T, W, D]
-        mask = b.raw_slots >= 0  # [T, W]
+        gather, mask = b.raw_gather  # [T, W]
+        keys = pool.raw_kv[L][gather].to(q.dtype)  # [T, W, D]
         scale = self.head_dim ** -0.5
         if not self.ratio:
             out = attend(q, keys, mask, self.attn_sink, scale)
@@ -129,7 +129,7 @@ class Attention(nn.Module):
         out = apply_rope(out, cos, -sin)  # undo the rotation V picked up, at the query position
         grouped = out.reshape(rows, self.num_groups, self.num_heads // self.num_groups * self.head_dim)
         w = self.wo_a.weight.view(self.num_groups, -1, grouped.shape[-1])  # [G, R, H/G*D]
-        y = torch.stack([matmul_rows(grouped[:, g], w[g]) for g in range(self.num_groups)], 1)  # [T, G, R]
+        y = matmul_groups(grouped, w)  # [T, G, R]
         return ctx.comm.sum_tp(linear_rows(self.wo_b, y.flatten(1)))
 
     def _sparse(self, x, qr, q, keys, mask, ri, ctx, cos, sin, ecos, esin, scale):
@@ -149,12 +149,15 @@ class Attention(nn.Module):
         return attend(q, torch.cat([keys, ckeys], 1), torch.cat([mask, chosen >= 0], 1), self.attn_sink, scale)
 
     def _dense_compressed(self, q, keys, mask, ri: RatioIndex, comp_kv, scale):
+        gather, real = ri.key_gather  # [T, N]
+        groups = ri.width_groups  # rows by their bucketed width (KEY_BUCKET)
+        if len(groups) == 1:
+            w = groups[0][0]
+            k = torch.cat([keys, comp_kv[gather[:, :w]].to(q.dtype)], 1)
+            return attend(q, k, torch.cat([mask, real[:, :w]], 1), self.attn_sink, scale)
         out = torch.empty_like(q)
-        width = (ri.num_visible + KEY_BUCKET - 1) // KEY_BUCKET * KEY_BUCKET  # [T] per-row bucket
-        for w in width.unique().tolist():
-            rows = (width == w).nonzero().squeeze(1)
-            slots = ri.key_slots[rows, :w]  # [n, w]
-            k = torch.cat([keys[rows], comp_kv[slots.clamp(min=0)].to(q.dtype)], 1)
-            m = torch.cat([mask[rows], slots >= 0], 1)
+        for w, rows in groups:
+            k = torch.cat([keys[rows], comp_kv[gather[rows, :w]].to(q.dtype)], 1)
+            m = torch.cat([mask[rows], real[rows, :w]], 1)
             out[rows] = attend(q[rows], k, m, self.attn_sink, scale)
         return out

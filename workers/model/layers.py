@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from workers.model import kernels
 from workers.model.linear import Linear, quantize_per_token
 
 ROW_TILE = 8
@@ -39,10 +40,30 @@ def _matmul_tiles(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     n = flat.shape[0]
     pad = (-n) % ROW_TILE
     if pad:
-        flat = torch.cat([flat, flat.new_zeros(pad, k)])
-    tiles = flat.view(-1, ROW_TILE, k)  # [tiles, 8, in]
-    w = weight.to(x.dtype).t().unsqueeze(0).expand(tiles.shape[0], k, n_out)  # [tiles, in, out]
-    return torch.bmm(tiles, w).view(-1, n_out)[:n].view(*x.shape[:-1], n_out)
+        flat = torch.constant_pad_nd(flat, (0, 0, 0, pad))  # zero rows
+    num_tiles = flat.shape[0] // ROW_TILE
+    if weight.dtype != x.dtype:
+        weight = weight.to(x.dtype)
+    w = weight.t().expand(num_tiles, k, n_out)  # [tiles, in, out]
+    y = torch.bmm(flat.view(num_tiles, ROW_TILE, k), w).view(-1, n_out)  # [tiles*8, out]
+    return (y[:n] if pad else y).view(*x.shape[:-1], n_out)
+
+
+def matmul_groups(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """matmul_rows per group in one bmm: x [rows, G, in] @ weight [G, out, in] -> [rows, G, out].
+
+        group 0: rows 0..7 | 8..15 | ... | group 1: rows 0..7 | ...  -> bmm([G*tiles, 8, in], ...)
+    Each (group, tile) is its own 8-row gemm with the same weight layout as matmul_rows."""
+    rows, groups, k = x.shape
+    pad = (-rows) % ROW_TILE
+    xg = x.transpose(0, 1)  # [G, rows, in]
+    if pad:
+        xg = torch.constant_pad_nd(xg, (0, 0, 0, pad))
+    num_tiles = (rows + pad) // ROW_TILE
+    tiles = xg.reshape(groups * num_tiles, ROW_TILE, k)  # [G*tiles, 8, in]
+    w = weight.to(x.dtype).repeat_interleave(num_tiles, dim=0).transpose(1, 2)  # [G*tiles, in, out]
+    y = torch.bmm(tiles, w).view(groups, num_tiles * ROW_TILE, weight.shape[1])  # [G, tiles*8, out]
+    return y[:, :rows].transpose(0, 1)  # [rows, G, out]
 
 
 class _TiledMatmul(torch.autograd.Function):
@@ -102,8 +123,8 @@ def row_tiles(fn, *xs: torch.Tensor) -> torch.Tensor:
 # NOTE: exact compositions of the four tail-sensitive pointwise ops (see the module doc):
 # on this CPU torch.sigmoid/silu/softplus/rsqrt give a different last bit in the scalar tail
 # of a vector loop, so a row's bits would follow the batch's total element count.
-def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    return 1.0 / (1.0 + torch.exp(-x))
+def sigmoid(x: torch.Tensor) -> torch.Tensor:  # 1 / (1 + e^-x)
+    return torch.reciprocal(torch.exp(-x) + 1.0)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
@@ -115,8 +136,8 @@ def softplus(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x > 20, x, torch.log1p(torch.exp(x.clamp(max=20))))
 
 
-def rsqrt(x: torch.Tensor) -> torch.Tensor:
-    return 1.0 / torch.sqrt(x)
+def rsqrt(x: torch.Tensor) -> torch.Tensor:  # 1 / sqrt(x)
+    return torch.reciprocal(torch.sqrt(x))
 
 
 class RMSNorm(nn.Module):
@@ -144,6 +165,13 @@ def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.d
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Interleaved rope on the LAST 2*cos.shape[-1] channels: pairs (x0, x1) of consecutive
     channels rotate together. x [n, ..., dim], cos/sin [n, rope_dim/2]; pass -sin to undo."""
+    k = kernels.lib()
+    if k is not None and x.dim() >= 2 and kernels.fits(x, cos, sin):
+        out = torch.empty_like(x)
+        n, half, dim = x.shape[0], cos.shape[-1], x.shape[-1]
+        k.rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), n,
+               x.numel() // max(n * dim, 1), dim, half)
+        return out
     extra = x.dim() - 2
     rd = 2 * cos.shape[-1]
     cos = cos.repeat_interleave(2, dim=-1).view(cos.shape[0], *([1] * extra), rd)  # [n, 1.., rd]
@@ -173,19 +201,45 @@ def hc_pre(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         for _ in range(sinkhorn_iters - 1):
             comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
             comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
-    else:
-        comb = torch.softmax(comb, dim=-1).add_(hc_eps)
-        comb.div_(comb.sum(dim=-2, keepdim=True).add_(hc_eps))
-        for _ in range(sinkhorn_iters - 1):  # in place: the same ops, fewer allocations
-            comb.div_(comb.sum(dim=-1, keepdim=True).add_(hc_eps))
-            comb.div_(comb.sum(dim=-2, keepdim=True).add_(hc_eps))
-    collapsed = (pre.unsqueeze(-1) * h).sum(dim=1).to(h.dtype)  # [rows, d]
-    return post, comb, collapsed
+        return post, comb, weighted_streams(pre, h)  # collapsed [rows, d]
+    comb = torch.softmax(comb, dim=-1).add_(hc_eps)
+    sinkhorn_(comb, sinkhorn_iters, hc_eps)
+    return post, comb, weighted_streams(pre, h)  # collapsed [rows, d]
+
+
+def sinkhorn_(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """In place on comb [rows, hc, hc]: a column normalisation, then iters-1 rounds of
+    (rows, columns), each x / (sum + eps)."""
+    k = kernels.lib()
+    if k is not None and kernels.fits(comb):
+        k.sinkhorn(comb.data_ptr(), comb.shape[0], comb.shape[1], iters - 1, eps)
+        return comb
+    comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
+    for _ in range(iters - 1):  # in place: the same ops, fewer allocations
+        comb.div_(comb.sum(dim=-1, keepdim=True).add_(eps))
+        comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
+    return comb
+
+
+def weighted_streams(w: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """sum_k w[:, k] * h[:, k] in h's dtype: w [rows, hc] fp32, h [rows, hc, d] -> [rows, d]."""
+    k = kernels.lib()
+    if k is not None and kernels.fits(w, h):
+        out = h.new_empty(h.shape[0], h.shape[2])
+        k.weighted_sum(h.data_ptr(), w.data_ptr(), out.data_ptr(), h.shape[0], h.shape[1], h.shape[2])
+        return out
+    return (w.unsqueeze(-1) * h).sum(dim=1).to(h.dtype)
 
 
 def hc_post(h: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """h'[k] = post[k]*out + sum_j comb[j, k]*h[j]. h [rows, hc, d], out [rows, d]."""
     dtype = h.dtype
+    k = kernels.lib()
+    if k is not None and kernels.fits(h, out, post, comb):
+        res = torch.empty_like(h)
+        k.hc_post(h.data_ptr(), out.data_ptr(), post.data_ptr(), comb.data_ptr(), res.data_ptr(),
+                  h.shape[0], h.shape[1], h.shape[2])
+        return res
     comb = comb.to(dtype)
     # NOTE: elementwise in a fixed order, not a batched matmul over rows (its tail handling
     # depends on the row count, see linear_rows).
@@ -201,7 +255,7 @@ def hc_head(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.
     flat = rms_unweighted(h.flatten(1).float(), norm_eps)
     mix = matmul_rows(flat, fn.float())  # [rows, hc]
     pre = sigmoid(mix * scale.float() + base.float()) + hc_eps
-    return (pre.unsqueeze(-1) * h).sum(dim=1).to(h.dtype)
+    return weighted_streams(pre, h)
 
 
 def hadamard_matrix(dim: int) -> torch.Tensor:

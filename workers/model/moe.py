@@ -9,6 +9,7 @@ EP exchange (gather-then-sum in rank order, never an all_reduce):
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -72,6 +73,7 @@ class MoE(nn.Module):
                                      p + "shared_experts.")
         self.limit = limit
         self._stack_key: tuple | None = None
+        self._linears: list[list[Linear]] | None = None
         self._stack: list[tuple[torch.Tensor, torch.Tensor | None]] = []
 
     def stacked_weights(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
@@ -80,8 +82,10 @@ class MoE(nn.Module):
         NOTE: each expert's Linear is re-pointed at its slice of the stack, so the weights
         stay in memory once; a replaced weight (load_state_dict(assign=True), .to())
         changes a data pointer and rebuilds the stack."""
-        lins = [[getattr(e, n) for e in self.experts.values()] for n in ("w1", "w3", "w2")]
-        key = tuple(lin.weight.data_ptr() for group in lins for lin in group)
+        lins = self._linears
+        if lins is None:  # the Linear modules never change; their weights may
+            lins = self._linears = [[getattr(e, n) for e in self.experts.values()] for n in ("w1", "w3", "w2")]
+        key = tuple(lin._parameters["weight"].data_ptr() for group in lins for lin in group)
         if key != self._stack_key:
             self._stack = []
             for group in lins:
@@ -116,27 +120,33 @@ class MoE(nn.Module):
         experts add zero): a fixed order per row."""
         rows, k = idx.shape
         d, lo, hi = x.shape[1], self.expert_lo, self.expert_hi
-        flat = idx.flatten()  # [T*k]
-        order = torch.sort(flat, stable=True).indices  # assignments by expert, tokens ascending
-        all_counts = torch.bincount(flat, minlength=hi).tolist()
-        counts, first = all_counts[lo:hi], sum(all_counts[:lo])  # per local expert; skipped
+        # NOTE: the index arithmetic (small integer arrays) runs in numpy: a stable sort is
+        # one permutation whichever library computes it, and numpy's per-call cost on a few
+        # dozen ids is a fraction of torch's.
+        flat = idx.cpu().numpy().reshape(-1)  # [T*k]
+        all_counts = np.bincount(flat, minlength=hi)
+        counts, first = all_counts[lo:hi], int(all_counts[:lo].sum())  # per local expert; skipped
+        num_local = int(counts.sum())
         y = x.new_zeros(rows * k, d)  # [T*k, d] per assignment
-        if sum(counts):
-            a = order[first:first + sum(counts)]  # [n] local assignments, by expert
-            num_tiles = [-(-n // ROW_TILE) for n in counts]
-            group_start = torch.tensor([0] + counts[:-1]).cumsum(0)  # [E_local] in a
-            tile_start = torch.tensor([0] + num_tiles[:-1]).cumsum(0) * ROW_TILE  # [E_local] in tiles
+        if num_local:
+            order = np.argsort(flat, kind="stable")  # assignments by expert, tokens ascending
+            a = order[first:first + num_local]  # [n] local assignments, by expert
+            num_tiles = -(-counts // ROW_TILE)  # [E_local]
+            group_start = np.cumsum(counts) - counts  # [E_local] in a
+            tile_start = (np.cumsum(num_tiles) - num_tiles) * ROW_TILE  # [E_local] in tiles
             e = flat[a] - lo  # [n]
-            pos = torch.arange(a.shape[0]) - group_start[e] + tile_start[e]  # [n] padded slot
-            tiles = x.new_zeros(sum(num_tiles) * ROW_TILE, d)
-            tiles[pos] = x[a // k]
-            tile_expert = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(num_tiles))
-            y[a] = self._experts_tiled(tiles.view(-1, ROW_TILE, d), tile_expert).view(-1, d)[pos]
+            pos = torch.from_numpy(np.arange(num_local) - group_start[e] + tile_start[e]).to(x.device)  # [n]
+            a_t = torch.from_numpy(a).to(x.device)
+            tiles = x.new_zeros(int(num_tiles.sum()) * ROW_TILE, d)
+            tiles[pos] = x[a_t // k]
+            tile_expert = torch.from_numpy(np.repeat(np.arange(len(counts)), num_tiles)).to(x.device)
+            y[a_t] = self._experts_tiled(tiles.view(-1, ROW_TILE, d), tile_expert).view(-1, d)[pos]
         y = (y * w.flatten()[:, None].to(x.dtype)).view(rows, k, d)  # [T, k, d]
-        by_id = torch.sort(idx, dim=1, stable=True).indices  # [T, k] slots in ascending expert id
+        by_id = np.argsort(flat.reshape(rows, k), axis=1, kind="stable")  # [T, k] slots by expert id
+        by_id = torch.from_numpy(by_id).to(x.device)
         out = torch.zeros_like(x)
         for j in range(k):
-            out = out + y.gather(1, by_id[:, j, None, None].expand(-1, 1, y.shape[2])).squeeze(1)
+            out = out + y.gather(1, by_id[:, j, None, None].expand(-1, 1, d)).squeeze(1)
         return out
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor, comm) -> torch.Tensor:  # [T, d]

@@ -3,7 +3,7 @@ import numpy as np
 import torch
 
 from dspark_loop.model_config import ModelConfig
-from workers.model.layers import hadamard_matrix, linear_rows
+from workers.model.layers import hadamard_matrix, linear_rows, matmul_groups, matmul_rows
 from workers.model.linear import Linear
 from workers.model.moe import Gate
 
@@ -17,6 +17,18 @@ def test_linear_rows_gives_each_row_the_same_bits_whatever_its_neighbours():
     full = linear_rows(lin, x)
     for start, n in [(0, 1), (3, 1), (5, 8), (11, 13), (28, 1)]:
         assert torch.equal(linear_rows(lin, x[start:start + n]), full[start:start + n])
+
+
+def test_grouped_projection_must_equal_each_group_projected_alone():
+    """One bmm over every (group, tile) must give each group's matmul_rows bits, for any row count."""
+    torch.manual_seed(1)
+    w = torch.randn(4, 16, 64)
+    for rows in (0, 1, 7, 8, 29):
+        x = torch.randn(rows, 4, 64)
+        y = matmul_groups(x, w)
+        assert y.shape == (rows, 4, 16)
+        for g in range(4):
+            assert torch.equal(y[:, g], matmul_rows(x[:, g], w[g]))
 
 
 def test_hadamard_is_orthonormal_and_keeps_dot_products():

@@ -1,0 +1,65 @@
+"""The C kernels (workers/model/kernels.py) against the torch compositions they replace."""
+import pytest
+import torch
+
+from workers.model import kernels, layers
+
+pytestmark = pytest.mark.skipif(kernels.lib() is None, reason="no C compiler: only the torch path runs")
+
+ROWS = (1, 3, 8, 37, 512)
+
+
+def both(fn, monkeypatch, *args):
+    """fn(*args) with the C kernels, then with the torch compositions (fresh copies each)."""
+    fast = fn(*(a.clone() for a in args))
+    with monkeypatch.context() as m:
+        m.setattr(kernels, "lib", lambda: None)
+        slow = fn(*(a.clone() for a in args))
+    return fast, slow
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_sinkhorn_kernel_must_equal_the_torch_rounds_bit_for_bit(rows, monkeypatch):
+    """20 in-place rounds of row/column normalisation must give the torch loop's exact bits."""
+    torch.manual_seed(rows)
+    comb = torch.softmax(torch.randn(rows, 4, 4) * 4, dim=-1) + 1e-6
+    fast, slow = both(lambda c: layers.sinkhorn_(c, 20, 1e-6), monkeypatch, comb)
+    assert same_bits(fast, slow)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_hc_post_and_stream_sums_must_equal_torch_bit_for_bit(rows, monkeypatch):
+    """The stream mix and the weighted collapse must give the elementwise torch code's bits."""
+    torch.manual_seed(rows)
+    h, out = torch.randn(rows, 4, 64), torch.randn(rows, 64)
+    post, comb = torch.rand(rows, 4) * 2, torch.softmax(torch.randn(rows, 4, 4), -1)
+    assert same_bits(*both(layers.hc_post, monkeypatch, h, out, post, comb))
+    assert same_bits(*both(layers.weighted_streams, monkeypatch, post, h))
+
+
+@pytest.mark.parametrize("shape", [(1, 32), (5, 8, 32), (37, 4, 16), (512, 32), (3, 2, 2, 24)])
+def test_rope_kernel_must_equal_the_interleaved_torch_rope_bit_for_bit(shape, monkeypatch):
+    """Rotating (and un-rotating with -sin) must give the torch composition's bits, with the
+    non-rope channels untouched."""
+    torch.manual_seed(len(shape))
+    x = torch.randn(*shape) * 3
+    freqs = torch.arange(shape[0]).float()[:, None] * torch.rand(8)[None, :]
+    cos, sin = freqs.cos(), freqs.sin()
+    fast, slow = both(layers.apply_rope, monkeypatch, x, cos, sin)
+    assert same_bits(fast, slow)
+    assert same_bits(*both(layers.apply_rope, monkeypatch, x, cos, -sin))
+    assert torch.equal(fast[..., :-16], x[..., :-16])
+
+
+def test_kernels_must_stand_aside_for_autograd_and_other_dtypes():
+    """A tensor that needs a gradient (tools/train_demo) or is not fp32 must take the torch path."""
+    x = torch.randn(2, 4, 4, requires_grad=True)
+    assert not kernels.fits(x)
+    with torch.no_grad():
+        assert kernels.fits(x)
+    assert not kernels.fits(torch.randn(2, 4, 4).bfloat16())
+    assert not kernels.fits(torch.randn(4, 2).t())
