@@ -3,7 +3,8 @@ process (one runner, LocalComm), greedy, on the manifest's held-out Python promp
 
     python -m tools.bench_demo [--streams 1 4 16] [--max-tokens 64] [--model DIR] [--json FILE]
 
-Per stream count (all held-out prompts, in rounds of that many streams): per-user tok/s (output tokens / (finish - arrival), mean over users),
+Per stream count (all held-out prompts, in rounds of that many streams): per-user tok/s
+(output tokens / (finish - arrival), mean over users),
 total tok/s (all output tokens / wall), mean accepted length per verify, acceptance per
 draft position (P(draft s and all before it match)), and step costs: a K=0 decode step
 (1 row per request), a K=7 step (8-row verify + the drafter pass) and the drafter pass
@@ -66,12 +67,14 @@ class TimedMesh:
             toks, li, cu = as_i32(d.token_ids), 0, 0
             for k in as_i8(d.num_rows).tolist():
                 if k > 1:
-                    self.matched[int(accept_chain(toks[cu + 1:cu + k][None, :], tokens[li:li + k][None, :])[0]) - 1] += 1
+                    n_ok = int(accept_chain(toks[cu + 1:cu + k][None, :], tokens[li:li + k][None, :])[0])
+                    self.matched[n_ok - 1] += 1
                 li, cu = li + k, cu + k
         res = StepResult(plan.step_id, 0, i32(tokens))
         drafts = self.runner.take_drafts()
         if drafts is not None:
-            res.draft_req_ids, res.draft_token_ids, res.draft_confidence = i32(drafts[0]), i32(drafts[1]), f32(drafts[2])
+            res.draft_req_ids = i32(drafts[0])
+            res.draft_token_ids, res.draft_confidence = i32(drafts[1]), f32(drafts[2])
         return [res]
 
 
@@ -170,7 +173,8 @@ def main(argv=None) -> int:
                "verify_step_cost_vs_1row": k7["step_ms"] / k0["step_ms"] if k0["step_ms"] else None,
                "tokens_equal": same}
         rows.append(row)
-        print(f"{n:2d} streams  K=0 per-user {row['k0_per_user_tok_s']:6.1f} total {row['k0_total_tok_s']:6.1f} tok/s | "
+        print(f"{n:2d} streams  K=0 per-user {row['k0_per_user_tok_s']:6.1f} "
+              f"total {row['k0_total_tok_s']:6.1f} tok/s | "
               f"K=7 per-user {row['k7_per_user_tok_s']:6.1f} ({row['per_user_speedup']:.2f}x) total "
               f"{row['k7_total_tok_s']:6.1f} ({row['total_speedup']:.2f}x) | accepted {row['mean_accepted_len']:.2f} "
               f"| step {row['k0_step_ms']:.1f} -> {row['k7_step_ms']:.1f} ms ({row['verify_step_cost_vs_1row']:.2f}x, "

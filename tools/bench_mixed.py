@@ -134,7 +134,8 @@ def run(ckpt: str, args, vocab_size: int) -> None:
     served, ref = measure(ckpt, args, vocab_size, work)
     n = args.mixed_requests
     print(f"\n{n} mixed requests: prompts 16-512, outputs 16-128 ({sum(work[1])} tokens); 1 stream: prompt "
-          f"{args.prompt_len}, {args.max_tokens} tokens; best of {args.repeats}; {os.cpu_count()} CPUs; transformers on "
+          f"{args.prompt_len}, {args.max_tokens} tokens; best of {args.repeats}; "
+          f"{os.cpu_count()} CPUs; transformers on "
           f"{torch.get_num_threads()} thread(s)\n")
     head = f"{'goal':<24} {'served':>16} {'transformers':>20} {'ratio':>7} {'goal':>6}"
     print(head)

@@ -146,7 +146,8 @@ def main() -> None:
     c = ref.config
     print(f"model: {c.num_hidden_layers} layers, hidden {c.hidden_size}; {a.requests} requests at context {a.context}")
     print(f"ours  decode 1 row x {a.requests}:  {t_dec1 * 1e3:8.2f} ms/step  {t_dec1 / a.requests * 1e3:7.2f} ms/token")
-    print(f"ours  verify 8 rows x {a.requests}: {t_dec8 * 1e3:8.2f} ms/step  {t_dec8 / (8 * a.requests) * 1e3:7.2f} ms/row")
+    print(f"ours  verify 8 rows x {a.requests}: {t_dec8 * 1e3:8.2f} ms/step  "
+          f"{t_dec8 / (8 * a.requests) * 1e3:7.2f} ms/row")
     print(f"ours  prefill {a.prefill}:           {t_pre * 1e3:8.2f} ms")
     print(f"hf    cached decode (batch 1): {t_hf * 1e3:8.2f} ms/token")
     print(f"hf    prefill {a.prefill}:           {t_hf_pre * 1e3:8.2f} ms")
