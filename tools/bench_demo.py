@@ -4,11 +4,11 @@ process (one runner, LocalComm), greedy, on the manifest's held-out Python promp
     python -m tools.bench_demo [--streams 1 4 16] [--max-tokens 64] [--model DIR] [--json FILE]
 
 Per stream count (all held-out prompts, in rounds of that many streams): per-user tok/s
-(output tokens / (finish - arrival), mean over users),
-total tok/s (all output tokens / wall), mean accepted length per verify, acceptance per
-draft position (P(draft s and all before it match)), and step costs: a K=0 decode step
-(1 row per request), a K=7 step (8-row verify + the drafter pass) and the drafter pass
-alone. K=7 tokens are checked against K=0 (speculation must never change them).
+(output tokens / (finish - arrival), mean over users), total tok/s (all output tokens /
+wall), mean accepted length per verify, acceptance per draft position (P(draft s and all
+before it match)), and step costs: a K=0 decode step (1 row per request), a K=7 step
+(8-row verify + the drafter pass) and the drafter pass alone. K=7 tokens are checked
+against K=0 (speculation must never change them).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.model_config import ModelConfig
-from dspark_loop.protocol import StepResult, as_i8, as_i32, f32, i32
+from dspark_loop.protocol import RankConfig, StepResult, as_i8, as_i32, f32, i32
 from workers.runner import ModelRunner
 
 BLOCK = 32
@@ -42,6 +42,7 @@ class TimedMesh:
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
+        self.dead: str | None = None  # EngineLoop reads it (an in-process mesh never dies)
         self.step_s: list[tuple[int, float]] = []  # (rows per decode request, seconds) of decode-only steps
         self.drafter_s: list[float] = []
         self.matched = np.zeros(K + 1, np.int64)  # histogram of matched drafts per verify
@@ -67,14 +68,14 @@ class TimedMesh:
             toks, li, cu = as_i32(d.token_ids), 0, 0
             for k in as_i8(d.num_rows).tolist():
                 if k > 1:
-                    n_ok = int(accept_chain(toks[cu + 1:cu + k][None, :], tokens[li:li + k][None, :])[0])
-                    self.matched[n_ok - 1] += 1
+                    a = accept_chain(toks[cu + 1:cu + k][None, :], tokens[li:li + k][None, :])[0]
+                    self.matched[int(a) - 1] += 1
                 li, cu = li + k, cu + k
         res = StepResult(plan.step_id, 0, i32(tokens))
         drafts = self.runner.take_drafts()
         if drafts is not None:
-            res.draft_req_ids = i32(drafts[0])
-            res.draft_token_ids, res.draft_confidence = i32(drafts[1]), f32(drafts[2])
+            res.draft_req_ids, res.draft_token_ids = i32(drafts[0]), i32(drafts[1])
+            res.draft_confidence = f32(drafts[2])
         return [res]
 
 
@@ -82,8 +83,8 @@ def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int) -> 
     cfg = ModelConfig.from_dir(path)
     n = len(prompts)
     longest = max(map(len, prompts)) + max_tokens + 8
-    runner = ModelRunner(path, "float32", block_size=BLOCK, num_blocks=n * (-(-longest // BLOCK) + 1) + 4,
-                         quiet=True, spec_k=spec_k, num_leases=n, max_model_len=4096)
+    runner = ModelRunner(RankConfig(model=path, block_size=BLOCK, num_blocks=n * (-(-longest // BLOCK) + 1) + 4,
+                                    spec_k=spec_k, num_leases=n, max_model_len=4096), quiet=True)
     mesh = TimedMesh(runner)
     sched = Scheduler(CacheLayout.for_model(cfg, BLOCK), 1, runner.num_blocks, n, 8192, 0, 4096,
                       cfg.eos_token_ids, spec_k=spec_k, enable_prefix_caching=False)

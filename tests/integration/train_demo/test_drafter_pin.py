@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from dspark_loop.protocol import BlockUpdate, PartitionPlan, PrefillChunk, i32
+from dspark_loop.protocol import BlockUpdate, PartitionPlan, PrefillChunk, RankConfig, i32
 from tools.train_demo import rollout
 from tools.train_demo.drafter import block_outputs
 from workers.runner import ModelRunner
@@ -24,7 +24,7 @@ def ckpt(tmp_path_factory):
 def test_training_forward_reproduces_served_drafts(ckpt, prompt_len):
     """For the anchor a prefill hands the drafter, block_outputs with prev = (anchor,
     drafts 0..5) must argmax to exactly the served drafts, with the served confidences."""
-    runner = ModelRunner(ckpt, "float32", block_size=8, num_blocks=32, quiet=True, spec_k=7, num_leases=2)
+    runner = ModelRunner(RankConfig(model=ckpt, block_size=8, num_blocks=32, spec_k=7, num_leases=2), quiet=True)
     prompt = np.random.default_rng(prompt_len).integers(10, runner.cfg.vocab_size, prompt_len)
     ups = [BlockUpdate(5, f.index, 0, i32(range(2 + f.num_pages(64), 2 + 2 * f.num_pages(64))))
            for f in runner.layout.families]
