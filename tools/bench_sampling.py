@@ -4,7 +4,8 @@ proposing with the verify rows' noise (shared) or greedily, in process (one runn
     python -m tools.bench_sampling [--users 4] [--prompt-len 32] [--max-tokens 64] [--model DIR]
 
 Per setting: mean accepted length per verify, per-user tok/s (output tokens / (finish -
-arrival), mean over users) and the ratio to K=0 at the same temperature. Every K=7 run is
+arrival), mean over users) and the ratio to K=0 at the same temperature. Prompts: the
+model's held-out prompts when its manifest.json lists them (the trained demo), else random. Every K=7 run is
 checked against K=0 (same seeds): speculation must never change a sampled token. Default
 model: the shipped demo when there is one, else a fresh tiny random checkpoint (whose
 drafter is untrained: acceptance there says nothing about a trained one).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import tempfile
 import time
@@ -73,6 +75,23 @@ def default_model() -> str:
                            quiet=True)
 
 
+def manifest_prompts(path: str, n: int) -> list[list[int]] | None:
+    """A trained demo's held-out prompts (manifest.json), BOS first, as the server encodes them."""
+    manifest = os.path.join(path, "manifest.json")
+    if not os.path.exists(manifest):
+        return None
+    with open(manifest, encoding="utf-8") as f:
+        texts = json.load(f).get("heldout_prompts") or []
+    tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+    bos = ModelConfig.from_dir(path).bos_token_id or 0
+    return [[bos, *tok.encode(t, add_special_tokens=False).ids] for t in texts[:n]] or None
+
+
+def random_prompts(path: str, n: int, length: int) -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    return [rng.integers(10, ModelConfig.from_dir(path).vocab_size, length).tolist() for _ in range(n)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--users", type=int, default=4)
@@ -82,9 +101,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None, help="a checkpoint with the drafter")
     args = ap.parse_args(argv)
     path = args.model or default_model()
-    cfg = ModelConfig.from_dir(path)
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(10, cfg.vocab_size, args.prompt_len).tolist() for _ in range(args.users)]
+    prompts = manifest_prompts(path, args.users) or random_prompts(path, args.users, args.prompt_len)
     print(f"model {path}, {args.users} users x {args.max_tokens} tokens")
     for t in args.temperatures:
         ref, user0, _ = bench(path, 0, prompts, args.max_tokens, t)
