@@ -24,11 +24,13 @@ import numpy as np
 GOALS = {"1 stream": 1.5, "mixed vs static batch": 3.0, "mixed vs one at a time": 15.0, "prefill 512": 1.0}
 
 
-def mixed_workload(n: int, vocab_size: int, seed: int = 14) -> tuple[list[list[int]], list[int]]:
-    """n distinct prompts of 16-512 ids and their output lengths 16-128 (fixed by seed)."""
+def mixed_workload(n: int, vocab_size: int, seed: int = 14, round_: int = 0) -> tuple[list[list[int]], list[int]]:
+    """n distinct prompts of 16-512 ids and their output lengths 16-128 (fixed by seed); the
+    ids are fresh for each round_ (the same lengths), so no round hits the prefix cache."""
     rng = np.random.default_rng(seed)
     lens, outs = rng.integers(16, 513, n), rng.integers(16, 129, n)
-    prompts = [rng.integers(2, vocab_size, int(k)).tolist() for k in lens]
+    ids = np.random.default_rng([seed, round_])
+    prompts = [ids.integers(2, vocab_size, int(k)).tolist() for k in lens]
     return prompts, [int(o) for o in outs]
 
 
@@ -80,22 +82,23 @@ class Reference:
         return time.perf_counter() - t0
 
 
-def measure(ckpt: str, args, vocab_size: int, work: tuple) -> tuple[dict, dict]:
+def measure(ckpt: str, args, vocab_size: int) -> tuple[dict, dict]:
     """Served and transformers figures, alternating (served round, transformers round) x
-    repeats so both sides see the same machine; the best round of each."""
+    repeats so both sides see the same machine; the best round of each. Every round sends
+    fresh prompts: a repeated prompt would hit the server's prefix cache."""
     from tests.e2e.server import ServerProcess
     from tools.bench import prompt_ids
-    prompts, outs = work
-    one, long = prompt_ids(args.prompt_len, 0, vocab_size), prompt_ids(512, 1, vocab_size)
     ref = Reference(ckpt)
-    ref.generate([one], 2)  # warm-up
+    ref.generate([prompt_ids(args.prompt_len, 999, vocab_size)], 2)  # warm-up
     served_runs: dict[str, list] = {"1 stream": [], "prefill 512": [], "mixed": []}
     ref_runs: dict[str, list] = {"1 stream": [], "prefill 512": [], "static": [], "one at a time": []}
     server = ServerProcess(["--model", ckpt, "--log-level", "warning"], timeout_s=900)
     try:
-        server.complete(prompt_ids(args.prompt_len, 999, vocab_size), 2)  # warm-up
+        server.complete(prompt_ids(args.prompt_len, 998, vocab_size), 2)  # warm-up
         for i in range(args.repeats):
             print(f"... round {i + 1}/{args.repeats}: served, then transformers", flush=True)
+            one, long = prompt_ids(args.prompt_len, 1000 * i, vocab_size), prompt_ids(512, 1000 * i + 1, vocab_size)
+            prompts, outs = mixed_workload(args.mixed_requests, vocab_size, round_=i)
             served_runs["1 stream"].append(asyncio.run(_serve(server.url, [one], [args.max_tokens])))
             ref_runs["1 stream"].append({"tok_s": args.max_tokens / ref.generate([one], args.max_tokens)})
             served_runs["prefill 512"].append(asyncio.run(_serve(server.url, [long], [1])))
@@ -130,10 +133,10 @@ def run(ckpt: str, args, vocab_size: int) -> None:
     import os
 
     import torch
-    work = mixed_workload(args.mixed_requests, vocab_size)
-    served, ref = measure(ckpt, args, vocab_size, work)
+    served, ref = measure(ckpt, args, vocab_size)
+    num_tokens = sum(mixed_workload(args.mixed_requests, vocab_size)[1])
     n = args.mixed_requests
-    print(f"\n{n} mixed requests: prompts 16-512, outputs 16-128 ({sum(work[1])} tokens); 1 stream: prompt "
+    print(f"\n{n} mixed requests: prompts 16-512, outputs 16-128 ({num_tokens} tokens); 1 stream: prompt "
           f"{args.prompt_len}, {args.max_tokens} tokens; best of {args.repeats}; "
           f"{os.cpu_count()} CPUs; transformers on "
           f"{torch.get_num_threads()} thread(s)\n")
