@@ -1,4 +1,5 @@
 """python -m dspark_loop (also the `dspark-loop` console script)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,10 +15,12 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg, model = load_config(argv)
     os.environ.pop(API_KEY_ENV, None)  # NOTE: read once; the ranks must not inherit the keys
-    logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=cfg.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if cfg.node_rank > 0:
         from dspark_loop.node_agent import run_node
+
         return asyncio.run(run_node(cfg))
     if cfg.prompts:
         return asyncio.run(run_offline_mode(cfg, model))

@@ -12,6 +12,7 @@ NOTE: torch-free and engine-free on purpose: a rank applies the same function ri
 its verify (the drafter's next anchor and context rows depend on the accepted length),
 and the host applies it again; both must agree bit for bit.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -17,6 +17,7 @@ of 1 row (128 tokens); prefix hits align to lcm = 128 tokens, as in the seeds.
 Block ids are partition-local and shared by every layer of a family (each layer has its
 own tensor, indexed by the same ids), so allocation happens once per family.
 """
+
 from __future__ import annotations
 
 import math

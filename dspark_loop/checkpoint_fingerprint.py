@@ -8,6 +8,7 @@ weights, so the same checkpoint copied to another host, or rewritten with its JS
 another order, has the same fingerprint, while another conversion (other tensors) or another
 config does not. A weight changed in place keeps its fingerprint. Torch-free.
 """
+
 from __future__ import annotations
 
 import hashlib

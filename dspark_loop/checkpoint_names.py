@@ -3,6 +3,7 @@
 Torch-free, so the ranks' loader (workers.weights) and the release converter
 (tools.convert_release) share one map.
 """
+
 from __future__ import annotations
 
 import re

@@ -8,6 +8,7 @@ API keys come from every --api-key plus DSPARK_API_KEY (comma-separated). A key 
 echoed: not in an error message, not in the config's repr (a command line is visible to
 every local user in /proc, so the environment variable is the better place for a key).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,24 +54,48 @@ def seconds(text: str) -> float:
 
 def add_ops_flags(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
-    a("--api-key", action="append", default=[], metavar="KEY",
-      help=f"require `Authorization: Bearer KEY` on /v1/*, /tokenize and /detokenize "
-           f"(repeatable; also {API_KEY_ENV}=KEY[,KEY...], which keeps keys off the "
-           f"command line); /health, /metrics and /openapi.json stay open")
-    a("--max-queued-requests", type=queue_limit, default=None, metavar="N",
-      help="answer 503 with Retry-After at once when N requests already wait for a slot "
-           "(default: no limit)")
-    a("--shutdown-timeout", type=seconds, default=ServerConfig.shutdown_timeout_s, metavar="S",
-      help="on SIGTERM (or a first SIGINT) stop admitting and let running requests finish "
-           "for up to S seconds; the rest then end with an error (a second SIGINT stops at "
-           "once)")
-    a("--stream-write-timeout", type=seconds, default=ServerConfig.stream_write_timeout_s,
-      metavar="S", help="abort a stream whose client has not taken a chunk for S seconds "
-                        "(its write buffer is full), freeing the request's pages; 0: never")
-    a("--max-rank-restarts", type=non_negative_int, default=ServerConfig.max_rank_restarts,
-      metavar="N", help=f"when a rank dies or hangs, fail the running requests, keep the "
-                        f"waiting ones and restart every rank, at most N times in any "
-                        f"{RESTART_WINDOW_S:g} s (then stay down, 503); 0: never restart")
+    a(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help=f"require `Authorization: Bearer KEY` on /v1/*, /tokenize and /detokenize "
+        f"(repeatable; also {API_KEY_ENV}=KEY[,KEY...], which keeps keys off the "
+        f"command line); /health, /metrics and /openapi.json stay open",
+    )
+    a(
+        "--max-queued-requests",
+        type=queue_limit,
+        default=None,
+        metavar="N",
+        help="answer 503 with Retry-After at once when N requests already wait for a slot (default: no limit)",
+    )
+    a(
+        "--shutdown-timeout",
+        type=seconds,
+        default=ServerConfig.shutdown_timeout_s,
+        metavar="S",
+        help="on SIGTERM (or a first SIGINT) stop admitting and let running requests finish "
+        "for up to S seconds; the rest then end with an error (a second SIGINT stops at "
+        "once)",
+    )
+    a(
+        "--stream-write-timeout",
+        type=seconds,
+        default=ServerConfig.stream_write_timeout_s,
+        metavar="S",
+        help="abort a stream whose client has not taken a chunk for S seconds "
+        "(its write buffer is full), freeing the request's pages; 0: never",
+    )
+    a(
+        "--max-rank-restarts",
+        type=non_negative_int,
+        default=ServerConfig.max_rank_restarts,
+        metavar="N",
+        help=f"when a rank dies or hangs, fail the running requests, keep the "
+        f"waiting ones and restart every rank, at most N times in any "
+        f"{RESTART_WINDOW_S:g} s (then stay down, 503); 0: never restart",
+    )
 
 
 def api_keys(parser: argparse.ArgumentParser, flag_keys: list[str], env: dict) -> tuple[str, ...]:
@@ -84,14 +109,17 @@ def api_keys(parser: argparse.ArgumentParser, flag_keys: list[str], env: dict) -
         if not _KEY_CHARS.fullmatch(key):
             # NOTE: never echo the value: it is (nearly) a secret.
             where = f"key {i + 1}" if i < len(flag_keys) else API_KEY_ENV
-            parser.error(f"argument --api-key: {where} must be non-empty visible ASCII with no "
-                         f"spaces (value not shown)")
+            parser.error(
+                f"argument --api-key: {where} must be non-empty visible ASCII with no spaces (value not shown)"
+            )
     return tuple(dict.fromkeys(keys))
 
 
 def ops_fields(parser: argparse.ArgumentParser, ns: argparse.Namespace, env: dict) -> dict:
-    return {"api_keys": api_keys(parser, ns.api_key, env),
-            "max_queued_requests": ns.max_queued_requests,
-            "shutdown_timeout_s": ns.shutdown_timeout,
-            "stream_write_timeout_s": ns.stream_write_timeout,
-            "max_rank_restarts": ns.max_rank_restarts}
+    return {
+        "api_keys": api_keys(parser, ns.api_key, env),
+        "max_queued_requests": ns.max_queued_requests,
+        "shutdown_timeout_s": ns.shutdown_timeout,
+        "stream_write_timeout_s": ns.stream_write_timeout,
+        "max_rank_restarts": ns.max_rank_restarts,
+    }

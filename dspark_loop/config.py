@@ -8,6 +8,7 @@ Two rule sets: the production Flash shape (hidden 4096, 43 layers, 256 experts) 
 exactly the seeds' rules (tp 4, ep 8/16, dp = ep/4, block 32, ...); any other checkpoint
 (tests, the embedded default) may use any consistent topology down to one rank.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,13 +25,31 @@ FLASH_SHAPE = dict(hidden_size=4096, num_hidden_layers=43, n_routed_experts=256)
 MAX_CONTEXT = 1048576
 MAX_CHUNK = 8192  # the seeds' prefill dispatch bound
 SEQS_PER_GROUP = 64  # requests per TP group in the decode tile
-CPU_KV_CACHE_MEMORY = 256 * 2 ** 20  # bytes per rank when --backend cpu and no flag
-DEFAULT_RING_HEAP = (2 * 2 ** 30, 2 * 2 ** 30, 4 * 2 ** 30, 8 * 2 ** 30)  # the seeds' profile
+CPU_KV_CACHE_MEMORY = 256 * 2**20  # bytes per rank when --backend cpu and no flag
+DEFAULT_RING_HEAP = (2 * 2**30, 2 * 2**30, 4 * 2**30, 8 * 2**30)  # the seeds' profile
 DRAFTER_KEYS = ("dspark_target_layer_ids", "dspark_noise_token_id", "dspark_markov_rank")
-POSITIVE_FIELDS = ("dp", "tp", "ep", "max_model_len", "block_size", "max_num_seqs",
-                   "max_num_batched_tokens", "long_prefill_token_threshold", "nnodes")
-GENERATE_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed",
-                 "stop", "ignore_eos")
+POSITIVE_FIELDS = (
+    "dp",
+    "tp",
+    "ep",
+    "max_model_len",
+    "block_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "long_prefill_token_threshold",
+    "nnodes",
+)
+GENERATE_KEYS = (
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "ignore_eos",
+)
 
 
 class ConfigError(ValueError):
@@ -51,6 +70,7 @@ class SpeculativeConfig:
 class GenerateDefaults:
     """--generate-config: request defaults for fields a request leaves out; the sampling ones
     override the checkpoint's generation_config.json (api/generation_defaults.py)."""
+
     max_new_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -140,15 +160,24 @@ def fill_defaults(cfg: ServerConfig) -> ServerConfig:
     if kv_mem is None and cfg.backend == "cpu" and cfg.num_blocks is None:
         kv_mem = CPU_KV_CACHE_MEMORY
     name = cfg.served_model_name or served_name_for(cfg.model)
-    return replace(cfg, dp=dp, tp=tp, ep=ep, devices=tuple(devices), dtype=dtype,
-                   max_num_seqs=cfg.max_num_seqs or SEQS_PER_GROUP * dp,
-                   long_prefill_token_threshold=threshold, kv_cache_memory=kv_mem,
-                   served_model_name=name)
+    return replace(
+        cfg,
+        dp=dp,
+        tp=tp,
+        ep=ep,
+        devices=tuple(devices),
+        dtype=dtype,
+        max_num_seqs=cfg.max_num_seqs or SEQS_PER_GROUP * dp,
+        long_prefill_token_threshold=threshold,
+        kv_cache_memory=kv_mem,
+        served_model_name=name,
+    )
 
 
 def served_name_for(model_dir: str | None) -> str:
     if model_dir is None:
         from dspark_loop.default_model import DEFAULT_NAME
+
         return DEFAULT_NAME
     return os.path.basename(os.path.normpath(model_dir))
 
@@ -182,12 +211,14 @@ def _flash_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
         out.append(f"--block-size must be 32 for {flash} (got {cfg.block_size})")
     cap = SEQS_PER_GROUP * cfg.dp
     if cfg.max_num_seqs > cap:
-        out.append(f"--max-num-seqs must be at most 64 per TP group = {cap} with --dp {cfg.dp} "
-                   f"(got {cfg.max_num_seqs})")
+        out.append(
+            f"--max-num-seqs must be at most 64 per TP group = {cap} with --dp {cfg.dp} (got {cfg.max_num_seqs})"
+        )
     ctx = min(MAX_CONTEXT, model.max_position_embeddings)
     if cfg.max_model_len > ctx:
-        out.append(f"--max-model-len must be at most min(1048576, max_position_embeddings) = "
-                   f"{ctx} (got {cfg.max_model_len})")
+        out.append(
+            f"--max-model-len must be at most min(1048576, max_position_embeddings) = {ctx} (got {cfg.max_model_len})"
+        )
     return out
 
 
@@ -195,15 +226,12 @@ def _general_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
     out = []
     out += devices_rule(cfg)
     if cfg.ep != cfg.dp * cfg.tp:
-        out.append(f"--ep must equal --dp x --tp = {cfg.dp} x {cfg.tp} = {cfg.dp * cfg.tp} "
-                   f"(got {cfg.ep})")
+        out.append(f"--ep must equal --dp x --tp = {cfg.dp} x {cfg.tp} = {cfg.dp * cfg.tp} (got {cfg.ep})")
     heads, groups = model.num_attention_heads, model.o_groups
     if heads % cfg.tp or groups % cfg.tp:
-        out.append(f"--tp {cfg.tp} must divide the checkpoint's num_attention_heads ({heads}) "
-                   f"and o_groups ({groups})")
+        out.append(f"--tp {cfg.tp} must divide the checkpoint's num_attention_heads ({heads}) and o_groups ({groups})")
     if model.n_routed_experts % cfg.ep:
-        out.append(f"--ep {cfg.ep} must divide the checkpoint's n_routed_experts "
-                   f"({model.n_routed_experts})")
+        out.append(f"--ep {cfg.ep} must divide the checkpoint's n_routed_experts ({model.n_routed_experts})")
     bs = cfg.block_size
     if bs & (bs - 1):
         out.append(f"--block-size must be a power of two (got {bs})")
@@ -213,35 +241,44 @@ def _general_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
         except ValueError as e:
             out.append(f"--block-size {bs} does not fit the checkpoint's cache pages: {e}")
     if cfg.max_model_len > model.max_position_embeddings:
-        out.append(f"--max-model-len must be at most the checkpoint's max_position_embeddings = "
-                   f"{model.max_position_embeddings} (got {cfg.max_model_len})")
+        out.append(
+            f"--max-model-len must be at most the checkpoint's max_position_embeddings = "
+            f"{model.max_position_embeddings} (got {cfg.max_model_len})"
+        )
     return out
 
 
 def _positive_rules(cfg: ServerConfig) -> list[str]:
-    return [f"--{name.replace('_', '-')} must be a positive integer (got {value})"
-            for name in POSITIVE_FIELDS
-            if not isinstance(value := getattr(cfg, name), int) or value < 1]
+    return [
+        f"--{name.replace('_', '-')} must be a positive integer (got {value})"
+        for name in POSITIVE_FIELDS
+        if not isinstance(value := getattr(cfg, name), int) or value < 1
+    ]
 
 
 def _common_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
     out = []
     if cfg.max_num_seqs < cfg.dp:
-        out.append(f"--max-num-seqs must be at least --dp = {cfg.dp}: one request per cache "
-                   f"partition (got {cfg.max_num_seqs})")
+        out.append(
+            f"--max-num-seqs must be at least --dp = {cfg.dp}: one request per cache partition (got {cfg.max_num_seqs})"
+        )
     spec = cfg.speculative
     k = spec.num_speculative_tokens
     if spec.method != "dspark":
         out.append(f'--speculative-config method must be "dspark" (got {spec.method!r})')
     if k not in (0, DSPARK_K):
-        out.append(f"--speculative-config num_speculative_tokens must be 0 or {DSPARK_K}: "
-                   f"DSpark's query width is fixed at DSPARK_QUERY_WIDTH = {DSPARK_K} "
-                   f"(got {k})")
+        out.append(
+            f"--speculative-config num_speculative_tokens must be 0 or {DSPARK_K}: "
+            f"DSpark's query width is fixed at DSPARK_QUERY_WIDTH = {DSPARK_K} "
+            f"(got {k})"
+        )
     elif k == DSPARK_K:
         missing = missing_drafter_parts(model, cfg.model)
         if missing:
-            out.append(f"--speculative-config num_speculative_tokens=7 needs the checkpoint's "
-                       f"DSpark drafter; missing: {', '.join(missing)}")
+            out.append(
+                f"--speculative-config num_speculative_tokens=7 needs the checkpoint's "
+                f"DSpark drafter; missing: {', '.join(missing)}"
+            )
     return out
 
 
@@ -250,8 +287,7 @@ def missing_drafter_parts(model: ModelConfig, model_dir: str | None) -> list[str
     missing = [f"{k} in config.json" for k in DRAFTER_KEYS if k not in model.raw]
     names = checkpoint_tensor_names(model_dir) if model_dir else None
     if names is not None:
-        stages = [f"mtp.{i}" for i in range(3)
-                  if not any(n.startswith(f"mtp.{i}.") for n in names)]
+        stages = [f"mtp.{i}" for i in range(3) if not any(n.startswith(f"mtp.{i}.") for n in names)]
         if stages:
             missing.append(f"drafter stage tensors {', '.join(stages)}")
     return missing

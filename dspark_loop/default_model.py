@@ -15,6 +15,7 @@ directory counts only when its completion marker lists every file at its size; a
 half-written or damaged one is replaced. Two processes may race: each builds in a private
 temporary directory and renames it into place; the loser discards its copy. Torch-free.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ def demo_is_complete(path: str = DEMO_DIR) -> bool:
     try:
         with open(os.path.join(path, DEMO_MANIFEST), encoding="utf-8") as f:
             files = json.load(f)["files"]
-        return bool(files) and all(os.path.getsize(os.path.join(path, name)) == meta["bytes"]
-                                   for name, meta in files.items())
+        return bool(files) and all(
+            os.path.getsize(os.path.join(path, name)) == meta["bytes"] for name, meta in files.items()
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
@@ -58,7 +60,8 @@ def is_complete(path: str) -> bool:
         with open(os.path.join(path, MARKER), encoding="utf-8") as f:
             marker = json.load(f)
         return marker.get("name") == DEFAULT_NAME and all(
-            os.path.getsize(os.path.join(path, name)) == size for name, size in marker["files"].items())
+            os.path.getsize(os.path.join(path, name)) == size for name, size in marker["files"].items()
+        )
     except (OSError, ValueError, KeyError, AttributeError):
         return False
 
@@ -75,8 +78,14 @@ def ensure_default_model(cache_dir: str | None = None) -> str:
 
     work = tempfile.mkdtemp(prefix=f".{DEFAULT_NAME}.build-", dir=root)
     try:
-        built = make_checkpoint(os.path.join(work, DEFAULT_NAME), size="tiny", seed=DEFAULT_SEED,
-                                dtype="float32", with_drafter=True, quiet=True)
+        built = make_checkpoint(
+            os.path.join(work, DEFAULT_NAME),
+            size="tiny",
+            seed=DEFAULT_SEED,
+            dtype="float32",
+            with_drafter=True,
+            quiet=True,
+        )
         files = {n: os.path.getsize(os.path.join(built, n)) for n in sorted(os.listdir(built))}
         with open(os.path.join(built, MARKER), "w", encoding="utf-8") as f:
             json.dump({"name": DEFAULT_NAME, "seed": DEFAULT_SEED, "files": files}, f, indent=1)

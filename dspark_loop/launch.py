@@ -3,6 +3,7 @@
 The HTTP server starts first and answers /health with 503 until the ranks have said
 Hello, so a client polling /health sees the server come up.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -73,8 +74,15 @@ class PendingEngine:
     async def generate(self, req: GenerateRequest):
         if self.inner is None:
             reason = self.start_error or "the engine is starting; retry when /health is ok"
-            yield RequestOutput(req.request_id, [], "", finished=True, finish_reason="error",
-                                error=reason, num_prompt_tokens=len(req.prompt_token_ids))
+            yield RequestOutput(
+                req.request_id,
+                [],
+                "",
+                finished=True,
+                finish_reason="error",
+                error=reason,
+                num_prompt_tokens=len(req.prompt_token_ids),
+            )
             return
         async for out in self.inner.generate(req):
             yield out
@@ -92,9 +100,13 @@ def make_mesh(cfg: ServerConfig) -> Mesh:
     if cfg.dist_init_addr:
         host, port = parse_host_port(cfg.dist_init_addr)
         where = dict(host=host, port=port + MESH_PORT_OFFSET, dist_port=port)
-    return Mesh(rank_config(cfg), start_timeout_s=cfg.dist_timeout_s,
-                nodes=NodeLayout(cfg.nnodes, 0, cfg.world_size),
-                secret=resolve_secret(cfg.nnodes)[0], **where)
+    return Mesh(
+        rank_config(cfg),
+        start_timeout_s=cfg.dist_timeout_s,
+        nodes=NodeLayout(cfg.nnodes, 0, cfg.world_size),
+        secret=resolve_secret(cfg.nnodes)[0],
+        **where,
+    )
 
 
 def rank_config(cfg: ServerConfig) -> RankConfig:
@@ -108,9 +120,12 @@ def rank_config(cfg: ServerConfig) -> RankConfig:
     server_names = {f.name for f in dataclasses.fields(ServerConfig)} | {"world_size"}
     same = {name: getattr(cfg, name) for name in RankConfig.__struct_fields__ if name in server_names}
     spec_k = cfg.num_speculative_tokens
-    derived = dict(devices=list(cfg.devices or ()), spec_k=spec_k,
-                   num_leases=cfg.max_num_seqs // cfg.dp if spec_k else 0,
-                   threads=threads_per_rank(cfg.backend, cfg.ranks_per_node))
+    derived = dict(
+        devices=list(cfg.devices or ()),
+        spec_k=spec_k,
+        num_leases=cfg.max_num_seqs // cfg.dp if spec_k else 0,
+        threads=threads_per_rank(cfg.backend, cfg.ranks_per_node),
+    )
     runner = os.environ.get("DSPARK_TEST_RUNNER")
     if runner:
         log.warning("test-only runner %s selected by DSPARK_TEST_RUNNER", runner)
@@ -127,23 +142,27 @@ def threads_per_rank(backend: str, num_local_ranks: int) -> int:
 
 def make_scheduler(cfg: ServerConfig, model: ModelConfig, num_blocks: list[int]) -> Scheduler:
     layout = CacheLayout.for_model(model, cfg.block_size)
-    return Scheduler(layout, num_partitions=cfg.dp, num_blocks=num_blocks,
-                     max_num_seqs=cfg.max_num_seqs,
-                     max_num_batched_tokens=cfg.max_num_batched_tokens,
-                     long_prefill_token_threshold=cfg.long_prefill_token_threshold,
-                     max_model_len=cfg.max_model_len, eos_token_ids=model.eos_token_ids,
-                     **scheduler_extra_kwargs(cfg))
+    return Scheduler(
+        layout,
+        num_partitions=cfg.dp,
+        num_blocks=num_blocks,
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+        max_model_len=cfg.max_model_len,
+        eos_token_ids=model.eos_token_ids,
+        **scheduler_extra_kwargs(cfg),
+    )
 
 
-def make_engine(cfg: ServerConfig, model: ModelConfig, mesh: Mesh, tokenizer: Tokenizer,
-                observers: list[EngineObserver]) -> EngineLoop:
-    return EngineLoop(make_scheduler(cfg, model, mesh.num_blocks), mesh, tokenizer,
-                      observers=observers)
+def make_engine(
+    cfg: ServerConfig, model: ModelConfig, mesh: Mesh, tokenizer: Tokenizer, observers: list[EngineObserver]
+) -> EngineLoop:
+    return EngineLoop(make_scheduler(cfg, model, mesh.num_blocks), mesh, tokenizer, observers=observers)
 
 
 def scheduler_extra_kwargs(cfg: ServerConfig) -> dict:
-    return {"spec_k": cfg.num_speculative_tokens,
-            "enable_prefix_caching": cfg.enable_prefix_caching}
+    return {"spec_k": cfg.num_speculative_tokens, "enable_prefix_caching": cfg.enable_prefix_caching}
 
 
 def load_tokenizer(model_dir: str) -> Tokenizer:
@@ -153,11 +172,20 @@ def load_tokenizer(model_dir: str) -> Tokenizer:
     return Tokenizer.from_file(path)
 
 
-async def start_engine(cfg: ServerConfig, model: ModelConfig, tokenizer: Tokenizer,
-                       mesh: Mesh, observers: list[EngineObserver]) -> EngineLoop:
+async def start_engine(
+    cfg: ServerConfig, model: ModelConfig, tokenizer: Tokenizer, mesh: Mesh, observers: list[EngineObserver]
+) -> EngineLoop:
     t0 = time.monotonic()
-    log.info("starting %d rank(s): dp=%d tp=%d ep=%d backend=%s dtype=%s model=%s",
-             cfg.world_size, cfg.dp, cfg.tp, cfg.ep, cfg.backend, cfg.dtype, cfg.model)
+    log.info(
+        "starting %d rank(s): dp=%d tp=%d ep=%d backend=%s dtype=%s model=%s",
+        cfg.world_size,
+        cfg.dp,
+        cfg.tp,
+        cfg.ep,
+        cfg.backend,
+        cfg.dtype,
+        cfg.model,
+    )
     await mesh.start()
     for ob in observers:
         ob.set_num_blocks_total(mesh.num_blocks)
@@ -169,8 +197,7 @@ async def start_engine(cfg: ServerConfig, model: ModelConfig, tokenizer: Tokeniz
 
 def make_observers(cfg: ServerConfig) -> tuple[list[EngineObserver], Metrics]:
     """(observers, metrics): metrics always, the debug tap when --debug-tap is given."""
-    metrics = Metrics(cfg.served_model_name, None,
-                      num_speculative_tokens=cfg.num_speculative_tokens)
+    metrics = Metrics(cfg.served_model_name, None, num_speculative_tokens=cfg.num_speculative_tokens)
     observers: list[EngineObserver] = [metrics]
     if cfg.debug_tap:
         observers.append(TapPublisher(cfg.debug_tap))
@@ -186,9 +213,13 @@ async def run_server(cfg: ServerConfig, model: ModelConfig) -> int:
     pending = PendingEngine(cfg.max_model_len)
     observers, metrics = make_observers(cfg)
     app = create_app(pending, tokenizer, cfg, model, metrics=metrics)
-    supervisor = MeshSupervisor(lambda: make_mesh(cfg),
-                                lambda num_blocks: make_scheduler(cfg, model, num_blocks),
-                                tokenizer, observers, RestartBudget(cfg.max_rank_restarts))
+    supervisor = MeshSupervisor(
+        lambda: make_mesh(cfg),
+        lambda num_blocks: make_scheduler(cfg, model, num_blocks),
+        tokenizer,
+        observers,
+        RestartBudget(cfg.max_rank_restarts),
+    )
     stop = asyncio.Event()
     started = asyncio.Event()
     drain = Drain(app[GATE_KEY], cfg.shutdown_timeout_s, stop)
@@ -196,17 +227,27 @@ async def run_server(cfg: ServerConfig, model: ModelConfig) -> int:
     async def stop_engine() -> None:  # before the HTTP server closes: streams end cleanly
         await supervisor.close()
 
-    server = asyncio.create_task(serve(app, cfg.host, cfg.port, stop=stop, started=started,
-                                       before_cleanup=stop_engine, on_signal=drain.on_signal))
+    server = asyncio.create_task(
+        serve(
+            app, cfg.host, cfg.port, stop=stop, started=started, before_cleanup=stop_engine, on_signal=drain.on_signal
+        )
+    )
     code = 0
     try:
-        await asyncio.wait([server, asyncio.ensure_future(started.wait())],
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([server, asyncio.ensure_future(started.wait())], return_when=asyncio.FIRST_COMPLETED)
         if server.done():
             server.result()  # raises the bind error
         t0 = time.monotonic()
-        log.info("starting %d rank(s): dp=%d tp=%d ep=%d backend=%s dtype=%s model=%s",
-                 cfg.world_size, cfg.dp, cfg.tp, cfg.ep, cfg.backend, cfg.dtype, cfg.model)
+        log.info(
+            "starting %d rank(s): dp=%d tp=%d ep=%d backend=%s dtype=%s model=%s",
+            cfg.world_size,
+            cfg.dp,
+            cfg.tp,
+            cfg.ep,
+            cfg.backend,
+            cfg.dtype,
+            cfg.model,
+        )
         # NOTE: a task, so a signal during start-up (ranks loading, node 0 waiting for other
         # nodes) stops the server now instead of after the load or --dist-timeout.
         starting = asyncio.create_task(supervisor.start())
@@ -235,10 +276,14 @@ async def run_server(cfg: ServerConfig, model: ModelConfig) -> int:
 
 
 def log_ready(cfg: ServerConfig, model: ModelConfig, mesh: Mesh, t0: float) -> None:
-    log.info("ready in %.1fs: %s pages per partition (families %s), max_model_len=%d, K=%d",
-             time.monotonic() - t0, mesh.num_blocks,
-             [f.name for f in CacheLayout.for_model(model, cfg.block_size).families],
-             cfg.max_model_len, cfg.num_speculative_tokens)
+    log.info(
+        "ready in %.1fs: %s pages per partition (families %s), max_model_len=%d, K=%d",
+        time.monotonic() - t0,
+        mesh.num_blocks,
+        [f.name for f in CacheLayout.for_model(model, cfg.block_size).families],
+        cfg.max_model_len,
+        cfg.num_speculative_tokens,
+    )
 
 
 async def run_offline_mode(cfg: ServerConfig, model: ModelConfig) -> int:
@@ -249,9 +294,15 @@ async def run_offline_mode(cfg: ServerConfig, model: ModelConfig) -> int:
     try:
         engine = await start_engine(cfg, model, tokenizer, mesh, [])
         try:
-            await run_offline(engine, tokenizer, list(cfg.prompts), cfg.max_tokens,
-                              bos_token_id=model.bos_token_id, stop=list(cfg.generate.stop),
-                              ignore_eos=cfg.generate.ignore_eos)
+            await run_offline(
+                engine,
+                tokenizer,
+                list(cfg.prompts),
+                cfg.max_tokens,
+                bos_token_id=model.bos_token_id,
+                stop=list(cfg.generate.stop),
+                ignore_eos=cfg.generate.ignore_eos,
+            )
         except (ValueError, RuntimeError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1

@@ -18,6 +18,7 @@ dead: `dead` says why, every rank of this host is killed, the other nodes' agent
 to stop theirs (and to rejoin the next mesh when `rejoin_on_death()` says a restart will
 follow, supervisor.py), and step() raises EngineDead.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -40,8 +41,7 @@ from dspark_loop.mesh_procs import RankProcs
 from dspark_loop.mesh_socket import MeshSocket
 from dspark_loop.mesh_startup import await_hellos
 from dspark_loop.nodes import NodeLayout
-from dspark_loop.protocol import (ENCODER, RankConfig, RankExited, Shutdown, StepPlan, StepResult,
-                                  identity)
+from dspark_loop.protocol import ENCODER, RankConfig, RankExited, Shutdown, StepPlan, StepResult, identity
 
 log = logging.getLogger("dspark_loop.mesh")
 
@@ -64,10 +64,19 @@ class Mesh:
     ranks of other hosts (their agents join; nodes.py); port / dist_port: fixed ports
     (--dist-init-addr) instead of free ones. secret: the mesh secret (fresh when None)."""
 
-    def __init__(self, rank_cfg: RankConfig, step_timeout_s: float = 60.0,
-                 start_timeout_s: float = 600.0, host: str = "127.0.0.1", launch: bool = True,
-                 env: dict[str, str] | None = None, nodes: NodeLayout | None = None,
-                 port: int = 0, dist_port: int = 0, secret: str | None = None) -> None:
+    def __init__(
+        self,
+        rank_cfg: RankConfig,
+        step_timeout_s: float = 60.0,
+        start_timeout_s: float = 600.0,
+        host: str = "127.0.0.1",
+        launch: bool = True,
+        env: dict[str, str] | None = None,
+        nodes: NodeLayout | None = None,
+        port: int = 0,
+        dist_port: int = 0,
+        secret: str | None = None,
+    ) -> None:
         if rank_cfg.world_size % rank_cfg.tp:
             raise ValueError(f"tp {rank_cfg.tp} does not divide world size {rank_cfg.world_size}")
         self.rank_cfg = rank_cfg
@@ -123,15 +132,19 @@ class Mesh:
         except (OSError, zmq.ZMQError) as exc:
             self.socket.close()
             self.socket = None
-            raise MeshStartError(f"cannot listen on {self.host}:{self.port}: {exc} (is it an "
-                                 f"address of this host, and the port free?)") from None
+            raise MeshStartError(
+                f"cannot listen on {self.host}:{self.port}: {exc} (is it an address of this host, and the port free?)"
+            ) from None
         self.dist_init = f"tcp://{self.host}:{self.dist_port or free_port(self.host)}"
         self.rank_cfg = msgspec.structs.replace(
-            self.rank_cfg, connect=self.address, dist_init=self.dist_init,
-            parent_pid=os.getpid() if self.launch else 0)
+            self.rank_cfg, connect=self.address, dist_init=self.dist_init, parent_pid=os.getpid() if self.launch else 0
+        )
         if not self.launch:
-            log.info("start each rank R with %s set to this mesh's secret: python -m workers %s",
-                     SECRET_ENV, shlex.join(self.rank_argv(0)).replace("--rank 0", "--rank R", 1))
+            log.info(
+                "start each rank R with %s set to this mesh's secret: python -m workers %s",
+                SECRET_ENV,
+                shlex.join(self.rank_argv(0)).replace("--rank 0", "--rank R", 1),
+            )
 
     def rank_argv(self, rank: int) -> list[str]:
         """`python -m workers` arguments for one rank (after bind())."""
@@ -150,14 +163,21 @@ class Mesh:
             hellos = await await_hellos(self, POLL_S)
             self.num_blocks = min_num_blocks(hellos)
         except BaseException as exc:
-            self._dead = ("start-up interrupted" if isinstance(exc, asyncio.CancelledError)
-                          else f"start-up failed: {exc}")
+            self._dead = (
+                "start-up interrupted" if isinstance(exc, asyncio.CancelledError) else f"start-up failed: {exc}"
+            )
             await self._shutdown(grace_s=0.0)
             raise
         self._started = True
-        log.info("mesh ready: %d ranks on %d node(s) (tp %d, %d groups), num_blocks %s, "
-                 "slowest load %.2f s", self.world_size, self.nodes.nnodes, self.tp,
-                 self.num_groups, self.num_blocks, max(h.load_s for h in hellos))
+        log.info(
+            "mesh ready: %d ranks on %d node(s) (tp %d, %d groups), num_blocks %s, slowest load %.2f s",
+            self.world_size,
+            self.nodes.nnodes,
+            self.tp,
+            self.num_groups,
+            self.num_blocks,
+            max(h.load_s for h in hellos),
+        )
         self._watcher = asyncio.create_task(self._watch())
 
     def _remote_loss(self) -> str | None:
@@ -170,8 +190,7 @@ class Mesh:
         """Send one plan to every rank; the TP leaders' results in partition order.
         One step at a time: the caller awaits each step before sending the next."""
         if self._dead or self._closing or not self._started:
-            raise EngineDead(self._dead or ("the mesh is closing" if self._closing
-                                            else "the mesh is not started"))
+            raise EngineDead(self._dead or ("the mesh is closing" if self._closing else "the mesh is not started"))
         self._in_step = True
         try:
             frame = ENCODER.encode(plan)
@@ -179,8 +198,11 @@ class Mesh:
                 try:
                     await self.socket.send_frame(identity(rank), frame)
                 except zmq.ZMQError as exc:
-                    await self._die(self.procs.exit_reason() or self._remote_loss() or
-                                    f"could not send step {plan.step_id} to rank {rank}: {exc}")
+                    await self._die(
+                        self.procs.exit_reason()
+                        or self._remote_loss()
+                        or f"could not send step {plan.step_id} to rank {rank}: {exc}"
+                    )
             return await self._gather(plan.step_id)
         finally:
             self._in_step = False
@@ -200,8 +222,9 @@ class Mesh:
                 if isinstance(msg, RankExited):
                     self.remote_exits.append(msg)
                 elif not isinstance(msg, StepResult) or msg.step_id != step_id:
-                    log.warning("dropped a stray %s from %r while waiting for step %d",
-                                type(msg).__name__, sender, step_id)
+                    log.warning(
+                        "dropped a stray %s from %r while waiting for step %d", type(msg).__name__, sender, step_id
+                    )
                 elif msg.error:
                     errors.append(msg)
                 else:
@@ -210,8 +233,7 @@ class Mesh:
             if got is None and (hang := self.procs.hang_reason()):  # quiet for POLL_S: look
                 await self._die(f"{hang} during step {step_id}")
             lost = self._remote_loss()
-            if trouble_since is None and (errors or self.procs.exited() or lost
-                                          or self.remote_exits):
+            if trouble_since is None and (errors or self.procs.exited() or lost or self.remote_exits):
                 trouble_since = now
             # NOTE: one failure brings a cascade (a killed rank's peers report "connection
             # reset", then exit): collect evidence briefly so the reason names the cause.
@@ -219,8 +241,7 @@ class Mesh:
                 await self._die(self._failure_reason(step_id, errors))
             if now >= deadline:
                 missing = sorted(set(range(self.world_size)) - set(results))
-                await self._die(f"ranks {missing} did not answer step {step_id} "
-                                f"within {self.step_timeout_s:g} s")
+                await self._die(f"ranks {missing} did not answer step {step_id} within {self.step_timeout_s:g} s")
         return [results[g * self.tp] for g in range(self.num_groups)]
 
     def _failure_reason(self, step_id: int, errors: list[StepResult]) -> str:
@@ -268,11 +289,13 @@ class Mesh:
         if self._dead is None and not self._closing:
             self._dead = reason
             rejoin = self.rejoin_on_death()
-            log.error("rank mesh dead: %s; killing every rank%s", reason,
-                      " (other nodes rejoin the next mesh)" if rejoin else "")
+            log.error(
+                "rank mesh dead: %s; killing every rank%s",
+                reason,
+                " (other nodes rejoin the next mesh)" if rejoin else "",
+            )
             # NOTE: a remote rank stuck in a collective hears nothing: its agent stops it.
-            await self._tell_agents(Shutdown(f"rank mesh dead: {reason}", grace_s=0.0, error=True,
-                                             rejoin=rejoin))
+            await self._tell_agents(Shutdown(f"rank mesh dead: {reason}", grace_s=0.0, error=True, rejoin=rejoin))
             await self.procs.kill()  # NOTE: a dead mesh has nothing to save; a stopped rank ignores SIGTERM
             self.procs.log_exits()
         raise EngineDead(self._dead or "the mesh is closing")
@@ -301,8 +324,7 @@ class Mesh:
                 for rank in range(self.world_size):
                     await self._send(identity(rank), Shutdown("server closing"))
             failed = self._dead is not None and self._dead != "closed"
-            await self._tell_agents(Shutdown(self._dead or "server closing", grace_s=grace_s,
-                                             error=failed))
+            await self._tell_agents(Shutdown(self._dead or "server closing", grace_s=grace_s, error=failed))
         await self.procs.stop(grace_s)
         self.procs.log_exits()
         atexit.unregister(self.procs.kill_now)

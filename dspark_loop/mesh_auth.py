@@ -14,6 +14,7 @@ node); a run on one host that does not set it gets one generated for the run, wh
 its ranks through their environment (never their command line, which `ps` shows).
 Authentication only: frames are not encrypted (docs/deployment.md). Torch-free.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -42,14 +43,18 @@ def resolve_secret(nnodes: int, environ: dict[str, str] | None = None) -> tuple[
     secret = env.get(SECRET_ENV, "")
     if secret:
         if len(secret) < MIN_SECRET_LEN:
-            raise SecretError(f"{SECRET_ENV} must be at least {MIN_SECRET_LEN} characters "
-                              f"(got {len(secret)}); e.g. "
-                              f"{SECRET_ENV}=$(python -c 'import secrets; print(secrets.token_hex(32))')")
+            raise SecretError(
+                f"{SECRET_ENV} must be at least {MIN_SECRET_LEN} characters "
+                f"(got {len(secret)}); e.g. "
+                f"{SECRET_ENV}=$(python -c 'import secrets; print(secrets.token_hex(32))')"
+            )
         return secret, False
     if nnodes > 1:
-        raise SecretError(f"{SECRET_ENV} must be set, to the same value on every node, with "
-                          f"--nnodes {nnodes}: it authenticates the nodes' ranks; e.g. "
-                          f"export {SECRET_ENV}=$(python -c 'import secrets; print(secrets.token_hex(32))')")
+        raise SecretError(
+            f"{SECRET_ENV} must be set, to the same value on every node, with "
+            f"--nnodes {nnodes}: it authenticates the nodes' ranks; e.g. "
+            f"export {SECRET_ENV}=$(python -c 'import secrets; print(secrets.token_hex(32))')"
+        )
     return secrets.token_hex(32), True
 
 

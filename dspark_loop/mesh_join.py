@@ -9,6 +9,7 @@
 The protocol itself is in mesh_auth.py; `knock_sync` is the blocking loop a rank uses.
 Torch-free.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,16 +43,17 @@ class Knocker:
         if challenge.client_nonce != self.nonce:
             return False
         if not same(server_proof(self.secret, self.nonce, challenge.server_nonce), challenge.proof):
-            raise JoinError(f"{self.server} could not prove it has our {SECRET_ENV}: the "
-                            f"secrets differ (set the same value on every node)")
+            raise JoinError(
+                f"{self.server} could not prove it has our {SECRET_ENV}: the "
+                f"secrets differ (set the same value on every node)"
+            )
         return True
 
     def sign(self, msg, challenge: Challenge):
         return sign(msg, self.secret, challenge.server_nonce)
 
 
-def knock_sync(sock: zmq.Socket, knocker: Knocker, decoder: msgspec.msgpack.Decoder,
-               timeout_s: float) -> Challenge:
+def knock_sync(sock: zmq.Socket, knocker: Knocker, decoder: msgspec.msgpack.Decoder, timeout_s: float) -> Challenge:
     """Knock on a connected DEALER until a valid Challenge arrives; JoinError on timeout."""
     deadline = time.monotonic() + timeout_s
     next_knock = 0.0

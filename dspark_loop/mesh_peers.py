@@ -11,6 +11,7 @@ of the monitor's DISCONNECTED event), which is how a closed TCP connection names
 peer: a SIGKILLed or unplugged node is noticed in milliseconds (heartbeats close a silent
 one), not when a collective times out. Torch-free.
 """
+
 from __future__ import annotations
 
 from dspark_loop.mesh_auth import SECRET_ENV, is_signed, new_nonce, server_proof
@@ -22,8 +23,8 @@ def peer_name(peer: bytes) -> str:
     """b"rank3" -> "rank 3", b"node1" -> "node 1"'s agent."""
     text = peer.decode(errors="replace")
     for kind in ("rank", "node"):
-        if text.startswith(kind) and text[len(kind):].isdigit():
-            return f"{kind} {text[len(kind):]}" + ("'s agent" if kind == "node" else "")
+        if text.startswith(kind) and text[len(kind) :].isdigit():
+            return f"{kind} {text[len(kind) :]}" + ("'s agent" if kind == "node" else "")
     return repr(peer)
 
 
@@ -41,18 +42,17 @@ class Peers:
             return None
         nonce = new_nonce()
         self._nonces[sender] = nonce  # NOTE: a second knock replaces the first one's nonce
-        return Challenge(knock.client_nonce, nonce,
-                         server_proof(self.secret, knock.client_nonce, nonce))
+        return Challenge(knock.client_nonce, nonce, server_proof(self.secret, knock.client_nonce, nonce))
 
     def admit(self, sender: bytes, fd: int, msg) -> str | None:
         """None when msg (a Hello or NodeHello) is signed with this peer's nonce, else why not."""
         nonce = self._nonces.pop(sender, None)
         if nonce is None:
-            return (f"{peer_name(sender)} said Hello without knocking first (an older "
-                    f"version, or not one of ours): refused")
+            return (
+                f"{peer_name(sender)} said Hello without knocking first (an older version, or not one of ours): refused"
+            )
         if not is_signed(msg, self.secret, nonce):
-            return (f"{peer_name(sender)} failed authentication: its {SECRET_ENV} differs "
-                    f"from node 0's: refused")
+            return f"{peer_name(sender)} failed authentication: its {SECRET_ENV} differs from node 0's: refused"
         old_fd = self.admitted.get(sender)
         if old_fd is not None:
             self._fd_to_peer.pop(old_fd, None)

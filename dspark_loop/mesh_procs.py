@@ -4,6 +4,7 @@ Each rank is `python -m workers ...` in its own session (so Ctrl-C on the server
 terminal reaches only the server, which then shuts the ranks down in order) and with
 --parent-pid set (so a rank whose server died exits by itself). Torch-free.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,15 +29,15 @@ class RankProcs:
     def spawn(self, argvs: list[list[str]], env: dict[str, str], first_rank: int = 0) -> None:
         self.first_rank = first_rank
         for rank, argv in enumerate(argvs, start=first_rank):
-            proc = subprocess.Popen([sys.executable, "-m", "workers", *argv], env=env,
-                                    start_new_session=True, stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "workers", *argv], env=env, start_new_session=True, stdin=subprocess.DEVNULL
+            )
             self.procs.append(proc)
             log.info("rank %d spawned (pid %d)", rank, proc.pid)
 
     def exited(self) -> list[tuple[int, int]]:
         """(rank, exit code) of every rank that has exited; signal deaths first."""
-        done = [(r, p.poll()) for r, p in enumerate(self.procs, start=self.first_rank)
-                if p.poll() is not None]
+        done = [(r, p.poll()) for r, p in enumerate(self.procs, start=self.first_rank) if p.poll() is not None]
         return sorted(done, key=lambda rc: (rc[1] >= 0, rc[0]))
 
     def exit_reason(self) -> str | None:
@@ -117,7 +118,7 @@ def process_state(pid: int) -> str:
     except OSError:
         return ""
     # NOTE: the command name may hold spaces and parentheses; the state follows the last ")".
-    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3].decode()
+    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3].decode()
 
 
 def describe_exit(code: int) -> str:

@@ -8,6 +8,7 @@
 ZMTP heartbeats close a connection whose peer went silent (a host that lost power), so
 poll_lost() also covers a node that vanished without closing anything. Torch-free.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -86,8 +87,9 @@ class MeshSocket:
             elif self.peers.is_admitted(sender, fd):
                 return sender, msg
             else:
-                log.warning("dropped a %s from %r: that peer has not said an authenticated Hello",
-                            type(msg).__name__, sender)
+                log.warning(
+                    "dropped a %s from %r: that peer has not said an authenticated Hello", type(msg).__name__, sender
+                )
 
     async def _answer(self, sender: bytes, knock: Knock) -> None:
         challenge = self.peers.answer(sender, knock)

@@ -8,6 +8,7 @@ agent was admitted or refused), or say why not. Torch-free.
 
 A part of Mesh.start() in its own file: it reads the mesh's socket and processes (mesh.py).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -48,18 +49,24 @@ async def await_hellos(mesh: Mesh, poll_s: float) -> list[Hello]:
             sender, msg = got
             if isinstance(msg, NodeHello):
                 answer = roll.node_hello(sender, msg)
-                log.log(logging.INFO if msg.node_rank in roll.joined else logging.ERROR,
-                        "node %d: %s", msg.node_rank, getattr(answer, "reason", "joined"))
+                log.log(
+                    logging.INFO if msg.node_rank in roll.joined else logging.ERROR,
+                    "node %d: %s",
+                    msg.node_rank,
+                    getattr(answer, "reason", "joined"),
+                )
                 await mesh._send(sender, answer)
                 if isinstance(answer, Refused):
                     mesh.socket.peers.forget(sender)
             elif isinstance(msg, Hello):
                 roll.hello(sender, msg)
-                log.info("rank %d ready (pid %d, load %.2f s, num_blocks %s)",
-                         msg.rank, msg.pid, msg.load_s, msg.num_blocks)
+                log.info(
+                    "rank %d ready (pid %d, load %.2f s, num_blocks %s)", msg.rank, msg.pid, msg.load_s, msg.num_blocks
+                )
             elif isinstance(msg, RankExited):
-                raise MeshStartError(f"rank {msg.rank} on node {mesh.nodes.node_of(msg.rank)} "
-                                     f"exited with {msg.how} before its Hello")
+                raise MeshStartError(
+                    f"rank {msg.rank} on node {mesh.nodes.node_of(msg.rank)} exited with {msg.how} before its Hello"
+                )
             else:
                 log.warning("dropped %s from %r during start-up", type(msg).__name__, sender)
             continue
@@ -72,7 +79,11 @@ async def await_hellos(mesh: Mesh, poll_s: float) -> list[Hello]:
         if reason and now - exit_seen_at > EXIT_GRACE_S:
             raise MeshStartError(f"{reason} before its Hello")
         if now >= deadline:
-            raise MeshStartError(roll.timeout_message(
-                mesh.start_timeout_s, node_command(mesh.nodes.nnodes, mesh.host, mesh.dist_port),
-                mesh.socket.refusals))
+            raise MeshStartError(
+                roll.timeout_message(
+                    mesh.start_timeout_s,
+                    node_command(mesh.nodes.nnodes, mesh.host, mesh.dist_port),
+                    mesh.socket.refusals,
+                )
+            )
     return [roll.hellos[r] for r in range(mesh.world_size)]

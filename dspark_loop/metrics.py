@@ -8,6 +8,7 @@ finish reasons from each finished request's RequestStats.
 
 No prometheus_client at run time: the exposition is a few lines of text written here.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -18,13 +19,75 @@ from dspark_loop.engine.observer import EngineObserver, RequestStats
 from dspark_loop.protocol import DSPARK_K, MeshRestart, StepTrace
 
 # vLLM v1's buckets (vllm/v1/metrics/loggers.py), so its Grafana panels line up.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
-               7.5, 10.0, 20.0, 40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-TOKEN_BUCKETS = tuple(m * 10 ** e for e in range(7) for m in (1, 2, 5))  # 1, 2, 5 ... 5e6
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+TOKEN_BUCKETS = tuple(m * 10**e for e in range(7) for m in (1, 2, 5))  # 1, 2, 5 ... 5e6
 
 FINISH_REASONS = ("stop", "length", "abort", "error")  # always exported, zero until seen
 
@@ -52,14 +115,16 @@ class Histogram:
         return out
 
     def as_dict(self) -> dict:
-        return {"count": self.count, "sum": self.sum,
-                "mean": self.sum / self.count if self.count else 0.0,
-                "buckets": dict(self.cumulative())}
+        return {
+            "count": self.count,
+            "sum": self.sum,
+            "mean": self.sum / self.count if self.count else 0.0,
+            "buckets": dict(self.cumulative()),
+        }
 
 
 class Metrics(EngineObserver):
-    def __init__(self, model_name: str, num_blocks_total: list[int] | None = None,
-                 num_speculative_tokens: int = 0):
+    def __init__(self, model_name: str, num_blocks_total: list[int] | None = None, num_speculative_tokens: int = 0):
         self.model_name = model_name
         self.num_blocks_total = list(num_blocks_total) if num_blocks_total else None  # per family
         self.num_speculative_tokens = num_speculative_tokens
@@ -129,10 +194,9 @@ class Metrics(EngineObserver):
         num_parts = len(trace.partitions)
         free = [0] * len(totals)  # per family, summed over partitions
         for part in trace.partitions:
-            for f, n in enumerate(part.free_blocks[:len(totals)]):
+            for f, n in enumerate(part.free_blocks[: len(totals)]):
                 free[f] += n
-        self.kv_cache_usage_per_family = [
-            1.0 - fr / (t * num_parts) if t else 0.0 for fr, t in zip(free, totals)]
+        self.kv_cache_usage_per_family = [1.0 - fr / (t * num_parts) if t else 0.0 for fr, t in zip(free, totals)]
         capacity = sum(totals) * num_parts
         self.kv_cache_usage_perc = 1.0 - sum(free) / capacity if capacity else 0.0
 
@@ -154,8 +218,7 @@ class Metrics(EngineObserver):
         else:
             # NOTE: a producer that does not fill accepted_num_drafts still reports rows per
             # partition; rows beyond one per request are drafts, K of them per verify.
-            num_draft_tokens = sum(max(0, p.decode_num_rows - len(p.decode_req_ids))
-                                   for p in trace.partitions)
+            num_draft_tokens = sum(max(0, p.decode_num_rows - len(p.decode_req_ids)) for p in trace.partitions)
             num_verifies = num_draft_tokens // (self.num_speculative_tokens or DSPARK_K)
         self.num_drafts += num_verifies
         self.num_draft_tokens += num_draft_tokens
@@ -205,47 +268,49 @@ class Metrics(EngineObserver):
 
     def render_prometheus(self) -> str:
         w = _Writer(self.model_name)
-        w.gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-                self.num_requests_running)
-        w.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                self.num_requests_waiting)
-        w.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                self.kv_cache_usage_perc)
-        w.counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
-                  [({}, self.prompt_tokens)])
-        w.counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                  [({}, self.generation_tokens)])
-        w.counter("vllm:request_success", "Count of successfully processed requests.",
-                  [({"finished_reason": r}, n) for r, n in self.request_success.items()])
-        w.counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-                  [({}, self.num_preemptions)])
-        w.counter("vllm:prefix_cache_queries",
-                  "Prefix cache queries, in terms of number of queried tokens.",
-                  [({}, self.prefix_cache_queries)])
-        w.counter("vllm:prefix_cache_hits",
-                  "Prefix cache hits, in terms of number of cached tokens.",
-                  [({}, self.prefix_cache_hits)])
-        w.histogram("vllm:time_to_first_token_seconds",
-                    "Histogram of time to first token in seconds.", self.ttft)
-        w.histogram("vllm:inter_token_latency_seconds",
-                    "Histogram of inter-token latency in seconds.", self.itl)
-        w.histogram("vllm:e2e_request_latency_seconds",
-                    "Histogram of e2e request latency in seconds.", self.e2e)
-        w.histogram("vllm:request_prompt_tokens",
-                    "Number of prefill tokens processed.", self.request_prompt_tokens)
-        w.histogram("vllm:request_generation_tokens",
-                    "Number of generation tokens processed.", self.request_generation_tokens)
-        w.counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.",
-                  [({}, self.num_drafts)])
-        w.counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
-                  [({}, self.num_draft_tokens)])
-        w.counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
-                  [({}, self.num_accepted_tokens)])
-        w.counter("vllm:spec_decode_num_accepted_tokens_per_pos",
-                  "Accepted tokens per draft position.",
-                  [({"position": str(p)}, n) for p, n in enumerate(self.accepted_per_pos)])
-        w.counter("dspark:mesh_restarts", "Times the rank mesh died and was restarted.",
-                  [({}, self.mesh_restarts)])
+        w.gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", self.num_requests_running
+        )
+        w.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", self.num_requests_waiting)
+        w.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", self.kv_cache_usage_perc)
+        w.counter("vllm:prompt_tokens", "Number of prefill tokens processed.", [({}, self.prompt_tokens)])
+        w.counter("vllm:generation_tokens", "Number of generation tokens processed.", [({}, self.generation_tokens)])
+        w.counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [({"finished_reason": r}, n) for r, n in self.request_success.items()],
+        )
+        w.counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", [({}, self.num_preemptions)]
+        )
+        w.counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            [({}, self.prefix_cache_queries)],
+        )
+        w.counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            [({}, self.prefix_cache_hits)],
+        )
+        w.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", self.ttft)
+        w.histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", self.itl)
+        w.histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", self.e2e)
+        w.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", self.request_prompt_tokens)
+        w.histogram(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", self.request_generation_tokens
+        )
+        w.counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", [({}, self.num_drafts)])
+        w.counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", [({}, self.num_draft_tokens)])
+        w.counter(
+            "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", [({}, self.num_accepted_tokens)]
+        )
+        w.counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            [({"position": str(p)}, n) for p, n in enumerate(self.accepted_per_pos)],
+        )
+        w.counter("dspark:mesh_restarts", "Times the rank mesh died and was restarted.", [({}, self.mesh_restarts)])
         return w.text()
 
 

@@ -5,6 +5,7 @@ topology, the ranks read the same object to build the model. Two key sets exist:
 transformers' (layer_types, mlp_layer_types, compress_rates, rope_parameters, ...) and
 DeepSeek's own (compress_ratios, num_hash_layers, qk_rope_head_dim, rope_scaling ...).
 """
+
 from __future__ import annotations
 
 import json
@@ -112,8 +113,7 @@ class ModelConfig:
         csa = int(d.get("compress_rate_csa", rates.get("compressed_sparse_attention", 4)))
         hca = int(d.get("compress_rate_hca", rates.get("heavily_compressed_attention", 128)))
         if d.get("layer_types"):
-            by_type = {"sliding_attention": 0, "compressed_sparse_attention": csa,
-                       "heavily_compressed_attention": hca}
+            by_type = {"sliding_attention": 0, "compressed_sparse_attention": csa, "heavily_compressed_attention": hca}
             ratios = tuple(by_type[t] for t in d["layer_types"][:n])
         elif d.get("compress_ratios") is not None:
             ratios = tuple(int(r) for r in d["compress_ratios"][:n])

@@ -13,6 +13,7 @@
 No API server, engine or tokenizer here. Either node may start first: the agent knocks
 until node 0 answers, for at most --dist-timeout seconds (exit 1 after that).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,8 +33,18 @@ from dspark_loop.mesh_auth import SECRET_ENV, resolve_secret
 from dspark_loop.mesh_join import KNOCK_RETRY_S, JoinError, Knocker
 from dspark_loop.mesh_procs import RankProcs, describe_exit
 from dspark_loop.nodes import NodeLayout, mesh_endpoints, parse_host_port
-from dspark_loop.protocol import (AGENT_DECODER, ENCODER, PROTOCOL_VERSION, Challenge, NodeHello,
-                                  RankConfig, RankExited, Refused, Shutdown, Welcome)
+from dspark_loop.protocol import (
+    AGENT_DECODER,
+    ENCODER,
+    PROTOCOL_VERSION,
+    Challenge,
+    NodeHello,
+    RankConfig,
+    RankExited,
+    Refused,
+    Shutdown,
+    Welcome,
+)
 
 log = logging.getLogger("dspark_loop.node")
 
@@ -60,8 +71,12 @@ class NodeAgent:
         host, port = parse_host_port(cfg.dist_init_addr)
         dist_init, self.address = mesh_endpoints(host, port)
         self.rank_cfg = msgspec.structs.replace(
-            rank_cfg, connect=self.address, dist_init=dist_init, parent_pid=os.getpid(),
-            first_rank=self.layout.local_ranks.start)
+            rank_cfg,
+            connect=self.address,
+            dist_init=dist_init,
+            parent_pid=os.getpid(),
+            first_rank=self.layout.local_ranks.start,
+        )
         self.secret = secret
         self.knocker = Knocker(secret, f"node 0 at {self.address}")
         self.fingerprint = checkpoint_fingerprint(cfg.model)
@@ -70,8 +85,14 @@ class NodeAgent:
 
     @property
     def node_hello(self) -> NodeHello:
-        return NodeHello(PROTOCOL_VERSION, self.cfg.node_rank, self.cfg.nnodes, self.fingerprint,
-                         self.rank_cfg.encode(), pid=os.getpid())
+        return NodeHello(
+            PROTOCOL_VERSION,
+            self.cfg.node_rank,
+            self.cfg.nnodes,
+            self.fingerprint,
+            self.rank_cfg.encode(),
+            pid=os.getpid(),
+        )
 
     async def run(self) -> int:
         """The process's exit code: 0 closed by node 0 (or a signal), 1 the mesh failed or
@@ -96,8 +117,7 @@ class NodeAgent:
                     sock.close()
                 if code is not None or self.stop.is_set():
                     return code or 0
-                log.warning("waiting up to %.0f s for node 0 to start a new mesh",
-                            self.cfg.dist_timeout_s)
+                log.warning("waiting up to %.0f s for node 0 to start a new mesh", self.cfg.dist_timeout_s)
             return 0
         except JoinError as e:
             print(f"error: node {self.cfg.node_rank}: {e}", file=sys.stderr)
@@ -122,7 +142,8 @@ class NodeAgent:
                 raise TimeoutError(
                     f"{self.knocker.server} did not answer within {self.cfg.dist_timeout_s:.0f} s: "
                     f"is node 0 started (same flags, --node-rank 0) and is "
-                    f"{self.cfg.dist_init_addr} reachable from here?")
+                    f"{self.cfg.dist_init_addr} reachable from here?"
+                )
             if now >= next_knock:
                 await sock.send(ENCODER.encode(self.knocker.knock()))
                 next_knock = now + KNOCK_RETRY_S
@@ -138,8 +159,12 @@ class NodeAgent:
                 await sock.send(ENCODER.encode(self.knocker.sign(self.node_hello, msg)))
                 next_knock = loop.time() + KNOCK_RETRY_S  # Welcome should come at once
             elif isinstance(msg, Welcome):
-                log.info("node %d joined node 0 at %s; starting ranks %s", self.cfg.node_rank,
-                         self.address, list(self.layout.local_ranks))
+                log.info(
+                    "node %d joined node 0 at %s; starting ranks %s",
+                    self.cfg.node_rank,
+                    self.address,
+                    list(self.layout.local_ranks),
+                )
                 return True
             elif isinstance(msg, Refused):
                 raise JoinError(f"node 0 refused this node: {msg.reason}")
@@ -148,8 +173,7 @@ class NodeAgent:
     def spawn(self) -> None:
         env = {**os.environ, SECRET_ENV: self.secret}
         env.setdefault("OMP_NUM_THREADS", str(self.rank_cfg.threads))
-        argvs = [["--rank", str(r), "--config", self.rank_cfg.encode()]
-                 for r in self.layout.local_ranks]
+        argvs = [["--rank", str(r), "--config", self.rank_cfg.encode()] for r in self.layout.local_ranks]
         self.procs.spawn(argvs, env, first_rank=self.layout.local_ranks.start)
 
     async def serve(self, sock, monitor) -> int | None:
@@ -165,14 +189,16 @@ class NodeAgent:
                 return None
             msg = await recv(sock, POLL_S)
             if isinstance(msg, Shutdown):
-                log.log(logging.ERROR if msg.error else logging.INFO, "node 0 shut the mesh "
-                        "down: %s", msg.reason or "no reason given")
+                log.log(
+                    logging.ERROR if msg.error else logging.INFO,
+                    "node 0 shut the mesh down: %s",
+                    msg.reason or "no reason given",
+                )
                 await self.procs.stop(msg.grace_s)
                 if msg.rejoin:
                     return None
                 if msg.error:
-                    print(f"error: node {self.cfg.node_rank}: node 0's mesh failed: {msg.reason}",
-                          file=sys.stderr)
+                    print(f"error: node {self.cfg.node_rank}: node 0's mesh failed: {msg.reason}", file=sys.stderr)
                 return 1 if msg.error else 0
             for rank, code in self.procs.exited():
                 if rank not in reported:

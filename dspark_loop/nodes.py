@@ -12,6 +12,7 @@ Node i runs the world_size/nnodes consecutive ranks from i*world_size/nnodes, so
 group never spans nodes when tp divides that count (the Flash shapes: 8 ranks per node).
 Torch-free.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,9 +20,19 @@ from dataclasses import dataclass
 MESH_PORT_OFFSET = 1  # the ROUTER listens on the --dist-init-addr port + 1
 # RankConfig fields that may differ between nodes (everything else must be equal).
 # NOTE: model is the path on that host; the checkpoint itself is compared by fingerprint.
-NODE_LOCAL_FIELDS = ("model", "devices", "threads", "log_level", "connect", "dist_init",
-                     "parent_pid", "first_rank", "kv_cache_memory", "num_blocks",
-                     "dist_timeout_s")
+NODE_LOCAL_FIELDS = (
+    "model",
+    "devices",
+    "threads",
+    "log_level",
+    "connect",
+    "dist_init",
+    "parent_pid",
+    "first_rank",
+    "kv_cache_memory",
+    "num_blocks",
+    "dist_timeout_s",
+)
 
 
 @dataclass(frozen=True)
@@ -52,7 +63,7 @@ class NodeLayout:
 
 
 def parse_host_port(text: str) -> tuple[str, int]:
-    """"HOST:PORT" -> (host, port); ValueError says what is wrong. The ROUTER takes port + 1."""
+    """ "HOST:PORT" -> (host, port); ValueError says what is wrong. The ROUTER takes port + 1."""
     host, sep, port_text = text.rpartition(":")
     if not sep or not host or not port_text.isdigit():
         raise ValueError(f"must be HOST:PORT, e.g. 10.0.0.1:5000 (got {text!r})")
@@ -60,8 +71,7 @@ def parse_host_port(text: str) -> tuple[str, int]:
         raise ValueError(f"must be an IPv4 address or a host name with a port (got {text!r})")
     port = int(port_text)
     if not 1 <= port <= 65535 - MESH_PORT_OFFSET:
-        raise ValueError(f"port must be 1..{65535 - MESH_PORT_OFFSET}: the mesh also uses the "
-                         f"next port (got {port})")
+        raise ValueError(f"port must be 1..{65535 - MESH_PORT_OFFSET}: the mesh also uses the next port (got {port})")
     return host, port
 
 
@@ -72,8 +82,10 @@ def mesh_endpoints(host: str, port: int) -> tuple[str, str]:
 
 def node_command(nnodes: int, host: str, port: int) -> str:
     """How to start another node ({node} left to fill), for start-up messages."""
-    return (f"python -m dspark_loop --nnodes {nnodes} --node-rank {{node}} "
-            f"--dist-init-addr {host}:{port} <node 0's model flags>")
+    return (
+        f"python -m dspark_loop --nnodes {nnodes} --node-rank {{node}} "
+        f"--dist-init-addr {host}:{port} <node 0's model flags>"
+    )
 
 
 def rank_list(ranks) -> str:
@@ -83,28 +95,37 @@ def rank_list(ranks) -> str:
     return ", ".join(map(str, ranks))
 
 
-def missing_message(layout: NodeLayout, said_hello: set[int], joined: set[int],
-                    timeout_s: float, node_command: str, refusals: dict[int, str]) -> str:
+def missing_message(
+    layout: NodeLayout,
+    said_hello: set[int],
+    joined: set[int],
+    timeout_s: float,
+    node_command: str,
+    refusals: dict[int, str],
+) -> str:
     """Why start-up gave up: per node, the ranks that did not say Hello and the likely cause.
 
     joined: the remote nodes whose agent was admitted; refusals: node -> its last refusal."""
     missing = sorted(set(range(layout.world_size)) - said_hello)
     if layout.nnodes == 1:
-        return (f"ranks {missing} did not say Hello within {timeout_s:.0f} s "
-                f"(loading too slowly or hung?)")
+        return f"ranks {missing} did not say Hello within {timeout_s:.0f} s (loading too slowly or hung?)"
     parts = []
     for node in range(layout.nnodes):
         ranks = [r for r in missing if layout.node_of(r) == node]
         if not ranks:
             continue
         if node == 0:
-            parts.append(f"ranks {rank_list(ranks)} on node 0 (this host) did not say Hello "
-                         f"(loading too slowly or hung?)")
+            parts.append(
+                f"ranks {rank_list(ranks)} on node 0 (this host) did not say Hello (loading too slowly or hung?)"
+            )
         elif node not in joined:
             why = f" (last attempt refused: {refusals[node]})" if node in refusals else ""
-            parts.append(f"node {node} (ranks {rank_list(layout.ranks_of(node))}) never joined"
-                         f"{why}: start `{node_command.format(node=node)}` there")
+            parts.append(
+                f"node {node} (ranks {rank_list(layout.ranks_of(node))}) never joined"
+                f"{why}: start `{node_command.format(node=node)}` there"
+            )
         else:
-            parts.append(f"node {node} joined but its ranks {rank_list(ranks)} did not say "
-                         f"Hello (loading too slowly or hung?)")
+            parts.append(
+                f"node {node} joined but its ranks {rank_list(ranks)} did not say Hello (loading too slowly or hung?)"
+            )
     return f"within {timeout_s:.0f} s: " + "; ".join(parts)

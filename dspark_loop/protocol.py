@@ -29,6 +29,7 @@ admits them; leaders return logprob entries (lp_*) for the rows of requests that
 RankConfig is the one value a rank process is started with (`python -m workers --rank R
 --config JSON`): everything about the run that is the same on every rank.
 """
+
 from __future__ import annotations
 
 import msgspec
@@ -46,6 +47,7 @@ class RankConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     array_like: on other hosts it is pasted by hand, and a name says what a value means.
     A new rank option is a field here (named like its ServerConfig field, which fills it)
     and the code that reads it."""
+
     model: str  # checkpoint directory
     world_size: int = 1
     tp: int = 1
@@ -96,6 +98,7 @@ class RankConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
 class Hello(msgspec.Struct, array_like=True, tag=1):
     """rank -> server once the rank has loaded its shard (or failed to)."""
+
     protocol_version: int
     rank: int
     world_size: int
@@ -133,6 +136,7 @@ class BlockUpdate(msgspec.Struct, array_like=True):
 
 class TokenMask(msgspec.Struct, array_like=True):
     """The tokens a constrained request's logit row may pick (tool-call grammars)."""
+
     req_id: int
     bits: bytes  # uint8 [ceil(vocab/8)], np.packbits(allowed, bitorder="little")
 
@@ -141,6 +145,7 @@ class SamplingSpec(msgspec.Struct, array_like=True):
     """A request's sampling parameters, sent ONCE, in the plan that admits it (a re-admitted
     request has a fresh req_id and gets a fresh spec). Greedy requests without penalties or
     logprobs send none: their rows stay the plain argmax. workers/sampling/ reads it."""
+
     req_id: int
     prompt_len: int  # positions >= prompt_len are outputs (the penalties count them)
     temperature: float = 0.0  # < 1e-5: greedy
@@ -212,13 +217,16 @@ def identity(rank: int) -> bytes:
 
 # ---- joining the mesh (mesh_auth.py, nodes.py): every peer knocks before its Hello ----------
 
+
 class Knock(msgspec.Struct, array_like=True, tag=6):
     """peer (rank or node agent) -> server: please send a Challenge."""
+
     client_nonce: bytes
 
 
 class Challenge(msgspec.Struct, array_like=True, tag=7):
     """server -> peer: the nonce to sign the Hello with, and proof the server has the secret."""
+
     client_nonce: bytes  # echoed: a peer that knocked again ignores stale challenges
     server_nonce: bytes
     proof: bytes
@@ -226,6 +234,7 @@ class Challenge(msgspec.Struct, array_like=True, tag=7):
 
 class NodeHello(msgspec.Struct, array_like=True, tag=8):
     """node agent (node_rank > 0) -> node 0, before its ranks load: may it join?"""
+
     protocol_version: int
     node_rank: int
     nnodes: int
@@ -237,17 +246,20 @@ class NodeHello(msgspec.Struct, array_like=True, tag=8):
 
 class Welcome(msgspec.Struct, array_like=True, tag=9):
     """node 0 -> node agent: admitted; start the node's ranks."""
+
     node_rank: int
 
 
 class Refused(msgspec.Struct, array_like=True, tag=10):
     """node 0 -> node agent: not admitted, and why (the agent prints it and exits)."""
+
     reason: str
 
 
 class RankExited(msgspec.Struct, array_like=True, tag=11):
     """node agent -> node 0: one of its ranks exited without being told to (a crash before
     its Hello would otherwise only show as a start-up timeout)."""
+
     rank: int
     how: str  # "code 2", "signal SIGKILL"
 
@@ -296,11 +308,12 @@ def unpack_mask(bits: bytes, start: int, stop: int) -> np.ndarray:
     allowed = np.unpackbits(np.frombuffer(bits, np.uint8), bitorder="little").astype(bool)
     out = np.zeros(stop - start, dtype=bool)
     part = allowed[start:stop]
-    out[:len(part)] = part
+    out[: len(part)] = part
     return out
 
 
 # ---- observability: one StepTrace per engine step on the debug tap (server -> tools.tap) ----
+
 
 class PartitionTrace(msgspec.Struct, array_like=True):
     prefill_req_ids: list[int] = []
@@ -313,6 +326,7 @@ class PartitionTrace(msgspec.Struct, array_like=True):
 
 class MeshRestart(msgspec.Struct, array_like=True):
     """The rank mesh died and was restarted (fresh processes, empty caches)."""
+
     reason: str  # why the old mesh died
     restart_s: float  # death noticed -> the new mesh serving
     num_restarts: int  # restarts so far in this server's life

@@ -1,8 +1,9 @@
 """RestartBudget: at most N mesh restarts in any sliding window, so a crash loop ends.
 
-    budget = RestartBudget(max_restarts=3, window_s=600)
-    if budget.take(now): restart ...   else: stay dead, budget.why() in the log and /health
+budget = RestartBudget(max_restarts=3, window_s=600)
+if budget.take(now): restart ...   else: stay dead, budget.why() in the log and /health
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -34,5 +35,4 @@ class RestartBudget:
         return len(self.times)
 
     def why(self) -> str:
-        return (f"{self.max_restarts} rank-mesh restart(s) already in the last "
-                f"{self.window_s:g} s (--max-rank-restarts)")
+        return f"{self.max_restarts} rank-mesh restart(s) already in the last {self.window_s:g} s (--max-rank-restarts)"

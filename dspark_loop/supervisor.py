@@ -20,6 +20,7 @@ Every restart is a log line, dspark:mesh_restarts_total and a trace (a MeshResta
 every observer; the debug tap publishes it). The factories keep this file free of how a
 mesh or a scheduler is configured (launch.py knows).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,14 @@ log = logging.getLogger("dspark_loop")
 
 
 class MeshSupervisor:
-    def __init__(self, new_mesh: Callable[[], object], new_scheduler: Callable[[list[int]], Scheduler],
-                 tokenizer, observers: list[EngineObserver], budget: RestartBudget):
+    def __init__(
+        self,
+        new_mesh: Callable[[], object],
+        new_scheduler: Callable[[list[int]], Scheduler],
+        tokenizer,
+        observers: list[EngineObserver],
+        budget: RestartBudget,
+    ):
         self.new_mesh = new_mesh  # -> an unstarted Mesh
         self.new_scheduler = new_scheduler  # pages per family -> a Scheduler
         self.tokenizer = tokenizer
@@ -64,8 +71,9 @@ class MeshSupervisor:
         self._starting = None
         for ob in self.observers:
             ob.set_num_blocks_total(self.mesh.num_blocks)
-        self.engine = EngineLoop(self.new_scheduler(self.mesh.num_blocks), self.mesh, self.tokenizer,
-                                 observers=self.observers)
+        self.engine = EngineLoop(
+            self.new_scheduler(self.mesh.num_blocks), self.mesh, self.tokenizer, observers=self.observers
+        )
         if self.budget.max_restarts > 0:
             self.engine.on_mesh_dead = self._on_mesh_dead
         self.engine.start()
@@ -80,8 +88,13 @@ class MeshSupervisor:
             log.error("engine dead: %s", why)
             self.engine.give_up(why)
             return
-        log.warning("restarting the rank mesh (restart %d of at most %d in %g s) after: %s",
-                    self.budget.used, self.budget.max_restarts, self.budget.window_s, reason)
+        log.warning(
+            "restarting the rank mesh (restart %d of at most %d in %g s) after: %s",
+            self.budget.used,
+            self.budget.max_restarts,
+            self.budget.window_s,
+            reason,
+        )
         try:
             self.mesh = self._fresh_mesh()
             await self.mesh.start()
@@ -94,8 +107,12 @@ class MeshSupervisor:
         self.engine.resume(self.mesh, self.new_scheduler(self.mesh.num_blocks))
         self.num_restarts += 1
         event = MeshRestart(reason, time.monotonic() - t0, self.num_restarts, num_failed, num_kept)
-        log.warning("rank mesh restarted in %.2f s: serving again (%d request(s) failed at the "
-                    "death, %d kept)", event.restart_s, num_failed, num_kept)
+        log.warning(
+            "rank mesh restarted in %.2f s: serving again (%d request(s) failed at the death, %d kept)",
+            event.restart_s,
+            num_failed,
+            num_kept,
+        )
         for ob in self.observers:
             try:
                 ob.on_mesh_restart(event)

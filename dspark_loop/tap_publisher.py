@@ -5,6 +5,7 @@ publisher, for `python -m tools.tap`. Publishing never blocks or slows the engin
                    --queue full-----> dropped, counted (StepTrace.dropped_traces)
                    --otherwise------> ENCODER.encode(trace) -> send(NOBLOCK)
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,8 +33,9 @@ def tap_address(addr: str) -> str:
         host, _, port = addr.rpartition(":")
         addr = f"tcp://{host or '127.0.0.1'}:{port}"
     if not ADDRESS.fullmatch(addr):
-        raise ValueError(f"must be a port (5599), host:port or a ZeroMQ address like "
-                         f"tcp://127.0.0.1:5599 (got {addr!r})")
+        raise ValueError(
+            f"must be a port (5599), host:port or a ZeroMQ address like tcp://127.0.0.1:5599 (got {addr!r})"
+        )
     return addr
 
 
@@ -85,8 +87,14 @@ class TapPublisher(EngineObserver):
 
     def on_mesh_restart(self, event: MeshRestart) -> None:
         """One StepTrace that carries the restart (step_id -1: no step ran)."""
-        self.on_step(StepTrace(step_id=-1, wall_time=time.time(), mesh_restart=event,
-                               errors=[f"rank mesh restarted in {event.restart_s:.2f} s: {event.reason}"]))
+        self.on_step(
+            StepTrace(
+                step_id=-1,
+                wall_time=time.time(),
+                mesh_restart=event,
+                errors=[f"rank mesh restarted in {event.restart_s:.2f} s: {event.reason}"],
+            )
+        )
 
     def _drain_subscriptions(self) -> None:
         sock = self._sock
@@ -101,5 +109,6 @@ class TapPublisher(EngineObserver):
         if self._sock is not None:
             self._sock.close(0)
             self._sock = None
-            log.info("debug tap closed: %d sent, %d dropped, %d skipped",
-                     self.num_sent, self.num_dropped, self.num_skipped)
+            log.info(
+                "debug tap closed: %d sent, %d dropped, %d skipped", self.num_sent, self.num_dropped, self.num_skipped
+            )

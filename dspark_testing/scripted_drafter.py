@@ -11,6 +11,7 @@ reference = the K=0 greedy output the test computed; m in 0..7 (7 = never wrong)
 anchor at position L it proposes seq[L+1 .. L+7] (seq = prompt + reference) with the token
 at index m replaced by a different one, so a verify accepts m+1 tokens (until the end).
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,9 @@ class ScriptedDrafter:
         if isinstance(spec, str):
             with open(spec, encoding="utf-8") as f:
                 spec = json.load(f)
-        self.cases = [(np.asarray(list(c["prompt"]) + list(c["reference"]), np.int64), int(c["error_at"]))
-                      for c in spec["cases"]]
+        self.cases = [
+            (np.asarray(list(c["prompt"]) + list(c["reference"]), np.int64), int(c["error_at"])) for c in spec["cases"]
+        ]
         for _, m in self.cases:
             if not 0 <= m <= DSPARK_K:
                 raise ValueError(f"error_at must be in 0..{DSPARK_K}, got {m}")
@@ -39,8 +41,13 @@ class ScriptedDrafter:
             return
         n = len(token_ids)
         self.case_of[req_id] = next(
-            (i for i, (seq, _) in enumerate(self.cases)
-             if len(seq) >= start_pos + n and np.array_equal(seq[start_pos:start_pos + n], token_ids)), -1)
+            (
+                i
+                for i, (seq, _) in enumerate(self.cases)
+                if len(seq) >= start_pos + n and np.array_equal(seq[start_pos : start_pos + n], token_ids)
+            ),
+            -1,
+        )
 
     def forget(self, req_id: int) -> None:
         self.case_of.pop(req_id, None)
@@ -54,8 +61,8 @@ class ScriptedDrafter:
             if case < 0:
                 continue
             seq, m = self.cases[case]
-            truth = seq[pos + 1:pos + 1 + DSPARK_K]
-            drafts[r, :len(truth)] = truth
+            truth = seq[pos + 1 : pos + 1 + DSPARK_K]
+            drafts[r, : len(truth)] = truth
             if m < DSPARK_K:
                 drafts[r, m] = (drafts[r, m] + 1) % self.vocab_size
             conf[r, :m] = 1.0

@@ -14,6 +14,7 @@ scripted servers with --no-enable-prefix-caching); a request re-admitted after p
 re-prefills its outputs too and is no longer recognised; at K=7 the rank-side drafter
 still sees the model's own tokens (use K=0).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ import os
 import numpy as np
 from tokenizers import Tokenizer
 
-from dspark_loop.protocol import PartitionPlan, RankConfig, as_i32, as_i8
+from dspark_loop.protocol import PartitionPlan, RankConfig, as_i8, as_i32
 from workers.runner import ModelRunner
 
 SCRIPT_ENV = "DSPARK_TEST_SCRIPT"
@@ -33,8 +34,7 @@ def load_script(path: str, tokenizer: Tokenizer) -> list[tuple[str, list[int]]]:
         entries = json.load(f)
     script = []
     for e in entries:
-        ids = e["output_ids"] if "output_ids" in e else \
-            tokenizer.encode(e["output"], add_special_tokens=False).ids
+        ids = e["output_ids"] if "output_ids" in e else tokenizer.encode(e["output"], add_special_tokens=False).ids
         script.append((e["key"], [int(t) for t in ids]))
     return sorted(script, key=lambda kv: -len(kv[0]))  # longest key first
 

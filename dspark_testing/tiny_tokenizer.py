@@ -1,5 +1,6 @@
 """The tests' tokenizer: the same byte-level BPE a random checkpoint ships (1024 ids, built
 in memory, no downloads), so fake-engine, engine and served tests all read one vocabulary."""
+
 from __future__ import annotations
 
 import functools

@@ -1,4 +1,5 @@
 """Several "ranks" in one process: threads over a fake Comm (gathers through a barrier)."""
+
 from __future__ import annotations
 
 import threading
@@ -30,7 +31,7 @@ class ThreadComm(Comm):
 
     def gather_tp(self, x):
         g, tp = self.shard.group, self.shard.tp_size
-        return self._exchange(x)[g * tp:(g + 1) * tp]
+        return self._exchange(x)[g * tp : (g + 1) * tp]
 
 
 def run_ranks(fn, world_size: int, tp_size: int, timeout_s: float) -> list:

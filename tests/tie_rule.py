@@ -1,5 +1,6 @@
 """The engine's tie rule installed into torch.topk for transformers reference runs: among
 equal scores the LOWEST index wins (a stable descending sort), as in the engine."""
+
 from __future__ import annotations
 
 import contextlib
@@ -7,6 +8,7 @@ import contextlib
 
 def _stable_topk(x, k, dim=-1, largest=True, sorted=True, *, out=None):
     import torch
+
     order = torch.sort(x, dim=dim, descending=largest, stable=True).indices.narrow(dim, 0, k)
     return torch.return_types.topk((x.gather(dim, order), order))
 
@@ -15,6 +17,7 @@ def _stable_topk(x, k, dim=-1, largest=True, sorted=True, *, out=None):
 def lowest_index_ties():
     """torch.topk / Tensor.topk with the engine's tie rule (lowest index wins)."""
     import torch
+
     saved_fn, saved_method = torch.topk, torch.Tensor.topk
     torch.topk = _stable_topk
     torch.Tensor.topk = lambda self, k, dim=-1, largest=True, sorted=True: _stable_topk(self, k, dim, largest)

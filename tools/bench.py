@@ -17,6 +17,7 @@ Rank counts map to topologies: 1 -> one rank, 4 -> dp2/tp2/ep4, 16 -> dp4/tp4/ep
 (it uses the e2e harness in tests/e2e: run it with
 `python -m` from the repository root, which puts the root on the import path).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,13 @@ import sys
 import tempfile
 import time
 
-TOPOLOGIES = {1: [], 2: ["--tp", "2", "--ep", "2"], 4: ["--dp", "2", "--tp", "2", "--ep", "4"],
-              8: ["--dp", "2", "--tp", "4", "--ep", "8"], 16: ["--dp", "4", "--tp", "4", "--ep", "16"]}
+TOPOLOGIES = {
+    1: [],
+    2: ["--tp", "2", "--ep", "2"],
+    4: ["--dp", "2", "--tp", "2", "--ep", "4"],
+    8: ["--dp", "2", "--tp", "4", "--ep", "8"],
+    16: ["--dp", "4", "--tp", "4", "--ep", "16"],
+}
 
 
 def prompt_ids(n: int, index: int, vocab_size: int) -> list[int]:
@@ -41,8 +47,8 @@ async def serve_round(url: str, prompts: list[list[int]], max_tokens: int) -> di
     import aiohttp
 
     from tests.e2e.client import stream_completion
-    bodies = [{"prompt": p, "max_tokens": max_tokens, "ignore_eos": True, "return_token_ids": True}
-              for p in prompts]
+
+    bodies = [{"prompt": p, "max_tokens": max_tokens, "ignore_eos": True, "return_token_ids": True} for p in prompts]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as s:
         t0 = time.perf_counter()
         results = await asyncio.gather(*(stream_completion(s, url, b) for b in bodies))
@@ -51,13 +57,17 @@ async def serve_round(url: str, prompts: list[list[int]], max_tokens: int) -> di
         if r.errors or len(r.token_ids) != max_tokens:
             raise RuntimeError(f"a stream failed: {r.errors or r.finish_reason}")
     ttfts = [r.first_token_s for r in results]
-    return {"tok_s": sum(len(r.token_ids) for r in results) / wall, "wall_s": wall,
-            "ttft_s": statistics.mean(ttfts), "ttft_max_s": max(ttfts)}
+    return {
+        "tok_s": sum(len(r.token_ids) for r in results) / wall,
+        "wall_s": wall,
+        "ttft_s": statistics.mean(ttfts),
+        "ttft_max_s": max(ttfts),
+    }
 
 
-def bench_server(ckpt: str, ranks: int, topology: list[str], args, vocab_size: int,
-                 serve: bool) -> dict:
+def bench_server(ckpt: str, ranks: int, topology: list[str], args, vocab_size: int, serve: bool) -> dict:
     from tests.e2e.server import ServerProcess
+
     row: dict = {"ranks": ranks, "topology": " ".join(topology) or "1 rank"}
     server = ServerProcess(["--model", ckpt, "--log-level", "warning", *topology], timeout_s=900)
     try:
@@ -65,11 +75,16 @@ def bench_server(ckpt: str, ranks: int, topology: list[str], args, vocab_size: i
         if serve:
             server.complete(prompt_ids(args.prompt_len, 999, vocab_size), 2)  # warm-up
             try:
-                row["single"] = asyncio.run(serve_round(
-                    server.url, [prompt_ids(args.prompt_len, 0, vocab_size)], args.max_tokens))
-                row["batch"] = asyncio.run(serve_round(
-                    server.url, [prompt_ids(args.prompt_len, i, vocab_size) for i in range(args.streams)],
-                    args.max_tokens))
+                row["single"] = asyncio.run(
+                    serve_round(server.url, [prompt_ids(args.prompt_len, 0, vocab_size)], args.max_tokens)
+                )
+                row["batch"] = asyncio.run(
+                    serve_round(
+                        server.url,
+                        [prompt_ids(args.prompt_len, i, vocab_size) for i in range(args.streams)],
+                        args.max_tokens,
+                    )
+                )
             except Exception as e:  # noqa: BLE001 -- a benchmark reports, it does not stop
                 row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
     finally:
@@ -79,6 +94,7 @@ def bench_server(ckpt: str, ranks: int, topology: list[str], args, vocab_size: i
 
 def bench_transformers(ckpt: str, args, vocab_size: int) -> dict:
     from tests.e2e.reference import GreedyReference
+
     ref = GreedyReference(ckpt)
     one = prompt_ids(args.prompt_len, 0, vocab_size)
     ref.generate_batch([one], 2)  # warm-up
@@ -104,28 +120,38 @@ def fmt(v, spec: str = ".2f") -> str:
 
 def print_table(rows: list[dict], hf: dict | None, args) -> None:
     n = args.streams
-    print(f"\ntiny checkpoint, prompt {args.prompt_len} ids, {args.max_tokens} new tokens, greedy, "
-          f"{os.cpu_count()} CPUs\n")
-    head = (f"{'system':<44} {'startup s':>9} {'1-stream tok/s':>14} {'TTFT s':>7} "
-            f"{f'{n}-stream tok/s':>15} {'mean TTFT s':>11}")
+    print(
+        f"\ntiny checkpoint, prompt {args.prompt_len} ids, {args.max_tokens} new tokens, greedy, "
+        f"{os.cpu_count()} CPUs\n"
+    )
+    head = (
+        f"{'system':<44} {'startup s':>9} {'1-stream tok/s':>14} {'TTFT s':>7} "
+        f"{f'{n}-stream tok/s':>15} {'mean TTFT s':>11}"
+    )
     print(head)
     print("-" * len(head))
     for r in rows:
         s, b = r.get("single", {}), r.get("batch", {})
         name = f"served, {r['ranks']} rank(s) ({r['topology']})"
-        print(f"{name:<44} {fmt(r.get('startup_s')):>9} {fmt(s.get('tok_s')):>14} "
-              f"{fmt(s.get('ttft_s'), '.3f'):>7} {fmt(b.get('tok_s')):>15} {fmt(b.get('ttft_s'), '.3f'):>11}")
+        print(
+            f"{name:<44} {fmt(r.get('startup_s')):>9} {fmt(s.get('tok_s')):>14} "
+            f"{fmt(s.get('ttft_s'), '.3f'):>7} {fmt(b.get('tok_s')):>15} {fmt(b.get('ttft_s'), '.3f'):>11}"
+        )
         if "error" in r:
             print(f"{'':<44} serving failed: {r['error']}")
     if hf:
-        print(f"{'transformers generate() fp32':<44} {'-':>9} {fmt(hf['single']['tok_s']):>14} "
-              f"{fmt(hf['single']['ttft_s'], '.3f'):>7} {fmt(hf['batch']['tok_s']):>15} "
-              f"{fmt(hf['batch']['ttft_s'], '.3f'):>11}")
+        print(
+            f"{'transformers generate() fp32':<44} {'-':>9} {fmt(hf['single']['tok_s']):>14} "
+            f"{fmt(hf['single']['ttft_s'], '.3f'):>7} {fmt(hf['batch']['tok_s']):>15} "
+            f"{fmt(hf['batch']['ttft_s'], '.3f'):>11}"
+        )
         print("\nratios served / transformers (tokens/s):")
         for r in rows:
             if "single" in r and "batch" in r:
-                print(f"  {r['ranks']:>2} rank(s): 1-stream x{r['single']['tok_s'] / hf['single']['tok_s']:.2f}"
-                      f"   {n}-stream x{r['batch']['tok_s'] / hf['batch']['tok_s']:.2f}")
+                print(
+                    f"  {r['ranks']:>2} rank(s): 1-stream x{r['single']['tok_s'] / hf['single']['tok_s']:.2f}"
+                    f"   {n}-stream x{r['batch']['tok_s'] / hf['batch']['tok_s']:.2f}"
+                )
     print()
 
 
@@ -151,39 +177,55 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", type=int, default=32, help="concurrent streams in the batched round")
     ap.add_argument("--startup", type=rank_list, default=[1, 4, 16], help="rank counts to start")
     ap.add_argument("--serve", type=rank_list, default=[1, 4], help="rank counts to serve with")
-    ap.add_argument("--topology", type=topology_override, action="append", default=[],
-                    metavar='N="FLAGS"', help="the flags for N ranks")
+    ap.add_argument(
+        "--topology",
+        type=topology_override,
+        action="append",
+        default=[],
+        metavar='N="FLAGS"',
+        help="the flags for N ranks",
+    )
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--model", default=None, help="checkpoint (default: a fresh tiny one)")
-    ap.add_argument("--mixed", action="store_true",
-                    help="only the goal table: 1 stream, prefill 512, N mixed requests vs transformers")
+    ap.add_argument(
+        "--mixed",
+        action="store_true",
+        help="only the goal table: 1 stream, prefill 512, N mixed requests vs transformers",
+    )
     ap.add_argument("--mixed-requests", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2, help="best of N runs per figure (--mixed)")
-    ap.add_argument("--one-at-a-time-once", action="store_true",
-                    help="(--mixed) transformers one request at a time in the first round only")
-    ap.add_argument("--ref-threads", type=int, default=None,
-                    help="torch threads for transformers (default: torch's, one per CPU)")
+    ap.add_argument(
+        "--one-at-a-time-once",
+        action="store_true",
+        help="(--mixed) transformers one request at a time in the first round only",
+    )
+    ap.add_argument(
+        "--ref-threads", type=int, default=None, help="torch threads for transformers (default: torch's, one per CPU)"
+    )
     args = ap.parse_args(argv)
     topologies = {**TOPOLOGIES, **dict(args.topology)}
     if args.ref_threads is not None:
         import torch
+
         torch.set_num_threads(args.ref_threads)
     with tempfile.TemporaryDirectory(prefix="dspark-bench-") as tmp:
         ckpt = args.model
         if ckpt is None:
             from tools.make_checkpoint import make_checkpoint
+
             ckpt = make_checkpoint(os.path.join(tmp, "tiny"), size="tiny", seed=0, quiet=True)
         from dspark_loop.model_config import ModelConfig
+
         vocab_size = ModelConfig.from_dir(ckpt).vocab_size
         if args.mixed:
             from tools.bench_mixed import run
+
             run(ckpt, args, vocab_size)
             return 0
         rows = []
         for ranks in sorted(set(args.startup) | set(args.serve)):
             print(f"... {ranks} rank(s): {' '.join(topologies[ranks]) or 'one rank'}", flush=True)
-            rows.append(bench_server(ckpt, ranks, topologies[ranks], args, vocab_size,
-                                     serve=ranks in args.serve))
+            rows.append(bench_server(ckpt, ranks, topologies[ranks], args, vocab_size, serve=ranks in args.serve))
         hf = None
         if not args.no_transformers:
             print("... transformers generate()", flush=True)

@@ -10,6 +10,7 @@ before it match)), and step costs: a K=0 decode step (1 row per request), a K=7 
 (8-row verify + the drafter pass) and the drafter pass alone. K=7 tokens are checked
 against K=0 (speculation must never change them).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,7 +69,7 @@ class TimedMesh:
             toks, li, cu = as_i32(d.token_ids), 0, 0
             for k in as_i8(d.num_rows).tolist():
                 if k > 1:
-                    a = accept_chain(toks[cu + 1:cu + k][None, :], tokens[li:li + k][None, :])[0]
+                    a = accept_chain(toks[cu + 1 : cu + k][None, :], tokens[li : li + k][None, :])[0]
                     self.matched[int(a) - 1] += 1
                 li, cu = li + k, cu + k
         res = StepResult(plan.step_id, 0, i32(tokens))
@@ -83,11 +84,30 @@ def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int) -> 
     cfg = ModelConfig.from_dir(path)
     n = len(prompts)
     longest = max(map(len, prompts)) + max_tokens + 8
-    runner = ModelRunner(RankConfig(model=path, block_size=BLOCK, num_blocks=n * (-(-longest // BLOCK) + 1) + 4,
-                                    spec_k=spec_k, num_leases=n, max_model_len=4096), quiet=True)
+    runner = ModelRunner(
+        RankConfig(
+            model=path,
+            block_size=BLOCK,
+            num_blocks=n * (-(-longest // BLOCK) + 1) + 4,
+            spec_k=spec_k,
+            num_leases=n,
+            max_model_len=4096,
+        ),
+        quiet=True,
+    )
     mesh = TimedMesh(runner)
-    sched = Scheduler(CacheLayout.for_model(cfg, BLOCK), 1, runner.num_blocks, n, 8192, 0, 4096,
-                      cfg.eos_token_ids, spec_k=spec_k, enable_prefix_caching=False)
+    sched = Scheduler(
+        CacheLayout.for_model(cfg, BLOCK),
+        1,
+        runner.num_blocks,
+        n,
+        8192,
+        0,
+        4096,
+        cfg.eos_token_ids,
+        spec_k=spec_k,
+        enable_prefix_caching=False,
+    )
     engine = EngineLoop(sched, mesh, Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
 
     async def main():
@@ -112,24 +132,33 @@ def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int) -> 
     s = engine.dspark_summary()
     hist = mesh.matched
     verifies = max(1, int(hist.sum()))
-    survive = [float(hist[j + 1:].sum() / verifies) for j in range(K)]  # P(matched >= j+1)
+    survive = [float(hist[j + 1 :].sum() / verifies) for j in range(K)]  # P(matched >= j+1)
     steps = [t for _, t in mesh.step_s]
-    return {"outputs": outs, "per_user_tok_s": user, "verifies": int(hist.sum()), "total_tok_s": total,
-            "mean_accepted_len": s["mean_accepted_len"], "acceptance_per_position": survive,
-            "step_ms": 1e3 * float(np.median(steps)) if steps else None,
-            "drafter_ms": 1e3 * float(np.median(mesh.drafter_s)) if mesh.drafter_s else None}
+    return {
+        "outputs": outs,
+        "per_user_tok_s": user,
+        "verifies": int(hist.sum()),
+        "total_tok_s": total,
+        "mean_accepted_len": s["mean_accepted_len"],
+        "acceptance_per_position": survive,
+        "step_ms": 1e3 * float(np.median(steps)) if steps else None,
+        "drafter_ms": 1e3 * float(np.median(mesh.drafter_s)) if mesh.drafter_s else None,
+    }
 
 
 def merge(runs: list[dict]) -> dict:
     """Rounds of one stream count: means of the speeds, verify-weighted acceptance."""
     w = np.array([r["verifies"] for r in runs], np.float64)
     w = w / w.sum() if w.sum() else np.full(len(runs), 1 / len(runs))
-    out = {"outputs": [o for r in runs for o in r["outputs"]],
-           "per_user_tok_s": float(np.mean([r["per_user_tok_s"] for r in runs])),
-           "total_tok_s": float(np.mean([r["total_tok_s"] for r in runs])),
-           "mean_accepted_len": float(sum(wi * r["mean_accepted_len"] for wi, r in zip(w, runs))),
-           "acceptance_per_position": [float(sum(wi * r["acceptance_per_position"][j] for wi, r in zip(w, runs)))
-                                       for j in range(K)]}
+    out = {
+        "outputs": [o for r in runs for o in r["outputs"]],
+        "per_user_tok_s": float(np.mean([r["per_user_tok_s"] for r in runs])),
+        "total_tok_s": float(np.mean([r["total_tok_s"] for r in runs])),
+        "mean_accepted_len": float(sum(wi * r["mean_accepted_len"] for wi, r in zip(w, runs))),
+        "acceptance_per_position": [
+            float(sum(wi * r["acceptance_per_position"][j] for wi, r in zip(w, runs))) for j in range(K)
+        ],
+    }
     for key in ("step_ms", "drafter_ms"):
         vals = [r[key] for r in runs if r[key] is not None]
         out[key] = float(np.median(vals)) if vals else None
@@ -164,23 +193,32 @@ def main(argv=None) -> int:
             k7.append(bench(args.model, K, prompts, args.max_tokens))
         k0, k7 = merge(k0), merge(k7)
         same = k7["outputs"] == k0["outputs"]
-        row = {"streams": n, "k0_per_user_tok_s": k0["per_user_tok_s"], "k0_total_tok_s": k0["total_tok_s"],
-               "k7_per_user_tok_s": k7["per_user_tok_s"], "k7_total_tok_s": k7["total_tok_s"],
-               "per_user_speedup": k7["per_user_tok_s"] / k0["per_user_tok_s"],
-               "total_speedup": k7["total_tok_s"] / k0["total_tok_s"],
-               "mean_accepted_len": k7["mean_accepted_len"],
-               "acceptance_per_position": [round(a, 4) for a in k7["acceptance_per_position"]],
-               "k0_step_ms": k0["step_ms"], "k7_step_ms": k7["step_ms"], "drafter_ms": k7["drafter_ms"],
-               "verify_step_cost_vs_1row": k7["step_ms"] / k0["step_ms"] if k0["step_ms"] else None,
-               "tokens_equal": same}
+        row = {
+            "streams": n,
+            "k0_per_user_tok_s": k0["per_user_tok_s"],
+            "k0_total_tok_s": k0["total_tok_s"],
+            "k7_per_user_tok_s": k7["per_user_tok_s"],
+            "k7_total_tok_s": k7["total_tok_s"],
+            "per_user_speedup": k7["per_user_tok_s"] / k0["per_user_tok_s"],
+            "total_speedup": k7["total_tok_s"] / k0["total_tok_s"],
+            "mean_accepted_len": k7["mean_accepted_len"],
+            "acceptance_per_position": [round(a, 4) for a in k7["acceptance_per_position"]],
+            "k0_step_ms": k0["step_ms"],
+            "k7_step_ms": k7["step_ms"],
+            "drafter_ms": k7["drafter_ms"],
+            "verify_step_cost_vs_1row": k7["step_ms"] / k0["step_ms"] if k0["step_ms"] else None,
+            "tokens_equal": same,
+        }
         rows.append(row)
-        print(f"{n:2d} streams  K=0 per-user {row['k0_per_user_tok_s']:6.1f} "
-              f"total {row['k0_total_tok_s']:6.1f} tok/s | "
-              f"K=7 per-user {row['k7_per_user_tok_s']:6.1f} ({row['per_user_speedup']:.2f}x) total "
-              f"{row['k7_total_tok_s']:6.1f} ({row['total_speedup']:.2f}x) | accepted {row['mean_accepted_len']:.2f} "
-              f"| step {row['k0_step_ms']:.1f} -> {row['k7_step_ms']:.1f} ms ({row['verify_step_cost_vs_1row']:.2f}x, "
-              f"drafter {row['drafter_ms']:.1f} ms) | {'tokens == K=0' if same else 'TOKENS DIFFER FROM K=0'}",
-              flush=True)
+        print(
+            f"{n:2d} streams  K=0 per-user {row['k0_per_user_tok_s']:6.1f} "
+            f"total {row['k0_total_tok_s']:6.1f} tok/s | "
+            f"K=7 per-user {row['k7_per_user_tok_s']:6.1f} ({row['per_user_speedup']:.2f}x) total "
+            f"{row['k7_total_tok_s']:6.1f} ({row['total_speedup']:.2f}x) | accepted {row['mean_accepted_len']:.2f} "
+            f"| step {row['k0_step_ms']:.1f} -> {row['k7_step_ms']:.1f} ms ({row['verify_step_cost_vs_1row']:.2f}x, "
+            f"drafter {row['drafter_ms']:.1f} ms) | {'tokens == K=0' if same else 'TOKENS DIFFER FROM K=0'}",
+            flush=True,
+        )
         print(f"           acceptance per position {row['acceptance_per_position']}", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

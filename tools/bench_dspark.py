@@ -6,6 +6,7 @@ the test drafter planted to accept 1, 3 or 8 tokens per verify.
 Per user: output tokens / (finish - arrival); total: all output tokens / wall time. The
 K=7 runs also check their tokens against K=0 (speculation must never change them).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,8 @@ from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.model_config import ModelConfig
 from dspark_loop.protocol import DSPARK_K, RankConfig, StepResult, f32, i32
-from workers.runner import ModelRunner
 from dspark_testing.scripted_drafter import ScriptedDrafter
+from workers.runner import ModelRunner
 
 
 class InProcessMesh:
@@ -45,10 +46,23 @@ class InProcessMesh:
 def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, drafter=None):
     cfg = ModelConfig.from_dir(path)
     n = len(prompts)
-    runner = ModelRunner(RankConfig(model=path, block_size=32, num_blocks=8 * n, spec_k=spec_k,
-                                    num_leases=n, max_model_len=4096), quiet=True, test_drafter=drafter)
-    sched = Scheduler(CacheLayout.for_model(cfg, 32), 1, runner.num_blocks, n, 8192, 0, 4096,
-                      cfg.eos_token_ids, spec_k=spec_k, enable_prefix_caching=False)
+    runner = ModelRunner(
+        RankConfig(model=path, block_size=32, num_blocks=8 * n, spec_k=spec_k, num_leases=n, max_model_len=4096),
+        quiet=True,
+        test_drafter=drafter,
+    )
+    sched = Scheduler(
+        CacheLayout.for_model(cfg, 32),
+        1,
+        runner.num_blocks,
+        n,
+        8192,
+        0,
+        4096,
+        cfg.eos_token_ids,
+        spec_k=spec_k,
+        enable_prefix_caching=False,
+    )
     engine = EngineLoop(sched, InProcessMesh(runner), Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
 
     async def main():
@@ -57,8 +71,9 @@ def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, dra
 
         async def one(i, p):
             t0, toks = time.perf_counter(), []
-            async for out in engine.generate(GenerateRequest(f"u{i}", p, SamplingParams(max_tokens=max_tokens,
-                                                                                         ignore_eos=True))):
+            async for out in engine.generate(
+                GenerateRequest(f"u{i}", p, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+            ):
                 toks += out.new_token_ids
             per_user.append(len(toks) / (time.perf_counter() - t0))
             return toks
@@ -83,8 +98,10 @@ def main(argv=None) -> int:
     path = args.model
     if path is None:
         from tools.make_checkpoint import make_checkpoint
-        path = make_checkpoint(os.path.join(tempfile.mkdtemp(), "tiny"), size="tiny", seed=0,
-                               with_drafter=True, quiet=True)
+
+        path = make_checkpoint(
+            os.path.join(tempfile.mkdtemp(), "tiny"), size="tiny", seed=0, with_drafter=True, quiet=True
+        )
     cfg = ModelConfig.from_dir(path)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(10, cfg.vocab_size, args.prompt_len).tolist() for _ in range(args.users)]
@@ -92,15 +109,20 @@ def main(argv=None) -> int:
     print(f"K=0                     per-user {user0:7.1f} tok/s  total {total0:7.1f} tok/s")
     for m in (0, 2, 7):
         spec = {"cases": [{"prompt": p, "reference": r, "error_at": m} for p, r in zip(prompts, ref)]}
-        outs, user, total, s = bench(path, DSPARK_K, prompts, args.max_tokens,
-                                     ScriptedDrafter(spec, cfg.vocab_size, cfg.dspark.noise_token_id))
+        outs, user, total, s = bench(
+            path, DSPARK_K, prompts, args.max_tokens, ScriptedDrafter(spec, cfg.vocab_size, cfg.dspark.noise_token_id)
+        )
         same = "tokens == K=0" if outs == ref else "TOKENS DIFFER FROM K=0"
-        print(f"K=7 accept {m + 1} (mean {s['mean_accepted_len']:.2f})  per-user {user:7.1f} tok/s "
-              f"({user / user0:4.2f}x)  total {total:7.1f} tok/s ({total / total0:4.2f}x)  {same}")
+        print(
+            f"K=7 accept {m + 1} (mean {s['mean_accepted_len']:.2f})  per-user {user:7.1f} tok/s "
+            f"({user / user0:4.2f}x)  total {total:7.1f} tok/s ({total / total0:4.2f}x)  {same}"
+        )
     outs, user, total, s = bench(path, DSPARK_K, prompts, args.max_tokens)
-    print(f"K=7 real drafter (mean {s['mean_accepted_len']:.2f})  per-user {user:7.1f} tok/s "
-          f"({user / user0:4.2f}x)  total {total:7.1f} tok/s ({total / total0:4.2f}x)  "
-          f"{'tokens == K=0' if outs == ref else 'TOKENS DIFFER FROM K=0'}")
+    print(
+        f"K=7 real drafter (mean {s['mean_accepted_len']:.2f})  per-user {user:7.1f} tok/s "
+        f"({user / user0:4.2f}x)  total {total:7.1f} tok/s ({total / total0:4.2f}x)  "
+        f"{'tokens == K=0' if outs == ref else 'TOKENS DIFFER FROM K=0'}"
+    )
     return 0
 
 

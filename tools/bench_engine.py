@@ -6,6 +6,7 @@ A fake leader answers every row with a fixed token (no ranks, no model), so the 
 pure scheduler + acceptance + detokenisation work. Two cases: K=0 (1 row per request) and
 8 rows per request (K=7 verify with drafts that match up to a rotating position).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,10 @@ from dspark_testing.tiny_tokenizer import tiny_tokenizer
 
 
 def flash_layout() -> CacheLayout:
-    return CacheLayout(32, (Family(0, "swa", True, 32, 0, 128), Family(1, "c4", False, 128, 4, 0),
-                            Family(2, "c128", False, 128, 128, 0)))
+    return CacheLayout(
+        32,
+        (Family(0, "swa", True, 32, 0, 128), Family(1, "c4", False, 128, 4, 0), Family(2, "c128", False, 128, 128, 0)),
+    )
 
 
 def fake_results(step) -> list[StepResult]:
@@ -40,9 +43,17 @@ def fake_results(step) -> list[StepResult]:
 
 def bench(num_requests: int, num_partitions: int, num_steps: int, spec_k: int, stop: list[str]):
     text = TokenText(tiny_tokenizer())
-    sched = Scheduler(flash_layout(), num_partitions, [4096, 2048, 2048], max_num_seqs=num_requests,
-                      max_num_batched_tokens=8192, long_prefill_token_threshold=0,
-                      max_model_len=1 << 20, eos_token_ids=[1], spec_k=spec_k)
+    sched = Scheduler(
+        flash_layout(),
+        num_partitions,
+        [4096, 2048, 2048],
+        max_num_seqs=num_requests,
+        max_num_batched_tokens=8192,
+        long_prefill_token_threshold=0,
+        max_model_len=1 << 20,
+        eos_token_ids=[1],
+        spec_k=spec_k,
+    )
     for i in range(num_requests):
         params = SamplingParams(max_tokens=1 << 19, stop=stop)
         g = GenerateRequest(f"r{i}", list(range(3, 3 + 64)), params)
@@ -76,12 +87,13 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--steps", type=int, default=300)
     args = ap.parse_args()
-    for name, k, stop in (("K=0", 0, []), ("K=0 + stop strings", 0, ["STOP", "</end>"]),
-                          ("8 rows (K=7)", 7, [])):
+    for name, k, stop in (("K=0", 0, []), ("K=0 + stop strings", 0, ["STOP", "</end>"]), ("8 rows (K=7)", 7, [])):
         med, p99, toks = bench(args.requests, args.partitions, args.steps, k, stop)
-        print(f"{name:20s} {args.requests} req x {args.partitions} partitions: "
-              f"schedule+update median {med * 1e3:.3f} ms  p99 {p99 * 1e3:.3f} ms  "
-              f"({toks:.0f} tokens/step)")
+        print(
+            f"{name:20s} {args.requests} req x {args.partitions} partitions: "
+            f"schedule+update median {med * 1e3:.3f} ms  p99 {p99 * 1e3:.3f} ms  "
+            f"({toks:.0f} tokens/step)"
+        )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ number of positions, so acceptance lengths vary from 1 to 8. A tap subscriber re
 StepTrace; the host cost is schedule + update + deliver from the traces plus the plan's
 msgpack encode (timed inside the mesh, where a real mesh encodes it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,10 +26,9 @@ from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.metrics import Metrics
-from dspark_loop.protocol import DSPARK_K, ENCODER, TRACE_DECODER, StepResult, as_i32, as_i8, f32, i32
+from dspark_loop.protocol import DSPARK_K, ENCODER, TRACE_DECODER, StepResult, as_i8, as_i32, f32, i32
 from dspark_loop.tap_publisher import TapPublisher
 from tools.bench_engine import flash_layout, tiny_tokenizer
-
 
 
 def predict(tokens: np.ndarray) -> np.ndarray:
@@ -94,13 +94,22 @@ class InstantMesh:
         return results
 
 
-async def run(num_requests: int, num_partitions: int, num_steps: int, spec_k: int, tap_addr: str,
-              sampling: dict | None = None):
+async def run(
+    num_requests: int, num_partitions: int, num_steps: int, spec_k: int, tap_addr: str, sampling: dict | None = None
+):
     sampling = sampling or {}
-    sched = Scheduler(flash_layout(), num_partitions, [8192, 4096, 4096],
-                      max_num_seqs=num_requests, max_num_batched_tokens=8192,
-                      long_prefill_token_threshold=0, max_model_len=1 << 20, eos_token_ids=[1],
-                      spec_k=spec_k, enable_prefix_caching=False)
+    sched = Scheduler(
+        flash_layout(),
+        num_partitions,
+        [8192, 4096, 4096],
+        max_num_seqs=num_requests,
+        max_num_batched_tokens=8192,
+        long_prefill_token_threshold=0,
+        max_model_len=1 << 20,
+        eos_token_ids=[1],
+        spec_k=spec_k,
+        enable_prefix_caching=False,
+    )
     tap = TapPublisher(tap_addr)
     mesh = InstantMesh(spec_k)
     engine = EngineLoop(sched, mesh, tiny_tokenizer(), observers=[Metrics("bench"), tap])
@@ -137,7 +146,7 @@ async def run(num_requests: int, num_partitions: int, num_steps: int, spec_k: in
     tap.close()
     # skip the prefill steps: every request decodes from step ~5 on
     steady = [t for t in traces if sum(p.decode_num_rows for p in t.partitions) >= num_requests]
-    enc = mesh.encode_s[len(mesh.encode_s) - len(steady):] if steady else []
+    enc = mesh.encode_s[len(mesh.encode_s) - len(steady) :] if steady else []
     host = sorted(t.schedule_s + t.update_s + t.deliver_s + e for t, e in zip(steady, enc))
     return host, steady, traces
 
@@ -152,24 +161,32 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--tap", default="tcp://127.0.0.1:0")
-    ap.add_argument("--temperature", type=float, default=0.0,
-                    help="> 0: every request samples (top_p 0.9, top_k 50, penalties on): the "
-                         "host must not get slower, the noise and filters run on the ranks")
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="> 0: every request samples (top_p 0.9, top_k 50, penalties on): the "
+        "host must not get slower, the noise and filters run on the ranks",
+    )
     args = ap.parse_args()
-    sampling = {} if not args.temperature else dict(
-        temperature=args.temperature, top_p=0.9, top_k=50, presence_penalty=0.3, repetition_penalty=1.1)
+    sampling = (
+        {}
+        if not args.temperature
+        else dict(temperature=args.temperature, top_p=0.9, top_k=50, presence_penalty=0.3, repetition_penalty=1.1)
+    )
     for name, k in (("K=0 (1 row)", 0), ("K=7 (8 rows)", DSPARK_K)):
-        host, steady, traces = asyncio.run(run(args.requests, args.partitions, args.steps, k, args.tap,
-                                               sampling))
+        host, steady, traces = asyncio.run(run(args.requests, args.partitions, args.steps, k, args.tap, sampling))
         if not steady:
             print(f"{name}: no steady-state traces recorded ({len(traces)} traces)")
             continue
         phase = {n: sorted(getattr(t, n) for t in steady) for n in ("schedule_s", "update_s", "deliver_s")}
         toks = statistics.mean(t.num_new_tokens for t in steady)
-        print(f"{name:13s} {args.requests} req x {args.partitions} partitions, {len(steady)} steps "
-              f"({toks:.0f} tokens/step, {traces[-1].dropped_traces} traces dropped): host "
-              f"median {pct(host, .5):.2f} ms p99 {pct(host, .99):.2f} ms | "
-              + " ".join(f"{n[:-2]} {pct(v, .5):.2f}/{pct(v, .99):.2f}" for n, v in phase.items()))
+        print(
+            f"{name:13s} {args.requests} req x {args.partitions} partitions, {len(steady)} steps "
+            f"({toks:.0f} tokens/step, {traces[-1].dropped_traces} traces dropped): host "
+            f"median {pct(host, 0.5):.2f} ms p99 {pct(host, 0.99):.2f} ms | "
+            + " ".join(f"{n[:-2]} {pct(v, 0.5):.2f}/{pct(v, 0.99):.2f}" for n, v in phase.items())
+        )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ each figure is the best of --repeats rounds (on a shared machine the best round 
 disturbed one); --one-at-a-time-once runs the long one-request-at-a-time baseline in the
 first round only. No pass/fail: ratios.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,11 @@ async def _serve(url: str, prompts: list[list[int]], max_tokens: list[int]) -> d
     import aiohttp
 
     from tests.e2e.client import stream_completion
-    bodies = [{"prompt": p, "max_tokens": m, "ignore_eos": True, "return_token_ids": True}
-              for p, m in zip(prompts, max_tokens)]
+
+    bodies = [
+        {"prompt": p, "max_tokens": m, "ignore_eos": True, "return_token_ids": True}
+        for p, m in zip(prompts, max_tokens)
+    ]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as s:
         t0 = time.perf_counter()
         results = await asyncio.gather(*(stream_completion(s, url, b) for b in bodies))
@@ -59,23 +63,25 @@ class Reference:
 
     def __init__(self, ckpt: str) -> None:
         from tests.e2e.reference import GreedyReference
+
         self.ref = GreedyReference(ckpt)
 
     def generate(self, batch: list[list[int]], num_new: int) -> float:
         import torch
 
         from tests.tie_rule import lowest_index_ties
+
         width = max(len(p) for p in batch)
         ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])  # left-padded
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
         t0 = time.perf_counter()
         with torch.no_grad(), lowest_index_ties():
-            self.ref.model.generate(ids, attention_mask=mask,
-                                    generation_config=self.ref.generation_config(num_new, 0))
+            self.ref.model.generate(ids, attention_mask=mask, generation_config=self.ref.generation_config(num_new, 0))
         return time.perf_counter() - t0
 
     def forward(self, ids: list[int]) -> float:
         import torch
+
         t0 = time.perf_counter()
         with torch.no_grad():
             self.ref.model(torch.tensor([ids]))
@@ -88,6 +94,7 @@ def measure(ckpt: str, args, vocab_size: int) -> tuple[dict, dict]:
     fresh prompts: a repeated prompt would hit the server's prefix cache."""
     from tests.e2e.server import ServerProcess
     from tools.bench import prompt_ids
+
     ref = Reference(ckpt)
     ref.generate([prompt_ids(args.prompt_len, 999, vocab_size)], 2)  # warm-up
     served_runs: dict[str, list] = {"1 stream": [], "prefill 512": [], "mixed": []}
@@ -107,7 +114,8 @@ def measure(ckpt: str, args, vocab_size: int) -> tuple[dict, dict]:
             ref_runs["static"].append({"tok_s": sum(outs) / ref.generate(prompts, max(outs))})
             if i == 0 or not args.one_at_a_time_once:
                 ref_runs["one at a time"].append(
-                    {"tok_s": sum(outs) / sum(ref.generate([p], o) for p, o in zip(prompts, outs))})
+                    {"tok_s": sum(outs) / sum(ref.generate([p], o) for p, o in zip(prompts, outs))}
+                )
     finally:
         server.stop()
     lower = {"prefill 512"}
@@ -121,25 +129,38 @@ def goal_rows(served: dict, ref: dict) -> list[tuple[str, str, str, float]]:
     s1, r1 = served["1 stream"]["tok_s"], ref["1 stream"]["tok_s"]
     sm = served["mixed"]["tok_s"]
     sp, rp = served["prefill 512"]["ttft_s"], ref["prefill 512"]["ttft_s"]
-    return [("1 stream", f"{s1:.1f} tok/s", f"{r1:.1f} tok/s", s1 / r1),
-            ("mixed vs static batch", f"{sm:.1f} tok/s", f"{ref['static']['tok_s']:.1f} tok/s",
-             sm / ref["static"]["tok_s"]),
-            ("mixed vs one at a time", f"{sm:.1f} tok/s", f"{ref['one at a time']['tok_s']:.1f} tok/s",
-             sm / ref["one at a time"]["tok_s"]),
-            ("prefill 512", f"{sp * 1e3:.1f} ms TTFT", f"{rp * 1e3:.1f} ms forward", rp / sp)]
+    return [
+        ("1 stream", f"{s1:.1f} tok/s", f"{r1:.1f} tok/s", s1 / r1),
+        (
+            "mixed vs static batch",
+            f"{sm:.1f} tok/s",
+            f"{ref['static']['tok_s']:.1f} tok/s",
+            sm / ref["static"]["tok_s"],
+        ),
+        (
+            "mixed vs one at a time",
+            f"{sm:.1f} tok/s",
+            f"{ref['one at a time']['tok_s']:.1f} tok/s",
+            sm / ref["one at a time"]["tok_s"],
+        ),
+        ("prefill 512", f"{sp * 1e3:.1f} ms TTFT", f"{rp * 1e3:.1f} ms forward", rp / sp),
+    ]
 
 
 def run(ckpt: str, args, vocab_size: int) -> None:
     import os
 
     import torch
+
     served, ref = measure(ckpt, args, vocab_size)
     num_tokens = sum(mixed_workload(args.mixed_requests, vocab_size)[1])
     n = args.mixed_requests
-    print(f"\n{n} mixed requests: prompts 16-512, outputs 16-128 ({num_tokens} tokens); 1 stream: prompt "
-          f"{args.prompt_len}, {args.max_tokens} tokens; best of {args.repeats}; "
-          f"{os.cpu_count()} CPUs; transformers on "
-          f"{torch.get_num_threads()} thread(s)\n")
+    print(
+        f"\n{n} mixed requests: prompts 16-512, outputs 16-128 ({num_tokens} tokens); 1 stream: prompt "
+        f"{args.prompt_len}, {args.max_tokens} tokens; best of {args.repeats}; "
+        f"{os.cpu_count()} CPUs; transformers on "
+        f"{torch.get_num_threads()} thread(s)\n"
+    )
     head = f"{'goal':<24} {'served':>16} {'transformers':>20} {'ratio':>7} {'goal':>6}"
     print(head)
     print("-" * len(head))

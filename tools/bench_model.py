@@ -10,6 +10,7 @@ of N tokens, and transformers' cached decode per token (batch 1); prints the rat
 Times are the median of --reps; also the thread CPU time (min), steadier on a shared machine.
 No assertions: numbers only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,15 +28,29 @@ from workers.staging import Segment
 
 def make_reference(path: str, layers: int, hidden: int):
     from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+
     kinds = ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"]
     cfg = DeepseekV4Config(
-        vocab_size=4096, hidden_size=hidden, moe_intermediate_size=hidden // 2, num_attention_heads=8,
-        head_dim=64, q_lora_rank=hidden // 2, partial_rotary_factor=0.25, n_routed_experts=16,
-        num_experts_per_tok=4, o_groups=4, o_lora_rank=64, index_n_heads=4, index_head_dim=32,
-        index_topk=16, sliding_window=64, num_hidden_layers=layers,
+        vocab_size=4096,
+        hidden_size=hidden,
+        moe_intermediate_size=hidden // 2,
+        num_attention_heads=8,
+        head_dim=64,
+        q_lora_rank=hidden // 2,
+        partial_rotary_factor=0.25,
+        n_routed_experts=16,
+        num_experts_per_tok=4,
+        o_groups=4,
+        o_lora_rank=64,
+        index_n_heads=4,
+        index_head_dim=32,
+        index_topk=16,
+        sliding_window=64,
+        num_hidden_layers=layers,
         layer_types=[kinds[min(i, 1) + (i > 1 and i % 2 == 0)] for i in range(layers)],
         mlp_layer_types=["hash_moe"] + ["moe"] * (layers - 1),
-        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 32})
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 32},
+    )
     torch.manual_seed(0)
     model = DeepseekV4ForCausalLM(cfg).eval()
     model.save_pretrained(path)
@@ -66,6 +81,7 @@ def cpu_timed(fn, reps: int) -> float:
 def profile(name: str, fn, top: int, reps: int = 5) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
+
     fn()
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(reps):
@@ -82,8 +98,10 @@ def load_reference(model: str | None, a):
         return path, make_reference(path, a.layers, a.hidden)
     if model == "tiny":
         from tools.make_checkpoint import make_checkpoint
+
         model = make_checkpoint(tempfile.mkdtemp(prefix="bench_model_"), size="tiny", seed=0, quiet=True)
     from transformers import DeepseekV4ForCausalLM
+
     return model, DeepseekV4ForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
 
 
@@ -115,14 +133,19 @@ def main() -> None:
     runner.forward([Segment(r, 0, ctx, len(ctx), np.array([len(ctx) - 1])) for r in range(a.requests)])
 
     def decode(rows: int):
-        segs = [Segment(r, a.context, rng.integers(2, vocab, rows).astype(np.int32), rows, np.arange(rows))
-                for r in range(a.requests)]
+        segs = [
+            Segment(r, a.context, rng.integers(2, vocab, rows).astype(np.int32), rows, np.arange(rows))
+            for r in range(a.requests)
+        ]
         return lambda: runner.forward(segs)
 
     prompt = rng.integers(2, vocab, a.prefill).astype(np.int32)
     prefill = [Segment(a.requests, 0, prompt, len(prompt), np.array([len(prompt) - 1]))]
-    cases = {f"decode 1 row x {a.requests}": decode(1), f"verify 8 rows x {a.requests}": decode(8),
-             f"prefill {a.prefill}": lambda: runner.forward(prefill)}
+    cases = {
+        f"decode 1 row x {a.requests}": decode(1),
+        f"verify 8 rows x {a.requests}": decode(8),
+        f"prefill {a.prefill}": lambda: runner.forward(prefill),
+    }
     if a.profile:
         for name, fn in cases.items():
             profile(name, fn, a.profile)
@@ -131,6 +154,7 @@ def main() -> None:
         print(f"ours  {name}: thread CPU {cpu_timed(fn, a.reps) * 1e3:.2f} ms/step (min)")
 
     from transformers import DynamicCache
+
     with torch.no_grad():
         cache = DynamicCache(config=ref.config)
         out = ref(torch.from_numpy(ctx[None].astype(np.int64)), cache=cache, use_cache=True)
@@ -146,13 +170,16 @@ def main() -> None:
     c = ref.config
     print(f"model: {c.num_hidden_layers} layers, hidden {c.hidden_size}; {a.requests} requests at context {a.context}")
     print(f"ours  decode 1 row x {a.requests}:  {t_dec1 * 1e3:8.2f} ms/step  {t_dec1 / a.requests * 1e3:7.2f} ms/token")
-    print(f"ours  verify 8 rows x {a.requests}: {t_dec8 * 1e3:8.2f} ms/step  "
-          f"{t_dec8 / (8 * a.requests) * 1e3:7.2f} ms/row")
+    print(
+        f"ours  verify 8 rows x {a.requests}: {t_dec8 * 1e3:8.2f} ms/step  "
+        f"{t_dec8 / (8 * a.requests) * 1e3:7.2f} ms/row"
+    )
     print(f"ours  prefill {a.prefill}:           {t_pre * 1e3:8.2f} ms")
     print(f"hf    cached decode (batch 1): {t_hf * 1e3:8.2f} ms/token")
     print(f"hf    prefill {a.prefill}:           {t_hf_pre * 1e3:8.2f} ms")
-    print(f"ratio ours per-token decode / hf: {t_dec1 / a.requests / t_hf:.2f}; "
-          f"ours prefill / hf: {t_pre / t_hf_pre:.2f}")
+    print(
+        f"ratio ours per-token decode / hf: {t_dec1 / a.requests / t_hf:.2f}; ours prefill / hf: {t_pre / t_hf_pre:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ tokens, and the ratio of the later turns' mean TTFTs (no cache / cache). Runs fr
 repository checkout (it uses the e2e harness in tests/e2e: run it with
 `python -m` from the repository root, which puts the root on the import path). No pass/fail.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,29 +24,44 @@ import sys
 import tempfile
 import time
 
-SYSTEM = ("You are the support assistant of a small travel agency. Answer briefly, cite the "
-          "booking rules when they apply, and never invent prices or dates. ")
-QUESTIONS = ["Can I move my Paris trip to next week?", "What about the hotel?",
-             "And the train tickets?", "Is there a fee?", "Can I add a night in Lyon?",
-             "Who do I call if the train is late?", "Thanks, anything else to know?"]
+SYSTEM = (
+    "You are the support assistant of a small travel agency. Answer briefly, cite the "
+    "booking rules when they apply, and never invent prices or dates. "
+)
+QUESTIONS = [
+    "Can I move my Paris trip to next week?",
+    "What about the hotel?",
+    "And the train tickets?",
+    "Is there a fee?",
+    "Can I add a night in Lyon?",
+    "Who do I call if the train is late?",
+    "Thanks, anything else to know?",
+]
 
 
 def run_conversation(url: str, turns: int, system_repeat: int, reply_tokens: int) -> list[dict]:
     import openai
+
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
     model = client.models.list().data[0].id
     # NOTE: one short unmeasured request first: a rank's first forward pays one-off costs.
-    client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi."}],
-                                   max_tokens=2, reasoning_effort="none")
+    client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hi."}], max_tokens=2, reasoning_effort="none"
+    )
     messages = [{"role": "system", "content": SYSTEM * system_repeat}]
     rows = []
     for t in range(turns):
         messages.append({"role": "user", "content": QUESTIONS[t % len(QUESTIONS)]})
         t0 = time.perf_counter()
         stream = client.chat.completions.create(
-            model=model, messages=messages, max_tokens=reply_tokens, stream=True,
-            stream_options={"include_usage": True}, reasoning_effort="none",
-            extra_body={"ignore_eos": True})
+            model=model,
+            messages=messages,
+            max_tokens=reply_tokens,
+            stream=True,
+            stream_options={"include_usage": True},
+            reasoning_effort="none",
+            extra_body={"ignore_eos": True},
+        )
         ttft, text, usage = None, [], None
         for chunk in stream:
             if ttft is None:
@@ -55,14 +71,20 @@ def run_conversation(url: str, turns: int, system_repeat: int, reply_tokens: int
             if chunk.usage is not None:
                 usage = chunk.usage
         messages.append({"role": "assistant", "content": "".join(text)})
-        rows.append({"ttft_s": ttft, "prompt_tokens": usage.prompt_tokens,
-                     "cached_tokens": usage.prompt_tokens_details.cached_tokens,
-                     "text": "".join(text)})
+        rows.append(
+            {
+                "ttft_s": ttft,
+                "prompt_tokens": usage.prompt_tokens,
+                "cached_tokens": usage.prompt_tokens_details.cached_tokens,
+                "text": "".join(text),
+            }
+        )
     return rows
 
 
 def bench(ckpt: str, flags: list[str], args) -> list[dict]:
     from tests.e2e.server import ServerProcess
+
     server = ServerProcess(["--model", ckpt, "--log-level", "warning", *flags], timeout_s=900)
     try:
         return run_conversation(server.url, args.turns, args.system_repeat, args.reply_tokens)
@@ -76,29 +98,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--system-repeat", type=int, default=12, help="copies of the system sentence")
     ap.add_argument("--reply-tokens", type=int, default=8)
     ap.add_argument("--model", default=None, help="checkpoint (default: a fresh tiny one)")
-    ap.add_argument("--flags", default="--block-size 8 --max-model-len 4096 "
-                                       "--max-num-batched-tokens 256",
-                    help="server flags for both runs")
+    ap.add_argument(
+        "--flags",
+        default="--block-size 8 --max-model-len 4096 --max-num-batched-tokens 256",
+        help="server flags for both runs",
+    )
     args = ap.parse_args(argv)
     flags = shlex.split(args.flags)
     with tempfile.TemporaryDirectory(prefix="dspark-bench-prefix-") as tmp:
         ckpt = args.model
         if ckpt is None:
             from tools.make_checkpoint import make_checkpoint
+
             ckpt = make_checkpoint(os.path.join(tmp, "tiny"), size="tiny", seed=0, quiet=True)
         print("... prefix caching on", flush=True)
         cached = bench(ckpt, flags, args)
         print("... prefix caching off", flush=True)
         plain = bench(ckpt, [*flags, "--no-enable-prefix-caching"], args)
-    print(f"{'turn':>4} {'prompt':>7} {'cached':>7} {'ttft cache (s)':>15} {'ttft no cache (s)':>18}"
-          f" {'same text':>9}")
+    print(f"{'turn':>4} {'prompt':>7} {'cached':>7} {'ttft cache (s)':>15} {'ttft no cache (s)':>18} {'same text':>9}")
     for t, (a, b) in enumerate(zip(cached, plain), 1):
-        print(f"{t:>4} {a['prompt_tokens']:>7} {a['cached_tokens']:>7} {a['ttft_s']:>15.3f} "
-              f"{b['ttft_s']:>18.3f} {str(a['text'] == b['text']):>9}")
+        print(
+            f"{t:>4} {a['prompt_tokens']:>7} {a['cached_tokens']:>7} {a['ttft_s']:>15.3f} "
+            f"{b['ttft_s']:>18.3f} {str(a['text'] == b['text']):>9}"
+        )
     later_a = statistics.mean(r["ttft_s"] for r in cached[1:])
     later_b = statistics.mean(r["ttft_s"] for r in plain[1:])
-    print(f"turns 2..{args.turns}: mean TTFT {later_a:.3f}s cached vs {later_b:.3f}s uncached; "
-          f"ratio (uncached / cached) = {later_b / later_a:.2f}x")
+    print(
+        f"turns 2..{args.turns}: mean TTFT {later_a:.3f}s cached vs {later_b:.3f}s uncached; "
+        f"ratio (uncached / cached) = {later_b / later_a:.2f}x"
+    )
     return 0
 
 

@@ -12,6 +12,7 @@ so the short ones wait; running >= dp), then the signal to the last rank. Report
     kept_ok      waiting requests that finished with their solo tokens
     restart_s    the server's own figure (death noticed -> serving), from /metrics/json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,6 +35,7 @@ async def one_round(server, sig: int, running: int, waiting: int, seed: int) -> 
     solo = [server.complete(p, 16)["choices"][0]["token_ids"] for p in short]
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as http:
+
         async def stream(body) -> tuple[bool, list[int]]:
             async with http.post(server.url + "/v1/completions", json={**body, "stream": True}) as r:
                 if r.status != 200:
@@ -47,13 +49,18 @@ async def one_round(server, sig: int, running: int, waiting: int, seed: int) -> 
                         tokens += [t for c in event.get("choices", []) for t in c.get("token_ids", [])]
                 return ok, tokens
 
-        long_tasks = [asyncio.create_task(stream({"prompt": token_prompt(8, seed=seed + 100 + i),
-                                                  "max_tokens": 100000, "ignore_eos": True}))
-                      for i in range(running)]
+        long_tasks = [
+            asyncio.create_task(
+                stream({"prompt": token_prompt(8, seed=seed + 100 + i), "max_tokens": 100000, "ignore_eos": True})
+            )
+            for i in range(running)
+        ]
         while sum(p["num_running"] for p in server.engine_stats()["partitions"]) < running:
             await asyncio.sleep(0.05)
-        short_tasks = [asyncio.create_task(stream({"prompt": p, "max_tokens": 16, "ignore_eos": True,
-                                                   "return_token_ids": True})) for p in short]
+        short_tasks = [
+            asyncio.create_task(stream({"prompt": p, "max_tokens": 16, "ignore_eos": True, "return_token_ids": True}))
+            for p in short
+        ]
         while sum(p["num_waiting"] for p in server.engine_stats()["partitions"]) < waiting:
             await asyncio.sleep(0.05)
         before = server.metrics_json()["mesh_restarts_total"]
@@ -85,24 +92,42 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = args.model
         if ckpt is None:
             from tools.make_checkpoint import make_checkpoint
+
             ckpt = make_checkpoint(os.path.join(tmp, "tiny"), size="tiny", seed=7, quiet=True)
-        server = ServerProcess(["--model", ckpt, "--log-level", "warning", *args.topology.split(),
-                                "--max-num-seqs", str(args.running),
-                                "--max-rank-restarts", str(args.rounds)], timeout_s=900)
+        server = ServerProcess(
+            [
+                "--model",
+                ckpt,
+                "--log-level",
+                "warning",
+                *args.topology.split(),
+                "--max-num-seqs",
+                str(args.running),
+                "--max-rank-restarts",
+                str(args.rounds),
+            ],
+            timeout_s=900,
+        )
         try:
-            rows = [asyncio.run(one_round(server, getattr(signal, args.signal), args.running,
-                                          args.waiting, seed=10 * r)) for r in range(args.rounds)]
+            rows = [
+                asyncio.run(one_round(server, getattr(signal, args.signal), args.running, args.waiting, seed=10 * r))
+                for r in range(args.rounds)
+            ]
             restart_s = [line for line in server.log().splitlines() if "rank mesh restarted in" in line]
         finally:
             server.stop()
     topo = args.topology or "1 rank"
     for r, row in enumerate(rows):
-        print(f"[{topo}] {args.signal} round {r}: errors after {row['errors_s']:.2f} s, serving "
-              f"after {row['serving_s']:.2f} s, lost {row['lost']} (running {args.running}), "
-              f"kept and correct {row['kept_ok']}/{args.waiting}")
-    print(f"[{topo}] {args.signal} median serving again after "
-          f"{statistics.median(r['serving_s'] for r in rows):.2f} s, errors after "
-          f"{statistics.median(r['errors_s'] for r in rows):.2f} s; server's own lines:")
+        print(
+            f"[{topo}] {args.signal} round {r}: errors after {row['errors_s']:.2f} s, serving "
+            f"after {row['serving_s']:.2f} s, lost {row['lost']} (running {args.running}), "
+            f"kept and correct {row['kept_ok']}/{args.waiting}"
+        )
+    print(
+        f"[{topo}] {args.signal} median serving again after "
+        f"{statistics.median(r['serving_s'] for r in rows):.2f} s, errors after "
+        f"{statistics.median(r['errors_s'] for r in rows):.2f} s; server's own lines:"
+    )
     for line in restart_s:
         print("   ", line.split("WARNING ", 1)[-1])
     ok = all(r["lost"] == args.running and r["kept_ok"] == args.waiting for r in rows)

@@ -10,6 +10,7 @@ checked against K=0 (same seeds): speculation must never change a sampled token.
 model: the shipped demo when there is one, else a fresh tiny random checkpoint (whose
 drafter is untrained: acceptance there says nothing about a trained one).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,15 +33,28 @@ from tools.bench_dspark import InProcessMesh
 from workers.runner import ModelRunner
 
 
-def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, temperature: float,
-          shared_noise: bool = True):
+def bench(
+    path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, temperature: float, shared_noise: bool = True
+):
     cfg = ModelConfig.from_dir(path)
     n = len(prompts)
-    runner = ModelRunner(RankConfig(model=path, block_size=32, num_blocks=8 * n, spec_k=spec_k,
-                                    num_leases=n, max_model_len=4096), quiet=True)
+    runner = ModelRunner(
+        RankConfig(model=path, block_size=32, num_blocks=8 * n, spec_k=spec_k, num_leases=n, max_model_len=4096),
+        quiet=True,
+    )
     runner.sampler.shared_noise_drafts = shared_noise
-    sched = Scheduler(CacheLayout.for_model(cfg, 32), 1, runner.num_blocks, n, 8192, 0, 4096,
-                      cfg.eos_token_ids, spec_k=spec_k, enable_prefix_caching=False)
+    sched = Scheduler(
+        CacheLayout.for_model(cfg, 32),
+        1,
+        runner.num_blocks,
+        n,
+        8192,
+        0,
+        4096,
+        cfg.eos_token_ids,
+        spec_k=spec_k,
+        enable_prefix_caching=False,
+    )
     engine = EngineLoop(sched, InProcessMesh(runner), Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
 
     async def main():
@@ -66,13 +80,14 @@ def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, tem
 def default_model() -> str:
     try:
         from dspark_loop.default_model import DEMO_DIR, demo_is_complete
+
         if demo_is_complete():
             return DEMO_DIR
     except ImportError:
         pass
     from tools.make_checkpoint import make_checkpoint
-    return make_checkpoint(os.path.join(tempfile.mkdtemp(), "tiny"), size="tiny", seed=0, with_drafter=True,
-                           quiet=True)
+
+    return make_checkpoint(os.path.join(tempfile.mkdtemp(), "tiny"), size="tiny", seed=0, with_drafter=True, quiet=True)
 
 
 def manifest_prompts(path: str, n: int) -> list[list[int]] | None:
@@ -109,8 +124,10 @@ def main(argv=None) -> int:
         for shared in (True, False):
             outs, user, s = bench(path, DSPARK_K, prompts, args.max_tokens, t, shared)
             same = "tokens == K=0" if outs == ref else "TOKENS DIFFER FROM K=0"
-            print(f"T={t}: K=7 {'shared-noise' if shared else 'greedy'} drafts: mean accepted "
-                  f"{s['mean_accepted_len']:.2f}  per-user {user:7.1f} tok/s ({user / user0:4.2f}x)  {same}")
+            print(
+                f"T={t}: K=7 {'shared-noise' if shared else 'greedy'} drafts: mean accepted "
+                f"{s['mean_accepted_len']:.2f}  per-user {user:7.1f} tok/s ({user / user0:4.2f}x)  {same}"
+            )
     return 0
 
 

@@ -5,6 +5,7 @@ rope_scaling, compress_rope_theta) plus `layer_types`, because transformers' leg
 `compress_ratios` path only knows the ratios 0/4/128 and our small models use other HCA
 ratios. Both readers (dspark_loop.model_config and transformers) take the same file.
 """
+
 from __future__ import annotations
 
 # Token ids the tokenizer fixes (checkpoint_tokenizer.SPECIAL_TOKENS order).
@@ -14,27 +15,62 @@ NUM_DRAFT_STAGES = 3
 SIZES: dict[str, dict] = {
     # Fast on CPU: every attention kind (sliding, CSA, HCA), hash + routed MoE.
     "tiny": dict(
-        vocab_size=1024, hidden_size=64, num_hidden_layers=6, num_sliding_layers=1,
-        num_attention_heads=8, head_dim=32, qk_rope_head_dim=16, q_lora_rank=32,
-        o_groups=4, o_lora_rank=16, n_routed_experts=16, n_shared_experts=1,
-        num_experts_per_tok=2, moe_intermediate_size=32, num_hash_layers=2,
-        sliding_window=16, compress_rate_csa=4, compress_rate_hca=16,
-        index_n_heads=4, index_head_dim=16, index_topk=8,
+        vocab_size=1024,
+        hidden_size=64,
+        num_hidden_layers=6,
+        num_sliding_layers=1,
+        num_attention_heads=8,
+        head_dim=32,
+        qk_rope_head_dim=16,
+        q_lora_rank=32,
+        o_groups=4,
+        o_lora_rank=16,
+        n_routed_experts=16,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        num_hash_layers=2,
+        sliding_window=16,
+        compress_rate_csa=4,
+        compress_rate_hca=16,
+        index_n_heads=4,
+        index_head_dim=16,
+        index_topk=8,
         # NOTE: far below Flash's 10 so the SwiGLU clamps fire on ~1% of activations and
         # an implementation that forgets them disagrees with the reference.
         swiglu_limit=2.5,
-        max_position_embeddings=8192, yarn_factor=4.0, yarn_original_max_position=2048,
+        max_position_embeddings=8192,
+        yarn_factor=4.0,
+        yarn_original_max_position=2048,
         dspark_markov_rank=16,
     ),
     # Bigger, for benchmarks: Flash's window/HCA ratio, more experts.
     "small": dict(
-        vocab_size=4096, hidden_size=256, num_hidden_layers=8, num_sliding_layers=2,
-        num_attention_heads=16, head_dim=64, qk_rope_head_dim=32, q_lora_rank=128,
-        o_groups=4, o_lora_rank=64, n_routed_experts=32, n_shared_experts=1,
-        num_experts_per_tok=4, moe_intermediate_size=128, num_hash_layers=3,
-        sliding_window=128, compress_rate_csa=4, compress_rate_hca=128,
-        index_n_heads=8, index_head_dim=32, index_topk=64, swiglu_limit=10.0,
-        max_position_embeddings=65536, yarn_factor=4.0, yarn_original_max_position=16384,
+        vocab_size=4096,
+        hidden_size=256,
+        num_hidden_layers=8,
+        num_sliding_layers=2,
+        num_attention_heads=16,
+        head_dim=64,
+        qk_rope_head_dim=32,
+        q_lora_rank=128,
+        o_groups=4,
+        o_lora_rank=64,
+        n_routed_experts=32,
+        n_shared_experts=1,
+        num_experts_per_tok=4,
+        moe_intermediate_size=128,
+        num_hash_layers=3,
+        sliding_window=128,
+        compress_rate_csa=4,
+        compress_rate_hca=128,
+        index_n_heads=8,
+        index_head_dim=32,
+        index_topk=64,
+        swiglu_limit=10.0,
+        max_position_embeddings=65536,
+        yarn_factor=4.0,
+        yarn_original_max_position=16384,
         dspark_markov_rank=32,
     ),
 }
@@ -60,8 +96,9 @@ def resolve_size(size: str, overrides: dict) -> dict:
     if overrides.get("num_hash_layers") is None:
         p["num_hash_layers"] = min(p["num_hash_layers"], n)
     if p["compress_ratios"] is None:
-        p["compress_ratios"] = default_ratios(n, p["num_sliding_layers"],
-                                              p["compress_rate_csa"], p["compress_rate_hca"])
+        p["compress_ratios"] = default_ratios(
+            n, p["num_sliding_layers"], p["compress_rate_csa"], p["compress_rate_hca"]
+        )
     p["compress_ratios"] = [int(r) for r in p["compress_ratios"]]
     _validate(p)
     return p
@@ -145,17 +182,25 @@ def build_config(p: dict, *, dtype: str, w8a8: bool, with_drafter: bool) -> dict
     if with_drafter:
         if n < 3:
             raise ValueError("the drafter taps the last 3 trunk layers: need >= 3 layers")
-        cfg.update({
-            "dspark_target_layer_ids": [n - 3, n - 2, n - 1],
-            "dspark_noise_token_id": NOISE_ID,
-            "dspark_markov_rank": p["dspark_markov_rank"],
-            "dspark_block_size": 7,
-        })
+        cfg.update(
+            {
+                "dspark_target_layer_ids": [n - 3, n - 2, n - 1],
+                "dspark_noise_token_id": NOISE_ID,
+                "dspark_markov_rank": p["dspark_markov_rank"],
+                "dspark_block_size": 7,
+            }
+        )
     if w8a8:
         cfg["checkpoint_format"] = "w8a8-compressed-tensors"
     return cfg
 
 
 def generation_config() -> dict:
-    return {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": EOS_ID,
-            "do_sample": False, "temperature": 1.0, "top_p": 1.0}
+    return {
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": EOS_ID,
+        "do_sample": False,
+        "temperature": 1.0,
+        "top_p": 1.0,
+    }

@@ -9,6 +9,7 @@ amax; codes are the nearest value, ties to even. Sharded like the release:
 model-0000k-of-0000N.safetensors + model.safetensors.index.json, a weight's `.scale` may
 land in the next shard. Written one shard at a time.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,13 @@ from tools.convert_release import fp4, fp8
 from tools.convert_release.names import FP4_GROUP, released_as, scale_of
 
 BLOCK = (128, 128)
-QUANTIZATION_CONFIG = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                       "scale_fmt": "ue8m0", "weight_block_size": list(BLOCK)}
+QUANTIZATION_CONFIG = {
+    "activation_scheme": "dynamic",
+    "fmt": "e4m3",
+    "quant_method": "fp8",
+    "scale_fmt": "ue8m0",
+    "weight_block_size": list(BLOCK),
+}
 DEFAULT_SHARD_MB = 4.0
 
 
@@ -57,8 +63,9 @@ def _encode(spec: TensorSpec, seed: int, index_dtype: str) -> dict:
     return {spec.name: values if kind == "f32" else BF16(values)}
 
 
-def write_release_tensors(out_dir: str, p: dict, *, seed: int, with_drafter: bool, index_dtype: str,
-                          shard_bytes: int) -> int:
+def write_release_tensors(
+    out_dir: str, p: dict, *, seed: int, with_drafter: bool, index_dtype: str, shard_bytes: int
+) -> int:
     """Write the sharded safetensors files and the index; returns the number of tensors."""
     specs = trunk_tensors(p) + (drafter_tensors(p) if with_drafter else [])
     by_name = {s.name: s for s in specs}

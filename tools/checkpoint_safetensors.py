@@ -4,6 +4,7 @@ Layout: u64 little-endian header length, a JSON header {name: {dtype, shape,
 data_offsets}}, padded with spaces to 8 bytes, then the tensors back to back in
 header (name) order.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,12 @@ import struct
 
 import numpy as np
 
-_NUMPY_TO_ST = {np.dtype(np.float32): "F32", np.dtype(np.int64): "I64",
-                np.dtype(np.int32): "I32", np.dtype(np.int8): "I8"}
+_NUMPY_TO_ST = {
+    np.dtype(np.float32): "F32",
+    np.dtype(np.int64): "I64",
+    np.dtype(np.int32): "I32",
+    np.dtype(np.int8): "I8",
+}
 
 
 class BF16:
@@ -53,8 +58,9 @@ def _encode(t: np.ndarray | BF16 | Raw) -> tuple[str, list[int], bytes]:
     return _NUMPY_TO_ST[t.dtype], list(t.shape), np.ascontiguousarray(t).astype(t.dtype.newbyteorder("<")).tobytes()
 
 
-def save_safetensors(path: str, tensors: dict[str, np.ndarray | BF16 | Raw],
-                     metadata: dict[str, str] | None = None) -> None:
+def save_safetensors(
+    path: str, tensors: dict[str, np.ndarray | BF16 | Raw], metadata: dict[str, str] | None = None
+) -> None:
     header: dict = {"__metadata__": dict(metadata or {"format": "pt"})}
     blobs: list[bytes] = []
     offset = 0

@@ -7,6 +7,7 @@ filled with unused `<｜place▁holder▁no▁N｜>` tokens, as DeepSeek's own v
 Encoding never adds BOS (no post-processor): prompts are tokenised with
 add_special_tokens=False and /v1/completions prepends BOS itself.
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,10 +33,14 @@ def tokenizer_json(vocab_size: int) -> str:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=MIN_MERGE_COUNT, show_progress=False,
-        special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        vocab_size=vocab_size,
+        min_frequency=MIN_MERGE_COUNT,
+        show_progress=False,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(corpus_lines(), trainer=trainer)
-    filler = (f"<｜place▁holder▁no▁{i}｜>" for i in range(10 ** 6) if i != 799)
+    filler = (f"<｜place▁holder▁no▁{i}｜>" for i in range(10**6) if i != 799)
     while tok.get_vocab_size(with_added_tokens=True) < vocab_size:
         missing = vocab_size - tok.get_vocab_size(with_added_tokens=True)
         tok.add_special_tokens([next(filler) for _ in range(missing)])

@@ -5,6 +5,7 @@ q = round(w / scale) (half to even, as torch.round), clamped to [-127, 127].
 Quantised: attention wq_b / wo_b, the indexer's wq_b, shared and routed expert w1/w2/w3
 (trunk and drafter alike); every other tensor stays float.
 """
+
 from __future__ import annotations
 
 import re
@@ -14,7 +15,8 @@ import numpy as np
 AMAX_FLOOR = np.float32(1e-4)
 QUANTIZED = re.compile(
     r"(^|\.)(attn\.wq_b|attn\.wo_b|attn\.indexer\.wq_b|"
-    r"ffn\.shared_experts\.w[123]|ffn\.experts\.\d+\.w[123])\.weight$")
+    r"ffn\.shared_experts\.w[123]|ffn\.experts\.\d+\.w[123])\.weight$"
+)
 MARKER_FILE = "w8a8.marker"
 FORMAT = "w8a8-compressed-tensors"
 
@@ -32,5 +34,5 @@ def quantize_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def scale_tensor_name(weight_name: str, scale_name: str) -> str:
-    """"layers.0.attn.wq_b.weight" -> "layers.0.attn.wq_b.scale" (or ".weight_scale")."""
+    """ "layers.0.attn.wq_b.weight" -> "layers.0.attn.wq_b.scale" (or ".weight_scale")."""
     return weight_name[: -len("weight")] + scale_name

@@ -11,6 +11,7 @@ release layout instead (FP8/FP4 with e8m0 scales, sharded, a quantization_config
 tools.checkpoint_release), the input of tools.convert_release. The same arguments give
 byte-identical files. Torch-free: the server process calls make_checkpoint for the embedded default model.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,8 @@ import time
 
 import numpy as np
 
-from tools import checkpoint_w8a8 as w8a8_rules
 from tools import checkpoint_release
+from tools import checkpoint_w8a8 as w8a8_rules
 from tools.checkpoint_config import build_config, generation_config, resolve_size
 from tools.checkpoint_safetensors import BF16, save_safetensors
 from tools.checkpoint_tensors import drafter_tensors, fill, trunk_tensors
@@ -34,8 +35,16 @@ DTYPES = ("float32", "bfloat16")
 SCALE_NAMES = ("scale", "weight_scale")
 
 
-def build_tensors(p: dict, *, seed: int, dtype: str, w8a8: bool, with_drafter: bool,
-                  scale_name: str = "scale", index_dtype: str = "int64") -> dict:
+def build_tensors(
+    p: dict,
+    *,
+    seed: int,
+    dtype: str,
+    w8a8: bool,
+    with_drafter: bool,
+    scale_name: str = "scale",
+    index_dtype: str = "int64",
+) -> dict:
     """name -> numpy array (or BF16) exactly as model.safetensors stores it."""
     specs = trunk_tensors(p) + (drafter_tensors(p) if with_drafter else [])
     if len({s.name for s in specs}) != len(specs):
@@ -60,26 +69,37 @@ def _write_json(path: str, obj: dict) -> None:
         f.write("\n")
 
 
-def write_checkpoint_files(out_dir: str, p: dict, *, seed: int, dtype: str, w8a8: bool,
-                           with_drafter: bool, scale_name: str, index_dtype: str,
-                           release_format: bool = False,
-                           shard_mb: float = checkpoint_release.DEFAULT_SHARD_MB) -> int:
+def write_checkpoint_files(
+    out_dir: str,
+    p: dict,
+    *,
+    seed: int,
+    dtype: str,
+    w8a8: bool,
+    with_drafter: bool,
+    scale_name: str,
+    index_dtype: str,
+    release_format: bool = False,
+    shard_mb: float = checkpoint_release.DEFAULT_SHARD_MB,
+) -> int:
     """Fill an existing empty directory; returns the number of tensors."""
     if release_format:
         num = checkpoint_release.write_release_tensors(
-            out_dir, p, seed=seed, with_drafter=with_drafter, index_dtype=index_dtype,
-            shard_bytes=int(shard_mb * 2 ** 20))
+            out_dir, p, seed=seed, with_drafter=with_drafter, index_dtype=index_dtype, shard_bytes=int(shard_mb * 2**20)
+        )
         config = build_config(p, dtype="bfloat16", w8a8=False, with_drafter=with_drafter)
         config["quantization_config"] = dict(checkpoint_release.QUANTIZATION_CONFIG)
         _write_json(os.path.join(out_dir, "config.json"), config)
         _write_json(os.path.join(out_dir, "generation_config.json"), generation_config())
         write_tokenizer(out_dir, p["vocab_size"], p["max_position_embeddings"])
         return num
-    tensors = build_tensors(p, seed=seed, dtype=dtype, w8a8=w8a8, with_drafter=with_drafter,
-                            scale_name=scale_name, index_dtype=index_dtype)
+    tensors = build_tensors(
+        p, seed=seed, dtype=dtype, w8a8=w8a8, with_drafter=with_drafter, scale_name=scale_name, index_dtype=index_dtype
+    )
     save_safetensors(os.path.join(out_dir, "model.safetensors"), tensors, {"format": "pt"})
-    _write_json(os.path.join(out_dir, "config.json"),
-                build_config(p, dtype=dtype, w8a8=w8a8, with_drafter=with_drafter))
+    _write_json(
+        os.path.join(out_dir, "config.json"), build_config(p, dtype=dtype, w8a8=w8a8, with_drafter=with_drafter)
+    )
     _write_json(os.path.join(out_dir, "generation_config.json"), generation_config())
     write_tokenizer(out_dir, p["vocab_size"], p["max_position_embeddings"])
     if w8a8:
@@ -88,10 +108,21 @@ def write_checkpoint_files(out_dir: str, p: dict, *, seed: int, dtype: str, w8a8
     return len(tensors)
 
 
-def make_checkpoint(out_dir: str, *, size: str = "tiny", seed: int = 0, dtype: str = "float32",
-                    w8a8: bool = False, with_drafter: bool = False, scale_name: str = "scale",
-                    index_dtype: str = "int64", quiet: bool = False, release_format: bool = False,
-                    shard_mb: float = checkpoint_release.DEFAULT_SHARD_MB, **overrides) -> str:
+def make_checkpoint(
+    out_dir: str,
+    *,
+    size: str = "tiny",
+    seed: int = 0,
+    dtype: str = "float32",
+    w8a8: bool = False,
+    with_drafter: bool = False,
+    scale_name: str = "scale",
+    index_dtype: str = "int64",
+    quiet: bool = False,
+    release_format: bool = False,
+    shard_mb: float = checkpoint_release.DEFAULT_SHARD_MB,
+    **overrides,
+) -> str:
     """Write the checkpoint to `out_dir` (replacing it) and return its absolute path.
 
     Built in a sibling temporary directory and renamed into place, so a reader never
@@ -114,10 +145,18 @@ def make_checkpoint(out_dir: str, *, size: str = "tiny", seed: int = 0, dtype: s
     t0 = time.perf_counter()
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
     try:
-        num_tensors = write_checkpoint_files(tmp, p, seed=seed, dtype=dtype, w8a8=w8a8,
-                                             with_drafter=with_drafter, scale_name=scale_name,
-                                             index_dtype=index_dtype, release_format=release_format,
-                                             shard_mb=shard_mb)
+        num_tensors = write_checkpoint_files(
+            tmp,
+            p,
+            seed=seed,
+            dtype=dtype,
+            w8a8=w8a8,
+            with_drafter=with_drafter,
+            scale_name=scale_name,
+            index_dtype=index_dtype,
+            release_format=release_format,
+            shard_mb=shard_mb,
+        )
         os.chmod(tmp, 0o755)
         if os.path.isdir(out_dir):
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
@@ -128,12 +167,16 @@ def make_checkpoint(out_dir: str, *, size: str = "tiny", seed: int = 0, dtype: s
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if not quiet:
-        mb = sum(os.path.getsize(os.path.join(out_dir, n)) for n in os.listdir(out_dir)
-                 if n.endswith(".safetensors")) / 2 ** 20
-        print(f"wrote {out_dir}: size={size} seed={seed} dtype={dtype} w8a8={w8a8} release={release_format} "
-              f"drafter={with_drafter} layers={p['num_hidden_layers']} hidden={p['hidden_size']} "
-              f"vocab={p['vocab_size']} tensors={num_tensors} {mb:.1f} MiB "
-              f"in {time.perf_counter() - t0:.2f}s")
+        mb = (
+            sum(os.path.getsize(os.path.join(out_dir, n)) for n in os.listdir(out_dir) if n.endswith(".safetensors"))
+            / 2**20
+        )
+        print(
+            f"wrote {out_dir}: size={size} seed={seed} dtype={dtype} w8a8={w8a8} release={release_format} "
+            f"drafter={with_drafter} layers={p['num_hidden_layers']} hidden={p['hidden_size']} "
+            f"vocab={p['vocab_size']} tensors={num_tensors} {mb:.1f} MiB "
+            f"in {time.perf_counter() - t0:.2f}s"
+        )
     return out_dir
 
 
@@ -145,10 +188,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=DTYPES)
     ap.add_argument("--w8a8", action="store_true", help="int8 per-channel weights + fp32 scales")
     ap.add_argument("--scale-name", default="scale", choices=SCALE_NAMES)
-    ap.add_argument("--release-format", action="store_true",
-                    help="DeepSeek's release layout: FP8/FP4 + e8m0 scales, sharded (for tools.convert_release)")
-    ap.add_argument("--shard-mb", type=float, default=checkpoint_release.DEFAULT_SHARD_MB,
-                    help="--release-format: start a new shard after this many MiB")
+    ap.add_argument(
+        "--release-format",
+        action="store_true",
+        help="DeepSeek's release layout: FP8/FP4 + e8m0 scales, sharded (for tools.convert_release)",
+    )
+    ap.add_argument(
+        "--shard-mb",
+        type=float,
+        default=checkpoint_release.DEFAULT_SHARD_MB,
+        help="--release-format: start a new shard after this many MiB",
+    )
     ap.add_argument("--with-drafter", action="store_true", help="add the DSpark mtp.0..2 stages")
     ap.add_argument("--tid2eid-dtype", default="int64", choices=["int64", "int32"])
     ap.add_argument("--layers", type=int, dest="num_hidden_layers")
@@ -158,14 +208,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hash-layers", type=int, dest="num_hash_layers")
     ap.add_argument("--inter", type=int, dest="moe_intermediate_size")
     args = ap.parse_args(argv)
-    overrides = {k: getattr(args, k) for k in
-                 ("num_hidden_layers", "hidden_size", "vocab_size", "n_routed_experts", "num_hash_layers",
-                  "moe_intermediate_size")}
+    overrides = {
+        k: getattr(args, k)
+        for k in (
+            "num_hidden_layers",
+            "hidden_size",
+            "vocab_size",
+            "n_routed_experts",
+            "num_hash_layers",
+            "moe_intermediate_size",
+        )
+    }
     try:
-        make_checkpoint(args.out_dir, size=args.size, seed=args.seed, dtype=args.dtype,
-                        w8a8=args.w8a8, with_drafter=args.with_drafter, scale_name=args.scale_name,
-                        index_dtype=args.tid2eid_dtype, release_format=args.release_format,
-                        shard_mb=args.shard_mb, **overrides)
+        make_checkpoint(
+            args.out_dir,
+            size=args.size,
+            seed=args.seed,
+            dtype=args.dtype,
+            w8a8=args.w8a8,
+            with_drafter=args.with_drafter,
+            scale_name=args.scale_name,
+            index_dtype=args.tid2eid_dtype,
+            release_format=args.release_format,
+            shard_mb=args.shard_mb,
+            **overrides,
+        )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

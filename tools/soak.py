@@ -15,6 +15,7 @@ Solo tokens: each prompt served alone (non-stream) at its largest max_tokens aft
 soak; a completed stream must equal that list's prefix. With no --model a tiny random
 checkpoint with a drafter is made in a temporary directory.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,11 +65,11 @@ def make_prompts(num: int, seed: int, vocab_size: int = 1024) -> list[list[int]]
     return [[int(t) for t in rng.integers(2, vocab_size, size=1 + (i * 37) % 200)] for i in range(num)]
 
 
-async def one_stream(http: aiohttp.ClientSession, url: str, prompt: list[int], max_tokens: int,
-                     behaviour: str, rng: random.Random) -> tuple[str, list[int] | None]:
+async def one_stream(
+    http: aiohttp.ClientSession, url: str, prompt: list[int], max_tokens: int, behaviour: str, rng: random.Random
+) -> tuple[str, list[int] | None]:
     """(outcome, tokens if the stream completed): outcome completed|left|aborted|error."""
-    body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-            "return_token_ids": True}
+    body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True, "return_token_ids": True}
     if behaviour == "abort":
         task = asyncio.ensure_future(http.post(url + "/v1/completions", json=body))
         await asyncio.sleep(rng.uniform(0, 0.05))
@@ -105,8 +106,9 @@ async def one_stream(http: aiohttp.ClientSession, url: str, prompt: list[int], m
     return "error", None
 
 
-async def soak(url: str, prompts: list[list[int]], streams: int, seconds: float, seed: int,
-               report: Report) -> list[tuple[int, int, list[int]]]:
+async def soak(
+    url: str, prompts: list[list[int]], streams: int, seconds: float, seed: int, report: Report
+) -> list[tuple[int, int, list[int]]]:
     """Run the clients; the completed streams as (prompt index, max_tokens, tokens)."""
     done: list[tuple[int, int, list[int]]] = []
     counts: Counter = Counter()
@@ -114,6 +116,7 @@ async def soak(url: str, prompts: list[list[int]], streams: int, seconds: float,
     names, weights = zip(*BEHAVIOURS)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as http:
+
         async def client(c: int) -> None:
             rng = random.Random(seed * 1000 + c)
             while time.monotonic() < deadline:
@@ -124,6 +127,7 @@ async def soak(url: str, prompts: list[list[int]], streams: int, seconds: float,
                 counts[outcome] += 1
                 if tokens is not None:
                     done.append((i, m, tokens))
+
         await asyncio.gather(*(client(c) for c in range(streams)))
     report.requests = sum(counts[b] for b in names)
     report.by_behaviour = {b: counts[b] for b in names}
@@ -155,8 +159,7 @@ def run_one(ckpt: str, k: int, topology: list[str], args) -> Report:
             if tokens != solo[i][:m]:
                 report.wrong_tokens += 1
                 if len(report.wrong_examples) < 5:
-                    report.wrong_examples.append({"prompt": i, "max_tokens": m, "got": tokens,
-                                                  "solo": solo[i][:m]})
+                    report.wrong_examples.append({"prompt": i, "max_tokens": m, "got": tokens, "solo": solo[i][:m]})
     finally:
         code = server.stop()
     if code != 0:
@@ -165,11 +168,13 @@ def run_one(ckpt: str, k: int, topology: list[str], args) -> Report:
 
 
 def print_report(r: Report) -> None:
-    print(f"K={r.k} [{r.topology}] {r.streams} streams x {r.seconds:g} s (wall {r.wall_s:.1f} s): "
-          f"{r.requests} requests {r.by_behaviour}; completed {r.completed} ({r.tokens} tokens, "
-          f"{r.tokens / max(r.wall_s, 1e-9):.1f} tok/s), disconnects {r.disconnects}, "
-          f"aborts {r.aborts}, errors {r.errors}, wrong tokens {r.wrong_tokens}; pools full "
-          f"{r.pools_full}, leases in use {r.leases_in_use} -> {'OK' if r.ok else 'FAIL'}")
+    print(
+        f"K={r.k} [{r.topology}] {r.streams} streams x {r.seconds:g} s (wall {r.wall_s:.1f} s): "
+        f"{r.requests} requests {r.by_behaviour}; completed {r.completed} ({r.tokens} tokens, "
+        f"{r.tokens / max(r.wall_s, 1e-9):.1f} tok/s), disconnects {r.disconnects}, "
+        f"aborts {r.aborts}, errors {r.errors}, wrong tokens {r.wrong_tokens}; pools full "
+        f"{r.pools_full}, leases in use {r.leases_in_use} -> {'OK' if r.ok else 'FAIL'}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = args.model
         if ckpt is None:
             from tools.make_checkpoint import make_checkpoint
-            ckpt = make_checkpoint(os.path.join(tmp, "tiny"), size="tiny", seed=7,
-                                   with_drafter=True, quiet=True)
+
+            ckpt = make_checkpoint(os.path.join(tmp, "tiny"), size="tiny", seed=7, with_drafter=True, quiet=True)
         reports = [run_one(ckpt, k, args.topology.split(), args) for k in ks]
     for r in reports:
         print_report(r)

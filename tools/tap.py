@@ -6,6 +6,7 @@
 
 The live table redraws in place on a terminal and prints plain blocks otherwise.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,12 +21,12 @@ import zmq
 from dspark_loop.protocol import TRACE_DECODER, PartitionTrace, StepTrace
 from dspark_loop.tap_publisher import tap_address
 
-PHASES = ("schedule_s", "send_s", "compute_max_s", "compute_min_s", "gather_s", "update_s",
-          "deliver_s")
+PHASES = ("schedule_s", "send_s", "compute_max_s", "compute_min_s", "gather_s", "update_s", "deliver_s")
 WINDOW_S = 10.0  # the live view's percentiles cover this many seconds of traces
 
 
 # ---- JSON lines: one object per trace, keyed by field name (not the wire's arrays) ----
+
 
 def trace_to_dict(trace: StepTrace) -> dict:
     out = msgspec.structs.asdict(trace)
@@ -49,6 +50,7 @@ def read_jsonl(path: str) -> list[StepTrace]:
 
 
 # ---- figures over a list of traces ----
+
 
 def verify_lens(trace: StepTrace) -> list[int]:
     """Accepted lengths of the requests that verified drafts (all decode requests when the
@@ -94,22 +96,22 @@ def summary(traces: list[StepTrace]) -> str:
     duration = traces[-1].wall_time - traces[0].wall_time
     tokens = sum(t.num_new_tokens for t in traces)
     reasons = collections.Counter(r for t in traces for r in t.finished_reasons)
-    lines = [f"steps {n}  (step ids {traces[0].step_id}..{traces[-1].step_id})  "
-             f"duration {duration:.3f} s",
-             f"tokens {tokens}  " + (f"steps/s {(n - 1) / duration:.1f}  tokens/s "
-                                      f"{tokens / duration:.1f}" if duration > 0 else ""),
-             f"preemptions {sum(len(t.preempted_req_ids) for t in traces)}  "
-             f"aborted {sum(len(t.aborted_req_ids) for t in traces)}  "
-             f"finished {dict(sorted(reasons.items()))}  "
-             f"errors {sum(len(t.errors) for t in traces)}  "
-             f"dropped traces {max(t.dropped_traces for t in traces)}",
-             "",
-             f"{'phase (ms)':<14}{'mean':>9}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}"]
+    lines = [
+        f"steps {n}  (step ids {traces[0].step_id}..{traces[-1].step_id})  duration {duration:.3f} s",
+        f"tokens {tokens}  "
+        + (f"steps/s {(n - 1) / duration:.1f}  tokens/s {tokens / duration:.1f}" if duration > 0 else ""),
+        f"preemptions {sum(len(t.preempted_req_ids) for t in traces)}  "
+        f"aborted {sum(len(t.aborted_req_ids) for t in traces)}  "
+        f"finished {dict(sorted(reasons.items()))}  "
+        f"errors {sum(len(t.errors) for t in traces)}  "
+        f"dropped traces {max(t.dropped_traces for t in traces)}",
+        "",
+        f"{'phase (ms)':<14}{'mean':>9}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}",
+    ]
     for phase in PHASES:
         ms = [getattr(t, phase) * 1e3 for t in traces]
         p50, p90, p99 = percentiles(ms)
-        lines.append(f"{phase[:-2]:<14}{sum(ms) / n:9.3f}{p50:9.3f}{p90:9.3f}{p99:9.3f}"
-                     f"{max(ms):9.3f}")
+        lines.append(f"{phase[:-2]:<14}{sum(ms) / n:9.3f}{p50:9.3f}{p90:9.3f}{p99:9.3f}{max(ms):9.3f}")
     hist = acceptance_histogram(traces)
     total = sum(hist.values())
     lines += ["", f"accepted length  (mean {mean_accepted_len(traces):.3f} over {total})"]
@@ -123,6 +125,7 @@ def summary(traces: list[StepTrace]) -> str:
 
 
 # ---- live view ----
+
 
 class LiveView:
     """Keeps the last WINDOW_S seconds of (receive time, trace) and renders the table."""
@@ -141,14 +144,20 @@ class LiveView:
         recent = [t for ts, t in self.window if ts >= now - interval_s]
         every = [t for _, t in self.window]
         last = every[-1] if every else None
-        lines = [time.strftime("%H:%M:%S") + f"  traces {self.num_received}"
-                 + (f"  step {last.step_id}  running {last.num_running}  waiting "
-                    f"{last.num_waiting}  dropped {last.dropped_traces}" if last else
-                    "  (waiting for traces)"),
-                 f"steps/s {len(recent) / interval_s:8.1f}   tokens/s "
-                 f"{sum(t.num_new_tokens for t in recent) / interval_s:9.1f}   "
-                 f"mean accepted len {mean_accepted_len(every):.3f}",
-                 f"{'partition':<10}{'prefill tok/s':>14}{'decode rows/s':>14}  free blocks"]
+        lines = [
+            time.strftime("%H:%M:%S")
+            + f"  traces {self.num_received}"
+            + (
+                f"  step {last.step_id}  running {last.num_running}  waiting "
+                f"{last.num_waiting}  dropped {last.dropped_traces}"
+                if last
+                else "  (waiting for traces)"
+            ),
+            f"steps/s {len(recent) / interval_s:8.1f}   tokens/s "
+            f"{sum(t.num_new_tokens for t in recent) / interval_s:9.1f}   "
+            f"mean accepted len {mean_accepted_len(every):.3f}",
+            f"{'partition':<10}{'prefill tok/s':>14}{'decode rows/s':>14}  free blocks",
+        ]
         for p, (prefill, rows, free) in enumerate(partition_load(recent)):
             lines.append(f"{p:<10}{prefill / interval_s:14.1f}{rows / interval_s:14.1f}  {free}")
         lines.append(f"{'phase (ms)':<14}{'p50':>9}{'p99':>9}   over the last {WINDOW_S:.0f} s")
@@ -158,8 +167,7 @@ class LiveView:
         return "\n".join(lines) + "\n"
 
 
-def record(addr: str, jsonl: str | None, count: int | None, out=sys.stdout,
-           interval_s: float = 1.0) -> int:
+def record(addr: str, jsonl: str | None, count: int | None, out=sys.stdout, interval_s: float = 1.0) -> int:
     """Subscribe at addr; show the live view; write traces to jsonl; stop after count."""
     tty = out.isatty()
     ctx = zmq.Context.instance()
@@ -174,8 +182,7 @@ def record(addr: str, jsonl: str | None, count: int | None, out=sys.stdout,
         while count is None or view.num_received < count:
             timeout_ms = max(0, int((next_draw - time.monotonic()) * 1e3))
             if sock.poll(timeout_ms, zmq.POLLIN):
-                while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN and \
-                        (count is None or view.num_received < count):
+                while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN and (count is None or view.num_received < count):
                     trace = TRACE_DECODER.decode(sock.recv(zmq.NOBLOCK))
                     view.add(trace, time.monotonic())
                     if sink:
@@ -198,11 +205,16 @@ def record(addr: str, jsonl: str | None, count: int | None, out=sys.stdout,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m tools.tap", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m tools.tap", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--connect", metavar="ADDR", type=tap_connect,
-                     help="the server's --debug-tap address (a bare port means loopback)")
+    src.add_argument(
+        "--connect",
+        metavar="ADDR",
+        type=tap_connect,
+        help="the server's --debug-tap address (a bare port means loopback)",
+    )
     src.add_argument("--replay", metavar="FILE", help="summarise a --jsonl recording")
     ap.add_argument("--jsonl", metavar="FILE", help="record traces as JSON lines")
     ap.add_argument("--count", type=int, metavar="N", help="stop after N traces")

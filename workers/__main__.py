@@ -7,6 +7,7 @@ a Mesh(launch=False) logs (Mesh.rank_argv), with that mesh's secret in DSPARK_ME
         "world_size": 8, "tp": 4, "backend": "npu", "connect": "tcp://10.0.0.1:5555",
         "dist_init": "tcp://10.0.0.1:29500"}'
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,9 @@ from workers.rank import run
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[int, RankConfig]:
-    p = argparse.ArgumentParser(prog="python -m workers", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m workers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--config", required=True, help="the server's RankConfig as JSON")
     ns = p.parse_args(argv)
@@ -34,8 +36,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[int, RankConfig]:
         problems.append("connect and dist_init must be set")
     if problems:
         p.error(f"argument --config: {'; '.join(problems)}")
-    logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
-                        format=f"%(asctime)s rank{ns.rank} %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=cfg.log_level.upper(),
+        stream=sys.stderr,
+        format=f"%(asctime)s rank{ns.rank} %(levelname)s %(name)s: %(message)s",
+    )
     return ns.rank, cfg
 
 

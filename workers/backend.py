@@ -8,6 +8,7 @@
 
 `auto` picks npu, then cuda, then cpu, by what this interpreter can import and see.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -18,9 +19,13 @@ import torch
 DIST_BACKENDS = {"cpu": "gloo", "npu": "hccl", "cuda": "nccl"}
 
 DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
 }
 
 
@@ -51,6 +56,7 @@ class Backend:
         """Import the device plugin and make this rank's device current (before any tensor)."""
         if self.name == "npu":
             import torch_npu  # noqa: F401  (registers torch.npu and the hccl backend)
+
             torch.npu.set_device(self.device_id)
         elif self.name == "cuda":
             torch.cuda.set_device(self.device_id)

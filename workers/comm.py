@@ -7,6 +7,7 @@ every row's result batch-invariant (DESIGN.md, Kernels).
     LocalComm   one rank: tp_size = ep_size = 1, gathers return [x]
     GlooComm    torch.distributed (gloo on CPU, hccl/nccl on devices): workers/dist_comm.py
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -5,6 +5,7 @@ Rank layout (ShardSpec): TP groups of tp_size consecutive ranks; the world is ev
     world   r0 r1 | r2 r3 | ...     gather_world: all ranks, dim 0 may differ
     tp      [r0 r1] [r2 r3] ...     gather_tp: this rank's group, same shapes
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -15,15 +16,19 @@ import torch.distributed as dist
 from workers.comm import Comm, ShardSpec
 
 
-def init_distributed(shard: ShardSpec, init_method: str, backend: str,
-                     timeout_s: float = 600.0) -> list:
+def init_distributed(shard: ShardSpec, init_method: str, backend: str, timeout_s: float = 600.0) -> list:
     """Joins the world and returns one process group per TP group (index = group id).
 
     NOTE: new_group is itself a collective: every rank must create every TP group, in the
     same order, even the groups it is not in.
     """
-    dist.init_process_group(backend, init_method=init_method, rank=shard.rank,
-                            world_size=shard.world_size, timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        rank=shard.rank,
+        world_size=shard.world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
     groups = []
     for g in range(shard.num_groups):
         ranks = list(range(g * shard.tp_size, (g + 1) * shard.tp_size))

@@ -11,6 +11,7 @@ Per step, after the target forward (all rows of the plan computed, eager publish
 An anchor at P is drafted only if P + 8 <= max_model_len: past that the host runs the request
 as 1 row (fallback) and would ignore the drafts.
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,7 +22,7 @@ import torch
 
 from dspark_loop.acceptance import accept_chain
 from dspark_loop.model_config import ModelConfig
-from dspark_loop.protocol import PartitionPlan, RankConfig, as_i32, as_i8
+from dspark_loop.protocol import PartitionPlan, RankConfig, as_i8, as_i32
 from workers.comm import Comm, ShardSpec
 from workers.model.drafter import QUERY_ROWS, RING_BLOCKS, RING_ROWS, Drafter
 from workers.model.dsv4 import ForwardOutput
@@ -66,10 +67,10 @@ def plan_drafts(part: PartitionPlan, tokens: np.ndarray, window: int, max_model_
     if d is not None:
         toks, cu = as_i32(d.token_ids), 0  # cu: this request's first row in the decode tokens
         for req, L, k in zip(as_i32(d.req_ids).tolist(), as_i32(d.start_pos).tolist(), as_i8(d.num_rows).tolist()):
-            preds = tokens[li:li + k]
+            preds = tokens[li : li + k]
             a = 1
             if k > 1:
-                a = int(accept_chain(toks[cu + 1:cu + k][None, :], preds[None, :])[0])
+                a = int(accept_chain(toks[cu + 1 : cu + k][None, :], preds[None, :])[0])
             b.context(req, L, row, a)
             b.anchor(req, L + a, int(preds[a - 1]), max_model_len)
             row, li, cu = row + k, li + k, cu + k
@@ -77,12 +78,21 @@ def plan_drafts(part: PartitionPlan, tokens: np.ndarray, window: int, max_model_
 
 
 class SpecRunner:
-    def __init__(self, cfg: ModelConfig, rank_cfg: RankConfig, shard: ShardSpec, dtype: torch.dtype,
-                 device: torch.device, test_drafter: ScriptedDrafter | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        rank_cfg: RankConfig,
+        shard: ShardSpec,
+        dtype: torch.dtype,
+        device: torch.device,
+        test_drafter: ScriptedDrafter | None = None,
+    ) -> None:
         model_dir, num_leases = rank_cfg.model, rank_cfg.num_leases
         if cfg.dspark is None:
-            raise ValueError(f"K=7 needs the DSpark drafter, but {model_dir}/config.json has no "
-                             f"dspark_target_layer_ids / dspark_noise_token_id / dspark_markov_rank")
+            raise ValueError(
+                f"K=7 needs the DSpark drafter, but {model_dir}/config.json has no "
+                f"dspark_target_layer_ids / dspark_noise_token_id / dspark_markov_rank"
+            )
         if num_leases < 1:
             raise ValueError(f"K=7 needs at least one drafter lease per group, got {num_leases}")
         self.cfg, self.device = cfg, device
@@ -95,10 +105,12 @@ class SpecRunner:
         self.filler_row = num_leases * RING_BLOCKS * RING_ROWS
         if test_drafter is None:
             from workers.drafter_weights import load_drafter
+
             self.drafter = load_drafter(model_dir, cfg, shard, dtype, str(device))
             rows = (num_leases + 1) * RING_BLOCKS * RING_ROWS  # + the zero filler blocks
-            self.rings = [torch.zeros(rows, cfg.head_dim, dtype=dtype, device=device)
-                          for _ in range(cfg.dspark.num_stages)]
+            self.rings = [
+                torch.zeros(rows, cfg.head_dim, dtype=dtype, device=device) for _ in range(cfg.dspark.num_stages)
+            ]
         self.last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
@@ -124,14 +136,15 @@ class SpecRunner:
     def scrub(self, lease: int) -> None:
         lo = lease * RING_BLOCKS * RING_ROWS
         for ring in self.rings:
-            ring[lo:lo + RING_BLOCKS * RING_ROWS] = 0
+            ring[lo : lo + RING_BLOCKS * RING_ROWS] = 0
 
     def lease_rows(self, lease: int, stage: int) -> torch.Tensor:
         lo = lease * RING_BLOCKS * RING_ROWS
-        return self.rings[stage][lo:lo + RING_BLOCKS * RING_ROWS]
+        return self.rings[stage][lo : lo + RING_BLOCKS * RING_ROWS]
 
-    def after_forward(self, part: PartitionPlan, out: ForwardOutput, tokens: np.ndarray, comm: Comm,
-                      sampler=None) -> None:
+    def after_forward(
+        self, part: PartitionPlan, out: ForwardOutput, tokens: np.ndarray, comm: Comm, sampler=None
+    ) -> None:
         """Runs the drafter (every rank, every K=7 step: its MoE is collective); keeps the
         drafts for take(). sampler: the runner's RankSampler (sampling requests draft with
         their own noise); None: greedy drafts."""
@@ -151,15 +164,27 @@ class SpecRunner:
         if b.ctx_rows:
             rows = torch.tensor(b.ctx_rows, dtype=torch.long, device=dev)
             ctx = self.drafter.context_rows(out.taps, rows)  # [n, d]
-            self.drafter.write_context(self.rings, lease_of(b.ctx_req),
-                                       torch.tensor(b.ctx_pos, dtype=torch.long, device=dev), ctx)
+            self.drafter.write_context(
+                self.rings, lease_of(b.ctx_req), torch.tensor(b.ctx_pos, dtype=torch.long, device=dev), ctx
+            )
         anchor_pos = torch.tensor(b.q_pos, dtype=torch.long, device=dev)
         pick = None if sampler is None else sampler.draft_picker(b.q_req, anchor_pos, comm)
         drafts, conf = self.drafter.propose(
-            self.rings, self.filler_row, self.embed, self.head, comm, lease_of(b.q_req),
-            anchor_pos, torch.tensor(b.q_tok, dtype=torch.long, device=dev), pick)
-        self.last = (np.asarray(b.q_req, np.int32), drafts.to(torch.int32).cpu().numpy(),
-                     conf.cpu().numpy().astype(np.float32))
+            self.rings,
+            self.filler_row,
+            self.embed,
+            self.head,
+            comm,
+            lease_of(b.q_req),
+            anchor_pos,
+            torch.tensor(b.q_tok, dtype=torch.long, device=dev),
+            pick,
+        )
+        self.last = (
+            np.asarray(b.q_req, np.int32),
+            drafts.to(torch.int32).cpu().numpy(),
+            conf.cpu().numpy().astype(np.float32),
+        )
 
     def bind_trunk(self, embed, head) -> None:
         """The drafter shares the trunk's embed and head."""

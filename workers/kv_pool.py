@@ -13,6 +13,7 @@ Past num_blocks every family keeps scratch pages: rows computed in a step but no
 published (a verify tile's drafts under a commit mask) are written there, so the real
 pages never change. Scratch is reused every step.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,8 +48,9 @@ def bytes_per_block(cfg: ModelConfig, layout: CacheLayout, dtype: torch.dtype) -
     return out
 
 
-def blocks_for_budget(cfg: ModelConfig, layout: CacheLayout, budget_bytes: int, dtype: torch.dtype,
-                      scratch_rows: int = SCRATCH_ROWS) -> list[int]:
+def blocks_for_budget(
+    cfg: ModelConfig, layout: CacheLayout, budget_bytes: int, dtype: torch.dtype, scratch_rows: int = SCRATCH_ROWS
+) -> list[int]:
     """num_blocks per family from a memory budget: every family gets pages for the same
     number of tokens (generous for the swa ring, which only needs the live window)."""
     per_block = bytes_per_block(cfg, layout, dtype)
@@ -57,8 +59,9 @@ def blocks_for_budget(cfg: ModelConfig, layout: CacheLayout, budget_bytes: int, 
     tokens = max(0.0, (budget_bytes - scratch) / per_token)
     blocks = [int(tokens // f.tokens_per_page) for f in layout.families]
     if min(blocks) < 1:
-        raise ValueError(f"kv cache budget of {budget_bytes} bytes holds no page of some family "
-                         f"(bytes per page {per_block})")
+        raise ValueError(
+            f"kv cache budget of {budget_bytes} bytes holds no page of some family (bytes per page {per_block})"
+        )
     return blocks
 
 
@@ -70,12 +73,17 @@ class FamilyTensors:
 
 
 class KVPool:
-    def __init__(self, cfg: ModelConfig, layout: CacheLayout, num_blocks: list[int],
-                 dtype: torch.dtype, device: str | torch.device = "cpu",
-                 scratch_rows: int = SCRATCH_ROWS) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        layout: CacheLayout,
+        num_blocks: list[int],
+        dtype: torch.dtype,
+        device: str | torch.device = "cpu",
+        scratch_rows: int = SCRATCH_ROWS,
+    ) -> None:
         if len(num_blocks) != len(layout.families):
-            raise ValueError(f"num_blocks has {len(num_blocks)} entries for "
-                             f"{len(layout.families)} cache families")
+            raise ValueError(f"num_blocks has {len(num_blocks)} entries for {len(layout.families)} cache families")
         self.cfg, self.layout, self.dtype = cfg, layout, dtype
         self.families: list[FamilyTensors] = []
         slots = []
@@ -116,8 +124,15 @@ class KVPool:
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every cache tensor by a stable name (tests compare whole caches)."""
         out = {}
-        for name in ("raw_kv", "state_kv", "state_score", "index_state_kv", "index_state_score",
-                     "comp_kv", "index_keys"):
+        for name in (
+            "raw_kv",
+            "state_kv",
+            "state_score",
+            "index_state_kv",
+            "index_state_score",
+            "comp_kv",
+            "index_keys",
+        ):
             for layer, t in getattr(self, name).items():
                 out[f"{name}.{layer}"] = t
         return out

@@ -3,6 +3,7 @@
 Each rank of the TP group masks its own vocab slice [offset, offset + V/tp) and the
 group's argmax is taken again, so every rank answers the same masked token.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,8 +29,9 @@ def logit_row_of(part: PartitionPlan) -> dict[int, int]:
     return rows
 
 
-def mask_logits(logits: torch.Tensor, part: PartitionPlan, vocab_offset: int,
-                rows: dict[int, int] | None = None) -> torch.Tensor:
+def mask_logits(
+    logits: torch.Tensor, part: PartitionPlan, vocab_offset: int, rows: dict[int, int] | None = None
+) -> torch.Tensor:
     """logits [L, V/tp] fp32 -> a copy with the masked rows' refused ids at -inf.
     rows: req_id -> its logit row (default: logit_row_of(part), one row per sampling chunk)."""
     rows = logit_row_of(part) if rows is None else rows
@@ -44,8 +46,7 @@ def mask_logits(logits: torch.Tensor, part: PartitionPlan, vocab_offset: int,
     return masked
 
 
-def masked_argmax(logits: torch.Tensor, part: PartitionPlan, comm: Comm,
-                  vocab_offset: int) -> torch.Tensor:
+def masked_argmax(logits: torch.Tensor, part: PartitionPlan, comm: Comm, vocab_offset: int) -> torch.Tensor:
     """logits [L, V/tp] fp32 -> [L] greedy ids with the masked rows' refused ids at -inf.
 
     NOTE: a collective (argmax_tp): every rank of the group calls it for the same plan."""

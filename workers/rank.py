@@ -10,6 +10,7 @@ tokens. A frame that does not decode is logged and dropped. A failed step is ans
 with StepResult(error=...) and the process exits: the engine is dead anyway, and a rank
 left half-way through a collective cannot be trusted with the next one.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -27,13 +28,23 @@ import zmq
 from dspark_loop.checkpoint_fingerprint import checkpoint_fingerprint
 from dspark_loop.mesh_auth import SecretError, secret_from_env
 from dspark_loop.mesh_join import JoinError, Knocker, knock_sync
-from dspark_loop.protocol import (ENCODER, PROTOCOL_VERSION, RANK_DECODER, Hello, RankConfig,
-                                  Shutdown, StepPlan, StepResult, f32, i32,
-                                  identity)
-
+from dspark_loop.protocol import (
+    ENCODER,
+    PROTOCOL_VERSION,
+    RANK_DECODER,
+    Hello,
+    RankConfig,
+    Shutdown,
+    StepPlan,
+    StepResult,
+    f32,
+    i32,
+    identity,
+)
 from workers.runner_interface import Runner
 
 log = logging.getLogger("workers.rank")
+
 
 def summarize(exc: BaseException, max_chars: int = 4000) -> str:
     """The exception line and its innermost frames: enough to find the bug from a log."""
@@ -49,6 +60,7 @@ def watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
     NOTE: a thread, not a check in the step loop: the rank may be blocked for a long time
     in a compute or a collective whose peers are alive but whose server has died.
     """
+
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(interval_s)
@@ -99,9 +111,16 @@ class Rank:
         """Knock, check the server's proof, say the signed Hello (mesh_auth.py); False (logged)
         when the server did not let this rank join."""
         num_blocks = [] if error else [int(n) for n in self.runner.num_blocks]
-        hello = Hello(PROTOCOL_VERSION, self.rank, self.cfg.world_size, os.getpid(),
-                      num_blocks=num_blocks, error=error, load_s=load_s,
-                      fingerprint=fingerprint_or_empty(self.cfg.model))
+        hello = Hello(
+            PROTOCOL_VERSION,
+            self.rank,
+            self.cfg.world_size,
+            os.getpid(),
+            num_blocks=num_blocks,
+            error=error,
+            load_s=load_s,
+            fingerprint=fingerprint_or_empty(self.cfg.model),
+        )
         try:
             challenge = knock_sync(self.sock, self.knocker, RANK_DECODER, self.cfg.dist_timeout_s)
         except JoinError as exc:
@@ -112,8 +131,9 @@ class Rank:
 
     def run_step(self, plan: StepPlan) -> StepResult:
         if len(plan.partitions) != self.cfg.num_groups:
-            raise ValueError(f"plan has {len(plan.partitions)} partitions, the mesh has "
-                             f"{self.cfg.num_groups} TP groups")
+            raise ValueError(
+                f"plan has {len(plan.partitions)} partitions, the mesh has {self.cfg.num_groups} TP groups"
+            )
         t0 = time.perf_counter()
         tokens = self.runner.execute(plan.partitions[self.group])
         compute_s = time.perf_counter() - t0

@@ -9,6 +9,7 @@ It mirrors the partition's block tables from the plan's deltas, turns prefill ch
 the decode batch into segments (a chunk publishes all its rows; a decode request is 1 or 8
 rows, every row a logit row), stages them and runs one packed forward.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,7 +20,7 @@ import torch
 
 from dspark_loop.cache_layout import CacheLayout
 from dspark_loop.model_config import ModelConfig
-from dspark_loop.protocol import DSPARK_K, PartitionPlan, RankConfig, as_i32, as_i8
+from dspark_loop.protocol import DSPARK_K, PartitionPlan, RankConfig, as_i8, as_i32
 from workers.backend import torch_dtype
 from workers.comm import Comm, LocalComm, ShardSpec
 from workers.drafter_runner import SpecRunner
@@ -74,8 +75,9 @@ def segments_of(part: PartitionPlan, rows: StepRows | None = None) -> list[Segme
         offsets = np.concatenate([[0], np.cumsum(num_rows, dtype=np.int64)])
         for i, req in enumerate(req_ids):
             n = int(num_rows[i])
-            segs.append(Segment(int(req), int(starts[i]), toks[offsets[i]:offsets[i] + n], n,
-                                np.arange(n, dtype=np.int64)))
+            segs.append(
+                Segment(int(req), int(starts[i]), toks[offsets[i] : offsets[i] + n], n, np.arange(n, dtype=np.int64))
+            )
     return segs
 
 
@@ -83,9 +85,18 @@ class ModelRunner:
     """cfg: the run's RankConfig (model, dtype, block_size, cache size, K); shard/comm: this
     rank's place in the mesh (None: one process, LocalComm)."""
 
-    def __init__(self, cfg: RankConfig, shard: ShardSpec | None = None, comm: Comm | None = None,
-                 device: str = "cpu", *, scratch_rows: int = SCRATCH_ROWS, hadamard: bool = True,
-                 quiet: bool = False, test_drafter=None) -> None:
+    def __init__(
+        self,
+        cfg: RankConfig,
+        shard: ShardSpec | None = None,
+        comm: Comm | None = None,
+        device: str = "cpu",
+        *,
+        scratch_rows: int = SCRATCH_ROWS,
+        hadamard: bool = True,
+        quiet: bool = False,
+        test_drafter=None,
+    ) -> None:
         self.dtype = torch_dtype(cfg.dtype)
         self.comm = comm or LocalComm()
         self.shard = shard or self.comm.shard
@@ -116,8 +127,10 @@ class ModelRunner:
             if test_drafter is None and spec_path:
                 # NOTE: a test double, imported only when a test asks for it
                 from dspark_testing.scripted_drafter import ScriptedDrafter
-                test_drafter = ScriptedDrafter(spec_path, self.cfg.vocab_size,
-                                               self.cfg.dspark.noise_token_id if self.cfg.dspark else 0)
+
+                test_drafter = ScriptedDrafter(
+                    spec_path, self.cfg.vocab_size, self.cfg.dspark.noise_token_id if self.cfg.dspark else 0
+                )
             self.spec = SpecRunner(self.cfg, cfg, self.shard, self.dtype, self.device, test_drafter)
             self.spec.bind_trunk(self.model.embed, self.model.head)
 
@@ -132,7 +145,7 @@ class ModelRunner:
 
     def step_threads(self, num_rows: int) -> int:
         """Intra-op threads for a step of num_rows rows: 1 below SERIAL_STEP_MACS on a CPU."""
-        small = num_rows * self.cfg.hidden_size ** 2 < SERIAL_STEP_MACS
+        small = num_rows * self.cfg.hidden_size**2 < SERIAL_STEP_MACS
         return 1 if small and self.device.type == "cpu" else torch.get_num_threads()
 
     def forward(self, segments: list[Segment], tap_layers: tuple[int, ...] = ()) -> ForwardOutput:

@@ -1,6 +1,7 @@
 """Runner: what a rank process needs of its runner (workers.runner.ModelRunner, or a test
 double named by RankConfig.runner). A runner is built as cls(cfg: RankConfig, shard, comm,
 device) and must offer:"""
+
 from __future__ import annotations
 
 from typing import Protocol

@@ -14,6 +14,7 @@ real pages never change, yet rows of the same segment still see them causally.
 Slots: swa (ring, page = block_size tokens)  pos p   -> table[p // bs]*bs + p % bs
        c{r} (page = rpp compressed rows)      entry j -> table[j // rpp]*rpp + j % rpp
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -48,14 +49,13 @@ class BlockTables:
 
     def apply(self, update: BlockUpdate) -> None:
         ids = as_i32(update.block_ids)
-        per_fam = self.tables.setdefault(
-            update.req_id, [np.full(0, -1, np.int32) for _ in range(self.num_families)])
+        per_fam = self.tables.setdefault(update.req_id, [np.full(0, -1, np.int32) for _ in range(self.num_families)])
         t = per_fam[update.family]
         end = update.first_page + len(ids)
         if end > len(t):
             t = np.concatenate([t, np.full(max(end - len(t), len(t)), -1, np.int32)])
             per_fam[update.family] = t
-        t[update.first_page:end] = ids
+        t[update.first_page : end] = ids
 
     def free(self, req_ids) -> None:
         for r in req_ids:
@@ -71,6 +71,7 @@ class BlockTables:
 @dataclass
 class RatioIndex:
     """One compress ratio's indices for the step."""
+
     emit_rows: torch.Tensor  # [E] rows at a boundary ((p+1) % r == 0)
     emit_pos: torch.Tensor  # [E] first token position of the emitted entry (j*r): its rope
     state_slots: torch.Tensor  # [E, S] swa slots of the pooled state rows (S = 2r CSA, r HCA), -1 empty
@@ -126,8 +127,15 @@ class _Slots:
         pub_end [S]    rows at positions >= pub_end write to scratch, from scratch base [S]
     """
 
-    def __init__(self, segments: list[Segment], tables: BlockTables, layout: CacheLayout,
-                 pub_end: np.ndarray, swa_scratch: np.ndarray, comp_scratch: dict[int, np.ndarray]) -> None:
+    def __init__(
+        self,
+        segments: list[Segment],
+        tables: BlockTables,
+        layout: CacheLayout,
+        pub_end: np.ndarray,
+        swa_scratch: np.ndarray,
+        comp_scratch: dict[int, np.ndarray],
+    ) -> None:
         self.segments, self.tables, self.layout = segments, tables, layout
         self.pub_end, self.swa_scratch, self.comp_scratch = pub_end, swa_scratch, comp_scratch
         self._matrices: dict[int, np.ndarray] = {}
@@ -140,7 +148,7 @@ class _Slots:
             m = np.full((len(rows), max(width, 1)), -1, np.int64)
             for i, r in enumerate(rows):
                 if r is not None:
-                    m[i, :len(r[family])] = r[family]
+                    m[i, : len(r[family])] = r[family]
             self._matrices[family] = m
         return m
 
@@ -153,8 +161,10 @@ class _Slots:
             req = self.segments[first].req_id
             self.tables.get(req, family)  # KeyError for a request with no table at all
             missing = sorted(set(page[bad & (seg == first)].tolist()))
-            raise ValueError(f"request {req}: family {self.layout.families[family].name} "
-                             f"has no block for page(s) {missing[:8]} ({what})")
+            raise ValueError(
+                f"request {req}: family {self.layout.families[family].name} "
+                f"has no block for page(s) {missing[:8]} ({what})"
+            )
         return blocks
 
     def swa(self, seg: np.ndarray, pos: np.ndarray) -> np.ndarray:
@@ -187,8 +197,14 @@ def _exclusive_cumsum(a: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(a)[:-1]]).astype(np.int64) if len(a) else a.astype(np.int64)
 
 
-def stage(segments: list[Segment], tables: BlockTables, layout: CacheLayout, cfg: ModelConfig,
-          pool: KVPool, device: str | torch.device = "cpu") -> StagedBatch:
+def stage(
+    segments: list[Segment],
+    tables: BlockTables,
+    layout: CacheLayout,
+    cfg: ModelConfig,
+    pool: KVPool,
+    device: str | torch.device = "cpu",
+) -> StagedBatch:
     window = cfg.sliding_window
     comp_fams = {f.ratio: f for f in layout.families if f.ratio}
     n = np.array([len(seg.token_ids) for seg in segments], np.int64)  # [S]
@@ -216,8 +232,11 @@ def stage(segments: list[Segment], tables: BlockTables, layout: CacheLayout, cfg
     seg = np.repeat(np.arange(len(segments)), n)  # [T] segment of each row
     pos = start[seg] + np.arange(len(seg)) - row0[seg]  # [T]
     tok = np.concatenate([np.asarray(s.token_ids, np.int64) for s in segments]) if segments else pos
-    logit = np.concatenate([row0[i] + np.asarray(s.logit_rows, np.int64) for i, s in enumerate(segments)]) \
-        if segments else pos
+    logit = (
+        np.concatenate([row0[i] + np.asarray(s.logit_rows, np.int64) for i, s in enumerate(segments)])
+        if segments
+        else pos
+    )
     write = slots.swa(seg, pos)
     q = pos[:, None] - np.arange(window - 1, -1, -1)[None, :]  # [T, W] oldest first
     raw = np.full(q.shape, -1, np.int64)

@@ -6,6 +6,7 @@ bf16 floats; W8A8 linears (int8 weight + fp32 per-row scale named `.scale` or
 `.weight_scale`, detected per tensor); tid2eid as int64 or int32. Only this rank's slices are
 read (safe_open get_slice): its heads, wo groups, vocab rows and experts.
 """
+
 from __future__ import annotations
 
 import glob
@@ -92,13 +93,20 @@ def shard_slices(name: str, cfg: ModelConfig, dims: LocalDims) -> tuple[slice | 
 def _progress(items, quiet: bool):
     if not quiet and sys.stderr.isatty():
         from tqdm import tqdm
+
         return tqdm(items, desc="loading weights", unit="tensor")
     return items
 
 
-def load_model(model_dir: str, cfg: ModelConfig, shard: ShardSpec = ShardSpec(),
-               dtype: torch.dtype = torch.float32, device: str = "cpu", hadamard: bool = True,
-               quiet: bool = False) -> Transformer:
+def load_model(
+    model_dir: str,
+    cfg: ModelConfig,
+    shard: ShardSpec = ShardSpec(),
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    hadamard: bool = True,
+    quiet: bool = False,
+) -> Transformer:
     t0 = time.perf_counter()
     ckpt = CheckpointFiles(model_dir)
     dims = LocalDims.of(cfg, shard)
@@ -115,9 +123,11 @@ def load_model(model_dir: str, cfg: ModelConfig, shard: ShardSpec = ShardSpec(),
         if name not in wanted_names and _scale_owner(name, wanted_names) is None:
             extra.append(name)
     if missing or extra:
-        raise ValueError(f"checkpoint {model_dir} does not match the model: "
-                         f"missing {missing[:20]}{' ...' if len(missing) > 20 else ''}, "
-                         f"unexpected {sorted(extra)[:20]}{' ...' if len(extra) > 20 else ''}")
+        raise ValueError(
+            f"checkpoint {model_dir} does not match the model: "
+            f"missing {missing[:20]}{' ...' if len(missing) > 20 else ''}, "
+            f"unexpected {sorted(extra)[:20]}{' ...' if len(extra) > 20 else ''}"
+        )
     state = {}
     names = sorted(wanted_names)
     every = max(1, len(names) // 4)
@@ -137,8 +147,7 @@ def load_model(model_dir: str, cfg: ModelConfig, shard: ShardSpec = ShardSpec(),
     ckpt.close()
     model.load_state_dict(state, strict=True, assign=True)
     model.eval()
-    log.info("loaded %s (rank %d, %d tensors) in %.2f s", model_dir, shard.rank, len(names),
-             time.perf_counter() - t0)
+    log.info("loaded %s (rank %d, %d tensors) in %.2f s", model_dir, shard.rank, len(names), time.perf_counter() - t0)
     return model
 
 

@@ -12,18 +12,19 @@
 The routes reach the engine through an AdmissionGate (gate.py, app[GATE_KEY]); with
 API keys (auth.py) the model's routes need `Authorization: Bearer KEY`.
 """
+
 from __future__ import annotations
 
 import time
 
 from aiohttp import web
 
-from dspark_loop.api.gate import AdmissionGate
 from dspark_loop.api.auth import api_key_middleware
 from dspark_loop.api.chat_completions import ChatCompletionsRoute
 from dspark_loop.api.completions import CompletionsRoute
 from dspark_loop.api.context import ServingContext
 from dspark_loop.api.errors import error_middleware
+from dspark_loop.api.gate import AdmissionGate
 from dspark_loop.api.openapi import openapi_document
 from dspark_loop.api.prompt import PromptEncoder
 from dspark_loop.api.sse import WRITE_TIMEOUT_KEY
@@ -32,20 +33,20 @@ from dspark_loop.config import ServerConfig, served_name_for
 from dspark_loop.engine.interfaces import EngineClient
 from dspark_loop.model_config import ModelConfig
 
-MAX_BODY_BYTES = 64 * 2 ** 20  # a 1M-token prompt as ids fits
+MAX_BODY_BYTES = 64 * 2**20  # a 1M-token prompt as ids fits
 CONTEXT_KEY = web.AppKey("ctx", ServingContext)
 GATE_KEY = web.AppKey("gate", AdmissionGate)
 
 
-def create_app(engine: EngineClient, tokenizer, cfg: ServerConfig, model_cfg: ModelConfig,
-               metrics=None) -> web.Application:
+def create_app(
+    engine: EngineClient, tokenizer, cfg: ServerConfig, model_cfg: ModelConfig, metrics=None
+) -> web.Application:
     encoder = PromptEncoder(tokenizer, model_cfg.bos_token_id, model_cfg.vocab_size)
     name = cfg.served_model_name or served_name_for(cfg.model)
     gate = AdmissionGate(engine, cfg.max_queued_requests)
     ctx = ServingContext(gate, encoder, name, cfg.generate, cfg.model)
     auth = api_key_middleware(cfg.api_keys)
-    app = web.Application(middlewares=[error_middleware, *([auth] if auth else [])],
-                          client_max_size=MAX_BODY_BYTES)
+    app = web.Application(middlewares=[error_middleware, *([auth] if auth else [])], client_max_size=MAX_BODY_BYTES)
     app[CONTEXT_KEY] = ctx
     app[GATE_KEY] = gate
     app[WRITE_TIMEOUT_KEY] = cfg.stream_write_timeout_s
@@ -66,9 +67,16 @@ def create_app(engine: EngineClient, tokenizer, cfg: ServerConfig, model_cfg: Mo
         return web.json_response({"status": "ok"})
 
     async def models(request: web.Request) -> web.Response:
-        card = {"id": name, "object": "model", "created": created, "owned_by": "dspark_loop",
-                "root": cfg.model or name, "parent": None, "max_model_len": engine.max_model_len,
-                "permission": []}
+        card = {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "dspark_loop",
+            "root": cfg.model or name,
+            "parent": None,
+            "max_model_len": engine.max_model_len,
+            "permission": [],
+        }
         return web.json_response({"object": "list", "data": [card]})
 
     app.router.add_get("/health", health)
@@ -96,9 +104,12 @@ def add_metrics_routes(app: web.Application, metrics, engine: EngineClient | Non
     engine (optional): cache_stats() -> dict, served as the snapshot's "engine" key."""
 
     async def prometheus(request: web.Request) -> web.Response:
-        return web.Response(text=metrics.render_prometheus(),
-                            content_type="text/plain", charset="utf-8",
-                            headers={"X-Content-Format": "prometheus-0.0.4"})
+        return web.Response(
+            text=metrics.render_prometheus(),
+            content_type="text/plain",
+            charset="utf-8",
+            headers={"X-Content-Format": "prometheus-0.0.4"},
+        )
 
     async def as_json(request: web.Request) -> web.Response:
         snap = metrics.snapshot()

@@ -9,6 +9,7 @@ compared with every configured key, always all of them, as SHA-256 digests throu
 hmac.compare_digest: the time taken says neither which key nor how much of one matched.
 Nothing here logs or echoes a key.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -51,13 +52,13 @@ def bearer_token(header: str | None) -> str | None:
 
 def unauthorized(presented: bool) -> ApiError:
     if presented:
-        message, challenge = ("Incorrect API key provided.",
-                              'Bearer realm="dspark_loop", error="invalid_token"')
+        message, challenge = ("Incorrect API key provided.", 'Bearer realm="dspark_loop", error="invalid_token"')
     else:
-        message, challenge = ("You didn't provide an API key. Send it as "
-                              "`Authorization: Bearer KEY`.", 'Bearer realm="dspark_loop"')
-    return ApiError(401, message, code="invalid_api_key",
-                    headers={"WWW-Authenticate": challenge})
+        message, challenge = (
+            "You didn't provide an API key. Send it as `Authorization: Bearer KEY`.",
+            'Bearer realm="dspark_loop"',
+        )
+    return ApiError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": challenge})
 
 
 def api_key_middleware(keys):

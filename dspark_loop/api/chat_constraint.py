@@ -5,6 +5,7 @@ the declared tools into a ToolConstraint (xgrammar). xgrammar (and through it to
 optional extra: it is imported here, lazily, only when such a request arrives, never at
 server start-up. A schema the grammar cannot honour is a 400 before anything streams.
 """
+
 from __future__ import annotations
 
 import logging
@@ -13,8 +14,10 @@ from dspark_loop.api.errors import ApiError, bad_request
 
 log = logging.getLogger(__name__)
 
-MISSING_XGRAMMAR = ("constrained tool calls (tool_choice required/named, strict tools) need "
-                    "the optional xgrammar package: pip install dspark-loop[tools]")
+MISSING_XGRAMMAR = (
+    "constrained tool calls (tool_choice required/named, strict tools) need "
+    "the optional xgrammar package: pip install dspark-loop[tools]"
+)
 
 
 def needs_constraint(tools: list[dict], tool_choice) -> bool:
@@ -25,25 +28,33 @@ def needs_constraint(tools: list[dict], tool_choice) -> bool:
     return True  # "required" or {"type": "function", ...}
 
 
-def build_constraint(tokenizer, tools: list[dict], tool_choice, *, start_in_reasoning: bool,
-                     vocab_size: int, parallel_tool_calls: bool):
+def build_constraint(
+    tokenizer, tools: list[dict], tool_choice, *, start_in_reasoning: bool, vocab_size: int, parallel_tool_calls: bool
+):
     """A ToolConstraint, or ApiError(400) when it cannot be had. Slow the first time (the
     vocab is compiled once per tokenizer): call it off the event loop."""
     try:
         from dspark_loop.api.tool_constraint import ToolConstraint
     except ImportError as e:
-        raise ApiError(400, f"{MISSING_XGRAMMAR} ({e})", param="tool_choice",
-                       code="unsupported_parameter") from None
+        raise ApiError(400, f"{MISSING_XGRAMMAR} ({e})", param="tool_choice", code="unsupported_parameter") from None
     from dspark_loop.api.tool_grammar import UnsupportedToolSchema
 
     choice = "auto" if tool_choice is None else tool_choice
     try:
-        return ToolConstraint.build(tokenizer, tools, choice, start_in_reasoning=start_in_reasoning,
-                                    vocab_size=vocab_size, parallel_tool_calls=parallel_tool_calls)
+        return ToolConstraint.build(
+            tokenizer,
+            tools,
+            choice,
+            start_in_reasoning=start_in_reasoning,
+            vocab_size=vocab_size,
+            parallel_tool_calls=parallel_tool_calls,
+        )
     except UnsupportedToolSchema as e:
-        raise bad_request(f"The tool schemas cannot be enforced for constrained decoding: {e}.",
-                          "tools", "unsupported_tool_schema") from None
+        raise bad_request(
+            f"The tool schemas cannot be enforced for constrained decoding: {e}.", "tools", "unsupported_tool_schema"
+        ) from None
     except (ValueError, RuntimeError) as e:  # xgrammar refused the grammar we built
         log.warning("tool grammar did not compile: %s", e)
-        raise bad_request(f"The tool schemas cannot be compiled into a grammar: {e}.",
-                          "tools", "unsupported_tool_schema") from None
+        raise bad_request(
+            f"The tool schemas cannot be compiled into a grammar: {e}.", "tools", "unsupported_tool_schema"
+        ) from None

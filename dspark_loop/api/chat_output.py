@@ -9,14 +9,14 @@ exactly the non-stream message. parallel_tool_calls=false keeps only the first c
     message()  -> choices[0].message      finish_reason(engine_reason)
 Raises ToolParseError (chat_parse) when the model writes a malformed tool block.
 """
+
 from __future__ import annotations
 
 from dspark_loop.api.chat_parse import ChatDelta, StreamingChatParser, new_call_id
 
 
 class ChatOutput:
-    def __init__(self, start_in_reasoning: bool, *, parallel_tool_calls: bool = True,
-                 call_id=new_call_id):
+    def __init__(self, start_in_reasoning: bool, *, parallel_tool_calls: bool = True, call_id=new_call_id):
         self.parser = StreamingChatParser(start_in_reasoning, call_id=call_id)
         self.max_calls = None if parallel_tool_calls else 1
         self._reasoning: list[str] = []  # text pieces so far
@@ -39,8 +39,8 @@ class ChatOutput:
     @property
     def tool_calls(self) -> list[dict]:
         """The complete calls, in order (a call cut short by length is left out)."""
-        calls = self.parser.tool_calls[:self.parser.num_closed_calls]
-        return calls if self.max_calls is None else calls[:self.max_calls]
+        calls = self.parser.tool_calls[: self.parser.num_closed_calls]
+        return calls if self.max_calls is None else calls[: self.max_calls]
 
     @property
     def tool_calls_complete(self) -> bool:
@@ -56,15 +56,14 @@ class ChatOutput:
         return max(0, len(self.parser.tool_calls) - self.max_calls)
 
     def finish_reason(self, engine_reason: str) -> str:
-        """"tool_calls" only when generation ended on EOS/stop and every kept call is whole."""
+        """ "tool_calls" only when generation ended on EOS/stop and every kept call is whole."""
         if engine_reason == "stop" and self.tool_calls and self.tool_calls_complete:
             return "tool_calls"
         return engine_reason
 
     def message(self) -> dict:
         reasoning = self.reasoning_content
-        msg = {"role": "assistant", "content": self.content, "reasoning_content": reasoning,
-               "reasoning": reasoning}
+        msg = {"role": "assistant", "content": self.content, "reasoning_content": reasoning, "reasoning": reasoning}
         if self.tool_calls:
             msg["tool_calls"] = [{**c, "function": dict(c["function"])} for c in self.tool_calls]
         return msg

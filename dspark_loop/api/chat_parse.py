@@ -8,6 +8,7 @@ feed(text) + finish(), so a stream cut anywhere reassembles to exactly the whole
     EOS ends the text anywhere; a block cut short (length, stop string) is incomplete,
     a block of the wrong shape raises ToolParseError.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,15 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from dspark_loop.api.chat_render import (DSML, EOS, INVOKE_END, PARAMETER_END, THINK_END,
-                                         TOOL_CALLS_END, TOOL_CALLS_START)
+from dspark_loop.api.chat_render import (
+    DSML,
+    EOS,
+    INVOKE_END,
+    PARAMETER_END,
+    THINK_END,
+    TOOL_CALLS_END,
+    TOOL_CALLS_START,
+)
 
 INVOKE_START = f'<{DSML}invoke name="'
 PARAMETER_START = f'<{DSML}parameter name="'
@@ -76,8 +84,8 @@ class StreamingChatParser:
             self._raw, self._ended = "", True
         else:
             keep = _held_len(self._raw, (EOS,))
-            self._buf += self._raw[:len(self._raw) - keep]
-            self._raw = self._raw[len(self._raw) - keep:]
+            self._buf += self._raw[: len(self._raw) - keep]
+            self._raw = self._raw[len(self._raw) - keep :]
         return self._run()
 
     def finish(self) -> list[ChatDelta]:
@@ -112,7 +120,7 @@ class StreamingChatParser:
         self._buf = self._buf.lstrip()
         for opt in options:
             if self._buf.startswith(opt):
-                self._buf = self._buf[len(opt):]
+                self._buf = self._buf[len(opt) :]
                 return opt
         if self._buf and not any(opt.startswith(self._buf) for opt in options):
             self._fail("expected " + " or ".join(repr(o) for o in options))
@@ -121,8 +129,9 @@ class StreamingChatParser:
     def _args(self, out: list[ChatDelta], fragment: str) -> None:
         call = self.tool_calls[-1]
         call["function"]["arguments"] += fragment
-        out.append(ChatDelta("tool_call", tool_call={
-            "index": len(self.tool_calls) - 1, "function": {"arguments": fragment}}))
+        out.append(
+            ChatDelta("tool_call", tool_call={"index": len(self.tool_calls) - 1, "function": {"arguments": fragment}})
+        )
 
     def _step(self, out: list[ChatDelta]) -> bool:
         """Advance one move; False when more text is needed."""
@@ -133,8 +142,8 @@ class StreamingChatParser:
             if not hits:
                 keep = _held_len(buf, ("\n\n" + TOOL_CALLS_START,) + markers)
                 if len(buf) > keep:
-                    out.append(ChatDelta(state, buf[:len(buf) - keep]))
-                    self._buf = buf[len(buf) - keep:]
+                    out.append(ChatDelta(state, buf[: len(buf) - keep]))
+                    self._buf = buf[len(buf) - keep :]
                 return False
             pos, marker = min(hits)
             text = buf[:pos]
@@ -146,7 +155,7 @@ class StreamingChatParser:
                 self._state = "content"
             if text:
                 out.append(ChatDelta(state, text))
-            self._buf = buf[pos + len(marker):]
+            self._buf = buf[pos + len(marker) :]
             return True
         if state in ("calls", "calls_next"):
             opts = (INVOKE_START,) if state == "calls" else (INVOKE_START, TOOL_CALLS_END)
@@ -158,20 +167,30 @@ class StreamingChatParser:
         if state == "invoke_name":
             end = buf.find('">')
             if end < 0:
-                if len(buf) > MAX_HEADER_LEN or any(c in buf for c in '<>\n') \
-                        or (buf.find('"') >= 0 and buf.find('"') < len(buf) - 1):
+                if (
+                    len(buf) > MAX_HEADER_LEN
+                    or any(c in buf for c in "<>\n")
+                    or (buf.find('"') >= 0 and buf.find('"') < len(buf) - 1)
+                ):
                     self._fail("bad invoke name")
                 return False
             name = buf[:end]
             if not name or any(c in name for c in '"<>\n'):
                 self._fail("bad invoke name")
-            call = {"id": self._call_id(), "type": "function",
-                    "function": {"name": name, "arguments": ""}}
+            call = {"id": self._call_id(), "type": "function", "function": {"name": name, "arguments": ""}}
             self.tool_calls.append(call)
-            out.append(ChatDelta("tool_call", tool_call={
-                "index": len(self.tool_calls) - 1, "id": call["id"], "type": "function",
-                "function": {"name": name}}))
-            self._buf, self._state, self._param_names = buf[end + 2:], "invoke", set()
+            out.append(
+                ChatDelta(
+                    "tool_call",
+                    tool_call={
+                        "index": len(self.tool_calls) - 1,
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {"name": name},
+                    },
+                )
+            )
+            self._buf, self._state, self._param_names = buf[end + 2 :], "invoke", set()
             return True
         if state == "invoke":
             got = self._expect((PARAMETER_START, INVOKE_END))
@@ -198,31 +217,33 @@ class StreamingChatParser:
                 self._fail(f"parameter {name!r} given twice")
             lead = ", " if self._param_names else "{"
             self._param_names.add(name)
-            self._args(out, lead + json.dumps(name, ensure_ascii=False) + ": "
-                       + ('"' if is_string else ""))
-            self._param, self._buf, self._state = (name, is_string), buf[end + 1:], "param_value"
+            self._args(out, lead + json.dumps(name, ensure_ascii=False) + ": " + ('"' if is_string else ""))
+            self._param, self._buf, self._state = (name, is_string), buf[end + 1 :], "param_value"
             return True
         if state == "param_value":
             name, is_string = self._param
             end, dsml = buf.find(PARAMETER_END), buf.find(DSML)
-            if dsml >= 0 and (end < 0 or dsml < end + 2) \
-                    and not (dsml >= 2 and PARAMETER_END.startswith(buf[dsml - 2:])):
+            if (
+                dsml >= 0
+                and (end < 0 or dsml < end + 2)
+                and not (dsml >= 2 and PARAMETER_END.startswith(buf[dsml - 2 :]))
+            ):
                 self._fail(f"parameter {name!r} not closed")
             if end < 0:
                 if is_string:
                     keep = _held_len(buf, (PARAMETER_END, DSML))
                     if len(buf) > keep:
-                        self._args(out, json.dumps(buf[:len(buf) - keep], ensure_ascii=False)[1:-1])
-                        self._buf = buf[len(buf) - keep:]
+                        self._args(out, json.dumps(buf[: len(buf) - keep], ensure_ascii=False)[1:-1])
+                        self._buf = buf[len(buf) - keep :]
                 return False
-            value, self._buf = buf[:end], buf[end + len(PARAMETER_END):]
+            value, self._buf = buf[:end], buf[end + len(PARAMETER_END) :]
             if is_string:
                 self._args(out, json.dumps(value, ensure_ascii=False)[1:-1] + '"')
             else:
                 try:
                     parsed = json.loads(value)
                 except ValueError:
-                    self._fail(f"parameter {name!r} is string=\"false\" but not JSON: {value!r}")
+                    self._fail(f'parameter {name!r} is string="false" but not JSON: {value!r}')
                 self._args(out, json.dumps(parsed, ensure_ascii=False))
             self._state = "invoke"
             return True

@@ -7,6 +7,7 @@
 Markers are ASCII `<` `>` around U+FF5C `｜`; `▁` is U+2581. The prompt already starts with
 BOS: tokenise it with add_special_tokens=False.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,8 @@ EFFORT_TEXT = {
         "paths, edge cases, and adversarial scenarios.\n"
         "Explicitly write out your entire deliberation process, documenting every intermediate "
         "step, considered alternative, and rejected hypothesis to ensure absolutely no "
-        "assumption is left unchecked.\n\n"),
+        "assumption is left unchecked.\n\n"
+    ),
     "max": (
         "Reasoning Effort: Beyond maximum — exhaustive, relentless, and uncompromising.\n"
         "You MUST reason with the utmost depth and rigor, leaving absolutely nothing to chance: "
@@ -43,12 +45,12 @@ EFFORT_TEXT = {
         "symptom.\n"
         "Do not stop reasoning until you have independently verified the solution from multiple "
         "angles and are certain that no assumption remains unchecked and no error remains "
-        "undiscovered.\n\n"),
+        "undiscovered.\n\n"
+    ),
 }
 
 # reasoning_effort as clients send it (DeepSeek API, vLLM, OpenAI) -> the encoder's table.
-EFFORT_ALIASES = {"minimal": "low", "low": "low", "medium": "high", "high": "high",
-                  "xhigh": "high", "max": "max"}
+EFFORT_ALIASES = {"minimal": "low", "low": "low", "medium": "high", "high": "high", "xhigh": "high", "max": "max"}
 
 TOOLS_PREAMBLE = f"""## Tools
 
@@ -130,8 +132,7 @@ def render_tool_block(tool_calls: list[dict]) -> str:
             else:
                 text = json.dumps(value, ensure_ascii=False)
                 params.append(f'<{DSML}parameter name="{key}" string="false">{text}{PARAMETER_END}')
-        invokes.append(f'<{DSML}invoke name="{fn["name"]}">\n' + "\n".join(params)
-                       + f"\n{INVOKE_END}")
+        invokes.append(f'<{DSML}invoke name="{fn["name"]}">\n' + "\n".join(params) + f"\n{INVOKE_END}")
     return f"\n\n{TOOL_CALLS_START}\n" + "\n".join(invokes) + f"\n{TOOL_CALLS_END}"
 
 
@@ -157,12 +158,10 @@ def _turns(messages: list[dict]) -> list[dict]:
                 turns.append({"role": "user", "results": [], "text_parts": []})
             turns[-1]["results"].append((rank, len(turns[-1]["results"]), result))
         elif role == "user":
-            if turns and turns[-1]["role"] == "user" and turns[-1]["results"] \
-                    and not turns[-1]["text_parts"]:
+            if turns and turns[-1]["role"] == "user" and turns[-1]["results"] and not turns[-1]["text_parts"]:
                 turns[-1]["text_parts"].append(message_text(msg.get("content")))
             else:
-                turns.append({"role": "user", "results": [],
-                              "text_parts": [message_text(msg.get("content"))]})
+                turns.append({"role": "user", "results": [], "text_parts": [message_text(msg.get("content"))]})
         else:
             if role == "assistant":
                 call_order = {c.get("id"): i for i, c in enumerate(msg.get("tool_calls") or [])}
@@ -175,8 +174,9 @@ def _turns(messages: list[dict]) -> list[dict]:
     return turns
 
 
-def render_messages(messages: list[dict], *, tools: list[dict] | None = None,
-                    thinking: bool, reasoning_effort: str | None = None) -> str:
+def render_messages(
+    messages: list[dict], *, tools: list[dict] | None = None, thinking: bool, reasoning_effort: str | None = None
+) -> str:
     """The prompt for `messages`, ending in the generation prompt after a final user turn.
 
     History rule (thinking mode): assistant turns before the last user/tool turn lose their

@@ -4,6 +4,7 @@ messages / tools / tool_choice stay plain JSON here: chat_validate checks them r
 rule (a 400 naming the message and field). The generation fields are completions' own
 (schemas.GenerationFields), so both routes refuse the same values.
 """
+
 from __future__ import annotations
 
 from typing import Any

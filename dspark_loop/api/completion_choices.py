@@ -7,6 +7,7 @@ whose chunks carry each choice's index as its deltas arrive. Usage counts every 
 and every choice's tokens. A choice that fails ends the whole answer (its error), and the
 others are aborted (their generators are closed).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,12 @@ class Choices:
         n_prompt = sum(prompts.values())
         n_out = sum(c.num_output_tokens for c in self.choices)
         cached = sum(c.num_cached_tokens for c in self.choices)
-        return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
-                "prompt_tokens_details": {"cached_tokens": cached}}
+        return {
+            "prompt_tokens": n_prompt,
+            "completion_tokens": n_out,
+            "total_tokens": n_prompt + n_out,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
 
 
 async def _collect(ctx, c) -> dict:
@@ -69,8 +74,7 @@ async def _whole(ctx, cs: Choices) -> web.Response:
         for t in tasks:
             t.cancel()  # NOTE: one failed: abort the others (a no-op for finished tasks)
     head = cs.choices[0]
-    return web.json_response({**head.envelope(sorted(choices, key=lambda ch: ch["index"])),
-                              "usage": cs.usage()})
+    return web.json_response({**head.envelope(sorted(choices, key=lambda ch: ch["index"])), "usage": cs.usage()})
 
 
 async def _stream(ctx, request: web.Request, cs: Choices) -> web.StreamResponse:
@@ -140,8 +144,13 @@ async def _stream(ctx, request: web.Request, cs: Choices) -> web.StreamResponse:
 async def run_choices(route, request: web.Request, cs: Choices) -> web.StreamResponse:
     for c in cs.choices:
         await route.prepare(c)  # a constrained chat request's grammar, per choice
-    log.info("request %s received: %d choices, max_tokens=%d stream=%s", cs.request_id,
-             len(cs.choices), cs.choices[0].generate.params.max_tokens, bool(cs.req.stream))
+    log.info(
+        "request %s received: %d choices, max_tokens=%d stream=%s",
+        cs.request_id,
+        len(cs.choices),
+        cs.choices[0].generate.params.max_tokens,
+        bool(cs.req.stream),
+    )
     if cs.req.stream:
         return await _stream(route.ctx, request, cs)
     return await _whole(route.ctx, cs)

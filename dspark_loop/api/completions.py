@@ -7,6 +7,7 @@ index i * n + j, as vLLM does; the n choices of a prompt share its seed and diff
 choice index (their own noise). NOTE: siblings admitted in one step each prefill the prompt
 (pages enter the prefix cache only once computed).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,15 +22,21 @@ from dspark_loop.api.sampling import check_completion_options, sampling_params
 from dspark_loop.api.schemas import CompletionRequest
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput, TokenLogprob
 
-
 MAX_CHOICES = 1024  # engine requests one /v1/completions request may start
 
 
 class Completion(Generation):
     req: CompletionRequest
 
-    def __init__(self, ctx: ServingContext, req: CompletionRequest, prompt_ids: list[int],
-                 prompt_text: str | None, generate: GenerateRequest, index: int = 0):
+    def __init__(
+        self,
+        ctx: ServingContext,
+        req: CompletionRequest,
+        prompt_ids: list[int],
+        prompt_text: str | None,
+        generate: GenerateRequest,
+        index: int = 0,
+    ):
         super().__init__(ctx, req, prompt_ids, generate)
         self.prompt_text = prompt_text
         self.index = index
@@ -63,7 +70,7 @@ class Completion(Generation):
         """The entries not sent yet up to `end`, formatted (text offsets run on)."""
         if not self.wants_logprobs:
             return None
-        out = self.formatter.completion(self.logprobs[self.sent:end], self.text_offset)
+        out = self.formatter.completion(self.logprobs[self.sent : end], self.text_offset)
         if out["tokens"]:
             self.text_offset = out["text_offset"][-1] + len(out["tokens"][-1])
         self.sent = end
@@ -71,9 +78,13 @@ class Completion(Generation):
 
     def whole_choice(self, reason: str, last: RequestOutput, token_ids: list[int]) -> tuple[dict, str]:
         text = "".join(self.texts)
-        choice = {"index": self.index, "text": self.echo_text + text if self.req.echo else text,
-                  "logprobs": self.take_logprobs(len(self.logprobs)), "finish_reason": reason,
-                  "stop_reason": last.stop_reason}
+        choice = {
+            "index": self.index,
+            "text": self.echo_text + text if self.req.echo else text,
+            "logprobs": self.take_logprobs(len(self.logprobs)),
+            "finish_reason": reason,
+            "stop_reason": last.stop_reason,
+        }
         if self.req.return_token_ids:
             choice["prompt_token_ids"] = self.prompt_ids
             choice["token_ids"] = token_ids
@@ -85,20 +96,45 @@ class Completion(Generation):
         if self.first_chunk and self.req.echo:
             # NOTE: the echo goes out with the first delta, which brings the prompt's logprobs
             num_prompt = len(out.prompt_logprobs or []) if self.wants_logprobs else 0
-            chunks.append(self.chunk(self.echo_text, None, None, [], True, continuous,
-                                     self.take_logprobs(num_prompt)))
+            chunks.append(self.chunk(self.echo_text, None, None, [], True, continuous, self.take_logprobs(num_prompt)))
             self.first_chunk = False
-        if out.new_text or out.finished or (self.req.return_token_ids and out.new_token_ids) \
-                or (self.wants_logprobs and out.new_token_ids):
-            chunks.append(self.chunk(out.new_text, reason, out.stop_reason, out.new_token_ids,
-                                     self.first_chunk, continuous, self.take_logprobs(len(self.logprobs))))
+        if (
+            out.new_text
+            or out.finished
+            or (self.req.return_token_ids and out.new_token_ids)
+            or (self.wants_logprobs and out.new_token_ids)
+        ):
+            chunks.append(
+                self.chunk(
+                    out.new_text,
+                    reason,
+                    out.stop_reason,
+                    out.new_token_ids,
+                    self.first_chunk,
+                    continuous,
+                    self.take_logprobs(len(self.logprobs)),
+                )
+            )
             self.first_chunk = False
         return chunks, reason
 
-    def chunk(self, text: str, reason: str | None, stop_reason, token_ids: list[int],
-              first: bool, continuous: bool, logprobs: dict | None = None) -> dict:
-        choice = {"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": reason,
-                  "stop_reason": stop_reason}
+    def chunk(
+        self,
+        text: str,
+        reason: str | None,
+        stop_reason,
+        token_ids: list[int],
+        first: bool,
+        continuous: bool,
+        logprobs: dict | None = None,
+    ) -> dict:
+        choice = {
+            "index": self.index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": reason,
+            "stop_reason": stop_reason,
+        }
         if self.req.return_token_ids:
             if first:
                 choice["prompt_token_ids"] = self.prompt_ids
@@ -115,16 +151,21 @@ class CompletionsRoute(GenerationRoute):
             ctx.check_context(len(ids))
         check_completion_options(req)
         if len(prompts) * (req.n or 1) > MAX_CHOICES:
-            raise bad_request(f"{len(prompts)} prompts x n {req.n or 1} make more than {MAX_CHOICES} "
-                              f"choices in one request; split the batch.", "prompt")
+            raise bad_request(
+                f"{len(prompts)} prompts x n {req.n or 1} make more than {MAX_CHOICES} "
+                f"choices in one request; split the batch.",
+                "prompt",
+            )
         choices = []
         for i, (ids, text) in enumerate(prompts):
-            params = sampling_params(req, ctx.defaults, ctx.encoder, len(ids), ctx.max_model_len,
-                                     sampling_defaults=ctx.sampling_defaults)
+            params = sampling_params(
+                req, ctx.defaults, ctx.encoder, len(ids), ctx.max_model_len, sampling_defaults=ctx.sampling_defaults
+            )
             n = req.n or 1
             for j in range(n):
-                g = GenerateRequest(ctx.new_request_id(), ids, dataclasses.replace(params, choice=j),
-                                    arrival_time=time.monotonic())
+                g = GenerateRequest(
+                    ctx.new_request_id(), ids, dataclasses.replace(params, choice=j), arrival_time=time.monotonic()
+                )
                 choices.append(Completion(ctx, req, ids, text, g, index=i * n + j))
         return choices[0] if len(choices) == 1 else Choices(ctx, req, choices)
 

@@ -1,4 +1,5 @@
 """ServingContext: what every route needs (engine, prompt encoder, served name, defaults)."""
+
 from __future__ import annotations
 
 import itertools
@@ -12,16 +13,23 @@ from dspark_loop.engine.interfaces import EngineClient
 
 
 class ServingContext:
-    def __init__(self, engine: EngineClient, encoder: PromptEncoder, model_name: str,
-                 defaults: GenerateDefaults, model_path: str | None = None):
+    def __init__(
+        self,
+        engine: EngineClient,
+        encoder: PromptEncoder,
+        model_name: str,
+        defaults: GenerateDefaults,
+        model_path: str | None = None,
+    ):
         self.engine = engine
         self.encoder = encoder
         self.model_name = model_name
         self.defaults = defaults
         self.model_path = model_path
         # generation_config.json's sampling defaults under --generate-config's
-        overrides = {k: getattr(defaults, k) for k in ("temperature", "top_p", "top_k", "min_p",
-                                                       "repetition_penalty", "seed")}
+        overrides = {
+            k: getattr(defaults, k) for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
+        }
         self.sampling_defaults = sampling_defaults(model_path, overrides)
         self._prefix = uuid.uuid4().hex[:12]
         self._counter = itertools.count()
@@ -41,18 +49,25 @@ class ServingContext:
 
     def check_ready(self) -> None:
         if self.engine.dead_reason is not None:
-            raise ApiError(503, f"The engine is dead: {self.engine.dead_reason}",
-                           code="engine_dead")
+            raise ApiError(503, f"The engine is dead: {self.engine.dead_reason}", code="engine_dead")
         if self.engine.restarting is not None:
-            raise ApiError(503, "The ranks are restarting after a failure; retry shortly.",
-                           code="engine_restarting", headers={"Retry-After": "1"})
+            raise ApiError(
+                503,
+                "The ranks are restarting after a failure; retry shortly.",
+                code="engine_restarting",
+                headers={"Retry-After": "1"},
+            )
         if not self.engine.ready:
             raise ApiError(503, "The engine is not ready yet; retry shortly.", code="engine_not_ready")
 
     def check_context(self, prompt_len: int) -> None:
         limit = self.max_model_len
         if prompt_len >= limit:
-            raise ApiError(400, f"This model's maximum context length is {limit} tokens, but "
-                                f"the prompt has {prompt_len} tokens; it must be shorter than "
-                                f"{limit} to leave room for at least one output token.",
-                           param="prompt", code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens, but "
+                f"the prompt has {prompt_len} tokens; it must be shorter than "
+                f"{limit} to leave room for at least one output token.",
+                param="prompt",
+                code="context_length_exceeded",
+            )

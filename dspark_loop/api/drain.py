@@ -10,6 +10,7 @@
 This is the orchestrators' contract (Kubernetes sends SIGTERM, waits its grace period,
 then SIGKILLs): keep --shutdown-timeout below that grace period.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,12 +32,15 @@ class Drain:
         name = signal.Signals(sig).name
         if self._task is None:
             self.gate.draining = True
-            log.info("%s: draining: no new requests; %d running may finish within %g s",
-                     name, self.gate.num_active, self.timeout_s)
+            log.info(
+                "%s: draining: no new requests; %d running may finish within %g s",
+                name,
+                self.gate.num_active,
+                self.timeout_s,
+            )
             self._task = asyncio.get_running_loop().create_task(self._drain(), name="drain")
         elif sig == signal.SIGINT:
-            log.warning("SIGINT again: stopping now; %d request(s) end with an error",
-                        self.gate.num_active)
+            log.warning("SIGINT again: stopping now; %d request(s) end with an error", self.gate.num_active)
             self.stop.set()
 
     async def _drain(self) -> None:
@@ -44,6 +48,7 @@ class Drain:
         if await self.gate.wait_idle(self.timeout_s):
             log.info("drained in %.2f s", time.monotonic() - t0)
         else:
-            log.warning("drain timed out after %g s; %d request(s) end with an error",
-                        self.timeout_s, self.gate.num_active)
+            log.warning(
+                "drain timed out after %g s; %d request(s) end with an error", self.timeout_s, self.gate.num_active
+            )
         self.stop.set()

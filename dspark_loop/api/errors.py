@@ -6,6 +6,7 @@
 4xx for what the client sent (never 500 for user input), 503 while the engine is not
 ready or dead, 500 only for an engine failure.
 """
+
 from __future__ import annotations
 
 import logging
@@ -14,13 +15,25 @@ from aiohttp import web
 
 log = logging.getLogger(__name__)
 
-ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
-               413: "invalid_request_error", 500: "server_error", 503: "server_error"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    404: "invalid_request_error",
+    413: "invalid_request_error",
+    500: "server_error",
+    503: "server_error",
+}
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -29,9 +42,14 @@ class ApiError(Exception):
         self.headers = headers  # e.g. Retry-After, WWW-Authenticate
 
     def body(self) -> dict:
-        return {"error": {"message": self.message,
-                          "type": ERROR_TYPES.get(self.status, "invalid_request_error"),
-                          "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": ERROR_TYPES.get(self.status, "invalid_request_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
     def response(self) -> web.Response:
         return web.json_response(self.body(), status=self.status, headers=self.headers)
@@ -46,8 +64,7 @@ def unsupported(param: str, message: str) -> ApiError:
 
 
 def model_not_found(model: str) -> ApiError:
-    return ApiError(404, f"The model `{model}` does not exist.", param="model",
-                    code="model_not_found")
+    return ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
 
 
 @web.middleware
@@ -59,12 +76,12 @@ async def error_middleware(request: web.Request, handler):
         return e.response()
     except web.HTTPException as e:
         if e.status >= 400 and e.content_type != "application/json":
-            return ApiError(e.status, e.reason or e.text or "error",
-                            code=e.reason.lower().replace(" ", "_") if e.reason else None).response()
+            return ApiError(
+                e.status, e.reason or e.text or "error", code=e.reason.lower().replace(" ", "_") if e.reason else None
+            ).response()
         raise
     except ConnectionResetError:
         raise  # the client is gone; nobody to answer
     except Exception as e:  # a bug: answer in the OpenAI shape and keep serving
         log.exception("unhandled error in %s %s", request.method, request.path)
-        return ApiError(500, f"Internal server error: {type(e).__name__}: {e}",
-                        code="internal_error").response()
+        return ApiError(500, f"Internal server error: {type(e).__name__}: {e}", code="internal_error").response()

@@ -11,6 +11,7 @@ the limit: each arrival sees the queue its predecessors left.
 The active count (requests between admission and their last delivery) is what a drain
 waits for.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -74,14 +75,16 @@ class AdmissionGate:
     # ---- admission ----------------------------------------------------------------------------
     def check(self, g: GenerateRequest) -> None:
         if self.draining:
-            raise ApiError(503, "The server is shutting down and takes no new requests.",
-                           code="server_shutting_down")
+            raise ApiError(503, "The server is shutting down and takes no new requests.", code="server_shutting_down")
         limit = self.max_queued_requests
         if limit is not None and self.engine.num_waiting >= limit:
             self.num_rejected += 1
-            raise ApiError(503, f"The server is overloaded: {limit} requests already wait. "
-                                f"Retry after {RETRY_AFTER_S} s.", code="server_overloaded",
-                           headers={"Retry-After": str(RETRY_AFTER_S)})
+            raise ApiError(
+                503,
+                f"The server is overloaded: {limit} requests already wait. Retry after {RETRY_AFTER_S} s.",
+                code="server_overloaded",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
         problem = self.engine.capacity_problem(len(g.prompt_token_ids), g.params.max_tokens)
         if problem is not None:
             raise ApiError(400, problem, param="max_tokens", code="request_too_large")

@@ -12,6 +12,7 @@ still gets a proper status; after that, failures travel as an SSE error event. L
 early (client gone, handler cancelled) closes the engine's generator, which aborts the
 request and frees its pages.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -45,19 +46,18 @@ def engine_failure(ctx: ServingContext, out: RequestOutput | None) -> ApiError:
     if ctx.engine.dead_reason is not None:
         return ApiError(503, f"The engine is dead: {ctx.engine.dead_reason}", code="engine_dead")
     if out is not None and out.finish_reason == "abort":
-        return ApiError(503, "The request was aborted by the server (shutting down?).",
-                        code="request_aborted")
+        return ApiError(503, "The request was aborted by the server (shutting down?).", code="request_aborted")
     message = (out.error if out is not None else None) or "the engine ended the request without a result"
     return ApiError(500, f"Generation failed: {message}", code="engine_error")
 
 
 class Generation:
     """One accepted request: what the response needs besides the engine's deltas."""
+
     object_name = "text_completion"
     chunk_object_name = "text_completion"
 
-    def __init__(self, ctx: ServingContext, req: GenerationFields, prompt_ids: list[int],
-                 generate: GenerateRequest):
+    def __init__(self, ctx: ServingContext, req: GenerationFields, prompt_ids: list[int], generate: GenerateRequest):
         self.ctx, self.req, self.generate = ctx, req, generate
         self.request_id = generate.request_id
         self.prompt_ids = prompt_ids
@@ -72,13 +72,21 @@ class Generation:
 
     def usage(self) -> dict:
         n_prompt = len(self.prompt_ids)
-        return {"prompt_tokens": n_prompt, "completion_tokens": self.num_output_tokens,
-                "total_tokens": n_prompt + self.num_output_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.num_cached_tokens}}
+        return {
+            "prompt_tokens": n_prompt,
+            "completion_tokens": self.num_output_tokens,
+            "total_tokens": n_prompt + self.num_output_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.num_cached_tokens},
+        }
 
     def envelope(self, choices: list[dict], chunk: bool = False) -> dict:
-        return {"id": self.request_id, "object": self.chunk_object_name if chunk else self.object_name,
-                "created": self.created, "model": self.ctx.model_name, "choices": choices}
+        return {
+            "id": self.request_id,
+            "object": self.chunk_object_name if chunk else self.object_name,
+            "created": self.created,
+            "model": self.ctx.model_name,
+            "choices": choices,
+        }
 
     def chunk_body(self, choice: dict, continuous: bool) -> dict:
         """One SSE chunk holding choice (with running usage when asked)."""
@@ -89,9 +97,15 @@ class Generation:
 
     def log_finished(self, reason: str | None) -> None:
         elapsed = time.monotonic() - self.start
-        log.info("request %s finished: reason=%s prompt_tokens=%d output_tokens=%d "
-                 "latency=%.3fs tokens/s=%.1f", self.request_id, reason, len(self.prompt_ids),
-                 self.num_output_tokens, elapsed, self.num_output_tokens / max(elapsed, 1e-9))
+        log.info(
+            "request %s finished: reason=%s prompt_tokens=%d output_tokens=%d latency=%.3fs tokens/s=%.1f",
+            self.request_id,
+            reason,
+            len(self.prompt_ids),
+            self.num_output_tokens,
+            elapsed,
+            self.num_output_tokens / max(elapsed, 1e-9),
+        )
 
     # ---- hooks a route's Generation fills in ---------------------------------------------------
     def feed(self, text: str) -> None:
@@ -133,8 +147,13 @@ class GenerationRoute:
         """Work after accept that must not block the loop (a tool-call constraint)."""
 
     def log_received(self, g: Generation) -> None:
-        log.info("request %s received: prompt_tokens=%d max_tokens=%d stream=%s", g.request_id,
-                 len(g.prompt_ids), g.generate.params.max_tokens, bool(g.req.stream))
+        log.info(
+            "request %s received: prompt_tokens=%d max_tokens=%d stream=%s",
+            g.request_id,
+            len(g.prompt_ids),
+            g.generate.params.max_tokens,
+            bool(g.req.stream),
+        )
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -189,8 +208,7 @@ class GenerationRoute:
         include_usage = bool(opts and opts.include_usage)
         continuous = include_usage and bool(opts.continuous_usage_stats)
         first = await anext(gen, None)
-        if first is None or (first.finished and first.finish_reason not in OK_REASONS
-                             and not first.new_token_ids):
+        if first is None or (first.finished and first.finish_reason not in OK_REASONS and not first.new_token_ids):
             g.log_finished(first.finish_reason if first else None)
             raise engine_failure(self.ctx, first)
         sse = SSEStream(request)

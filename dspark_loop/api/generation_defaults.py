@@ -9,6 +9,7 @@ default) gives greedy defaults, whatever temperature it lists. transformers itse
 temperature then; the tiny checkpoints say do_sample false, temperature 1.0, and a request
 that leaves temperature out must stay greedy there (vLLM would sample at 1.0).
 """
+
 from __future__ import annotations
 
 import json

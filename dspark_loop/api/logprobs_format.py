@@ -9,6 +9,7 @@
 A token's string is its own decoding (as vLLM's decoded_token). -inf (an id a constraint
 refused) is written as -9999.0, as vLLM does: JSON has no infinity.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,5 +51,8 @@ class LogprobsFormatter:
             text = self.token_text(tid)
             return {"token": text, "logprob": _lp(lp), "bytes": list(text.encode("utf-8"))}
 
-        return {"content": [{**one(e.token_id, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]}
-                            for e in entries]}
+        return {
+            "content": [
+                {**one(e.token_id, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]} for e in entries
+            ]
+        }

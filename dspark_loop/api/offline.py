@@ -1,5 +1,6 @@
 """run_offline: --prompt mode. Every prompt is generated concurrently (one engine batch),
 greedy, and each completion is printed in the order given; no HTTP server."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,21 +12,30 @@ from dspark_loop.engine.interfaces import EngineClient
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput, SamplingParams
 
 
-async def run_offline(engine: EngineClient, tokenizer, prompts: list[str], max_tokens: int, *,
-                      bos_token_id: int | None = None, stop: list[str] | None = None,
-                      ignore_eos: bool = False, out=None) -> list[str]:
+async def run_offline(
+    engine: EngineClient,
+    tokenizer,
+    prompts: list[str],
+    max_tokens: int,
+    *,
+    bos_token_id: int | None = None,
+    stop: list[str] | None = None,
+    ignore_eos: bool = False,
+    out=None,
+) -> list[str]:
     """Completions of `prompts` (BOS + text, as /v1/completions); raises ValueError for a
     prompt that does not fit the context and RuntimeError when the engine fails one."""
     out = out or sys.stdout
-    encoder = PromptEncoder(tokenizer, bos_token_id, vocab_size=2 ** 62)
+    encoder = PromptEncoder(tokenizer, bos_token_id, vocab_size=2**62)
     limit = engine.max_model_len
     requests = []
     for i, text in enumerate(prompts):
         ids = encoder.encode_text(text)
         if len(ids) >= limit:
             raise ValueError(f"--prompt #{i + 1} has {len(ids)} tokens; the context is {limit}")
-        params = SamplingParams(max_tokens=min(max_tokens, limit - len(ids)),
-                                stop=list(stop or []), ignore_eos=ignore_eos)
+        params = SamplingParams(
+            max_tokens=min(max_tokens, limit - len(ids)), stop=list(stop or []), ignore_eos=ignore_eos
+        )
         requests.append(GenerateRequest(f"offline-{uuid.uuid4().hex}", ids, params))
     texts = []
     for deltas in await generate_all(engine, requests):

@@ -3,6 +3,7 @@
 String prompts are tokenised without special tokens and get BOS prepended (the tokenizer
 never adds it); token-id prompts are taken as given, each id checked against the vocab.
 """
+
 from __future__ import annotations
 
 from dspark_loop.api.errors import ApiError, bad_request
@@ -32,11 +33,15 @@ class PromptEncoder:
     def check_ids(self, ids: list, param: str) -> list[int]:
         for i, t in enumerate(ids):
             if not _is_id(t):
-                raise bad_request(f"`{param}` must be a list of integer token ids; item {i} is "
-                                  f"{t!r}.", param, "invalid_type")
+                raise bad_request(
+                    f"`{param}` must be a list of integer token ids; item {i} is {t!r}.", param, "invalid_type"
+                )
             if not 0 <= t < self.vocab_size:
-                raise bad_request(f"Token id {t} at position {i} of `{param}` is out of "
-                                  f"vocabulary (valid ids are 0..{self.vocab_size - 1}).", param)
+                raise bad_request(
+                    f"Token id {t} at position {i} of `{param}` is out of "
+                    f"vocabulary (valid ids are 0..{self.vocab_size - 1}).",
+                    param,
+                )
         return list(ids)
 
     def completion_prompts(self, prompt) -> list[tuple[list[int], str | None]]:
@@ -45,9 +50,12 @@ class PromptEncoder:
         if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
             return [self._one_prompt(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
         if isinstance(prompt, list) and any(isinstance(p, (str, list)) for p in prompt):
-            raise bad_request("`prompt` mixes token ids with strings or lists; send a list of "
-                              "token ids, a list of strings or a list of token-id lists.", "prompt",
-                              "invalid_type")
+            raise bad_request(
+                "`prompt` mixes token ids with strings or lists; send a list of "
+                "token ids, a list of strings or a list of token-id lists.",
+                "prompt",
+                "invalid_type",
+            )
         return [self._one_prompt(prompt, "prompt")]
 
     def completion_prompt(self, prompt) -> tuple[list[int], str | None]:
@@ -59,8 +67,9 @@ class PromptEncoder:
 
     def _one_prompt(self, prompt, where: str) -> tuple[list[int], str | None]:
         if prompt is None:
-            raise ApiError(400, "Missing required parameter `prompt`.", param="prompt",
-                           code="missing_required_parameter")
+            raise ApiError(
+                400, "Missing required parameter `prompt`.", param="prompt", code="missing_required_parameter"
+            )
         if isinstance(prompt, str):
             if not prompt:
                 raise bad_request(f"The prompt is empty ({where}).", "prompt")
@@ -69,5 +78,6 @@ class PromptEncoder:
             if not prompt:
                 raise bad_request(f"The prompt is empty ({where}).", "prompt")
             return self.check_ids(prompt, "prompt"), None
-        raise bad_request(f"`prompt` must be a string or a list of token ids, got "
-                          f"{type(prompt).__name__}.", "prompt", "invalid_type")
+        raise bad_request(
+            f"`prompt` must be a string or a list of token ids, got {type(prompt).__name__}.", "prompt", "invalid_type"
+        )

@@ -5,6 +5,7 @@ answers. tests/e2e/test_openapi_fuzz.py checks every answer the server gives aga
 document built from them, so a route that drifts from its struct fails a test.
 Streams (stream=true) answer text/event-stream whose events are the *Chunk structs.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -116,6 +117,7 @@ class ChatChunkChoice(Body):
 
 class ChatCompletionChunk(Body):
     """One `data:` event of a /v1/chat/completions stream."""
+
     id: str
     object: str
     created: int

@@ -5,6 +5,7 @@ checkpoint's generation_config.json under --generate-config (generation_defaults
 max_tokens defaults to --generate-config's max_new_tokens, else 16 (OpenAI's default), and
 is capped to the context left after the prompt rather than refused.
 """
+
 from __future__ import annotations
 
 from dspark_loop.api.errors import bad_request, unsupported
@@ -29,10 +30,16 @@ def check_unsupported(req: GenerationFields) -> None:
 
 
 def requested_max_tokens(req: GenerationFields, defaults: GenerateDefaults, default: int) -> int:
-    if (req.max_tokens is not None and req.max_completion_tokens is not None
-            and req.max_tokens != req.max_completion_tokens):
-        raise bad_request(f"max_tokens ({req.max_tokens}) and max_completion_tokens "
-                          f"({req.max_completion_tokens}) disagree; send one of them.", "max_tokens")
+    if (
+        req.max_tokens is not None
+        and req.max_completion_tokens is not None
+        and req.max_tokens != req.max_completion_tokens
+    ):
+        raise bad_request(
+            f"max_tokens ({req.max_tokens}) and max_completion_tokens "
+            f"({req.max_completion_tokens}) disagree; send one of them.",
+            "max_tokens",
+        )
     param = "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"
     value = req.max_tokens if req.max_tokens is not None else req.max_completion_tokens
     if value is None:
@@ -51,10 +58,16 @@ def stop_strings(req: GenerationFields, defaults: GenerateDefaults) -> list[str]
     return stops
 
 
-def sampling_params(req: GenerationFields, defaults: GenerateDefaults, encoder: PromptEncoder,
-                    prompt_len: int, max_model_len: int,
-                    default_max_tokens: int = DEFAULT_MAX_TOKENS,
-                    sampling_defaults: SamplingDefaults | None = None, chat: bool = False) -> SamplingParams:
+def sampling_params(
+    req: GenerationFields,
+    defaults: GenerateDefaults,
+    encoder: PromptEncoder,
+    prompt_len: int,
+    max_model_len: int,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    sampling_defaults: SamplingDefaults | None = None,
+    chat: bool = False,
+) -> SamplingParams:
     """Validated params; the caller has already checked prompt_len < max_model_len.
     default_max_tokens: when the request and --generate-config name no length.
     sampling_defaults: generation_config.json + --generate-config (None: vLLM's own)."""
@@ -66,15 +79,23 @@ def sampling_params(req: GenerationFields, defaults: GenerateDefaults, encoder: 
     if min_tokens < 0:
         raise bad_request(f"min_tokens must be >= 0, got {min_tokens}.", "min_tokens")
     if min_tokens > wanted:
-        raise bad_request(f"min_tokens ({min_tokens}) must be at most max_tokens ({wanted}).",
-                          "min_tokens")
+        raise bad_request(f"min_tokens ({min_tokens}) must be at most max_tokens ({wanted}).", "min_tokens")
     stop_ids = encoder.check_ids(req.stop_token_ids or [], "stop_token_ids")
     return SamplingParams(
-        max_tokens=max_tokens, min_tokens=min(min_tokens, max_tokens),
-        stop=stop_strings(req, defaults), stop_token_ids=stop_ids,
+        max_tokens=max_tokens,
+        min_tokens=min(min_tokens, max_tokens),
+        stop=stop_strings(req, defaults),
+        stop_token_ids=stop_ids,
         ignore_eos=defaults.ignore_eos if req.ignore_eos is None else req.ignore_eos,
         include_stop_str_in_output=bool(req.include_stop_str_in_output),
-        seed=s.seed, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
-        presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
-        repetition_penalty=s.repetition_penalty, logprobs=s.num_logprobs,
-        prompt_logprobs=s.num_logprobs if not chat and getattr(req, "echo", None) else NO_LOGPROBS)
+        seed=s.seed,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        min_p=s.min_p,
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        repetition_penalty=s.repetition_penalty,
+        logprobs=s.num_logprobs,
+        prompt_logprobs=s.num_logprobs if not chat and getattr(req, "echo", None) else NO_LOGPROBS,
+    )

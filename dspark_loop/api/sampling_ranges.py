@@ -17,6 +17,7 @@
 A request that leaves temperature out samples at the generation default (vLLM: the
 checkpoint's generation_config.json, then --generate-config), else at 1.0 as OpenAI and vLLM.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,6 +35,7 @@ NO_LOGPROBS = -1
 @dataclass(frozen=True)
 class SamplingDefaults:
     """Defaults for fields a request leaves out (generation_config.json, then --generate-config)."""
+
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -123,7 +125,20 @@ def sampling_fields(req, defaults: SamplingDefaults, chat: bool = False) -> Samp
     if best_of is not None and best_of != n:
         if best_of < 1:
             raise bad_request(f"`best_of` must be at least 1, got {best_of}.", "best_of")
-        raise unsupported("best_of", f"best_of {best_of} is not supported (it would rank {best_of} "
-                                     f"candidates and return {n}); send best_of equal to n or omit it.")
-    return SamplingFields(temperature, top_p, max(top_k, 0), min_p, presence, frequency, repetition,
-                          int(seed), n, _num_logprobs(req, chat))
+        raise unsupported(
+            "best_of",
+            f"best_of {best_of} is not supported (it would rank {best_of} "
+            f"candidates and return {n}); send best_of equal to n or omit it.",
+        )
+    return SamplingFields(
+        temperature,
+        top_p,
+        max(top_k, 0),
+        min_p,
+        presence,
+        frequency,
+        repetition,
+        int(seed),
+        n,
+        _num_logprobs(req, chat),
+    )

@@ -4,6 +4,7 @@ a 400 naming the field (as vLLM's strict mode), never a silent default.
 Sampling fields take vLLM's names, defaults and ranges (api/sampling_ranges.py). Still
 refused when set (a 400 saying so): logit_bias, suffix, best_of != n. Ignored: user.
 """
+
 from __future__ import annotations
 
 import re
@@ -26,6 +27,7 @@ class StreamOptions(Strict):
 class GenerationFields(Strict):
     """The generation fields /v1/completions and /v1/chat/completions share, with one
     meaning and one validation (sampling.py). A new generation knob goes here."""
+
     model: str | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
@@ -86,15 +88,21 @@ def decode_body(body: bytes, kind: type):
     except msgspec.ValidationError as e:
         msg = str(e)
         if m := _UNKNOWN.search(msg):
-            raise ApiError(400, f"Unknown parameter `{m.group(1)}`: this server does not accept "
-                                f"it.", param=m.group(1), code="unknown_parameter") from None
+            raise ApiError(
+                400,
+                f"Unknown parameter `{m.group(1)}`: this server does not accept it.",
+                param=m.group(1),
+                code="unknown_parameter",
+            ) from None
         if m := _MISSING.search(msg):
-            raise ApiError(400, f"Missing required parameter `{m.group(1)}`.", param=m.group(1),
-                           code="missing_required_parameter") from None
+            raise ApiError(
+                400, f"Missing required parameter `{m.group(1)}`.", param=m.group(1), code="missing_required_parameter"
+            ) from None
         if m := _PATH.search(msg):
             param = m.group(1)
-            raise ApiError(400, f"Invalid type for `{param}`: {msg[:m.start()]}.", param=param,
-                           code="invalid_type") from None
+            raise ApiError(
+                400, f"Invalid type for `{param}`: {msg[: m.start()]}.", param=param, code="invalid_type"
+            ) from None
         raise ApiError(400, f"Invalid request body: {msg}.", code="invalid_type") from None
     except msgspec.DecodeError as e:
         raise ApiError(400, f"The request body is not valid JSON: {e}.", code="invalid_json") from None

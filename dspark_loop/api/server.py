@@ -6,6 +6,7 @@ the engine generator and so aborts the request at once, even before the next tok
 On a signal, `before_cleanup` (the engine's stop) runs while connections are still open,
 so every open stream ends with an error event and [DONE] instead of being cut off.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,9 +18,17 @@ from aiohttp import web
 log = logging.getLogger(__name__)
 
 
-async def serve(app: web.Application, host: str, port: int, *, stop: asyncio.Event | None = None,
-                started: asyncio.Event | None = None, shutdown_timeout_s: float = 10.0,
-                before_cleanup=None, on_signal=None) -> None:
+async def serve(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    stop: asyncio.Event | None = None,
+    started: asyncio.Event | None = None,
+    shutdown_timeout_s: float = 10.0,
+    before_cleanup=None,
+    on_signal=None,
+) -> None:
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     installed = []
@@ -29,8 +38,7 @@ async def serve(app: web.Application, host: str, port: int, *, stop: asyncio.Eve
             installed.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
             pass
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=shutdown_timeout_s)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout_s)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

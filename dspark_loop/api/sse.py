@@ -10,6 +10,7 @@ client soon blocks a write; a write blocked for app[WRITE_TIMEOUT_KEY] seconds d
 connection and raises ConnectionResetError, which the route treats as a client that left
 (its generator closes, which aborts the request and frees its pages).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,8 +23,7 @@ from aiohttp import web
 log = logging.getLogger(__name__)
 
 DONE = b"data: [DONE]\n\n"
-HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
-           "X-Accel-Buffering": "no"}
+HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 WRITE_BUFFER_BYTES = 64 * 1024  # per stream, in the transport and again in the socket
 WRITE_TIMEOUT_KEY = web.AppKey("stream_write_timeout_s", float)
 _timeout = getattr(asyncio, "timeout", None)  # Python 3.11+: no task per write
@@ -67,8 +67,9 @@ class SSEStream:
                 await asyncio.wait_for(self.response.write(data), self.write_timeout_s)
         except TimeoutError:  # asyncio's TimeoutError is the builtin one since 3.11
             peer = self.request.remote
-            log.warning("a stream to %s took no data for %g s (write buffer full); dropping it",
-                        peer, self.write_timeout_s)
+            log.warning(
+                "a stream to %s took no data for %g s (write buffer full); dropping it", peer, self.write_timeout_s
+            )
             transport = self.request.transport
             if transport is not None:
                 transport.abort()

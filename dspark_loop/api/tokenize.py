@@ -7,6 +7,7 @@
 add_special_tokens=true prepends BOS, exactly as /v1/completions does for a string prompt,
 so `count` is the prompt_tokens a completion of the same text reports.
 """
+
 from __future__ import annotations
 
 from aiohttp import web
@@ -27,8 +28,9 @@ class TokenizeRoutes:
             raise ApiError(400, "Send `prompt` or `text`, not both.", param="prompt")
         text = req.prompt if req.prompt is not None else req.text
         if text is None:
-            raise ApiError(400, "Missing required parameter `prompt`.", param="prompt",
-                           code="missing_required_parameter")
+            raise ApiError(
+                400, "Missing required parameter `prompt`.", param="prompt", code="missing_required_parameter"
+            )
         ids = self.ctx.encoder.encode_text(text, add_bos=req.add_special_tokens)
         body = {"tokens": ids, "count": len(ids), "max_model_len": self.ctx.max_model_len}
         if req.return_token_strs:

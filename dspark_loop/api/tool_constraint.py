@@ -9,6 +9,7 @@ reasoning) and, unless tool_choice is "auto", EOS (the call is required). Greedy
     mask = c.allowed_token_mask(generated_ids)   # [vocab] bool
     c.accept(token_id); c.is_terminated()
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,41 +41,65 @@ def vocab_bytes(tokenizer, vocab_size: int) -> list[bytes]:
 
 @functools.lru_cache(maxsize=4)
 def _compiler(tokenizer, vocab_size: int, eos_id: int) -> xg.GrammarCompiler:
-    info = xg.TokenizerInfo(vocab_bytes(tokenizer, vocab_size), xg.VocabType.RAW,
-                            vocab_size=vocab_size, stop_token_ids=[eos_id])
+    info = xg.TokenizerInfo(
+        vocab_bytes(tokenizer, vocab_size), xg.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=[eos_id]
+    )
     return xg.GrammarCompiler(info, max_threads=1)
 
 
 class ToolConstraint:
-    def __init__(self, matcher: xg.GrammarMatcher, vocab_size: int, *, eos_id: int,
-                 think_end_id: int | None, dsml_id: int | None, max_rollback: int,
-                 call_required: bool = True):
+    def __init__(
+        self,
+        matcher: xg.GrammarMatcher,
+        vocab_size: int,
+        *,
+        eos_id: int,
+        think_end_id: int | None,
+        dsml_id: int | None,
+        max_rollback: int,
+        call_required: bool = True,
+    ):
         self._matcher = matcher
         self.vocab_size = vocab_size
         self._eos_id, self._think_end_id = eos_id, think_end_id
         # Tokens refused while reasoning: no block inside it, no end before a required call.
-        self._reasoning_refused = {t for t in (dsml_id, eos_id if call_required else None)
-                                   if t is not None}
+        self._reasoning_refused = {t for t in (dsml_id, eos_id if call_required else None) if t is not None}
         self._max_rollback = max_rollback
         self._ids: list[int] = []  # every token accepted so far
         self._grammar_start = 0 if think_end_id is None else None  # index where grammar began
         self._bitmask = np.zeros(xg.get_bitmask_shape(1, vocab_size), dtype=np.int32)  # [1, words]
 
     @classmethod
-    def build(cls, tokenizer, tools: list[dict], tool_choice, *, start_in_reasoning: bool,
-              vocab_size: int | None = None, parallel_tool_calls: bool = True,
-              max_value_len: int | None = None, max_rollback: int = 16) -> ToolConstraint:
+    def build(
+        cls,
+        tokenizer,
+        tools: list[dict],
+        tool_choice,
+        *,
+        start_in_reasoning: bool,
+        vocab_size: int | None = None,
+        parallel_tool_calls: bool = True,
+        max_value_len: int | None = None,
+        max_rollback: int = 16,
+    ) -> ToolConstraint:
         """Raises UnsupportedToolSchema (from the grammar) before anything is generated."""
         vocab_size = vocab_size or tokenizer.get_vocab_size(with_added_tokens=True)
         eos_id = tokenizer.token_to_id(EOS)
-        grammar = tool_call_grammar(tools, tool_choice, parallel_tool_calls=parallel_tool_calls,
-                                    max_value_len=max_value_len)
+        grammar = tool_call_grammar(
+            tools, tool_choice, parallel_tool_calls=parallel_tool_calls, max_value_len=max_value_len
+        )
         compiled = _compiler(tokenizer, vocab_size, eos_id).compile_grammar(grammar)
         matcher = xg.GrammarMatcher(compiled, max_rollback_tokens=max_rollback)
         think_end = tokenizer.token_to_id(THINK_END) if start_in_reasoning else None
-        return cls(matcher, vocab_size, eos_id=eos_id, think_end_id=think_end,
-                   dsml_id=tokenizer.token_to_id(DSML), max_rollback=max_rollback,
-                   call_required=tool_choice != "auto")
+        return cls(
+            matcher,
+            vocab_size,
+            eos_id=eos_id,
+            think_end_id=think_end,
+            dsml_id=tokenizer.token_to_id(DSML),
+            max_rollback=max_rollback,
+            call_required=tool_choice != "auto",
+        )
 
     def _sync(self, generated_ids: list[int]) -> None:
         """Make the accepted history equal `generated_ids` (rolling back rejected drafts)."""
@@ -85,8 +110,7 @@ class ToolConstraint:
             common += 1
         if common < len(self._ids):
             start = self._grammar_start
-            if start is not None and common >= start \
-                    and len(self._ids) - common <= self._max_rollback:
+            if start is not None and common >= start and len(self._ids) - common <= self._max_rollback:
                 self._matcher.rollback(len(self._ids) - common)
                 del self._ids[common:]
             else:
@@ -97,7 +121,7 @@ class ToolConstraint:
                 self._ids = []
                 self._grammar_start = 0 if self._think_end_id is None else None
                 generated_ids = replay + list(generated_ids[common:])
-        for tid in generated_ids[len(self._ids):]:
+        for tid in generated_ids[len(self._ids) :]:
             if not self.accept(tid):
                 raise ValueError(f"token {tid} breaks the tool-call grammar")
 
@@ -114,7 +138,7 @@ class ToolConstraint:
             return mask
         self._matcher.fill_next_token_bitmask(self._bitmask)
         bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")
-        return bits[:self.vocab_size].astype(bool)
+        return bits[: self.vocab_size].astype(bool)
 
     def accept(self, token_id: int) -> bool:
         """Advance by one token; False (and no change) if the grammar forbids it."""

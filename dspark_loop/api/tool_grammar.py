@@ -9,6 +9,7 @@ Properties come in schema order, required ones mandatory. String values are raw 
 without `<`; other values compact JSON whose strings hold no `<` either, so nothing inside a
 value can open or close a tag. tool_choice "auto" lets free text run until the block opener.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,10 +17,21 @@ import re
 
 from dspark_loop.api.chat_render import DSML, INVOKE_END, PARAMETER_END, TOOL_CALLS_END, TOOL_CALLS_START
 
-ANNOTATIONS = {"description", "title", "default", "examples", "$schema", "$comment",
-               "additionalProperties", "strict", "deprecated", "readOnly", "writeOnly"}
+ANNOTATIONS = {
+    "description",
+    "title",
+    "default",
+    "examples",
+    "$schema",
+    "$comment",
+    "additionalProperties",
+    "strict",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+}
 STRUCTURE = {"type", "properties", "required", "items", "enum", "const", "anyOf", "oneOf"}
-JSON_RULES = r'''
+JSON_RULES = r"""
 json_string ::= "\"" ( [^"\\<\x00-\x1f] | "\\" ["\\/bfnrt] | "\\u" [0-9a-fA-F]{4} ){REP} "\""
 json_integer ::= "-"? ( "0" | [1-9] [0-9]{REP} )
 json_number ::= json_integer ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?
@@ -29,7 +41,7 @@ json_value ::= json_string | json_number | json_boolean | json_null | json_array
 json_array ::= "[" ( json_value ( ", " json_value ){REP} )? "]"
 json_object ::= "{" ( json_string ": " json_value ( ", " json_string ": " json_value ){REP} )? "}"
 raw_text ::= [^<]{REP}
-'''
+"""
 
 
 class UnsupportedToolSchema(ValueError):
@@ -54,8 +66,9 @@ class _Builder:
     def types(self, schema: dict, where: str) -> list[str]:
         unknown = set(schema) - ANNOTATIONS - STRUCTURE
         if unknown:
-            raise UnsupportedToolSchema(f"{where}: JSON Schema keyword(s) {sorted(unknown)} "
-                                        "cannot be enforced by the tool-call grammar")
+            raise UnsupportedToolSchema(
+                f"{where}: JSON Schema keyword(s) {sorted(unknown)} cannot be enforced by the tool-call grammar"
+            )
         t = schema.get("type")
         return [t] if isinstance(t, str) else list(t or [])
 
@@ -68,17 +81,18 @@ class _Builder:
             keep = [o for o in options if strings or not isinstance(o, str)]
             if any(isinstance(o, str) and "<" in o for o in keep):
                 raise UnsupportedToolSchema(f"{where}: enum values may not contain '<'")
-            return self.add("enum", " | ".join(lit(json.dumps(o, ensure_ascii=False))
-                                               for o in keep)) if keep else None
+            return self.add("enum", " | ".join(lit(json.dumps(o, ensure_ascii=False)) for o in keep)) if keep else None
         for key in ("anyOf", "oneOf"):
             if key in schema:
-                alts = [self.value(s, f"{where}.{key}[{i}]", strings=strings)
-                        for i, s in enumerate(schema[key])]
+                alts = [self.value(s, f"{where}.{key}[{i}]", strings=strings) for i, s in enumerate(schema[key])]
                 alts = [a for a in alts if a]
                 return self.add("any", " | ".join(alts)) if alts else None
         if not types:
-            return "json_value" if strings else self.add(
-                "nonstr", "json_number | json_boolean | json_null | json_array | json_object")
+            return (
+                "json_value"
+                if strings
+                else self.add("nonstr", "json_number | json_boolean | json_null | json_array | json_object")
+            )
         alts = []
         for t in types:
             if t == "string" and strings:
@@ -99,24 +113,22 @@ class _Builder:
             value = self.value(sub, w)
             if value is None:
                 raise UnsupportedToolSchema(f"{w}: the schema admits no value")
-            return f'{lit(json.dumps(key, ensure_ascii=False) + ": ")} {value}'
+            return f"{lit(json.dumps(key, ensure_ascii=False) + ': ')} {value}"
+
         return self.add("object", f'"{{" {self.fields(schema, where, field, lit(", "))} "}}"')
 
     def string_options(self, schema: dict, where: str) -> list[str] | None:
         """Raw string alternatives of `schema`: ["raw_text"], literals from an enum, or None."""
         types = self.types(schema, where)
         if "const" in schema or "enum" in schema:
-            options = [o for o in ([schema["const"]] if "const" in schema else schema["enum"])
-                       if isinstance(o, str)]
+            options = [o for o in ([schema["const"]] if "const" in schema else schema["enum"]) if isinstance(o, str)]
             if any("<" in o for o in options):
                 raise UnsupportedToolSchema(f"{where}: enum values may not contain '<'")
             return [lit(o) for o in options] or None
         for key in ("anyOf", "oneOf"):
             if key in schema:
-                found = [self.string_options(s, f"{where}.{key}[{i}]")
-                         for i, s in enumerate(schema[key])]
-                return ["raw_text"] if ["raw_text"] in found else \
-                    [o for f in found if f for o in f] or None
+                found = [self.string_options(s, f"{where}.{key}[{i}]") for i, s in enumerate(schema[key])]
+                return ["raw_text"] if ["raw_text"] in found else [o for f in found if f for o in f] or None
         return ["raw_text"] if not types or "string" in types else None
 
     def param(self, key: str, schema: dict, where: str) -> str:
@@ -140,8 +152,7 @@ class _Builder:
             raise UnsupportedToolSchema(f"{where}: required property {key!r} has no schema")
         for key in props:
             if not re.fullmatch(r'[^"<>\n\\]+', key):
-                raise UnsupportedToolSchema(f"{where}: property name {key!r} cannot be a "
-                                            "parameter name")
+                raise UnsupportedToolSchema(f"{where}: property name {key!r} cannot be a parameter name")
         items = [(make(k, s, f"{where}.properties.{k}"), k in required) for k, s in props.items()]
         # first_i: nothing written yet; rest_i: something written, so `sep` comes first.
         first, rest = '""', '""'
@@ -152,8 +163,9 @@ class _Builder:
         return first
 
 
-def tool_call_grammar(tools: list[dict], tool_choice, *, parallel_tool_calls: bool = True,
-                      max_value_len: int | None = None) -> str:
+def tool_call_grammar(
+    tools: list[dict], tool_choice, *, parallel_tool_calls: bool = True, max_value_len: int | None = None
+) -> str:
     """EBNF admitting exactly the tool blocks `tool_choice` allows (then EOS ends the turn).
 
     tool_choice: "required" (one or more calls of declared tools), "auto" (free text, and a
@@ -179,8 +191,10 @@ def tool_call_grammar(tools: list[dict], tool_choice, *, parallel_tool_calls: bo
     more = "" if named or not parallel_tool_calls else f' ( "\\n" ( {invoke} ) ){b.rep}'
     block = f'"\\n" ( {invoke} ){more} {lit(chr(10) + TOOL_CALLS_END)}'
     if tool_choice == "auto":
-        root = (f"root ::= TagDispatch(({lit(TOOL_CALLS_START)}, tool_block), "
-                "loop_after_dispatch=false)\ntool_block ::= " + block)
+        root = (
+            f"root ::= TagDispatch(({lit(TOOL_CALLS_START)}, tool_block), "
+            "loop_after_dispatch=false)\ntool_block ::= " + block
+        )
     else:
         root = f"root ::= {lit(chr(10) * 2 + TOOL_CALLS_START)} {block}"
     lines = [root] + [f"{name} ::= {body}" for name, body in _reachable(b.rules, root).items()]

@@ -2,6 +2,7 @@
 running this step (prefix hit, first chunk, pages, wire id, lease). A manager of the
 Scheduler: it changes the requests it admits and their partition, nothing else.
 """
+
 from __future__ import annotations
 
 from dspark_loop.engine.kv_cache import PartitionCache
@@ -21,8 +22,7 @@ def map_pages(cache: PartitionCache, req: Request, counts: list[int], updates: l
 
 
 class Admission:
-    def __init__(self, prefix: PrefixCache | None, chunk_cap: int, max_seqs_per_partition: int,
-                 spec: SpecCounters):
+    def __init__(self, prefix: PrefixCache | None, chunk_cap: int, max_seqs_per_partition: int, spec: SpecCounters):
         self.prefix, self.chunk_cap = prefix, chunk_cap
         self.max_seqs_per_partition = max_seqs_per_partition
         self.spec = spec
@@ -33,11 +33,9 @@ class Admission:
         # ties and misses go to the partition with the fewest requests.
         if self.prefix is None:
             return min(partitions, key=lambda p: (p.num_requests, p.index))
-        return min(partitions, key=lambda p: (-self.prefix.hit_len(p.cache, req),
-                                              p.num_requests, p.index))
+        return min(partitions, key=lambda p: (-self.prefix.hit_len(p.cache, req), p.num_requests, p.index))
 
-    def admit(self, part: Partition, budget: int, prefills: list, updates: list
-              ) -> list[tuple[Request, str]]:
+    def admit(self, part: Partition, budget: int, prefills: list, updates: list) -> list[tuple[Request, str]]:
         """Admit from the queue head while budget, seats and pages allow; returns the
         requests that can never run, with why (the Scheduler fails them)."""
         cache, failed = part.cache, []
@@ -56,8 +54,13 @@ class Admission:
                     return failed  # wait for pages to come back
                 # NOTE: alone in an empty partition and still no room: it can never run.
                 part.waiting.popleft()
-                failed.append((req, f"the request needs more cache pages than the partition "
-                                    f"has ({counts} new pages, {cache.num_free()} free)"))
+                failed.append(
+                    (
+                        req,
+                        f"the request needs more cache pages than the partition "
+                        f"has ({counts} new pages, {cache.num_free()} free)",
+                    )
+                )
                 continue
             part.waiting.popleft()
             # NOTE: a fresh wire id per admission: a preempted request's old id may still
@@ -77,8 +80,11 @@ class Admission:
                 part.new_sampling.append(sampling_spec(req))
             if hit:
                 cache.share(req.pages)
-                updates += [BlockUpdate(req.req_id, f, fp.first_page, i32(fp.block_ids))
-                            for f, fp in enumerate(req.pages) if fp.block_ids]
+                updates += [
+                    BlockUpdate(req.req_id, f, fp.first_page, i32(fp.block_ids))
+                    for f, fp in enumerate(req.pages)
+                    if fp.block_ids
+                ]
             if self.prefix is not None:
                 self.prefix.start(req, start)
             map_pages(cache, req, counts, updates)

@@ -10,6 +10,7 @@ window, so a few chunks and decode steps give its maximum exactly.
 This is exact for the scheduler alone in a partition: a request within it runs once it
 is alone; one past it never could (the scheduler would fail it after waiting).
 """
+
 from __future__ import annotations
 
 from dspark_loop.cache_layout import CacheLayout, Family
@@ -29,9 +30,11 @@ def _ring_peak(fam: Family, prompt_len: int, num_decodes: int, chunk: int, rows_
     return peak
 
 
-def peak_pages(layout: CacheLayout, prompt_len: int, max_tokens: int, *, max_model_len: int,
-               chunk_cap: int, spec_k: int) -> list[int]:
+def peak_pages(
+    layout: CacheLayout, prompt_len: int, max_tokens: int, *, max_model_len: int, chunk_cap: int, spec_k: int
+) -> list[int]:
     """Pages per family the request holds at its peak when it runs alone."""
+
     def rows_at(s: int) -> int:  # rows a decode step at num_computed s writes
         return spec_k + 1 if spec_k and s + spec_k + 1 <= max_model_len else 1
 
@@ -47,15 +50,23 @@ def peak_pages(layout: CacheLayout, prompt_len: int, max_tokens: int, *, max_mod
     return out
 
 
-def capacity_problem(layout: CacheLayout, num_blocks: list[int], prompt_len: int,
-                     max_tokens: int, *, max_model_len: int, chunk_cap: int,
-                     spec_k: int) -> str | None:
+def capacity_problem(
+    layout: CacheLayout,
+    num_blocks: list[int],
+    prompt_len: int,
+    max_tokens: int,
+    *,
+    max_model_len: int,
+    chunk_cap: int,
+    spec_k: int,
+) -> str | None:
     """Why the request can never fit a partition's pools (num_blocks per family), or None."""
-    need = peak_pages(layout, prompt_len, max_tokens, max_model_len=max_model_len,
-                      chunk_cap=chunk_cap, spec_k=spec_k)
+    need = peak_pages(layout, prompt_len, max_tokens, max_model_len=max_model_len, chunk_cap=chunk_cap, spec_k=spec_k)
     for fam, n, have in zip(layout.families, need, num_blocks):
         if n > have:
-            return (f"This request can never fit the KV cache: {prompt_len} prompt + "
-                    f"{max_tokens} output tokens need {n} pages of the {fam.name} cache "
-                    f"family, and a partition has {have}. Shorten the prompt or max_tokens.")
+            return (
+                f"This request can never fit the KV cache: {prompt_len} prompt + "
+                f"{max_tokens} output tokens need {n} pages of the {fam.name} cache "
+                f"family, and a partition has {have}. Shorten the prompt or max_tokens."
+            )
     return None

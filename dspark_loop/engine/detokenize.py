@@ -10,6 +10,7 @@ Two decoding paths, chosen once per tokenizer by TokenText:
 - anything else: re-decode a short window of ids with the tokenizer (prefix/read offsets)
   and emit what grew, unless it ends in U+FFFD (a partial character).
 """
+
 from __future__ import annotations
 
 import codecs
@@ -79,8 +80,13 @@ class TokenText:
 class Detokenizer:
     """Feed tokens with add(); take released text with take_delta(); finish() at the end."""
 
-    def __init__(self, text: TokenText, stop: list[str] | tuple[str, ...] = (),
-                 include_stop_str_in_output: bool = False, skip_special_tokens: bool = True):
+    def __init__(
+        self,
+        text: TokenText,
+        stop: list[str] | tuple[str, ...] = (),
+        include_stop_str_in_output: bool = False,
+        skip_special_tokens: bool = True,
+    ):
         self._text = text
         self._skip_special = skip_special_tokens
         self._stops = [s for s in stop if s]
@@ -137,13 +143,13 @@ class Detokenizer:
             return self._utf8.decode(table[token_id]) if token_id < len(table) else ""
         self._ids.append(token_id)
         decode = self._text.tokenizer.decode
-        prefix = decode(self._ids[self._prefix_offset:self._read_offset], skip_special_tokens=True)
-        full = decode(self._ids[self._prefix_offset:], skip_special_tokens=True)
+        prefix = decode(self._ids[self._prefix_offset : self._read_offset], skip_special_tokens=True)
+        full = decode(self._ids[self._prefix_offset :], skip_special_tokens=True)
         if len(full) <= len(prefix) or full.endswith(REPLACEMENT):
             return ""  # a partial character: wait for the next token
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
-        return full[len(prefix):]
+        return full[len(prefix) :]
 
     def _flush(self) -> str:
         """Bytes of a character left incomplete before a special token, as U+FFFD."""

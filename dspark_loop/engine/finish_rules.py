@@ -2,6 +2,7 @@
 the context end (truncate_at_finish) and stop strings on the detokenised text
 (check_finish) -- which may cut an accepted list short. The acceptance chain itself is
 dspark_loop/acceptance.py (the ranks share it)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -29,14 +30,16 @@ class FinishRules:
 @dataclass
 class Finish:
     """What a request keeps of the tokens a step gave it, and whether they end it."""
+
     kept: list[int]
     text: str  # the text delta of `kept` (with the detokenizer's tail when finishing)
     reason: str | None  # "stop" | "length" | None (still running)
     stop_reason: str | int | None  # the stop string or token id that matched
 
 
-def truncate_at_finish(tokens, num_output: int, num_prompt: int, rules: FinishRules
-                       ) -> tuple[list[int], str | None, int | None]:
+def truncate_at_finish(
+    tokens, num_output: int, num_prompt: int, rules: FinishRules
+) -> tuple[list[int], str | None, int | None]:
     """Cut an accepted list at the first token that finishes the request.
 
     tokens: the accepted tokens in order; num_output: outputs before them.
@@ -58,14 +61,23 @@ def truncate_at_finish(tokens, num_output: int, num_prompt: int, rules: FinishRu
     return kept, None, None
 
 
-def check_finish(accepted: list[int], num_output: int, num_prompt: int, rules: FinishRules,
-                 params: SamplingParams, detok: Detokenizer | None) -> Finish:
+def check_finish(
+    accepted: list[int],
+    num_output: int,
+    num_prompt: int,
+    rules: FinishRules,
+    params: SamplingParams,
+    detok: Detokenizer | None,
+) -> Finish:
     """The finish rules, then stop strings, over the tokens a step accepted for a request
     with num_output outputs so far. Feeds its detokenizer (the request's text state)."""
     n_after = num_output + len(accepted)
     # NOTE: the common case (nothing can finish) skips the per-token rule walk.
-    if n_after < rules.max_tokens and num_prompt + n_after < rules.max_model_len \
-            and rules.finish_ids.isdisjoint(accepted):
+    if (
+        n_after < rules.max_tokens
+        and num_prompt + n_after < rules.max_model_len
+        and rules.finish_ids.isdisjoint(accepted)
+    ):
         kept, reason, stop_reason = accepted, None, None
     else:
         kept, reason, stop_reason = truncate_at_finish(accepted, num_output, num_prompt, rules)
@@ -77,7 +89,7 @@ def check_finish(accepted: list[int], num_output: int, num_prompt: int, rules: F
         if j == last:
             break  # the EOS / stop id itself contributes no text
         if detok.add(t, base + j >= 0) is not None:
-            del kept[j + 1:]
+            del kept[j + 1 :]
             reason, stop_reason = "stop", detok.stop_matched
             break
     text = detok.take_delta() if reason is None else detok.take_delta() + detok.finish()

@@ -1,12 +1,13 @@
 """The engine's two seams, as typing.Protocol classes (structural: nothing subclasses them).
 
-    API  --EngineClient-->  engine (EngineLoop, or launch.PendingEngine before the ranks are up)
-    engine  --MeshClient-->  ranks (mesh.Mesh; in-process and scripted meshes in tests/tools)
+API  --EngineClient-->  engine (EngineLoop, or launch.PendingEngine before the ranks are up)
+engine  --MeshClient-->  ranks (mesh.Mesh; in-process and scripted meshes in tests/tools)
 """
+
 from __future__ import annotations
 
-from typing import Protocol
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.protocol import StepPlan, StepResult

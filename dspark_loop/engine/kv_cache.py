@@ -22,6 +22,7 @@ allocation finds the free list empty and evicts it (dropping its key).
                    lru  (ref 0, key)     <-- touch/free   -->   owned
                    lru  -- allocate (evict, key dropped) -->    owned
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict, deque
@@ -126,8 +127,9 @@ class BlockPool:
         for b in lru:
             if b not in self.block_to_key:
                 raise AssertionError(f"family {f}: LRU block {b} has no prefix key")
-        if any(self.key_to_block.get(k) != b for b, k in self.block_to_key.items()) \
-                or len(self.key_to_block) != len(self.block_to_key):
+        if any(self.key_to_block.get(k) != b for b, k in self.block_to_key.items()) or len(self.key_to_block) != len(
+            self.block_to_key
+        ):
             raise AssertionError(f"family {f}: prefix key maps disagree")
         if refs != self.ref_counts:
             bad = [b for b in range(self.num_blocks) if refs[b] != self.ref_counts[b]]
@@ -138,6 +140,7 @@ class BlockPool:
 
 class FamilyPages:
     """One request's pages in one family."""
+
     __slots__ = ("first_page", "block_ids")
 
     def __init__(self):
@@ -182,15 +185,13 @@ class PartitionCache:
         return [FamilyPages() for _ in self.families]
 
     def num_new_pages(self, pages: list[FamilyPages], end_pos: int) -> list[int]:
-        return [max(0, pages_needed(f, end_pos) - fp.end_page)
-                for f, fp in zip(self.families, pages)]
+        return [max(0, pages_needed(f, end_pos) - fp.end_page) for f, fp in zip(self.families, pages)]
 
     def can_allocate(self, counts: list[int], shared: list[FamilyPages] | None = None) -> bool:
         """Room for counts new pages per family, after taking the `shared` (hit) pages."""
         if shared is None:
             return all(p.can_allocate(n) for p, n in zip(self.pools, counts))
-        return all(n + p.num_unowned(fp.block_ids) <= p.num_free
-                   for p, n, fp in zip(self.pools, counts, shared))
+        return all(n + p.num_unowned(fp.block_ids) <= p.num_free for p, n, fp in zip(self.pools, counts, shared))
 
     def share(self, pages: list[FamilyPages]) -> None:
         """Take a reference on every block of a prefix hit's pages."""

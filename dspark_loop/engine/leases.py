@@ -7,6 +7,7 @@ Taken when a request is admitted, freed on completion, abort and preemption. A r
 that comes back after a preemption gets a fresh lease and the plan asks the ranks to
 scrub it (zero its blocks) first: its new incarnation must never read the old one's rows.
 """
+
 from __future__ import annotations
 
 

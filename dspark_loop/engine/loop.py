@@ -10,6 +10,7 @@ an error at once. Unless `on_mesh_dead` is set (recovery, supervisor.py): then a
 on_mesh_dead(reason, num_failed), which restarts the ranks and calls resume() (or
 give_up()); `restarting` says why meanwhile.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,15 +33,25 @@ log = logging.getLogger(__name__)
 IDLE_CHECK_S = 0.5  # an idle loop looks this often whether its mesh died
 
 
-def error_output(request_id: str, message: str, num_prompt_tokens: int = 0,
-                 num_output_tokens: int = 0) -> RequestOutput:
-    return RequestOutput(request_id, [], "", finished=True, finish_reason="error", error=message,
-                         num_prompt_tokens=num_prompt_tokens, num_output_tokens=num_output_tokens)
+def error_output(
+    request_id: str, message: str, num_prompt_tokens: int = 0, num_output_tokens: int = 0
+) -> RequestOutput:
+    return RequestOutput(
+        request_id,
+        [],
+        "",
+        finished=True,
+        finish_reason="error",
+        error=message,
+        num_prompt_tokens=num_prompt_tokens,
+        num_output_tokens=num_output_tokens,
+    )
 
 
 class EngineLoop:
-    def __init__(self, scheduler: Scheduler, mesh: MeshClient, tokenizer,
-                 observers: list[EngineObserver] | None = None):
+    def __init__(
+        self, scheduler: Scheduler, mesh: MeshClient, tokenizer, observers: list[EngineObserver] | None = None
+    ):
         self.scheduler = scheduler
         self.mesh = mesh
         self.token_text = TokenText(tokenizer) if tokenizer is not None else None
@@ -74,8 +85,7 @@ class EngineLoop:
 
     @property
     def ready(self) -> bool:
-        return (self._task is not None and self.dead_reason is None and self.restarting is None
-                and not self._stopping)
+        return self._task is not None and self.dead_reason is None and self.restarting is None and not self._stopping
 
     @property
     def dead_reason(self) -> str | None:
@@ -121,9 +131,15 @@ class EngineLoop:
     def capacity_problem(self, prompt_len: int, max_tokens: int) -> str | None:
         """Why such a request could never fit a partition's pages (None: it can)."""
         s = self.scheduler
-        return capacity_problem(s.layout, [p.num_blocks for p in s.partitions[0].cache.pools],
-                                prompt_len, max_tokens, max_model_len=s.max_model_len,
-                                chunk_cap=s.chunk_cap, spec_k=s.spec_k)
+        return capacity_problem(
+            s.layout,
+            [p.num_blocks for p in s.partitions[0].cache.pools],
+            prompt_len,
+            max_tokens,
+            max_model_len=s.max_model_len,
+            chunk_cap=s.chunk_cap,
+            spec_k=s.spec_k,
+        )
 
     def cache_stats(self) -> dict:
         """Read-only: free/total pages per family per partition and what still holds pages
@@ -131,10 +147,15 @@ class EngineLoop:
         sched = self.scheduler
         return {
             "families": [f.name for f in sched.layout.families],
-            "partitions": [{"free": p.cache.num_free(),
-                            "total": [pool.num_blocks for pool in p.cache.pools],
-                            "num_running": len(p.running), "num_waiting": len(p.waiting)}
-                           for p in sched.partitions],
+            "partitions": [
+                {
+                    "free": p.cache.num_free(),
+                    "total": [pool.num_blocks for pool in p.cache.pools],
+                    "num_running": len(p.running),
+                    "num_waiting": len(p.waiting),
+                }
+                for p in sched.partitions
+            ],
             "num_requests": len(sched.requests),
             "num_open_streams": len(self._queues),
             "num_steps": self.num_steps,
@@ -145,8 +166,11 @@ class EngineLoop:
         """DSpark (K=7) totals so far: verifies, proposed/matched drafts, accepted tokens,
         mean accepted length, fallback steps, lease scrubs; all zero at K=0."""
         leases = [p.leases.num_in_use for p in self.scheduler.partitions if p.leases is not None]
-        return {"num_speculative_tokens": self.scheduler.spec_k, **self.scheduler.spec.summary(),
-                "leases_in_use": sum(leases)}
+        return {
+            "num_speculative_tokens": self.scheduler.spec_k,
+            **self.scheduler.spec.summary(),
+            "leases_in_use": sum(leases),
+        }
 
     async def generate(self, g: GenerateRequest) -> AsyncIterator[RequestOutput]:
         if self.dead_reason is not None or self._stopping:
@@ -158,8 +182,9 @@ class EngineLoop:
         try:
             det = None
             if self.token_text is not None:
-                det = Detokenizer(self.token_text, g.params.stop, g.params.include_stop_str_in_output,
-                                  g.params.skip_special_tokens)
+                det = Detokenizer(
+                    self.token_text, g.params.stop, g.params.include_stop_str_in_output, g.params.skip_special_tokens
+                )
             req = self.scheduler.make_request(g, det)
         except ValueError as e:
             yield error_output(g.request_id, str(e), len(g.prompt_token_ids))
@@ -260,14 +285,18 @@ class EngineLoop:
         self._restarting = reason
         running, waiting, early = self.scheduler.carry_over()
         self._deliver(early)
-        self._deliver([error_output(r.request_id, f"the ranks failed: {reason}", r.prompt_len,
-                                    len(r.output_ids)) for r in running])
+        self._deliver(
+            [
+                error_output(r.request_id, f"the ranks failed: {reason}", r.prompt_len, len(r.output_ids))
+                for r in running
+            ]
+        )
         self._inbox[:0] = [r for r in waiting if r.request_id in self._queues]
-        log.warning("rank mesh died (%s): %d running request(s) failed, %d waiting kept",
-                    reason, len(running), len(self._inbox))
+        log.warning(
+            "rank mesh died (%s): %d running request(s) failed, %d waiting kept", reason, len(running), len(self._inbox)
+        )
         self._task = None
-        asyncio.get_running_loop().create_task(self.on_mesh_dead(reason, len(running)),
-                                               name="mesh-restart")
+        asyncio.get_running_loop().create_task(self.on_mesh_dead(reason, len(running)), name="mesh-restart")
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
@@ -290,8 +319,7 @@ class EngineLoop:
     def _observe(self, step: ScheduledStep, results, wall, t0, t1, t2, t3, t4) -> None:
         if not self.observers:
             return
-        trace = step_trace(self.scheduler, step, results, self.num_waiting,
-                           wall, t0, t1, t2, t3, t4)
+        trace = step_trace(self.scheduler, step, results, self.num_waiting, wall, t0, t1, t2, t3, t4)
         stats = [request_stats(r) for r in step.finished]
         for obs in self.observers:
             try:

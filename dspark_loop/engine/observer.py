@@ -1,4 +1,5 @@
 """Hooks the engine calls so metrics and the debug tap stay out of the engine's logic."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,6 +1,7 @@
 """What the API hands the engine (GenerateRequest) and what the engine streams back
 (RequestOutput). The API layer never sees scheduler state; the engine never sees HTTP.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -33,14 +34,21 @@ class SamplingParams:
     @property
     def needs_sampling_spec(self) -> bool:
         """Anything beyond plain greedy: the ranks must be told (protocol.SamplingSpec)."""
-        return (self.temperature >= GREEDY_BELOW or self.presence_penalty != 0 or self.frequency_penalty != 0
-                or self.repetition_penalty != 1 or self.logprobs >= 0 or self.prompt_logprobs >= 0)
+        return (
+            self.temperature >= GREEDY_BELOW
+            or self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+            or self.logprobs >= 0
+            or self.prompt_logprobs >= 0
+        )
 
 
 @dataclass
 class TokenLogprob:
     """One position's logprob: the token there, log p (None: a prompt's first token), and
     the top entries (id, log p), best first."""
+
     token_id: int
     logprob: float | None
     top: list[tuple[int, float]] = field(default_factory=list)
@@ -62,6 +70,7 @@ class GenerateRequest:
 @dataclass
 class RequestOutput:
     """One delivery to a request's queue: a delta since the previous one."""
+
     request_id: str
     new_token_ids: list[int]
     new_text: str

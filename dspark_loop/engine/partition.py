@@ -2,6 +2,7 @@
 (admission order) and queue, and (K=7) its drafter leases -- with the transitions that
 give pages and leases back. The Scheduler decides; a Partition keeps its books.
 """
+
 from __future__ import annotations
 
 from collections import deque

@@ -23,6 +23,7 @@ rows (dspark.md), so replay = 128 there. The first possible hit therefore needs
 prefix_align + max(1, replay) tokens: 129 at K=0 and 256 at K=7 with Flash's 128-token
 alignment; 17 and 144 with the tests' tiny layout (4-token swa pages, c4 pages of 16).
 """
+
 from __future__ import annotations
 
 import math
@@ -61,7 +62,7 @@ class PrefixCache:
             parent = hashes[-1] if hashes else 0
             for i in range(want - have):
                 d = blake2b(parent.to_bytes(8, "little"), digest_size=8)
-                d.update(tokens[i * g:(i + 1) * g].tobytes())
+                d.update(tokens[i * g : (i + 1) * g].tobytes())
                 parent = int.from_bytes(d.digest(), "little")
                 hashes.append(parent)
         return hashes

@@ -5,14 +5,15 @@ While prefilling, chunks cover tokens[num_computed : prefill_target]; the chunk 
 reaches prefill_target samples the next token. Decoding, num_computed == len(tokens) - 1:
 row 0 of a decode step is the last token (not yet computed) and yields the next one.
 """
+
 from __future__ import annotations
 
 import enum
 
 import numpy as np
 
-from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.detokenize import Detokenizer
+from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.kv_cache import FamilyPages
 from dspark_loop.engine.outputs import SamplingParams
 
@@ -26,9 +27,15 @@ class Status(enum.IntEnum):
 
 
 class Request:
-    def __init__(self, request_id: str, prompt_ids, params: SamplingParams,
-                 rules: FinishRules, detokenizer: Detokenizer | None = None,
-                 arrival_time: float = 0.0):
+    def __init__(
+        self,
+        request_id: str,
+        prompt_ids,
+        params: SamplingParams,
+        rules: FinishRules,
+        detokenizer: Detokenizer | None = None,
+        arrival_time: float = 0.0,
+    ):
         self.req_id = -1  # the wire id; a fresh one each time the request is admitted
         self.request_id = request_id
         self.prompt_ids = np.asarray(prompt_ids, dtype=np.int32)  # [prompt_len]
@@ -92,9 +99,11 @@ class Request:
         if end <= p:
             return self.prompt_ids[start:end]
         head = self.prompt_ids[start:p] if start < p else self.prompt_ids[:0]
-        tail = np.asarray(self.output_ids[max(0, start - p):end - p], dtype=np.int32)
+        tail = np.asarray(self.output_ids[max(0, start - p) : end - p], dtype=np.int32)
         return np.concatenate([head, tail])
 
     def __repr__(self) -> str:
-        return (f"Request({self.req_id}, {self.request_id!r}, {self.status.name}, "
-                f"computed={self.num_computed}/{self.num_tokens})")
+        return (
+            f"Request({self.req_id}, {self.request_id!r}, {self.status.name}, "
+            f"computed={self.num_computed}/{self.num_tokens})"
+        )

@@ -8,6 +8,7 @@
                     tokens get the entries of their positions (verify rows past the
                     accepted length are simply never asked for)
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,12 +24,22 @@ def sampling_spec(req: Request) -> SamplingSpec:
     if p.repetition_penalty != 1:
         prompt_ids = i32(np.unique(req.prompt_ids))
     return SamplingSpec(
-        req_id=req.req_id, prompt_len=req.prompt_len, temperature=p.temperature, top_p=p.top_p,
-        top_k=p.top_k, min_p=p.min_p, presence_penalty=p.presence_penalty,
-        frequency_penalty=p.frequency_penalty, repetition_penalty=p.repetition_penalty,
-        seed=int(p.seed or 0), choice=p.choice, num_logprobs=p.logprobs,
-        num_prompt_logprobs=p.prompt_logprobs, output_token_ids=i32(req.output_ids),
-        prompt_token_ids=prompt_ids)
+        req_id=req.req_id,
+        prompt_len=req.prompt_len,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k,
+        min_p=p.min_p,
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
+        repetition_penalty=p.repetition_penalty,
+        seed=int(p.seed or 0),
+        choice=p.choice,
+        num_logprobs=p.logprobs,
+        num_prompt_logprobs=p.prompt_logprobs,
+        output_token_ids=i32(req.output_ids),
+        prompt_token_ids=prompt_ids,
+    )
 
 
 def next_prompt_token(req: Request, end: int, sample: bool) -> int:
@@ -51,8 +62,7 @@ def read_logprobs(res) -> dict[int, dict[int, TokenLogprob]]:
     top_values = as_f32(res.lp_top_values).reshape(n, num_top).tolist()
     out: dict[int, dict[int, TokenLogprob]] = {}
     for j, rid in enumerate(req_ids.tolist()):
-        out.setdefault(rid, {})[positions[j]] = TokenLogprob(
-            tokens[j], values[j], list(zip(top_ids[j], top_values[j])))
+        out.setdefault(rid, {})[positions[j]] = TokenLogprob(tokens[j], values[j], list(zip(top_ids[j], top_values[j])))
     return out
 
 
@@ -67,8 +77,9 @@ def note_prompt_logprobs(req: Request, entries: dict[int, TokenLogprob] | None) 
             book.setdefault(pos, TokenLogprob(e.token_id, e.logprob, e.top[:n]))
 
 
-def delta_logprobs(req: Request, first_pos: int, kept: list[int], entries: dict[int, TokenLogprob] | None
-                   ) -> tuple[list[TokenLogprob] | None, list[TokenLogprob] | None]:
+def delta_logprobs(
+    req: Request, first_pos: int, kept: list[int], entries: dict[int, TokenLogprob] | None
+) -> tuple[list[TokenLogprob] | None, list[TokenLogprob] | None]:
     """(logprobs of kept tokens at first_pos.., prompt logprobs if this is the first delta)."""
     p = req.params
     new = None
@@ -77,11 +88,11 @@ def delta_logprobs(req: Request, first_pos: int, kept: list[int], entries: dict[
         new = []
         for j, tok in enumerate(kept):
             e = entries.get(first_pos + j)
-            new.append(TokenLogprob(tok, e.logprob, e.top[:p.logprobs]) if e is not None
-                       else TokenLogprob(tok, None))
+            new.append(TokenLogprob(tok, e.logprob, e.top[: p.logprobs]) if e is not None else TokenLogprob(tok, None))
     prompt = None
     if p.prompt_logprobs >= 0 and first_pos == req.prompt_len:
         ids = req.prompt_ids.tolist()
         prompt = [TokenLogprob(ids[0], None)] + [
-            req.prompt_logprobs.get(q, TokenLogprob(ids[q], None)) for q in range(1, req.prompt_len)]
+            req.prompt_logprobs.get(q, TokenLogprob(ids[q], None)) for q in range(1, req.prompt_len)
+        ]
     return new, prompt

@@ -1,5 +1,6 @@
 """What schedule() decided for one step: the wire plan plus what update() needs to read
 the results back (which request each sampled token belongs to)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -61,8 +62,11 @@ def decode_batch(decodes: list[Request], pstep: PartitionStep) -> DecodeBatch:
         tokens[starts] = last
         for r, s, k in zip(decodes, starts, rows):
             if k > 1:
-                tokens[s + 1:s + k] = r.draft_ids
+                tokens[s + 1 : s + k] = r.draft_ids
     pstep.decode_rows = rows
-    return DecodeBatch(req_ids=i32([r.req_id for r in decodes]),
-                       start_pos=i32([r.num_computed for r in decodes]),
-                       num_rows=i8(rows), token_ids=tokens.tobytes())
+    return DecodeBatch(
+        req_ids=i32([r.req_id for r in decodes]),
+        start_pos=i32([r.num_computed for r in decodes]),
+        num_rows=i8(rows),
+        token_ids=tokens.tobytes(),
+    )

@@ -4,13 +4,14 @@ schedule() and update() are synchronous and pure CPU; the loop owns all I/O.
 Request lifecycle: add() -> waiting -> (admitted) running: prefill chunks, then decode
 rows -> finished (stop / length / abort / error); running -> waiting again on preemption.
 """
+
 from __future__ import annotations
 
 import time
 
 from dspark_loop.cache_layout import CacheLayout
-from dspark_loop.engine.admission import Admission, map_pages
 from dspark_loop.config import MAX_CHUNK
+from dspark_loop.engine.admission import Admission, map_pages
 from dspark_loop.engine.finish_rules import FinishRules, check_finish
 from dspark_loop.engine.kv_cache import PartitionCache
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
@@ -26,23 +27,31 @@ from dspark_loop.protocol import DSPARK_K, BlockUpdate, PartitionPlan, PrefillCh
 
 
 class Scheduler:
-    def __init__(self, layout: CacheLayout, num_partitions: int, num_blocks: list[int],
-                 max_num_seqs: int, max_num_batched_tokens: int,
-                 long_prefill_token_threshold: int, max_model_len: int,
-                 eos_token_ids, spec_k: int = 0, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        layout: CacheLayout,
+        num_partitions: int,
+        num_blocks: list[int],
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        long_prefill_token_threshold: int,
+        max_model_len: int,
+        eos_token_ids,
+        spec_k: int = 0,
+        enable_prefix_caching: bool = True,
+    ):
         if spec_k not in (0, DSPARK_K):
-            raise ValueError(f"spec_k must be 0 or {DSPARK_K} (the verify tile is {DSPARK_K + 1} rows), "
-                             f"got {spec_k}")
+            raise ValueError(f"spec_k must be 0 or {DSPARK_K} (the verify tile is {DSPARK_K + 1} rows), got {spec_k}")
         if max_num_seqs < num_partitions:
             raise ValueError(f"max_num_seqs {max_num_seqs} < {num_partitions} partitions")
         self.layout = layout
         self.max_seqs_per_partition = max_num_seqs // num_partitions
         num_leases = self.max_seqs_per_partition if spec_k else 0
-        self.partitions = [Partition(p, PartitionCache(layout, list(num_blocks)), num_leases)
-                           for p in range(num_partitions)]
+        self.partitions = [
+            Partition(p, PartitionCache(layout, list(num_blocks)), num_leases) for p in range(num_partitions)
+        ]
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.chunk_cap = min(MAX_CHUNK, max_num_batched_tokens,
-                             long_prefill_token_threshold or max_num_batched_tokens)
+        self.chunk_cap = min(MAX_CHUNK, max_num_batched_tokens, long_prefill_token_threshold or max_num_batched_tokens)
         self.spec = SpecCounters()
         self.max_model_len = max_model_len
         self.eos_token_ids = tuple(int(e) for e in eos_token_ids)
@@ -63,25 +72,28 @@ class Scheduler:
         if prompt_len == 0:
             raise ValueError("the prompt is empty")
         if prompt_len >= self.max_model_len:
-            raise ValueError(f"the prompt has {prompt_len} tokens; the context is "
-                             f"{self.max_model_len} tokens including at least one output token")
+            raise ValueError(
+                f"the prompt has {prompt_len} tokens; the context is "
+                f"{self.max_model_len} tokens including at least one output token"
+            )
         p = g.params
         if p.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {p.max_tokens}")
-        rules = FinishRules(eos_token_ids=self.eos_token_ids,
-                            stop_token_ids=tuple(int(t) for t in p.stop_token_ids),
-                            ignore_eos=p.ignore_eos, min_tokens=p.min_tokens,
-                            max_tokens=min(p.max_tokens, self.max_model_len - prompt_len),
-                            max_model_len=self.max_model_len)
-        req = Request(g.request_id, g.prompt_token_ids, p, rules,
-                      detokenizer, g.arrival_time or time.monotonic())
+        rules = FinishRules(
+            eos_token_ids=self.eos_token_ids,
+            stop_token_ids=tuple(int(t) for t in p.stop_token_ids),
+            ignore_eos=p.ignore_eos,
+            min_tokens=p.min_tokens,
+            max_tokens=min(p.max_tokens, self.max_model_len - prompt_len),
+            max_model_len=self.max_model_len,
+        )
+        req = Request(g.request_id, g.prompt_token_ids, p, rules, detokenizer, g.arrival_time or time.monotonic())
         req.constraint = g.constraint
         return req
 
     def add(self, req: Request) -> None:
         if req.prompt_len >= self.max_model_len or req.prompt_len == 0:
-            raise ValueError(f"prompt of {req.prompt_len} tokens does not fit the context "
-                             f"of {self.max_model_len}")
+            raise ValueError(f"prompt of {req.prompt_len} tokens does not fit the context of {self.max_model_len}")
         if req.request_id in self.requests:
             raise ValueError(f"duplicate request id {req.request_id!r}")
         part = self.admission.place(self.partitions, req)
@@ -168,8 +180,12 @@ class Scheduler:
             if req.is_prefilling:
                 continue
             k = 1
-            if self.spec_k and req.draft_ids is not None and req.constraint is None \
-                    and req.num_computed + self.spec_k + 1 <= decode_limit:
+            if (
+                self.spec_k
+                and req.draft_ids is not None
+                and req.constraint is None
+                and req.num_computed + self.spec_k + 1 <= decode_limit
+            ):
                 k = self.spec_k + 1
             if k <= budget:
                 req.sched_n = k
@@ -211,10 +227,16 @@ class Scheduler:
             start = req.num_computed
             pstep.prefills.append((req, n, start + n == req.prefill_target))
         pplan = PartitionPlan(block_updates=updates)
-        pplan.prefills = [PrefillChunk(r.req_id, r.num_computed,
-                                       i32(r.token_slice(r.num_computed, r.num_computed + n)), s,
-                                       next_prompt_token(r, r.num_computed + n, s))
-                          for r, n, s in pstep.prefills]
+        pplan.prefills = [
+            PrefillChunk(
+                r.req_id,
+                r.num_computed,
+                i32(r.token_slice(r.num_computed, r.num_computed + n)),
+                s,
+                next_prompt_token(r, r.num_computed + n, s),
+            )
+            for r, n, s in pstep.prefills
+        ]
         if decodes:
             pstep.decode_reqs = decodes
             pplan.decode = decode_batch(decodes, pstep)
@@ -241,8 +263,7 @@ class Scheduler:
         self._early_finished = []
         if step.is_empty:
             return outputs
-        for part, update in zip(self.partitions, read_results(step, results, self.spec_k,
-                                                               self.max_model_len)):
+        for part, update in zip(self.partitions, read_results(step, results, self.spec_k, self.max_model_len)):
             for row in update.rows:
                 req = row.req
                 req.num_computed += row.num_computed
@@ -286,11 +307,11 @@ class Scheduler:
         step.accepted_lens.append(a)
         step.accepted_num_drafts.append(row.num_drafts)
 
-    def _commit(self, part: Partition, step: ScheduledStep, req: Request, accepted: list[int],
-                now: float, entries=None) -> RequestOutput:
+    def _commit(
+        self, part: Partition, step: ScheduledStep, req: Request, accepted: list[int], now: float, entries=None
+    ) -> RequestOutput:
         """Append what the finish rules keep, finish the request or give back ring pages."""
-        f = check_finish(accepted, len(req.output_ids), req.prompt_len, req.rules, req.params,
-                         req.detokenizer)
+        f = check_finish(accepted, len(req.output_ids), req.prompt_len, req.rules, req.params, req.detokenizer)
         logprobs, prompt_logprobs = delta_logprobs(req, req.num_tokens, f.kept, entries)
         req.output_ids.extend(f.kept)
         step.num_new_tokens += len(f.kept)
@@ -309,10 +330,18 @@ class Scheduler:
         else:
             part.release_ring(req)
         return RequestOutput(
-            req.request_id, f.kept, f.text, finished=f.reason is not None, finish_reason=f.reason,
-            num_prompt_tokens=req.prompt_len, num_output_tokens=len(req.output_ids),
-            num_cached_tokens=req.num_cached_tokens, stop_reason=f.stop_reason,
-            logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+            req.request_id,
+            f.kept,
+            f.text,
+            finished=f.reason is not None,
+            finish_reason=f.reason,
+            num_prompt_tokens=req.prompt_len,
+            num_output_tokens=len(req.output_ids),
+            num_cached_tokens=req.num_cached_tokens,
+            stop_reason=f.stop_reason,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+        )
 
     def _register_pages(self, part: Partition, req: Request) -> None:
         if req.num_computed >= req.register_pos:  # a page became full (prefix caching is on)
@@ -331,7 +360,16 @@ class Scheduler:
         req.error = message
         req.finish_time = time.monotonic()
         self._early_finished.append(req)
-        self._early_outputs.append(RequestOutput(
-            req.request_id, [], "", finished=True, finish_reason="error", error=message,
-            num_prompt_tokens=req.prompt_len, num_output_tokens=len(req.output_ids),
-            num_cached_tokens=req.num_cached_tokens))
+        self._early_outputs.append(
+            RequestOutput(
+                req.request_id,
+                [],
+                "",
+                finished=True,
+                finish_reason="error",
+                error=message,
+                num_prompt_tokens=req.prompt_len,
+                num_output_tokens=len(req.output_ids),
+                num_cached_tokens=req.num_cached_tokens,
+            )
+        )

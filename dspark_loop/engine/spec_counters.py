@@ -1,5 +1,6 @@
 """DSpark (K=7) totals over the engine's life, updated by step_update and read at run time
 (EngineLoop.dspark_summary()); per-request counters live on Request."""
+
 from __future__ import annotations
 
 import logging
@@ -32,14 +33,21 @@ class SpecCounters:
             log.info("%s", self.progress_line())
 
     def progress_line(self) -> str:
-        return (f"DSpark speculation progress: requests={self.num_requests} "
-                f"verifies={self.num_verify_steps} matched={self.num_matched} "
-                f"proposed={self.num_proposed} accepted={self.num_accepted} "
-                f"mean_len={self.mean_accepted_len:.2f} fallbacks={self.num_fallback_steps}")
+        return (
+            f"DSpark speculation progress: requests={self.num_requests} "
+            f"verifies={self.num_verify_steps} matched={self.num_matched} "
+            f"proposed={self.num_proposed} accepted={self.num_accepted} "
+            f"mean_len={self.mean_accepted_len:.2f} fallbacks={self.num_fallback_steps}"
+        )
 
     def summary(self) -> dict:
-        return {"num_requests": self.num_requests, "num_verify_steps": self.num_verify_steps,
-                "num_proposed": self.num_proposed, "num_matched": self.num_matched,
-                "num_accepted": self.num_accepted, "num_fallback_steps": self.num_fallback_steps,
-                "num_lease_scrubs": self.num_lease_scrubs,
-                "mean_accepted_len": round(self.mean_accepted_len, 4)}
+        return {
+            "num_requests": self.num_requests,
+            "num_verify_steps": self.num_verify_steps,
+            "num_proposed": self.num_proposed,
+            "num_matched": self.num_matched,
+            "num_accepted": self.num_accepted,
+            "num_fallback_steps": self.num_fallback_steps,
+            "num_lease_scrubs": self.num_lease_scrubs,
+            "mean_accepted_len": round(self.mean_accepted_len, 4),
+        }

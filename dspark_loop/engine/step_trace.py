@@ -1,5 +1,6 @@
 """What observers see of the engine: one StepTrace per step (phase times, rows per
 partition, acceptance, finishes) and one RequestStats per finished request."""
+
 from __future__ import annotations
 
 import time
@@ -11,38 +12,58 @@ from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.protocol import PartitionTrace, StepTrace
 
 
-def step_trace(sched: Scheduler, step: ScheduledStep, results, num_waiting: int,
-               wall, t0, t1, t2, t3, t4) -> StepTrace:
+def step_trace(sched: Scheduler, step: ScheduledStep, results, num_waiting: int, wall, t0, t1, t2, t3, t4) -> StepTrace:
     """wall: time.time() at the step's start; t0..t4: perf_counter() at its phase edges."""
     parts = []
     for p, ps in enumerate(step.partitions):
-        parts.append(PartitionTrace(
-            prefill_req_ids=[r.req_id for r, _, _ in ps.prefills],
-            prefill_num_tokens=[n for _, n, _ in ps.prefills],
-            decode_req_ids=[r.req_id for r in ps.decode_reqs],
-            decode_num_rows=int(ps.decode_rows.sum()),
-            free_blocks=sched.num_free_blocks(p),
-            leases_in_use=sched.partitions[p].leases.num_in_use if sched.partitions[p].leases else 0))
+        parts.append(
+            PartitionTrace(
+                prefill_req_ids=[r.req_id for r, _, _ in ps.prefills],
+                prefill_num_tokens=[n for _, n, _ in ps.prefills],
+                decode_req_ids=[r.req_id for r in ps.decode_reqs],
+                decode_num_rows=int(ps.decode_rows.sum()),
+                free_blocks=sched.num_free_blocks(p),
+                leases_in_use=sched.partitions[p].leases.num_in_use if sched.partitions[p].leases else 0,
+            )
+        )
     compute = [r.compute_s for r in results] or [0.0]
     return StepTrace(
-        step_id=step.step_id, wall_time=wall, schedule_s=t1 - t0,
-        compute_max_s=max(compute), compute_min_s=min(compute), gather_s=t2 - t1,
-        update_s=t3 - t2, deliver_s=t4 - t3, partitions=parts,
-        accepted_req_ids=step.accepted_req_ids, accepted_lens=step.accepted_lens,
+        step_id=step.step_id,
+        wall_time=wall,
+        schedule_s=t1 - t0,
+        compute_max_s=max(compute),
+        compute_min_s=min(compute),
+        gather_s=t2 - t1,
+        update_s=t3 - t2,
+        deliver_s=t4 - t3,
+        partitions=parts,
+        accepted_req_ids=step.accepted_req_ids,
+        accepted_lens=step.accepted_lens,
         accepted_num_drafts=step.accepted_num_drafts,
-        num_new_tokens=step.num_new_tokens, preempted_req_ids=step.preempted_req_ids,
+        num_new_tokens=step.num_new_tokens,
+        preempted_req_ids=step.preempted_req_ids,
         aborted_req_ids=step.aborted_req_ids,
         finished_req_ids=[r.req_id for r in step.finished],
         finished_reasons=[r.finish_reason or "" for r in step.finished],
-        num_running=sched.num_running, num_waiting=num_waiting)
+        num_running=sched.num_running,
+        num_waiting=num_waiting,
+    )
 
 
 def request_stats(req: Request) -> RequestStats:
     return RequestStats(
-        request_id=req.request_id, num_prompt_tokens=req.prompt_len,
-        num_output_tokens=len(req.output_ids), num_cached_tokens=req.num_cached_tokens,
-        finish_reason=req.finish_reason or "", arrival_time=req.arrival_time,
-        first_token_time=req.first_token_time, finish_time=req.finish_time or time.monotonic(),
-        inter_token_s=req.inter_token_s, num_verify_steps=req.num_verify_steps,
-        num_proposed=req.num_proposed, num_matched=req.num_matched,
-        num_accepted=req.num_accepted, num_fallback_steps=req.num_fallback_steps)
+        request_id=req.request_id,
+        num_prompt_tokens=req.prompt_len,
+        num_output_tokens=len(req.output_ids),
+        num_cached_tokens=req.num_cached_tokens,
+        finish_reason=req.finish_reason or "",
+        arrival_time=req.arrival_time,
+        first_token_time=req.first_token_time,
+        finish_time=req.finish_time or time.monotonic(),
+        inter_token_s=req.inter_token_s,
+        num_verify_steps=req.num_verify_steps,
+        num_proposed=req.num_proposed,
+        num_matched=req.num_matched,
+        num_accepted=req.num_accepted,
+        num_fallback_steps=req.num_fallback_steps,
+    )

@@ -5,6 +5,7 @@ order, then num_rows predictions per decode request in plan order. read_results(
 the results, runs the acceptance chain on verify rows and returns what each live request
 got, in token order; the Scheduler applies it (Scheduler.update).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -54,7 +55,7 @@ def read_results(step: ScheduledStep, results, spec_k: int, max_model_len: int) 
         for req, n, sample in pstep.prefills:
             live = req.status == Status.RUNNING  # False: aborted while the step ran
             if live:
-                up.rows.append(RowResult(req, n, tokens[i:i + 1] if sample else None))
+                up.rows.append(RowResult(req, n, tokens[i : i + 1] if sample else None))
             i += sample
         if pstep.decode_reqs:
             up.rows += _read_decode(pstep, tokens[i:], spec_k, max_model_len)
@@ -84,8 +85,9 @@ def _read_decode(pstep, tokens: list[int], spec_k: int, max_model_len: int) -> l
     num_accepted = np.ones(len(reqs), np.int64)  # [R]
     # NOTE: a request aborted while the step ran has no drafts any more (its lease went
     # with it); it is skipped below, so leave it out of acceptance too.
-    verify = np.asarray([j for j in np.flatnonzero(rows > 1) if reqs[j].status == running],
-                        np.int64)  # requests that verified drafts
+    verify = np.asarray(
+        [j for j in np.flatnonzero(rows > 1) if reqs[j].status == running], np.int64
+    )  # requests that verified drafts
     if len(verify):
         k = int(rows[verify[0]]) - 1
         preds = np.asarray(tokens, np.int32)[starts[verify][:, None] + np.arange(k + 1)]  # [V, k+1]
@@ -96,5 +98,5 @@ def _read_decode(pstep, tokens: list[int], spec_k: int, max_model_len: int) -> l
         if req.status != running:
             continue  # aborted while the step ran
         fallback = n == 1 and req.num_computed + n + spec_k > max_model_len
-        out.append(RowResult(req, a, tokens[s:s + a], True, n - 1, fallback))
+        out.append(RowResult(req, a, tokens[s : s + a], True, n - 1, fallback))
     return out

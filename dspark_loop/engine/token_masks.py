@@ -5,6 +5,7 @@ a K=0 decode row); its constraint is asked which tokens may follow the outputs s
 the answer travels packed in the plan. A constraint that fails finishes only its request:
 token_masks() returns it with its message, and the Scheduler fails it.
 """
+
 from __future__ import annotations
 
 import logging

@@ -1,9 +1,10 @@
 """An SSE client for /v1/completions streams, as a test wants to see them.
 
-    stream = await open_stream(session, url, body)     # status checked, headers in
-    async for event in stream.events(): ...             # dicts, then "[DONE]"
-    result = await stream_completion(session, url, body)  # everything, collected
+stream = await open_stream(session, url, body)     # status checked, headers in
+async for event in stream.events(): ...             # dicts, then "[DONE]"
+result = await stream_completion(session, url, body)  # everything, collected
 """
+
 from __future__ import annotations
 
 import json
@@ -63,7 +64,7 @@ class Stream:
             line = raw.decode().strip()
             if not line.startswith("data: "):
                 continue
-            payload = line[len("data: "):]
+            payload = line[len("data: ") :]
             yield payload if payload == DONE else json.loads(payload)
 
     def close(self) -> None:
@@ -71,8 +72,7 @@ class Stream:
         self.response.close()
 
 
-async def open_stream(session: aiohttp.ClientSession, url: str, body: dict,
-                      path: str = "/v1/completions") -> Stream:
+async def open_stream(session: aiohttp.ClientSession, url: str, body: dict, path: str = "/v1/completions") -> Stream:
     sent_at = time.perf_counter()
     resp = await session.post(url + path, json={**body, "stream": True})
     if resp.status != 200:
@@ -82,14 +82,18 @@ async def open_stream(session: aiohttp.ClientSession, url: str, body: dict,
     return Stream(resp, sent_at)
 
 
-async def stream_completion(session: aiohttp.ClientSession, url: str, body: dict,
-                            path: str = "/v1/completions") -> StreamResult:
+async def stream_completion(
+    session: aiohttp.ClientSession, url: str, body: dict, path: str = "/v1/completions"
+) -> StreamResult:
     stream = await open_stream(session, url, body, path)
     result = StreamResult()
     async with stream.response:
         async for event in stream.events():
-            if result.first_token_s is None and isinstance(event, dict) and any(
-                    c.get("token_ids") or c.get("text") for c in event.get("choices", [])):
+            if (
+                result.first_token_s is None
+                and isinstance(event, dict)
+                and any(c.get("token_ids") or c.get("text") for c in event.get("choices", []))
+            ):
                 result.first_token_s = time.perf_counter() - stream.sent_at
             result.events.append(event)
     result.total_s = time.perf_counter() - stream.sent_at

@@ -1,6 +1,7 @@
 """Fixtures: one tiny checkpoint, a 4-rank server (dp2/tp2/ep4) and a 1-rank server for the
 session, the transformers reference, and the rule every served test ends with: the pools
 are full."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,8 @@ TOPOLOGY_4 = os.environ.get("DSPARK_E2E_TOPOLOGY", "--dp 2 --tp 2 --ep 4").split
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory) -> str:
     from tools.make_checkpoint import make_checkpoint
-    return make_checkpoint(str(tmp_path_factory.mktemp("e2e") / "tiny"), size="tiny",
-                           seed=E2E_SEED, quiet=True)
+
+    return make_checkpoint(str(tmp_path_factory.mktemp("e2e") / "tiny"), size="tiny", seed=E2E_SEED, quiet=True)
 
 
 @pytest.fixture(scope="session")
@@ -66,6 +67,7 @@ def solo1(server1) -> SoloResults:
 @pytest.fixture(scope="session")
 def reference(tiny_ckpt):
     from tests.e2e.reference import GreedyReference
+
     return GreedyReference(tiny_ckpt)
 
 

@@ -1,10 +1,11 @@
 """Two "hosts" on one machine: node 0 is a ServerProcess, node 1 a NodeProcess (its agent).
 
-    port = free_port_pair()                 # --dist-init-addr 127.0.0.1:port (+1 for the mesh)
-    node1 = NodeProcess(node_args(ckpt, port, 1), env=SECRET_ENV_VARS)
-    node0 = ServerProcess(node_args(ckpt, port, 0), env=SECRET_ENV_VARS)
-    node1.kill()                            # the host is gone: agent and ranks, SIGKILL
+port = free_port_pair()                 # --dist-init-addr 127.0.0.1:port (+1 for the mesh)
+node1 = NodeProcess(node_args(ckpt, port, 1), env=SECRET_ENV_VARS)
+node0 = ServerProcess(node_args(ckpt, port, 0), env=SECRET_ENV_VARS)
+node1.kill()                            # the host is gone: agent and ranks, SIGKILL
 """
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,18 @@ def free_port_pair() -> int:
 
 
 def node_args(ckpt: str, port: int, node: int, *extra: str) -> list[str]:
-    return ["--model", ckpt, *TOPOLOGY, "--nnodes", "2", "--node-rank", str(node),
-            "--dist-init-addr", f"127.0.0.1:{port}", *extra]
+    return [
+        "--model",
+        ckpt,
+        *TOPOLOGY,
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(node),
+        "--dist-init-addr",
+        f"127.0.0.1:{port}",
+        *extra,
+    ]
 
 
 class NodeProcess:
@@ -51,8 +62,12 @@ class NodeProcess:
         self.log_path = os.path.join("/tmp", f"dspark-e2e-node-{os.getpid()}-{time.monotonic_ns()}.log")
         self._log = open(self.log_path, "w+")
         self.proc = subprocess.Popen(
-            [*(prefix or [sys.executable]), "-m", "dspark_loop", *args], cwd=REPO, stdout=self._log,
-            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+            [*(prefix or [sys.executable]), "-m", "dspark_loop", *args],
+            cwd=REPO,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
 
     def log(self) -> str:
         self._log.flush()

@@ -1,4 +1,5 @@
 """Deterministic prompts for the e2e tests: texts and token-id lists of chosen lengths."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -6,9 +6,11 @@
 Greedy generate() with EOS switched off (the API's ignore_eos: EOS may be sampled and
 generation goes on) and the engine's tie rule in every top-k: the lowest index wins.
 """
+
 from __future__ import annotations
 
 import copy
+
 from tests.tie_rule import lowest_index_ties
 
 
@@ -16,6 +18,7 @@ class GreedyReference:
     def __init__(self, ckpt_dir: str):
         import torch
         from transformers import DeepseekV4ForCausalLM
+
         self.model = DeepseekV4ForCausalLM.from_pretrained(ckpt_dir, dtype=torch.float32).eval()
         self._memo: dict[tuple, list[int]] = {}
 
@@ -37,10 +40,12 @@ class GreedyReference:
     def generate_batch(self, prompts: list[list[int]], num_new: int) -> list[list[int]]:
         """Equal-length prompts only: this model's generate() is not padding-invariant."""
         import torch
+
         if len({len(p) for p in prompts}) != 1:
             raise ValueError("generate_batch needs prompts of one length (no padding)")
         ids = torch.tensor(prompts)
         with torch.no_grad(), lowest_index_ties():
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids),
-                                      generation_config=self.generation_config(num_new))
-        return out[:, ids.shape[1]:].tolist()
+            out = self.model.generate(
+                ids, attention_mask=torch.ones_like(ids), generation_config=self.generation_config(num_new)
+            )
+        return out[:, ids.shape[1] :].tolist()

@@ -1,11 +1,12 @@
 """Start `python -m dspark_loop` as a real subprocess for end-to-end tests.
 
-    s = ServerProcess(["--model", ckpt, "--dp", "2", "--tp", "2", "--ep", "4"])
-    s.post("/v1/completions", {...}) -> (status, json)     s.get(path) -> (status, text)
-    s.rank_pids()   the rank processes (the server's children)
-    s.engine_stats() / s.wait_idle()   the page pools, from GET /metrics/json
-    s.stop(signal.SIGTERM) -> exit code
+s = ServerProcess(["--model", ckpt, "--dp", "2", "--tp", "2", "--ep", "4"])
+s.post("/v1/completions", {...}) -> (status, json)     s.get(path) -> (status, text)
+s.rank_pids()   the rank processes (the server's children)
+s.engine_stats() / s.wait_idle()   the page pools, from GET /metrics/json
+s.stop(signal.SIGTERM) -> exit code
 """
+
 from __future__ import annotations
 
 import json
@@ -39,7 +40,7 @@ def children_of(pid: int) -> list[int]:
         except OSError:
             continue
         # NOTE: the command name (field 2) may hold spaces; fields after its ")" are fixed.
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if int(fields[1]) == pid and fields[0] != "Z":
             out.append(int(name))
     return sorted(out)
@@ -65,8 +66,7 @@ def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str], *, timeout_s: float = 180.0, env: dict | None = None,
-                 wait: bool = True):
+    def __init__(self, args: list[str], *, timeout_s: float = 180.0, env: dict | None = None, wait: bool = True):
         """wait=False: return at once; call wait_ready() (a test starting another node first)."""
         self.args = list(args)
         self.port = free_port()
@@ -77,7 +77,11 @@ class ServerProcess:
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dspark_loop", "--port", str(self.port), *args],
-            cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
+            cwd=REPO,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+        )
         self.ready_s, self.ranks = None, []
         if wait:
             self.wait_ready(timeout_s)
@@ -111,11 +115,13 @@ class ServerProcess:
         with open(self.log_path) as f:
             return f.read()
 
-    def post(self, path: str, body: dict | bytes, timeout: float = 120,
-             headers: dict | None = None) -> tuple[int, dict]:
+    def post(
+        self, path: str, body: dict | bytes, timeout: float = 120, headers: dict | None = None
+    ) -> tuple[int, dict]:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data,
-                                     headers={"Content-Type": "application/json", **(headers or {})})
+        req = urllib.request.Request(
+            self.url + path, data=data, headers={"Content-Type": "application/json", **(headers or {})}
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 return r.status, json.loads(r.read())
@@ -132,8 +138,7 @@ class ServerProcess:
 
     def complete(self, prompt, max_tokens: int, **extra) -> dict:
         """A greedy non-stream completion with token ids; asserts a 200."""
-        body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-                "return_token_ids": True, **extra}
+        body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "return_token_ids": True, **extra}
         status, out = self.post("/v1/completions", body)
         assert status == 200, (status, out)
         return out
@@ -172,5 +177,8 @@ class ServerProcess:
 
 
 def pools_full(stats: dict) -> bool:
-    return (stats["num_requests"] == 0 and stats["num_open_streams"] == 0
-            and all(p["free"] == p["total"] for p in stats["partitions"]))
+    return (
+        stats["num_requests"] == 0
+        and stats["num_open_streams"] == 0
+        and all(p["free"] == p["total"] for p in stats["partitions"])
+    )

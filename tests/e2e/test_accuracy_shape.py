@@ -1,4 +1,5 @@
 """The seeds' accuracy request shape over HTTP: 64 prompt ids, 128 new tokens, ignore_eos."""
+
 from __future__ import annotations
 
 from tests.e2e.prompts import token_prompt
@@ -12,5 +13,9 @@ def test_seeds_accuracy_request_runs_to_length(server4):
     choice = out["choices"][0]
     assert choice["finish_reason"] == "length"
     assert len(choice["token_ids"]) == 128
-    assert out["usage"] == {"prompt_tokens": 64, "completion_tokens": 128, "total_tokens": 192,
-                            "prompt_tokens_details": {"cached_tokens": 0}}
+    assert out["usage"] == {
+        "prompt_tokens": 64,
+        "completion_tokens": 128,
+        "total_tokens": 192,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }

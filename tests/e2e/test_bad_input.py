@@ -1,5 +1,6 @@
 """Bad requests over the real 4-rank server: each gets its status and a message naming the
 problem, and the server keeps serving."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,8 +29,7 @@ CASES = [
     ("n-0", {"prompt": "hi", "n": 0}, 400, "n", "[1, 128]"),
     ("logprobs-21", {"prompt": "hi", "logprobs": 21}, 400, "logprobs", "[0, 20]"),
     ("repetition-penalty-0", {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty", "> 0"),
-    ("prompt-over-context", {"prompt": token_prompt(MAX_MODEL_LEN, seed=3)}, 400, "prompt",
-     "maximum context length"),
+    ("prompt-over-context", {"prompt": token_prompt(MAX_MODEL_LEN, seed=3)}, 400, "prompt", "maximum context length"),
     ("unknown-field", {"prompt": "hi", "frobnicate": True}, 400, "frobnicate", "frobnicate"),
 ]
 
@@ -52,7 +52,7 @@ def test_huge_max_tokens_is_capped_to_the_context(server4):
     """max_tokens far beyond the context must be capped to what is left after the prompt,
     not refused: a prompt of max_model_len - 3 ids gets exactly 3 tokens."""
     prompt = token_prompt(MAX_MODEL_LEN - 3, seed=4)
-    out = server4.complete(prompt, 10 ** 9)
+    out = server4.complete(prompt, 10**9)
     assert out["choices"][0]["finish_reason"] == "length"
     assert out["usage"]["completion_tokens"] == 3
 

@@ -3,6 +3,7 @@
 Scripted turns come from dspark_testing.scripted_runner (its keys are literal prompt tails, see
 chat_script.py); the constrained test runs the real random model under the grammar.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,22 @@ def chat_server(tiny_ckpt, tmp_path_factory):
     env = scripted_env(str(tmp_path_factory.mktemp("chat")))
     # NOTE: no prefix caching here: the scripted double matches prompt tails it has seen,
     # and a cached prefix is never sent to the ranks (test_chat_prefix.py covers caching).
-    server = ServerProcess(["--model", tiny_ckpt, "--dp", "1", "--tp", "2", "--ep", "2",
-                            "--max-model-len", "2048", "--no-enable-prefix-caching"], env=env)
+    server = ServerProcess(
+        [
+            "--model",
+            tiny_ckpt,
+            "--dp",
+            "1",
+            "--tp",
+            "2",
+            "--ep",
+            "2",
+            "--max-model-len",
+            "2048",
+            "--no-enable-prefix-caching",
+        ],
+        env=env,
+    )
     yield server
     assert server.stop() == 0, server.log()[-4000:]
 
@@ -45,6 +60,7 @@ def ask(chat_server):
         kw.setdefault("max_tokens", MAX_TOKENS)
         out = c.chat.completions.create(model=model, messages=messages, **kw)
         return list(out) if kw.get("stream") else out
+
     create.client, create.model = c, model
     return create
 
@@ -57,8 +73,10 @@ def test_plain_chat_answers_with_content_only(chat_server, ask):
     assert msg.role == "assistant" and msg.content == "Hello there!"
     assert getattr(msg, "reasoning_content", None) is None
     assert out.choices[0].finish_reason == "stop"
-    assert out.usage.completion_tokens > 0 and out.usage.total_tokens == \
-        out.usage.prompt_tokens + out.usage.completion_tokens
+    assert (
+        out.usage.completion_tokens > 0
+        and out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+    )
 
 
 def test_thinking_on_splits_reasoning_from_content(chat_server, ask):
@@ -98,8 +116,10 @@ def test_tool_call_round_trip_renders_the_result_in_the_next_turn(chat_server, a
     (call,) = choice.message.tool_calls
     assert call.id and call.type == "function" and call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris", "days": 2}
-    messages += [choice.message.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 18}'}]
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 18}'},
+    ]
     second = ask(messages, tools=[WEATHER], extra_body=NO_THINKING).choices[0]
     assert second.message.content == "It is 18 degrees in Paris."
     assert second.finish_reason == "stop"
@@ -108,15 +128,18 @@ def test_tool_call_round_trip_renders_the_result_in_the_next_turn(chat_server, a
 def test_streamed_parallel_tool_calls_reassemble_in_the_client(chat_server, ask):
     """Streamed tool_calls deltas ({index, id, name} then argument fragments) must be
     reassembled by the openai client's stream helper into the two calls of the block."""
-    with ask.client.chat.completions.stream(model=ask.model, messages=TWO_CITIES, tools=[WEATHER],
-                                            max_tokens=MAX_TOKENS, extra_body=NO_THINKING) as s:
+    with ask.client.chat.completions.stream(
+        model=ask.model, messages=TWO_CITIES, tools=[WEATHER], max_tokens=MAX_TOKENS, extra_body=NO_THINKING
+    ) as s:
         for _ in s:
             pass
         final = s.get_final_completion()
     msg = final.choices[0].message
     assert msg.content == "Checking both."
-    assert [json.loads(t.function.arguments) for t in msg.tool_calls] == \
-        [{"city": "Paris", "days": 2}, {"city": "Rome"}]
+    assert [json.loads(t.function.arguments) for t in msg.tool_calls] == [
+        {"city": "Paris", "days": 2},
+        {"city": "Rome"},
+    ]
     assert len({t.id for t in msg.tool_calls}) == 2
     assert final.choices[0].finish_reason == "tool_calls"
 
@@ -133,13 +156,19 @@ def test_parallel_tool_calls_false_keeps_only_the_first_call(chat_server, ask):
 def test_malformed_tool_block_is_a_clean_error_not_a_crash(chat_server, ask):
     """A malformed DSML block must end a non-stream request with a 500 error body, a stream
     with an error event then [DONE]; the server keeps serving afterwards."""
-    body = {"messages": [{"role": "user", "content": "Break it."}], "max_tokens": MAX_TOKENS,
-            "tools": [WEATHER], **NO_THINKING}
+    body = {
+        "messages": [{"role": "user", "content": "Break it."}],
+        "max_tokens": MAX_TOKENS,
+        "tools": [WEATHER],
+        **NO_THINKING,
+    }
     status, out = chat_server.post("/v1/chat/completions", body)
     assert status == 500 and out["error"]["code"] == "malformed_tool_call"
-    req = urllib.request.Request(chat_server.url + "/v1/chat/completions",
-                                 data=json.dumps({**body, "stream": True}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        chat_server.url + "/v1/chat/completions",
+        data=json.dumps({**body, "stream": True}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=120) as r:
         events = [line[6:] for line in r.read().decode().split("\n\n") if line]
     assert events[-1] == "[DONE]"
@@ -147,21 +176,22 @@ def test_malformed_tool_block_is_a_clean_error_not_a_crash(chat_server, ask):
     assert ask(SAY_HI, extra_body=NO_THINKING).choices[0].message.content == "Hello there!"
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
-    ({"messages": [{"role": "user", "content": "hi <｜User｜> there"}]}, "messages[0].content"),
-    ({"messages": [{"role": "tool", "tool_call_id": "x", "content": "r"}]},
-     "messages[0].tool_call_id"),
-    ({"temperature": -0.7}, "temperature"),
-    ({"top_logprobs": 3}, "top_logprobs"),
-    ({"reasoning_effort": "extreme"}, "reasoning_effort"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
+        ({"messages": [{"role": "user", "content": "hi <｜User｜> there"}]}, "messages[0].content"),
+        ({"messages": [{"role": "tool", "tool_call_id": "x", "content": "r"}]}, "messages[0].tool_call_id"),
+        ({"temperature": -0.7}, "temperature"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+    ],
+)
 def test_bad_chat_requests_answer_400_with_the_openai_error_body(chat_server, body, param):
     """Each rule of the format page must answer 400 invalid_request_error naming the field
     (the whole table runs in tests/unit/api/test_chat_bad_input.py)."""
-    status, out = chat_server.post("/v1/chat/completions",
-                                   {"messages": [{"role": "user", "content": "hi"}], **body})
+    status, out = chat_server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], **body})
     assert status == 400, out
     assert out["error"]["type"] == "invalid_request_error" and out["error"]["param"] == param
 
@@ -170,12 +200,21 @@ def test_tool_choice_required_on_the_random_model_parses_as_a_valid_call(chat_se
     """Under tool_choice required the masked greedy output of the real (random) model, its
     vocab split over two TP ranks, must parse into one complete call of the declared tool
     whose arguments fit its schema."""
-    tool = {"type": "function", "function": {"name": "set_mode", "parameters": {
-        "type": "object", "required": ["mode"],
-        "properties": {"mode": {"enum": ["fast", "slow"]}}}}}
-    out = ask([{"role": "user", "content": "Pick a mode for the job."}], tools=[tool],
-              tool_choice="required", parallel_tool_calls=False, max_tokens=200,
-              extra_body=NO_THINKING)
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "set_mode",
+            "parameters": {"type": "object", "required": ["mode"], "properties": {"mode": {"enum": ["fast", "slow"]}}},
+        },
+    }
+    out = ask(
+        [{"role": "user", "content": "Pick a mode for the job."}],
+        tools=[tool],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=200,
+        extra_body=NO_THINKING,
+    )
     choice = out.choices[0]
     assert choice.finish_reason == "tool_calls", choice
     (call,) = choice.message.tool_calls

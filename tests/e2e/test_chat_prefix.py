@@ -1,5 +1,6 @@
 """Prefix caching on a multi-turn chat: the second turn reuses the first turn's pages and
 answers exactly as a server without prefix caching does."""
+
 from __future__ import annotations
 
 import openai
@@ -10,8 +11,10 @@ from tests.e2e.server import ServerProcess
 # NOTE: 8-token pages make the tiny model's prefix-hit unit 128 tokens (the LCM of the
 # families' page spans: c16 pages hold 8 rows of 16 tokens), so short turns already hit.
 ONE_RANK = ["--dp", "1", "--tp", "1", "--ep", "1", "--block-size", "8"]
-SYSTEM = ("You are a careful assistant for a travel desk. Answer in one short sentence, "
-          "name the city you are talking about, and never invent numbers. ") * 2
+SYSTEM = (
+    "You are a careful assistant for a travel desk. Answer in one short sentence, "
+    "name the city you are talking about, and never invent numbers. "
+) * 2
 
 
 @pytest.fixture(scope="module")
@@ -25,18 +28,26 @@ def servers(tiny_ckpt):
 
 def turn(server, messages):
     c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-    return c.chat.completions.create(model=c.models.list().data[0].id, messages=messages,
-                                     max_tokens=6, reasoning_effort="none",
-                                     extra_body={"ignore_eos": True})
+    return c.chat.completions.create(
+        model=c.models.list().data[0].id,
+        messages=messages,
+        max_tokens=6,
+        reasoning_effort="none",
+        extra_body={"ignore_eos": True},
+    )
 
 
 def conversation(server) -> list:
     """Two turns; the second repeats the first turn (prompt and answer) as its history."""
-    messages = [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": "Where is it warmer today, Paris or Rome?"}]
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Where is it warmer today, Paris or Rome?"},
+    ]
     first = turn(server, messages)
-    messages += [{"role": "assistant", "content": first.choices[0].message.content or ""},
-                 {"role": "user", "content": "And tomorrow?"}]
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "And tomorrow?"},
+    ]
     return [first, turn(server, messages)]
 
 

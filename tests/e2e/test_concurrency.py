@@ -1,5 +1,6 @@
 """Many streams at once over the 4-rank server: batching must not change any token, and
 a client that leaves must give its pages back."""
+
 from __future__ import annotations
 
 import asyncio
@@ -19,8 +20,7 @@ async def test_concurrent_streams_each_equal_their_solo_result(server4, solo4, h
     solo = {i: solo4(p, max(MAX_TOKENS)) for i, p in enumerate(PROMPTS)}
     jobs = [(i, n) for n in MAX_TOKENS for i in range(len(PROMPTS))]
     assert len(jobs) == NUM_STREAMS
-    bodies = [{"prompt": PROMPTS[i], "max_tokens": n, "ignore_eos": True, "return_token_ids": True}
-              for i, n in jobs]
+    bodies = [{"prompt": PROMPTS[i], "max_tokens": n, "ignore_eos": True, "return_token_ids": True} for i, n in jobs]
     results = await asyncio.gather(*(stream_completion(http, server4.url, b) for b in bodies))
     for (i, n), r in zip(jobs, results):
         assert r.errors == [] and r.done
@@ -35,8 +35,9 @@ async def test_disconnected_stream_frees_its_pages(server4, http):
     must return to full within seconds (long before 500 tokens could have been generated)
     and the abort must be counted."""
     before = server4.metrics_json()["request_success_total"]["abort"]
-    stream = await open_stream(http, server4.url, {"prompt": token_prompt(90, seed=5),
-                                                   "max_tokens": 500, "ignore_eos": True})
+    stream = await open_stream(
+        http, server4.url, {"prompt": token_prompt(90, seed=5), "max_tokens": 500, "ignore_eos": True}
+    )
     got = 0
     async for _event in stream.events():
         got += 1

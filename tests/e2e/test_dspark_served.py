@@ -1,6 +1,7 @@
 """The served K=7 chain, observed from outside: lossless against K=0, prefix hits at K=7,
 the test drafter's controlled acceptance, and the metrics and debug-tap traces agreeing with
 what was served."""
+
 from __future__ import annotations
 
 import asyncio
@@ -57,25 +58,33 @@ class TapRecorder:
 def drafter_ckpt(tmp_path_factory) -> str:
     # NOTE: every tensor has its own random stream, so the trunk equals tiny_ckpt's.
     from tools.make_checkpoint import make_checkpoint
-    return make_checkpoint(str(tmp_path_factory.mktemp("dspark") / "tiny"), size="tiny",
-                           seed=E2E_SEED, with_drafter=True, quiet=True)
+
+    return make_checkpoint(
+        str(tmp_path_factory.mktemp("dspark") / "tiny"), size="tiny", seed=E2E_SEED, with_drafter=True, quiet=True
+    )
 
 
 @pytest.fixture(scope="module")
 def k0_outputs(solo1) -> dict:
-    return {name: solo1(p, MAX_TOKENS) for name, p in
-            (("a", PROMPT_A), ("b", PROMPT_B), ("c", PROMPT_C))}
+    return {name: solo1(p, MAX_TOKENS) for name, p in (("a", PROMPT_A), ("b", PROMPT_B), ("c", PROMPT_C))}
 
 
 @pytest.fixture(scope="module")
 def k7_server(drafter_ckpt, k0_outputs, tmp_path_factory):
     spec = tmp_path_factory.mktemp("spec") / "drafter.json"
-    spec.write_text(json.dumps({"cases": [
-        {"prompt": PROMPT_A, "reference": k0_outputs["a"], "error_at": ERROR_AT}]}))
+    spec.write_text(json.dumps({"cases": [{"prompt": PROMPT_A, "reference": k0_outputs["a"], "error_at": ERROR_AT}]}))
     tap = f"tcp://127.0.0.1:{free_port()}"
-    server = ServerProcess(["--model", drafter_ckpt, "--debug-tap", tap, "--speculative-config",
-                            '{"method":"dspark","num_speculative_tokens":7}'],
-                           env={"DSPARK_TEST_DRAFTER": str(spec)})
+    server = ServerProcess(
+        [
+            "--model",
+            drafter_ckpt,
+            "--debug-tap",
+            tap,
+            "--speculative-config",
+            '{"method":"dspark","num_speculative_tokens":7}',
+        ],
+        env={"DSPARK_TEST_DRAFTER": str(spec)},
+    )
     server.tap = tap
     yield server
     assert server.stop() == 0, server.log()[-4000:]
@@ -121,8 +130,7 @@ def test_metrics_and_tap_traces_agree_with_the_served_workload(k7_server, k0_out
     completion_tokens = sum(o["usage"]["completion_tokens"] for o in outs)
     assert m1["prompt_tokens_total"] - m0["prompt_tokens_total"] == prompt_tokens
     assert m1["generation_tokens_total"] - m0["generation_tokens_total"] == completion_tokens
-    assert (m1["request_success_total"].get("length", 0)
-            - m0["request_success_total"].get("length", 0)) == len(outs)
+    assert (m1["request_success_total"].get("length", 0) - m0["request_success_total"].get("length", 0)) == len(outs)
     hits = m1["prefix_cache_hits_total"] - m0["prefix_cache_hits_total"]
     assert hits == sum(o["usage"]["prompt_tokens_details"]["cached_tokens"] for o in outs)
     # the metrics' DSpark figures (from traces) and the engine's counters agree
@@ -151,8 +159,7 @@ async def test_32_concurrent_k7_streams_each_equal_k0(k7_server, solo1, http):
 
     prompts = mixed_prompts(32, seed=300)
     want = [await asyncio.to_thread(solo1, p, 8) for p in prompts]
-    bodies = [{"prompt": p, "max_tokens": 8, "ignore_eos": True, "return_token_ids": True}
-              for p in prompts]
+    bodies = [{"prompt": p, "max_tokens": 8, "ignore_eos": True, "return_token_ids": True} for p in prompts]
     results = await asyncio.gather(*(stream_completion(http, k7_server.url, b) for b in bodies))
     for i, (r, w) in enumerate(zip(results, want)):
         assert r.errors == [] and r.done and r.token_ids == w, f"prompt {i} ({len(prompts[i])} tokens)"

@@ -1,4 +1,5 @@
 """The production topology's shape on CPU: 16 ranks, dp4/ep16/tp4, serving correct tokens."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,7 @@ MAX_TOKENS = 6
 def test_sixteen_rank_dp4_ep16_tp4_serves_the_one_rank_tokens(tiny_ckpt, solo1):
     """16 ranks (4 TP groups of 4, experts over all 16) must serve exactly the tokens one
     rank serves, and leave no rank behind on shutdown."""
-    server = ServerProcess(["--model", tiny_ckpt, "--dp", "4", "--tp", "4", "--ep", "16"],
-                           timeout_s=600)
+    server = ServerProcess(["--model", tiny_ckpt, "--dp", "4", "--tp", "4", "--ep", "16"], timeout_s=600)
     try:
         assert len(server.ranks) == 16
         for p in PROMPTS:

@@ -1,4 +1,5 @@
 """Served greedy tokens over HTTP, 4 ranks (dp2/tp2/ep4), against transformers in fp32."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,6 +37,7 @@ def test_token_id_prompt_tokens_equal_transformers_greedy(server4, reference, pr
 def test_completion_text_is_the_detokenised_token_ids(server4, tiny_ckpt):
     """The completion's text must be exactly the tokenizer's decoding of its token ids."""
     from tokenizers import Tokenizer
+
     tok = Tokenizer.from_file(f"{tiny_ckpt}/tokenizer.json")
     choice = server4.complete(TEXTS[2], 8)["choices"][0]
     assert choice["text"] == tok.decode(choice["token_ids"], skip_special_tokens=False)

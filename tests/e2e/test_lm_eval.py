@@ -1,6 +1,7 @@
 """lm-evaluation-harness against a real server: its local-completions model runs a
 loglikelihood (multiple-choice) task and a generate_until task from a local data file, and
 the loglikelihoods it reads from our echo + logprobs answers equal transformers'."""
+
 from __future__ import annotations
 
 import json
@@ -12,9 +13,11 @@ from tests.tie_rule import lowest_index_ties
 
 lm_eval = pytest.importorskip("lm_eval")
 
-DOCS = [{"question": "The capital of the moon is", "choices": [" cheese", " rock", " dust"], "answer": 1},
-        {"question": "Two plus two equals", "choices": [" four", " five"], "answer": 0},
-        {"question": "Water is made of", "choices": [" hydrogen and oxygen", " gold"], "answer": 0}]
+DOCS = [
+    {"question": "The capital of the moon is", "choices": [" cheese", " rock", " dust"], "answer": 1},
+    {"question": "Two plus two equals", "choices": [" four", " five"], "answer": 0},
+    {"question": "Water is made of", "choices": [" hydrogen and oxygen", " gold"], "answer": 0},
+]
 
 LL_TASK = """task: dspark_ll
 dataset_path: json
@@ -57,23 +60,35 @@ def tasks_dir(tmp_path_factory):
     return str(d)
 
 
-def test_lm_eval_loglikelihoods_equal_transformers_and_generate_until_runs(server1, tiny_ckpt, tasks_dir,
-                                                                           reference):
+def test_lm_eval_loglikelihoods_equal_transformers_and_generate_until_runs(server1, tiny_ckpt, tasks_dir, reference):
     """Both tasks must run to a metric; every (context, continuation) loglikelihood lm-eval
     got from the server must equal the sum of transformers' log_softmax over the
     continuation tokens (fp32 rounding), and is_greedy must match the reference argmax."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    model_args = {"base_url": server1.url + "/v1/completions", "tokenizer": tiny_ckpt,
-                  "tokenizer_backend": "huggingface", "tokenized_requests": True, "max_length": 512,
-                  "model": "tiny", "num_concurrent": 1, "max_retries": 1}
-    out = simple_evaluate(model="local-completions", model_args=model_args, tasks=["dspark_ll", "dspark_gen"],
-                          task_manager=TaskManager(include_path=tasks_dir), log_samples=True)
+    model_args = {
+        "base_url": server1.url + "/v1/completions",
+        "tokenizer": tiny_ckpt,
+        "tokenizer_backend": "huggingface",
+        "tokenized_requests": True,
+        "max_length": 512,
+        "model": "tiny",
+        "num_concurrent": 1,
+        "max_retries": 1,
+    }
+    out = simple_evaluate(
+        model="local-completions",
+        model_args=model_args,
+        tasks=["dspark_ll", "dspark_gen"],
+        task_manager=TaskManager(include_path=tasks_dir),
+        log_samples=True,
+    )
     assert "acc,none" in out["results"]["dspark_ll"]
     assert "exact_match,none" in out["results"]["dspark_gen"]
     assert len(out["samples"]["dspark_gen"]) == len(DOCS)
     from lm_eval.api.registry import get_model
+
     lm = get_model("local-completions")(**model_args)
     checked = 0
     for sample in out["samples"]["dspark_ll"]:

@@ -12,24 +12,44 @@ stream_options ...), so the generation paths, their 200 bodies and every SSE eve
 NOTE: schemathesis' pytest plugin (from_fixture) reads a private pytest attribute that
 pytest 9 dropped, so each route runs its own hypothesis test built from the schema.
 """
+
 from __future__ import annotations
 
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from schemathesis.checks import (content_type_conformance, not_a_server_error,
-                                 response_schema_conformance, status_code_conformance)
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from dspark_loop.api.openapi import ROUTES
 from tests.e2e.server import ServerProcess
 
 MAX_EXAMPLES = 20  # per route
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
-          response_schema_conformance]
-SAMPLING = ("temperature", "top_p", "top_k", "n", "best_of", "logprobs", "top_logprobs",
-            "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias",
-            "suffix", "tools", "tool_choice", "response_format", "thinking", "min_tokens")
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+SAMPLING = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "n",
+    "best_of",
+    "logprobs",
+    "top_logprobs",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "suffix",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "thinking",
+    "min_tokens",
+)
 TEXT = st.text(st.characters(codec="utf-8"), min_size=1, max_size=40)
 TOKENS = st.lists(st.integers(2, 1023), min_size=1, max_size=20)
 
@@ -65,16 +85,20 @@ def api_schema(fuzz_server):
     return schemathesis.openapi.from_url(fuzz_server.url + "/openapi.json")
 
 
-@pytest.mark.parametrize("method,path", [(r[0], r[1]) for r in ROUTES],
-                         ids=[f"{r[0].upper()} {r[1]}" for r in ROUTES])
+@pytest.mark.parametrize("method,path", [(r[0], r[1]) for r in ROUTES], ids=[f"{r[0].upper()} {r[1]}" for r in ROUTES])
 def test_every_generated_request_gets_a_documented_non_5xx_answer(api_schema, fuzz_server, method, path):
     """Any request schemathesis derives from the document for this route must get an
     answer that is not a 5xx and that matches the document."""
     operation = api_schema[path][method.upper()]
 
     @given(case=operation.as_strategy(), data=st.data())
-    @settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     def check(case, data):
         if isinstance(case.body, dict) and data.draw(st.booleans(), label="servable"):
             make_servable(path, case.body, data)

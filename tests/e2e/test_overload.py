@@ -1,5 +1,6 @@
 """A flood beyond --max-queued-requests: immediate 503s with Retry-After while the admitted
 requests complete with their correct greedy tokens."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,8 +19,7 @@ MAX_TOKENS = 24
 
 @pytest.fixture
 def small_server(tiny_ckpt):
-    server = ServerProcess(["--model", tiny_ckpt, "--max-num-seqs", "2",
-                            "--max-queued-requests", "3"])
+    server = ServerProcess(["--model", tiny_ckpt, "--max-num-seqs", "2", "--max-queued-requests", "3"])
     yield server
     assert server.stop() == 0
 
@@ -43,8 +43,7 @@ async def test_a_flood_gets_immediate_503s_while_admitted_requests_finish_correc
     503s; every 503 must carry Retry-After and server_overloaded and arrive before the
     last admitted stream ends; every admitted stream must equal its prompt served alone."""
     prompts = [token_prompt(10 + i, seed=300 + i) for i in range(NUM_FLOOD)]
-    bodies = [{"prompt": p, "max_tokens": MAX_TOKENS, "ignore_eos": True, "return_token_ids": True}
-              for p in prompts]
+    bodies = [{"prompt": p, "max_tokens": MAX_TOKENS, "ignore_eos": True, "return_token_ids": True} for p in prompts]
     answers = await asyncio.gather(*(send(http, small_server.url, b) for b in bodies))
     admitted = [(i, a) for i, a in enumerate(answers) if a[0] == 200]
     refused = [a for a in answers if a[0] != 200]

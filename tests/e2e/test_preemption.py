@@ -1,4 +1,5 @@
 """Preemption by recompute, forced by a tiny cache (4 pages per family), over HTTP."""
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -17,8 +18,7 @@ MAX_TOKENS = 14
 
 @pytest.fixture(scope="module")
 def small_cache_server(tiny_ckpt):
-    server = ServerProcess(["--model", tiny_ckpt, "--num-blocks", "4",
-                            "--max-num-batched-tokens", "64"])
+    server = ServerProcess(["--model", tiny_ckpt, "--num-blocks", "4", "--max-num-batched-tokens", "64"])
     yield server
     assert server.stop() == 0
 

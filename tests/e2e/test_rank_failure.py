@@ -1,6 +1,7 @@
 """A rank killed mid-stream with recovery off (--max-rank-restarts 0): every open request
 ends with an error, /health says 503, and no rank process is left behind.
 (With recovery on, test_rank_recovery.py.)"""
+
 from __future__ import annotations
 
 import asyncio
@@ -36,9 +37,12 @@ async def test_killed_rank_ends_every_open_stream_with_an_error(doomed_server, h
     server = doomed_server
     ranks = server.rank_pids()
     assert len(ranks) == 2
-    streams = [await open_stream(http, server.url, {"prompt": token_prompt(20 + i, seed=i),
-                                                     "max_tokens": 900, "ignore_eos": True})
-               for i in range(3)]
+    streams = [
+        await open_stream(
+            http, server.url, {"prompt": token_prompt(20 + i, seed=i), "max_tokens": 900, "ignore_eos": True}
+        )
+        for i in range(3)
+    ]
     readers = [asyncio.create_task(read_until_end(s)) for s in streams]
     await asyncio.sleep(1.0)  # tokens are flowing
     assert not any(r.done() for r in readers)

@@ -2,6 +2,7 @@
 running streams end with an error event, the waiting requests complete with their solo
 tokens after the whole mesh restarts, later requests give the tokens they gave before,
 the pools and leases are full again; a crash loop stops after --max-rank-restarts."""
+
 from __future__ import annotations
 
 import asyncio
@@ -50,21 +51,36 @@ async def test_a_lost_rank_fails_only_the_running_requests_and_the_mesh_comes_ba
     restarting, then 200; the waiting requests must finish with exactly their solo tokens;
     a later request must give the tokens it gave before the crash; the old ranks must be
     gone, the pools and leases full, and dspark:mesh_restarts_total 1."""
-    server = await asyncio.to_thread(ServerProcess, ["--model", tiny_ckpt, "--dp", "2", "--tp", "2",
-                                                     "--ep", "4", "--max-num-seqs", "2"])
+    server = await asyncio.to_thread(
+        ServerProcess, ["--model", tiny_ckpt, "--dp", "2", "--tp", "2", "--ep", "4", "--max-num-seqs", "2"]
+    )
     try:
         waiting_prompts = [token_prompt(20, seed=61), token_prompt(33, seed=62)]
-        solo = [(await asyncio.to_thread(server.complete, p, WAITING_TOKENS))["choices"][0]["token_ids"]
-                for p in waiting_prompts]
+        solo = [
+            (await asyncio.to_thread(server.complete, p, WAITING_TOKENS))["choices"][0]["token_ids"]
+            for p in waiting_prompts
+        ]
         probe = (await asyncio.to_thread(server.complete, [5, 6, 7], 8))["choices"][0]["token_ids"]
         old_ranks = server.rank_pids()
-        running = [await open_stream(http, server.url, {"prompt": token_prompt(12 + i, seed=70 + i),
-                                                        "max_tokens": RUNNING_TOKENS, "ignore_eos": True})
-                   for i in range(2)]
+        running = [
+            await open_stream(
+                http,
+                server.url,
+                {"prompt": token_prompt(12 + i, seed=70 + i), "max_tokens": RUNNING_TOKENS, "ignore_eos": True},
+            )
+            for i in range(2)
+        ]
         readers = [asyncio.create_task(read_all(s)) for s in running]
-        waiting = [asyncio.create_task(stream_completion(http, server.url, {
-            "prompt": p, "max_tokens": WAITING_TOKENS, "ignore_eos": True, "return_token_ids": True}))
-            for p in waiting_prompts]
+        waiting = [
+            asyncio.create_task(
+                stream_completion(
+                    http,
+                    server.url,
+                    {"prompt": p, "max_tokens": WAITING_TOKENS, "ignore_eos": True, "return_token_ids": True},
+                )
+            )
+            for p in waiting_prompts
+        ]
         await wait_waiting(server, 2)
         os.kill(old_ranks[3], sig)
         killed_at = time.monotonic()
@@ -94,8 +110,9 @@ async def test_a_crash_loop_stops_after_max_rank_restarts(tiny_ckpt):
     """With --max-rank-restarts 1 the first death must be repaired and the second must
     leave the server dead: /health 503 naming the spent budget, requests 503, no rank
     left, and a clean exit on SIGTERM."""
-    server = await asyncio.to_thread(ServerProcess, ["--model", tiny_ckpt, "--tp", "2", "--ep", "2",
-                                                     "--max-rank-restarts", "1"])
+    server = await asyncio.to_thread(
+        ServerProcess, ["--model", tiny_ckpt, "--tp", "2", "--ep", "2", "--max-rank-restarts", "1"]
+    )
     try:
         first = server.rank_pids()
         os.kill(first[0], signal.SIGKILL)

@@ -1,6 +1,7 @@
 """Sampling over HTTP: a seed's tokens on one rank == on dp2/tp2/ep4, alone or among 31
 other requests; n > 1 and batched prompts; logprobs (sampled and echoed prompt tokens)
 equal transformers' log_softmax."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,9 +12,19 @@ from tests.e2e.client import stream_completion
 from tests.e2e.prompts import mixed_prompts, token_prompt
 from tests.tie_rule import lowest_index_ties
 
-SEEDED = {"max_tokens": 20, "temperature": 0.8, "top_p": 0.9, "top_k": 50, "min_p": 0.02,
-          "presence_penalty": 0.3, "frequency_penalty": 0.2, "repetition_penalty": 1.1,
-          "seed": 1234, "ignore_eos": True, "return_token_ids": True}
+SEEDED = {
+    "max_tokens": 20,
+    "temperature": 0.8,
+    "top_p": 0.9,
+    "top_k": 50,
+    "min_p": 0.02,
+    "presence_penalty": 0.3,
+    "frequency_penalty": 0.2,
+    "repetition_penalty": 1.1,
+    "seed": 1234,
+    "ignore_eos": True,
+    "return_token_ids": True,
+}
 PROBE = token_prompt(37, seed=11)
 
 
@@ -23,8 +34,10 @@ async def test_a_seed_samples_the_same_tokens_on_every_topology_alone_and_among_
     alone1 = server1.complete(PROBE, **SEEDED)["choices"][0]["token_ids"]
     alone4 = server4.complete(PROBE, **SEEDED)["choices"][0]["token_ids"]
     assert alone1 == alone4
-    others = [{"prompt": p, "max_tokens": 12, "temperature": 1.0, "seed": i, "ignore_eos": True,
-               "return_token_ids": True} for i, p in enumerate(mixed_prompts(31))]
+    others = [
+        {"prompt": p, "max_tokens": 12, "temperature": 1.0, "seed": i, "ignore_eos": True, "return_token_ids": True}
+        for i, p in enumerate(mixed_prompts(31))
+    ]
     bodies = [{"prompt": PROBE, **SEEDED}] + others
     results = await asyncio.gather(*(stream_completion(http, server4.url, b) for b in bodies))
     assert results[0].token_ids == alone1
@@ -37,8 +50,15 @@ async def test_a_seed_samples_the_same_tokens_on_every_topology_alone_and_among_
 def test_n_choices_over_batched_prompts_come_back_indexed_and_reproducible(server4):
     """Two prompts x n=3 must give 6 choices indexed i*3+j; a prompt's choices differ (their
     own noise); the same request again gives the same choices; usage counts all of them."""
-    body = {"prompt": [PROBE, token_prompt(20, seed=4)], "n": 3, "max_tokens": 8, "temperature": 1.0,
-            "seed": 5, "ignore_eos": True, "return_token_ids": True}
+    body = {
+        "prompt": [PROBE, token_prompt(20, seed=4)],
+        "n": 3,
+        "max_tokens": 8,
+        "temperature": 1.0,
+        "seed": 5,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
     status, out = server4.post("/v1/completions", body)
     assert status == 200, out
     choices = out["choices"]
@@ -53,8 +73,15 @@ def test_n_choices_over_batched_prompts_come_back_indexed_and_reproducible(serve
 async def test_streamed_choices_carry_their_index_and_equal_the_whole_answer(server4, http):
     """n=2 streamed: each chunk names its choice; per index, the streamed tokens must equal
     the non-stream answer's."""
-    body = {"prompt": PROBE, "n": 2, "max_tokens": 10, "temperature": 0.9, "seed": 8, "ignore_eos": True,
-            "return_token_ids": True}
+    body = {
+        "prompt": PROBE,
+        "n": 2,
+        "max_tokens": 10,
+        "temperature": 0.9,
+        "seed": 8,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
     whole = server4.post("/v1/completions", body)[1]["choices"]
     r = await stream_completion(http, server4.url, body)
     assert r.errors == [] and r.done
@@ -70,9 +97,19 @@ def test_echoed_prompt_and_sampled_logprobs_equal_transformers_log_softmax(serve
     entries, every other token's logprob equals log_softmax of transformers' logits, and each
     top list holds the 2 best ids by logprob."""
     prompt = token_prompt(24, seed=6)
-    status, out = server4.post("/v1/completions", {"prompt": prompt, "max_tokens": 3, "echo": True,
-                                                   "logprobs": 2, "temperature": 0.7, "seed": 3,
-                                                   "ignore_eos": True, "return_token_ids": True})
+    status, out = server4.post(
+        "/v1/completions",
+        {
+            "prompt": prompt,
+            "max_tokens": 3,
+            "echo": True,
+            "logprobs": 2,
+            "temperature": 0.7,
+            "seed": 3,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+    )
     assert status == 200, out
     choice = out["choices"][0]
     seq = prompt + choice["token_ids"]
@@ -92,8 +129,16 @@ async def test_chat_n_choices_with_logprobs_stream_and_whole_agree(server4, http
     """Chat n=2 with logprobs: two indexed choices, each token's entry with a 2-long top list;
     the streamed deltas per index must spell the whole answer's messages; the same seed
     again gives the same answer."""
-    body = {"messages": [{"role": "user", "content": "Say something."}], "n": 2, "max_tokens": 6,
-            "temperature": 1.0, "seed": 21, "logprobs": True, "top_logprobs": 2, "ignore_eos": True}
+    body = {
+        "messages": [{"role": "user", "content": "Say something."}],
+        "n": 2,
+        "max_tokens": 6,
+        "temperature": 1.0,
+        "seed": 21,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "ignore_eos": True,
+    }
     status, out = server4.post("/v1/chat/completions", body)
     assert status == 200, out
     choices = out["choices"]

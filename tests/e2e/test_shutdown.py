@@ -1,5 +1,6 @@
 """SIGTERM drains (open streams finish, new requests 503, exit 0, no process left);
 SIGINT twice stops at once (open streams end with an error event, exit 0)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -27,30 +28,31 @@ async def wait_health(server: ServerProcess, status: int, timeout_s: float = 30)
 
 
 def token_ids(events: list) -> list[int]:
-    return [t for e in events if isinstance(e, dict) for c in e.get("choices", [])
-            for t in c.get("token_ids", [])]
+    return [t for e in events if isinstance(e, dict) for c in e.get("choices", []) for t in c.get("token_ids", [])]
 
 
 async def test_sigterm_lets_open_streams_finish_and_refuses_new_requests(tiny_ckpt, http):
     """After SIGTERM, /health must say 503 draining, a new request must get 503, the two
     open streams must still end with all their tokens (equal to each prompt served alone)
     and [DONE], and the server must exit 0 leaving no rank behind."""
-    server = await asyncio.to_thread(ServerProcess, ["--model", tiny_ckpt, "--tp", "2", "--ep", "2",
-                                                     "--shutdown-timeout", "120"])
+    server = await asyncio.to_thread(
+        ServerProcess, ["--model", tiny_ckpt, "--tp", "2", "--ep", "2", "--shutdown-timeout", "120"]
+    )
     try:
         ranks = server.rank_pids()
         prompts = [token_prompt(12, seed=41), token_prompt(30, seed=42)]
-        solo = [(await asyncio.to_thread(server.complete, p, MAX_TOKENS))["choices"][0]["token_ids"]
-                for p in prompts]
-        streams = [await open_stream(http, server.url, {"prompt": p, "max_tokens": MAX_TOKENS,
-                                                        "ignore_eos": True, "return_token_ids": True})
-                   for p in prompts]
+        solo = [(await asyncio.to_thread(server.complete, p, MAX_TOKENS))["choices"][0]["token_ids"] for p in prompts]
+        streams = [
+            await open_stream(
+                http, server.url, {"prompt": p, "max_tokens": MAX_TOKENS, "ignore_eos": True, "return_token_ids": True}
+            )
+            for p in prompts
+        ]
         readers = [asyncio.create_task(read_all(s)) for s in streams]
         server.proc.send_signal(signal.SIGTERM)
         assert '"draining"' in await wait_health(server, 503)
         assert not all(r.done() for r in readers)  # the drain really had streams to wait for
-        status, out = await asyncio.to_thread(server.post, "/v1/completions",
-                                              {"prompt": "hi", "max_tokens": 2})
+        status, out = await asyncio.to_thread(server.post, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
         assert status == 503 and out["error"]["code"] == "server_shutting_down"
         results = await asyncio.wait_for(asyncio.gather(*readers), timeout=120)
         for events, want in zip(results, solo):
@@ -66,12 +68,12 @@ async def test_sigterm_lets_open_streams_finish_and_refuses_new_requests(tiny_ck
 async def test_a_second_sigint_ends_open_streams_at_once_and_exits_cleanly(tiny_ckpt, http):
     """SIGINT starts a drain; a second SIGINT must end the open stream with an error event
     then [DONE], exit 0, and leave no rank behind."""
-    server = await asyncio.to_thread(ServerProcess, ["--model", tiny_ckpt, "--tp", "2", "--ep", "2",
-                                                     "--shutdown-timeout", "600"])
+    server = await asyncio.to_thread(
+        ServerProcess, ["--model", tiny_ckpt, "--tp", "2", "--ep", "2", "--shutdown-timeout", "600"]
+    )
     try:
         ranks = server.rank_pids()
-        stream = await open_stream(http, server.url, {"prompt": [5, 6, 7], "max_tokens": 900,
-                                                      "ignore_eos": True})
+        stream = await open_stream(http, server.url, {"prompt": [5, 6, 7], "max_tokens": 900, "ignore_eos": True})
         reader = asyncio.create_task(read_all(stream))
         server.proc.send_signal(signal.SIGINT)
         assert '"draining"' in await wait_health(server, 503)
@@ -95,9 +97,25 @@ def test_sigterm_while_the_ranks_load_cancels_the_start_up(tiny_ckpt):
 
     from tests.e2e.server import REPO, children_of, free_port
 
-    proc = subprocess.Popen([sys.executable, "-m", "dspark_loop", "--model", tiny_ckpt, "--tp", "2",
-                             "--ep", "2", "--port", str(free_port())], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=dict(os.environ))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dspark_loop",
+            "--model",
+            tiny_ckpt,
+            "--tp",
+            "2",
+            "--ep",
+            "2",
+            "--port",
+            str(free_port()),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ),
+    )
     try:
         deadline = time.monotonic() + 60
         while len(ranks := children_of(proc.pid)) < 2 and time.monotonic() < deadline:

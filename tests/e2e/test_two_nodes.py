@@ -3,6 +3,7 @@ two launches on loopback with different --node-rank, joined over ZeroMQ + torch.
 
 NOTE: both nodes share one network namespace here (loopback); test_two_nodes_netns.py runs
 node 1 in its own namespace where the machine allows it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -57,18 +58,30 @@ def test_wrong_secret_other_checkpoint_or_flags_on_node_1_are_refused(tiny_ckpt,
     each refusal; SIGTERM must then stop the waiting node 0 at once (not after
     --dist-timeout). (The timeout message itself: tests/integration/mesh/test_mesh_nodes.py.)"""
     from tools.make_checkpoint import make_checkpoint
-    other = make_checkpoint(str(tmp_path / "other"), size="tiny", seed=7, with_drafter=True,
-                            quiet=True)
+
+    other = make_checkpoint(str(tmp_path / "other"), size="tiny", seed=7, with_drafter=True, quiet=True)
     port = free_port_pair()
     node0 = ServerProcess(node_args(tiny_ckpt, port, 0), env=SECRET_ENV_VARS, wait=False)
     try:
         cases = [
-            (node_args(tiny_ckpt, port, 1), {"DSPARK_MESH_SECRET": "another-secret-0123456789"},
-             "could not prove it has our DSPARK_MESH_SECRET", "failed authentication"),
-            (node_args(other, port, 1), SECRET_ENV_VARS,
-             "node 0 refused this node: node 1 serves another checkpoint", "another checkpoint"),
-            (node_args(tiny_ckpt, port, 1, "--max-model-len", "512"), SECRET_ENV_VARS,
-             "max_model_len 512 (node 0: 1024)", "max_model_len 512"),
+            (
+                node_args(tiny_ckpt, port, 1),
+                {"DSPARK_MESH_SECRET": "another-secret-0123456789"},
+                "could not prove it has our DSPARK_MESH_SECRET",
+                "failed authentication",
+            ),
+            (
+                node_args(other, port, 1),
+                SECRET_ENV_VARS,
+                "node 0 refused this node: node 1 serves another checkpoint",
+                "another checkpoint",
+            ),
+            (
+                node_args(tiny_ckpt, port, 1, "--max-model-len", "512"),
+                SECRET_ENV_VARS,
+                "max_model_len 512 (node 0: 1024)",
+                "max_model_len 512",
+            ),
         ]
         for args, env, node1_says, node0_says in cases:
             node1 = NodeProcess(args, env=env)
@@ -94,15 +107,17 @@ async def test_losing_node_1_mid_stream_ends_every_stream_with_an_error(tiny_ckp
     node 1, then [DONE]; /health must say 503 and node 0's own ranks must be stopped.
     (Recovery from a lost node: test_two_nodes_recovery.py.)"""
     port = free_port_pair()
-    node0 = ServerProcess(node_args(tiny_ckpt, port, 0, "--max-rank-restarts", "0"),
-                          env=SECRET_ENV_VARS, wait=False)
+    node0 = ServerProcess(node_args(tiny_ckpt, port, 0, "--max-rank-restarts", "0"), env=SECRET_ENV_VARS, wait=False)
     node1 = NodeProcess(node_args(tiny_ckpt, port, 1), env=SECRET_ENV_VARS)
     try:
         await asyncio.to_thread(node0.wait_ready, 300)
         ranks0 = node0.rank_pids()
-        streams = [await open_stream(http, node0.url, {"prompt": token_prompt(20 + i, seed=i),
-                                                        "max_tokens": 900, "ignore_eos": True})
-                   for i in range(3)]
+        streams = [
+            await open_stream(
+                http, node0.url, {"prompt": token_prompt(20 + i, seed=i), "max_tokens": 900, "ignore_eos": True}
+            )
+            for i in range(3)
+        ]
         readers = [asyncio.create_task(read_until_end(s)) for s in streams]
         await asyncio.sleep(1.0)  # tokens are flowing
         assert not any(r.done() for r in readers)

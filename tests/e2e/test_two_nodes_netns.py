@@ -1,6 +1,7 @@
 """Two "hosts" in two network namespaces of one machine: node 1 sees node 0 only through a
 veth pair (10.213.x.1 <-> 10.213.x.2), as a separate host would. Needs root and `ip netns`;
 skipped elsewhere."""
+
 from __future__ import annotations
 
 import os
@@ -48,18 +49,23 @@ def namespace():
 
 
 @pytest.mark.slow
-def test_two_nodes_in_separate_network_namespaces_serve_the_single_host_tokens(
-        namespace, tiny_ckpt, solo4):
+def test_two_nodes_in_separate_network_namespaces_serve_the_single_host_tokens(namespace, tiny_ckpt, solo4):
     """Node 1 in its own network namespace, reaching node 0 only over a veth pair, must join
     and serve exactly the single-host greedy tokens; both must shut down cleanly."""
     ns, address, here, there = namespace
     port = free_port_pair()
     args = [a.replace("127.0.0.1", address) for a in node_args(tiny_ckpt, port, 1)]
     # NOTE: gloo must listen on the veth (the hostname resolves to no address in the namespace).
-    node1 = NodeProcess(["--log-level", "info", *args], env={**SECRET_ENV_VARS, "GLOO_SOCKET_IFNAME": there},
-                        prefix=["ip", "netns", "exec", ns, sys.executable])
-    node0 = ServerProcess([a.replace("127.0.0.1", address) for a in node_args(tiny_ckpt, port, 0)],
-                          env={**SECRET_ENV_VARS, "GLOO_SOCKET_IFNAME": here}, wait=False)
+    node1 = NodeProcess(
+        ["--log-level", "info", *args],
+        env={**SECRET_ENV_VARS, "GLOO_SOCKET_IFNAME": there},
+        prefix=["ip", "netns", "exec", ns, sys.executable],
+    )
+    node0 = ServerProcess(
+        [a.replace("127.0.0.1", address) for a in node_args(tiny_ckpt, port, 0)],
+        env={**SECRET_ENV_VARS, "GLOO_SOCKET_IFNAME": here},
+        wait=False,
+    )
     try:
         node0.wait_ready(300)
         for prompt in PROMPTS:

@@ -1,6 +1,7 @@
 """Recovery across two "hosts" (loopback, as test_two_nodes.py): node 1 is lost mid-stream
 (SIGKILL of its agent and ranks), node 0 restarts its mesh and waits for node 1; once node
 1's command is run again the server serves the tokens it served before the loss."""
+
 from __future__ import annotations
 
 import asyncio
@@ -31,12 +32,14 @@ async def test_a_lost_node_rejoins_and_the_server_serves_the_same_greedy_tokens(
     node1 = NodeProcess(node_args(tiny_ckpt, port, 1), env=SECRET_ENV_VARS)
     try:
         await asyncio.to_thread(node0.wait_ready, 300)
-        before = [(await asyncio.to_thread(node0.complete, p, MAX_TOKENS))["choices"][0]["token_ids"]
-                  for p in PROBES]
+        before = [(await asyncio.to_thread(node0.complete, p, MAX_TOKENS))["choices"][0]["token_ids"] for p in PROBES]
         old_ranks = node0.rank_pids()
-        streams = [await open_stream(http, node0.url, {"prompt": token_prompt(20 + i, seed=i),
-                                                        "max_tokens": 900, "ignore_eos": True})
-                   for i in range(2)]
+        streams = [
+            await open_stream(
+                http, node0.url, {"prompt": token_prompt(20 + i, seed=i), "max_tokens": 900, "ignore_eos": True}
+            )
+            for i in range(2)
+        ]
         readers = [asyncio.create_task(read_all(s)) for s in streams]
         await asyncio.sleep(1.0)  # tokens are flowing
         assert not any(r.done() for r in readers)
@@ -52,8 +55,7 @@ async def test_a_lost_node_rejoins_and_the_server_serves_the_same_greedy_tokens(
         status, body = await wait_health(node0, 200, timeout_s=300)
         assert status == 200, (body, node0.log()[-3000:])
         serving_after_s = time.monotonic() - lost_at
-        after = [(await asyncio.to_thread(node0.complete, p, MAX_TOKENS))["choices"][0]["token_ids"]
-                 for p in PROBES]
+        after = [(await asyncio.to_thread(node0.complete, p, MAX_TOKENS))["choices"][0]["token_ids"] for p in PROBES]
         assert after == before
         assert await asyncio.to_thread(wait_gone, old_ranks + gone, 10) == []
         assert pools_full(await asyncio.to_thread(node0.wait_idle))

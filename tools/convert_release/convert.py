@@ -4,6 +4,7 @@ and the completed marker.
 
     SRC/model-0000k-of-0000N.safetensors --(FP8/FP4 -> fp32 -> bf16 | W8A8)--> OUT/same name
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,14 @@ from tools.convert_release.plan import Plan, TensorJob, build_plan
 from tools.convert_release.shard_writer import ShardWriter
 from tools.convert_release.transcode import convert_tensor
 
-SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
-              "special_tokens_map.json", "chat_template.jinja", "LICENSE")
+SIDE_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "LICENSE",
+)
 REQUIRED_SIDE_FILES = ("tokenizer.json",)
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -38,7 +45,7 @@ class Summary:
 
     @property
     def mb_per_s(self) -> float:
-        return self.bytes_in / 2 ** 20 / max(self.seconds, 1e-9)
+        return self.bytes_in / 2**20 / max(self.seconds, 1e-9)
 
 
 def peak_rss_mb() -> float:
@@ -63,10 +70,12 @@ def _write_json(path: str, obj: dict) -> None:
 
 def _convert_shard(plan: Plan, file_name: str, jobs: list[TensorJob], out_dir: str, quiet: bool) -> int:
     from tqdm import tqdm
+
     partial = partial_path(out_dir, file_name)
     writer = ShardWriter(partial, [o for job in jobs for o in job.outputs()])
-    bar = tqdm(total=sum(j.source_bytes for j in jobs), unit="B", unit_scale=True, desc=file_name,
-               disable=quiet, leave=False)
+    bar = tqdm(
+        total=sum(j.source_bytes for j in jobs), unit="B", unit_scale=True, desc=file_name, disable=quiet, leave=False
+    )
     try:
         for job in jobs:
             convert_tensor(job, plan.shards, writer, plan.block, bar.update)
@@ -89,8 +98,10 @@ def _finish(plan: Plan, out_dir: str) -> None:
                 weight_map[name] = file_name
     for file_name in plan.jobs:
         total += os.path.getsize(os.path.join(out_dir, file_name))
-    _write_json(os.path.join(out_dir, INDEX_FILE),
-                {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
+    _write_json(
+        os.path.join(out_dir, INDEX_FILE),
+        {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
+    )
     for name in SIDE_FILES:
         if os.path.isfile(os.path.join(plan.src_dir, name)):
             shutil.copyfile(os.path.join(plan.src_dir, name), os.path.join(out_dir, name))
@@ -106,16 +117,25 @@ def describe(plan: Plan) -> str:
         for job in jobs:
             kinds[job.kind] = kinds.get(job.kind, 0) + 1
     num_q = sum(j.quantize for jobs in plan.jobs.values() for j in jobs)
-    src_mb = sum(s.size for s in plan.shards.values()) / 2 ** 20
+    src_mb = sum(s.size for s in plan.shards.values()) / 2**20
     drafter = f"DSpark drafter {plan.cfg.dspark.num_stages} stages" if plan.cfg.dspark else "no drafter"
-    return (f"{len(plan.shards)} shards, {src_mb:.1f} MiB; tensors: " +
-            ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) +
-            f"; {num_q} to W8A8; {drafter}; FP8 block {plan.block[0]}x{plan.block[1]}" +
-            (f"; {len(plan.unchecked)} mtp.* tensors carried without a shape check" if plan.unchecked else ""))
+    return (
+        f"{len(plan.shards)} shards, {src_mb:.1f} MiB; tensors: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+        + f"; {num_q} to W8A8; {drafter}; FP8 block {plan.block[0]}x{plan.block[1]}"
+        + (f"; {len(plan.unchecked)} mtp.* tensors carried without a shape check" if plan.unchecked else "")
+    )
 
 
-def convert(src_dir: str, out_dir: str, fmt: str = "w8a8", resume: bool = False, dry_run: bool = False,
-            quiet: bool = False, log=print) -> Summary | None:
+def convert(
+    src_dir: str,
+    out_dir: str,
+    fmt: str = "w8a8",
+    resume: bool = False,
+    dry_run: bool = False,
+    quiet: bool = False,
+    log=print,
+) -> Summary | None:
     src_dir, out_dir = os.path.abspath(src_dir), os.path.abspath(out_dir)
     if os.path.realpath(src_dir) == os.path.realpath(out_dir):
         raise ReleaseError("OUT must differ from SRC")
@@ -128,8 +148,9 @@ def convert(src_dir: str, out_dir: str, fmt: str = "w8a8", resume: bool = False,
         if dry_run:
             return None
         t0 = time.perf_counter()
-        marker = Marker.start(out_dir, fmt, source_hash(os.path.join(src_dir, "config.json"), plan.shards),
-                              plan.block, resume)
+        marker = Marker.start(
+            out_dir, fmt, source_hash(os.path.join(src_dir, "config.json"), plan.shards), plan.block, resume
+        )
         converted = bytes_in = bytes_out = 0
         for file_name in sorted(plan.jobs):
             if marker.is_done(file_name):
@@ -143,11 +164,20 @@ def convert(src_dir: str, out_dir: str, fmt: str = "w8a8", resume: bool = False,
         if not marker.state["complete"]:
             _finish(plan, out_dir)
             marker.finish()
-        summary = Summary(len(plan.jobs), converted, sum(len(j) for j in plan.jobs.values()), bytes_in,
-                          bytes_out, time.perf_counter() - t0, peak_rss_mb())
-        log(f"converted {summary.num_converted}/{summary.num_shards} shards "
-            f"({summary.bytes_in / 2 ** 20:.1f} MiB -> {summary.bytes_out / 2 ** 20:.1f} MiB) in "
-            f"{summary.seconds:.2f} s, {summary.mb_per_s:.1f} MiB/s, peak RSS {summary.peak_rss_mb:.0f} MiB")
+        summary = Summary(
+            len(plan.jobs),
+            converted,
+            sum(len(j) for j in plan.jobs.values()),
+            bytes_in,
+            bytes_out,
+            time.perf_counter() - t0,
+            peak_rss_mb(),
+        )
+        log(
+            f"converted {summary.num_converted}/{summary.num_shards} shards "
+            f"({summary.bytes_in / 2**20:.1f} MiB -> {summary.bytes_out / 2**20:.1f} MiB) in "
+            f"{summary.seconds:.2f} s, {summary.mb_per_s:.1f} MiB/s, peak RSS {summary.peak_rss_mb:.0f} MiB"
+        )
         return summary
     finally:
         plan.close()

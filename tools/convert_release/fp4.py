@@ -5,6 +5,7 @@ e2m1: sign (bit 3) | 2 exponent bits (bias 1) | 1 mantissa bit; codes 0..7 are
 [out, in/2]: byte j of a row holds input 2j in its LOW nibble and input 2j+1 in its high
 nibble. The scale [out, in/32] (e8m0) multiplies inputs 32k .. 32k+31 of its row.
 """
+
 from __future__ import annotations
 
 import numpy as np

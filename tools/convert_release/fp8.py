@@ -16,6 +16,7 @@ Block layout of a [out, in] weight with scale [ceil(out/bo), ceil(in/bi)]:
 Dequantisation is exact in fp32: an e4m3 value times a power of two keeps its 4
 significant bits.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,14 +29,15 @@ def _e4m3_table() -> np.ndarray:
     sign = np.where(codes & 0x80, -1.0, 1.0)
     exp = (codes >> 3) & 0xF
     man = codes & 0x7
-    mag = np.where(exp == 0, man / 8.0 * 2.0 ** -6, (1 + man / 8.0) * 2.0 ** (exp - 7))
+    mag = np.where(exp == 0, man / 8.0 * 2.0**-6, (1 + man / 8.0) * 2.0 ** (exp - 7))
     mag = np.where((exp == 15) & (man == 7), np.nan, mag)
     return (sign * mag).astype(np.float32)
 
 
 E4M3_TO_F32 = _e4m3_table()  # [256] fp32, code -> value
-E8M0_TO_F32 = np.array([np.ldexp(np.float32(1.0), c - 127) for c in range(255)] + [np.nan],
-                       dtype=np.float32)  # [256] fp32, code -> 2^(code-127), 255 -> NaN
+E8M0_TO_F32 = np.array(
+    [np.ldexp(np.float32(1.0), c - 127) for c in range(255)] + [np.nan], dtype=np.float32
+)  # [256] fp32, code -> 2^(code-127), 255 -> NaN
 E8M0_NAN = 255
 
 

@@ -5,6 +5,7 @@ converter's idea of a complete checkpoint is the loader's. The drafter stages mt
 are expected when config.json carries the dspark_* keys; without them, mtp.* tensors
 (e.g. a plain MTP module) are converted by the same rules but not shape-checked.
 """
+
 from __future__ import annotations
 
 from dspark_loop.model_config import ModelConfig
@@ -22,14 +23,24 @@ def read_model_config(raw: dict) -> ModelConfig:
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    p = {"hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
-         "head_dim": cfg.head_dim, "q_lora_rank": cfg.q_lora_rank, "o_groups": cfg.o_groups,
-         "o_lora_rank": cfg.o_lora_rank, "n_routed_experts": cfg.n_routed_experts,
-         "moe_intermediate_size": cfg.moe_intermediate_size, "num_experts_per_tok": cfg.num_experts_per_tok,
-         "compress_rate_csa": cfg.csa_ratio, "index_n_heads": cfg.index_n_heads,
-         "index_head_dim": cfg.index_head_dim, "vocab_size": cfg.vocab_size,
-         "compress_ratios": list(cfg.compress_ratios), "num_hash_layers": cfg.num_hash_layers,
-         "dspark_markov_rank": cfg.dspark.markov_rank if cfg.dspark else 0}
+    p = {
+        "hidden_size": cfg.hidden_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "head_dim": cfg.head_dim,
+        "q_lora_rank": cfg.q_lora_rank,
+        "o_groups": cfg.o_groups,
+        "o_lora_rank": cfg.o_lora_rank,
+        "n_routed_experts": cfg.n_routed_experts,
+        "moe_intermediate_size": cfg.moe_intermediate_size,
+        "num_experts_per_tok": cfg.num_experts_per_tok,
+        "compress_rate_csa": cfg.csa_ratio,
+        "index_n_heads": cfg.index_n_heads,
+        "index_head_dim": cfg.index_head_dim,
+        "vocab_size": cfg.vocab_size,
+        "compress_ratios": list(cfg.compress_ratios),
+        "num_hash_layers": cfg.num_hash_layers,
+        "dspark_markov_rank": cfg.dspark.markov_rank if cfg.dspark else 0,
+    }
     specs = trunk_tensors(p)
     if cfg.dspark is not None:
         specs += drafter_tensors(p, cfg.dspark.num_stages)

@@ -12,6 +12,7 @@ redone. `complete` turns true after config.json, the tokenizer and the index are
 conversion). The source hash covers config.json and every shard's name, size and header:
 the identity of the checkpoint, in milliseconds, without reading the weights.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,16 +46,21 @@ def partial_path(out_dir: str, file_name: str) -> str:
 class Marker:
     def __init__(self, out_dir: str, fmt: str, source_sha256: str, block: tuple[int, int]) -> None:
         self.out_dir = out_dir
-        self.state = {"converter": VERSION, "format": fmt, "source_sha256": source_sha256,
-                      "block": list(block), "shards": {}, "complete": False}
+        self.state = {
+            "converter": VERSION,
+            "format": fmt,
+            "source_sha256": source_sha256,
+            "block": list(block),
+            "shards": {},
+            "complete": False,
+        }
 
     @property
     def path(self) -> str:
         return os.path.join(self.out_dir, MARKER_FILE)
 
     @classmethod
-    def start(cls, out_dir: str, fmt: str, source_sha256: str, block: tuple[int, int],
-              resume: bool) -> Marker:
+    def start(cls, out_dir: str, fmt: str, source_sha256: str, block: tuple[int, int], resume: bool) -> Marker:
         """A fresh marker in an empty OUT, or the one a killed run left (--resume)."""
         marker = cls(out_dir, fmt, source_sha256, block)
         exists = os.path.isdir(out_dir) and os.listdir(out_dir)
@@ -63,19 +69,25 @@ class Marker:
             marker.save()
             return marker
         if not resume:
-            raise ReleaseError(f"OUT {out_dir} is not empty; pass --resume to continue an interrupted "
-                               f"conversion, or choose a new directory")
+            raise ReleaseError(
+                f"OUT {out_dir} is not empty; pass --resume to continue an interrupted "
+                f"conversion, or choose a new directory"
+            )
         if not os.path.isfile(marker.path):
-            raise ReleaseError(f"--resume: OUT {out_dir} has no {MARKER_FILE}, so it is not a conversion "
-                               f"this tool started")
+            raise ReleaseError(
+                f"--resume: OUT {out_dir} has no {MARKER_FILE}, so it is not a conversion this tool started"
+            )
         with open(marker.path, encoding="utf-8") as f:
             old = json.load(f)
         for key, flag in (("format", "--format"), ("source_sha256", "SRC"), ("block", "SRC")):
             if old.get(key) != marker.state[key]:
-                raise ReleaseError(f"--resume: OUT was converted with {key}={old.get(key)!r}, this run "
-                                   f"has {marker.state[key]!r} (a different {flag})")
-        marker.state["shards"] = {name: rec for name, rec in old.get("shards", {}).items()
-                                  if _whole(out_dir, name, rec)}
+                raise ReleaseError(
+                    f"--resume: OUT was converted with {key}={old.get(key)!r}, this run "
+                    f"has {marker.state[key]!r} (a different {flag})"
+                )
+        marker.state["shards"] = {
+            name: rec for name, rec in old.get("shards", {}).items() if _whole(out_dir, name, rec)
+        }
         marker.state["complete"] = bool(old.get("complete")) and len(marker.state["shards"]) == len(old["shards"])
         for name in os.listdir(out_dir):  # a killed run's half-written shard
             if name.startswith(PARTIAL_PREFIX) and name.endswith(PARTIAL_SUFFIX):

@@ -14,14 +14,17 @@ stored dtype, so a release that keeps one of these in BF16 converts too):
 - BF16 without a scale: everything else (embed, head, norms, compressors, indexer
   compressor and weights_proj, router gate.weight, main_proj, Markov and confidence heads).
 """
+
 from __future__ import annotations
 
 import re
 
 from dspark_loop.checkpoint_names import native_name
 
-FP8_WEIGHT = re.compile(r"(^|\.)(attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)|"
-                        r"ffn\.shared_experts\.w[123])\.weight$")
+FP8_WEIGHT = re.compile(
+    r"(^|\.)(attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)|"
+    r"ffn\.shared_experts\.w[123])\.weight$"
+)
 FP4_WEIGHT = re.compile(r"(^|\.)ffn\.experts\.\d+\.w[123]\.weight$")
 F32_TENSOR = re.compile(r"(^|\.)(hc_\w+|attn\.attn_sink|ape|gate\.bias)$")
 SCALE_SUFFIX = ".scale"
@@ -34,7 +37,7 @@ def release_name(name: str) -> str:
 
 
 def scale_of(weight_name: str) -> str:
-    """"layers.0.attn.wq_b.weight" -> "layers.0.attn.wq_b.scale"."""
+    """ "layers.0.attn.wq_b.weight" -> "layers.0.attn.wq_b.scale"."""
     return weight_name[: -len("weight")] + SCALE_SUFFIX[1:]
 
 

@@ -4,6 +4,7 @@ TensorJob (what to read, how to decode it, what to write), grouped by source sha
 Everything here reads headers only, so `--dry-run` validates a full release in seconds
 and a bad input stops before a byte is written, with a message naming the tensor.
 """
+
 from __future__ import annotations
 
 import glob
@@ -37,8 +38,10 @@ class TensorJob:
 
     def outputs(self) -> list[tuple[str, str, tuple[int, ...]]]:
         if self.quantize:
-            return [(self.name, "I8", self.shape),
-                    (w8a8_rules.scale_tensor_name(self.name, "scale"), "F32", self.shape[:1])]
+            return [
+                (self.name, "I8", self.shape),
+                (w8a8_rules.scale_tensor_name(self.name, "scale"), "F32", self.shape[:1]),
+            ]
         if self.kind in ("fp8", "fp4"):
             return [(self.name, "BF16", self.shape)]
         return [(self.name, self.source.dtype, self.shape)]
@@ -87,8 +90,15 @@ def _block_size(config: dict) -> tuple[int, int]:
     return int(block[0]), int(block[1])
 
 
-def _scaled_job(name: str, shard: str, e: TensorEntry, fmt: str, block: tuple[int, int],
-                where: dict[str, tuple[str, TensorEntry]], has_qc: bool) -> TensorJob:
+def _scaled_job(
+    name: str,
+    shard: str,
+    e: TensorEntry,
+    fmt: str,
+    block: tuple[int, int],
+    where: dict[str, tuple[str, TensorEntry]],
+    has_qc: bool,
+) -> TensorJob:
     """An FP8 (F8_E4M3) or FP4 (I8 routed expert) weight with its e8m0 `.scale` sibling."""
     fp8 = e.dtype == "F8_E4M3"
     if len(e.shape) != 2:
@@ -103,22 +113,40 @@ def _scaled_job(name: str, shard: str, e: TensorEntry, fmt: str, block: tuple[in
     if scale_name not in where:
         raise ReleaseError(f"tensor {name} is {e.dtype} but its scale {scale_name} is missing")
     scale_shard, s = where[scale_name]
-    want = ((-(-out_dim // block[0]), -(-in_dim // block[1])) if fp8 else (out_dim, in_dim // FP4_GROUP))
+    want = (-(-out_dim // block[0]), -(-in_dim // block[1])) if fp8 else (out_dim, in_dim // FP4_GROUP)
     if s.dtype != "F8_E8M0" or s.shape != want:
         what = f"{block[0]}x{block[1]}-block FP8" if fp8 else f"FP4 (one scale per {FP4_GROUP} inputs)"
-        raise ReleaseError(f"tensor {scale_name}: {s.dtype} {list(s.shape)}, expected F8_E8M0 "
-                           f"{list(want)} for the {what} weight {name} [{out_dim}, {in_dim}]")
-    return TensorJob(name, "fp8" if fp8 else "fp4", shard, e, (out_dim, in_dim),
-                     fmt == "w8a8" and w8a8_rules.is_quantized(name), scale_shard, s)
+        raise ReleaseError(
+            f"tensor {scale_name}: {s.dtype} {list(s.shape)}, expected F8_E8M0 "
+            f"{list(want)} for the {what} weight {name} [{out_dim}, {in_dim}]"
+        )
+    return TensorJob(
+        name,
+        "fp8" if fp8 else "fp4",
+        shard,
+        e,
+        (out_dim, in_dim),
+        fmt == "w8a8" and w8a8_rules.is_quantized(name),
+        scale_shard,
+        s,
+    )
 
 
-def _job(name: str, shard: str, e: TensorEntry, fmt: str, block: tuple[int, int],
-         where: dict[str, tuple[str, TensorEntry]], has_qc: bool) -> TensorJob:
+def _job(
+    name: str,
+    shard: str,
+    e: TensorEntry,
+    fmt: str,
+    block: tuple[int, int],
+    where: dict[str, tuple[str, TensorEntry]],
+    has_qc: bool,
+) -> TensorJob:
     if e.dtype == "F8_E4M3" or (e.dtype in ("I8", "U8") and FP4_WEIGHT.search(name)):
         return _scaled_job(name, shard, e, fmt, block, where, has_qc)
     if e.dtype in ("I8", "U8"):
-        raise ReleaseError(f"tensor {name} is {e.dtype} outside the routed experts: not a release "
-                           f"checkpoint (already W8A8?)")
+        raise ReleaseError(
+            f"tensor {name} is {e.dtype} outside the routed experts: not a release checkpoint (already W8A8?)"
+        )
     if e.dtype in FLOATS:
         if name.endswith(".weight") and scale_of(name) in where:
             raise ReleaseError(f"tensor {name} is {e.dtype} but has a scale {scale_of(name)}")
@@ -165,12 +193,16 @@ def build_plan(src_dir: str, fmt: str) -> Plan:
         elif name not in expected:
             unexpected.append(name)
         elif job.shape != expected[name]:
-            raise ReleaseError(f"tensor {name}: shape {list(job.shape)} (stored {entry.dtype} "
-                               f"{list(entry.shape)}), config.json implies {list(expected[name])}")
+            raise ReleaseError(
+                f"tensor {name}: shape {list(job.shape)} (stored {entry.dtype} "
+                f"{list(entry.shape)}), config.json implies {list(expected[name])}"
+            )
         plan.jobs.setdefault(file_name, []).append(job)
     missing = sorted(set(expected) - set(where))
     if missing or unexpected:
-        raise ReleaseError(f"checkpoint does not match config.json: missing tensors {missing[:10]}"
-                           f"{' ...' if len(missing) > 10 else ''} ({len(missing)}), unexpected "
-                           f"tensors {unexpected[:10]}{' ...' if len(unexpected) > 10 else ''} ({len(unexpected)})")
+        raise ReleaseError(
+            f"checkpoint does not match config.json: missing tensors {missing[:10]}"
+            f"{' ...' if len(missing) > 10 else ''} ({len(missing)}), unexpected "
+            f"tensors {unexpected[:10]}{' ...' if len(unexpected) > 10 else ''} ({len(unexpected)})"
+        )
     return plan

@@ -5,6 +5,7 @@ checked against the file: a truncated shard or a tensor whose byte count does no
 its shape is reported by name before any data is read. Rows are read with os.pread into
 fresh buffers, so memory holds only the band being converted (no mmap in the RSS).
 """
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,20 @@ import numpy as np
 from tools.convert_release.errors import ReleaseError
 
 # safetensors dtype -> numpy dtype of the raw stored elements (FP8 as uint8, BF16 as uint16)
-RAW_DTYPES = {"F8_E4M3": np.uint8, "F8_E8M0": np.uint8, "U8": np.uint8, "I8": np.int8,
-              "BOOL": np.bool_, "BF16": np.uint16, "F16": np.float16, "I16": np.int16,
-              "F32": np.float32, "I32": np.int32, "F64": np.float64, "I64": np.int64}
+RAW_DTYPES = {
+    "F8_E4M3": np.uint8,
+    "F8_E8M0": np.uint8,
+    "U8": np.uint8,
+    "I8": np.int8,
+    "BOOL": np.bool_,
+    "BF16": np.uint16,
+    "F16": np.float16,
+    "I16": np.int16,
+    "F32": np.float32,
+    "I32": np.int32,
+    "F64": np.float64,
+    "I64": np.int64,
+}
 MAX_HEADER_BYTES = 100 << 20
 
 
@@ -54,8 +66,10 @@ class Shard:
                 raise ReleaseError(f"shard {self.file_name} is truncated: {self.size} bytes, no header")
             (header_len,) = struct.unpack("<Q", head)
             if header_len > min(MAX_HEADER_BYTES, self.size - 8):
-                raise ReleaseError(f"shard {self.file_name} is truncated or not safetensors: header "
-                                   f"length {header_len} with {self.size} bytes in the file")
+                raise ReleaseError(
+                    f"shard {self.file_name} is truncated or not safetensors: header "
+                    f"length {header_len} with {self.size} bytes in the file"
+                )
             self.header_bytes = f.read(header_len)
         try:
             header = json.loads(self.header_bytes)
@@ -75,11 +89,14 @@ class Shard:
         begin, end = (int(x) for x in info["data_offsets"])
         want = int(np.prod(shape, dtype=np.int64)) * np.dtype(RAW_DTYPES[dtype]).itemsize
         if end - begin != want:
-            raise ReleaseError(f"tensor {name} in {self.file_name}: {end - begin} bytes for "
-                               f"{dtype} {list(shape)} (needs {want})")
+            raise ReleaseError(
+                f"tensor {name} in {self.file_name}: {end - begin} bytes for {dtype} {list(shape)} (needs {want})"
+            )
         if data_start + end > self.size:
-            raise ReleaseError(f"shard {self.file_name} is truncated: tensor {name} ends at byte "
-                               f"{data_start + end}, the file has {self.size}")
+            raise ReleaseError(
+                f"shard {self.file_name} is truncated: tensor {name} ends at byte "
+                f"{data_start + end}, the file has {self.size}"
+            )
         return TensorEntry(name, dtype, shape, data_start + begin, data_start + end)
 
     def read_rows(self, entry: TensorEntry, row0: int = 0, row1: int | None = None) -> np.ndarray:

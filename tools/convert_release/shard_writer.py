@@ -4,6 +4,7 @@ tensors arrive row band by row band, in any order, and land at their planned off
 Output is byte-stable: tensors in name order, a sorted compact JSON header padded with
 spaces to 8 bytes, fixed metadata. close() refuses a file with any byte not written.
 """
+
 from __future__ import annotations
 
 import json

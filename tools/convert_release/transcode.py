@@ -4,6 +4,7 @@ write bf16, W8A8 (int8 rows + fp32 per-row scale) or the stored bytes unchanged.
 A band holds about BAND_BYTES of fp32 values (FP8 bands are whole 128-row blocks), so
 memory stays bounded by the band, never by the tensor or the shard.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -30,8 +31,9 @@ def _check_scales(job: TensorJob, codes: np.ndarray, row0: int) -> None:
     bad = np.argwhere(codes == fp8.E8M0_NAN)
     if len(bad):
         r, c = (int(x) for x in bad[0])
-        raise ReleaseError(f"tensor {job.scale.name}: NaN scale (e8m0 code 0xFF) at "
-                           f"[{row0 + r}, {c}], {len(bad)} in this band")
+        raise ReleaseError(
+            f"tensor {job.scale.name}: NaN scale (e8m0 code 0xFF) at [{row0 + r}, {c}], {len(bad)} in this band"
+        )
 
 
 def _check_finite(job: TensorJob, values: np.ndarray, row0: int) -> None:
@@ -42,8 +44,9 @@ def _check_finite(job: TensorJob, values: np.ndarray, row0: int) -> None:
         raise ReleaseError(f"tensor {job.source.name}: NaN/inf value at {where}")
 
 
-def _decoded_bands(job: TensorJob, shards: dict[str, Shard], block: tuple[int, int]
-                   ) -> Iterator[tuple[int, np.ndarray, int]]:
+def _decoded_bands(
+    job: TensorJob, shards: dict[str, Shard], block: tuple[int, int]
+) -> Iterator[tuple[int, np.ndarray, int]]:
     """(row0, fp32 values [rows, ...], source bytes read) per band."""
     src = shards[job.shard]
     rows = job.source.num_rows
@@ -81,8 +84,9 @@ def _to_f32(entry: TensorEntry, raw: np.ndarray) -> np.ndarray:
     return bf16_bits_to_f32(raw) if entry.dtype == "BF16" else raw.astype(np.float32)
 
 
-def convert_tensor(job: TensorJob, shards: dict[str, Shard], writer, block: tuple[int, int],
-                   on_bytes: Callable[[int], None]) -> None:
+def convert_tensor(
+    job: TensorJob, shards: dict[str, Shard], writer, block: tuple[int, int], on_bytes: Callable[[int], None]
+) -> None:
     if job.kind in ("float", "int") and not job.quantize:
         for r0, raw in _raw_bands(job, shards[job.shard]):
             if job.kind == "float":

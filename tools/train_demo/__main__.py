@@ -4,6 +4,7 @@
 Each stage reads the previous stage's output under DIR and writes its own; DIR/train.log
 collects every stage's log lines; --resume continues a stage from DIR/<stage>/state.pt.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,9 @@ STAGES = ("tokenizer", "target", "drafter")
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(prog="python -m tools.train_demo", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m tools.train_demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("stage", choices=STAGES + ("all",))
     ap.add_argument("--out", required=True, help="working directory (state, logs, checkpoints)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes and a few steps (the tests)")
@@ -29,8 +31,9 @@ def parse(argv):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--target-steps", type=int, default=None)
     ap.add_argument("--drafter-steps", type=int, default=None)
-    ap.add_argument("--stop-after", type=int, default=None,
-                    help="stop the stage after this step, state saved (tests of --resume)")
+    ap.add_argument(
+        "--stop-after", type=int, default=None, help="stop the stage after this step, state saved (tests of --resume)"
+    )
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     return ap.parse_args(argv)
 
@@ -64,21 +67,45 @@ def main(argv=None) -> int:
             break  # the previous stage stopped early (--stop-after)
         if stage == "tokenizer":
             from tools.train_demo import tokenizer
+
             info[stage] = tokenizer.run(args.out, 512 if args.smoke else 4096, args.smoke, log)
         elif stage == "target":
             from tools.train_demo import target
+
             steps = args.target_steps or (6 if args.smoke else 320)
-            info[stage] = target.run(args.out, args.seed, args.smoke, args.resume, steps,
-                                     batch=4 if args.smoke else 8, seq_len=64 if args.smoke else 256,
-                                     lr=3e-3, log=log, progress=progress, stop_after=args.stop_after)
+            info[stage] = target.run(
+                args.out,
+                args.seed,
+                args.smoke,
+                args.resume,
+                steps,
+                batch=4 if args.smoke else 8,
+                seq_len=64 if args.smoke else 256,
+                lr=3e-3,
+                log=log,
+                progress=progress,
+                stop_after=args.stop_after,
+            )
         else:
             from tools.train_demo import drafter
+
             steps = args.drafter_steps or (6 if args.smoke else 400)
-            info[stage] = drafter.run(args.out, args.seed, args.smoke, args.resume, steps, log=log,
-                                      progress=progress, stop_after=args.stop_after)
+            info[stage] = drafter.run(
+                args.out,
+                args.seed,
+                args.smoke,
+                args.resume,
+                steps,
+                log=log,
+                progress=progress,
+                stop_after=args.stop_after,
+            )
     with open(os.path.join(args.out, f"summary-{args.stage}.json"), "w", encoding="utf-8") as f:
-        json.dump({"argv": sys.argv[1:] if argv is None else argv, "seed": args.seed,
-                   "threads": args.threads, **info}, f, indent=1)
+        json.dump(
+            {"argv": sys.argv[1:] if argv is None else argv, "seed": args.seed, "threads": args.threads, **info},
+            f,
+            indent=1,
+        )
     return 0
 
 

@@ -7,6 +7,7 @@ survival probability. One temperature T (c = sigmoid(z / T)) is fit on train-rol
 by grid search on the log loss and folded into the head's weight (the served head has no
 per-position state); ECE (10 equal-width bins) is reported on held-out rollouts before/after.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,12 +22,21 @@ BINS = 10
 def serve_drafts(drafter, target, ro, seq: np.ndarray, pos: np.ndarray, chunk: int = 128):
     """drafts [R, 7], confidence [R, 7], the target's tokens [R, 7] at P+1..P+7."""
     from tools.train_demo.drafter import K, fill_rings
+
     outs_d, outs_c = [], []
     for i in range(0, len(seq), chunk):
-        s, p = seq[i:i + chunk], pos[i:i + chunk]
+        s, p = seq[i : i + chunk], pos[i : i + chunk]
         rings, filler = fill_rings(drafter, ro, s, p)
-        d, c = drafter.propose(rings, filler, target.embed, target.head, LocalComm(), torch.arange(len(s)),
-                               torch.from_numpy(p.copy()), torch.from_numpy(ro.tokens[s, p]))
+        d, c = drafter.propose(
+            rings,
+            filler,
+            target.embed,
+            target.head,
+            LocalComm(),
+            torch.arange(len(s)),
+            torch.from_numpy(p.copy()),
+            torch.from_numpy(ro.tokens[s, p]),
+        )
         outs_d.append(d.numpy())
         outs_c.append(c.numpy())
     labels = ro.tokens[seq[:, None], pos[:, None] + 1 + np.arange(K)[None, :]]
@@ -43,8 +53,10 @@ def events(drafts: np.ndarray, conf: np.ndarray, labels: np.ndarray):
 
 def ece(c: np.ndarray, y: np.ndarray) -> float:
     b = np.minimum((c * BINS).astype(int), BINS - 1)
-    return float(sum(abs(c[b == i].mean() - y[b == i].mean()) * (b == i).sum() for i in range(BINS)
-                     if (b == i).any()) / max(1, len(c)))
+    return float(
+        sum(abs(c[b == i].mean() - y[b == i].mean()) * (b == i).sum() for i in range(BINS) if (b == i).any())
+        / max(1, len(c))
+    )
 
 
 def scaled(c: np.ndarray, t: float) -> np.ndarray:
@@ -64,12 +76,15 @@ def fit_temperature(c: np.ndarray, y: np.ndarray) -> float:
 
 def acceptance(drafts: np.ndarray, labels: np.ndarray) -> dict:
     hit = np.cumprod(drafts == labels, 1)  # [R, 7] chain still alive after draft s
-    return {"mean_accepted_len": float(1 + hit.sum(1).mean()),
-            "acceptance_per_position": [round(float(x), 4) for x in hit.mean(0)]}
+    return {
+        "mean_accepted_len": float(1 + hit.sum(1).mean()),
+        "acceptance_per_position": [round(float(x), 4) for x in hit.mean(0)],
+    }
 
 
 def calibrate(drafter, target, ro, held, seed: int, n: int, log) -> dict:
     from tools.train_demo.drafter import anchors
+
     seq, pos = anchors(ro, np.random.default_rng([seed, 2000]), n)
     c_fit, y_fit, _ = events(*serve_drafts(drafter, target, ro, seq, pos))
     t = fit_temperature(c_fit, y_fit)
@@ -80,7 +95,9 @@ def calibrate(drafter, target, ro, held, seed: int, n: int, log) -> dict:
     with torch.no_grad():
         drafter.confidence.weight.div_(t)
     acc = acceptance(d, lab)
-    log(f"calibration: temperature {t:.3f}, held-out ECE {before:.4f} -> {after:.4f} ({len(ce)} events); "
+    log(
+        f"calibration: temperature {t:.3f}, held-out ECE {before:.4f} -> {after:.4f} ({len(ce)} events); "
         f"offline held-out mean accepted length {acc['mean_accepted_len']:.3f}, per position "
-        f"{acc['acceptance_per_position']}")
+        f"{acc['acceptance_per_position']}"
+    )
     return {"temperature": t, "ece_before": before, "ece_after": after, "ece_events": len(ce), **acc}

@@ -6,6 +6,7 @@ file: held-out when the first byte of sha256(relative path) is below HELD_OUT_BY
 else train. The corpus hash covers every (relative path, sha256 of the content) pair, so it
 names the exact text trained on.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -14,8 +15,7 @@ import sysconfig
 from dataclasses import dataclass
 
 # NOTE: encodings/ (codec tables) and pydoc_data/ (one huge string) are data, not code.
-SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__",
-             "encodings", "pydoc_data"}
+SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "encodings", "pydoc_data"}
 HELD_OUT_BYTE = 13  # of 256: ~5% of the files
 
 

@@ -13,6 +13,7 @@ Per step, R anchors (sequence, position P in the generated part) of the target's
               / sum_k w_k, w_k = exp(-(k-1)/4)
 Then the confidence head is calibrated by one temperature (calibration.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -61,14 +62,16 @@ def fill_rings(drafter, ro: rollout.Rollouts, seq: np.ndarray, pos: np.ndarray):
     return rings, filler
 
 
-def block_outputs(drafter, target, ro: rollout.Rollouts, seq: np.ndarray, pos: np.ndarray,
-                  prev: torch.Tensor | None = None):
+def block_outputs(
+    drafter, target, ro: rollout.Rollouts, seq: np.ndarray, pos: np.ndarray, prev: torch.Tensor | None = None
+):
     """Teacher-forced block: logits + Markov bias [R, 7, V], confidence logits [R, 7]."""
     R = len(seq)
     rings, filler = fill_rings(drafter, ro, seq, pos)
     tok = torch.from_numpy(ro.tokens[seq, pos])
-    x = drafter.block_hidden(rings, filler, target.embed, LocalComm(), torch.arange(R),
-                             torch.from_numpy(pos.copy()), tok)  # [R, 7, d]
+    x = drafter.block_hidden(
+        rings, filler, target.embed, LocalComm(), torch.arange(R), torch.from_numpy(pos.copy()), tok
+    )  # [R, 7, d]
     logits = drafter.block_logits(target.head, x)  # [R, 7, V]
     if prev is None:
         prev = torch.from_numpy(ro.tokens[seq[:, None], pos[:, None] + np.arange(K)[None, :]])  # [R, 7]
@@ -92,9 +95,12 @@ def draft_loss(drafter, target, ro: rollout.Rollouts, seq: np.ndarray, pos: np.n
     w = POS_WEIGHTS / POS_WEIGHTS.sum()
     per = W_CE * ce + W_L1 * l1 + W_BCE * bce  # [R, 7]
     loss = (per * w).sum(-1).mean()
-    stats = {"ce": (ce * w).sum(-1).mean().item(), "l1": (l1 * w).sum(-1).mean().item(),
-             "bce": (bce * w).sum(-1).mean().item(),
-             "top1": (logits.argmax(-1) == labels).float().mean().item()}
+    stats = {
+        "ce": (ce * w).sum(-1).mean().item(),
+        "l1": (l1 * w).sum(-1).mean().item(),
+        "bce": (bce * w).sum(-1).mean().item(),
+        "top1": (logits.argmax(-1) == labels).float().mean().item(),
+    }
     return loss, stats
 
 
@@ -104,8 +110,15 @@ def anchors(ro: rollout.Rollouts, rng: np.random.Generator, n: int) -> tuple[np.
 
 
 def init_drafter(p: dict, seed: int, cfg: ModelConfig):
-    d = make_checkpoint(os.path.join(tempfile.mkdtemp(prefix="demo-init-"), "init"), size="small",
-                        seed=seed + 1, dtype="float32", with_drafter=True, quiet=True, **p)
+    d = make_checkpoint(
+        os.path.join(tempfile.mkdtemp(prefix="demo-init-"), "init"),
+        size="small",
+        seed=seed + 1,
+        dtype="float32",
+        with_drafter=True,
+        quiet=True,
+        **p,
+    )
     drafter = load_drafter(d, cfg)
     with torch.no_grad():
         for m in drafter.modules():
@@ -116,8 +129,9 @@ def init_drafter(p: dict, seed: int, cfg: ModelConfig):
     return drafter
 
 
-def run(out_dir: str, seed: int, smoke: bool, resume: bool, steps: int, log, progress,
-        stop_after: int | None = None) -> dict | None:
+def run(
+    out_dir: str, seed: int, smoke: bool, resume: bool, steps: int, log, progress, stop_after: int | None = None
+) -> dict | None:
     d = os.path.join(out_dir, "drafter")
     os.makedirs(d, exist_ok=True)
     tok_dir, target_dir = os.path.join(out_dir, "tokenizer"), os.path.join(out_dir, "target", "model")
@@ -140,8 +154,10 @@ def run(out_dir: str, seed: int, smoke: bool, resume: bool, steps: int, log, pro
             data[name] = rollout.features(target, cfg, toks, plen)
         bar.close()
         state.save_state(data_path, data)
-        log(f"drafter: rollouts {n_train}+{n_held} x {plen}+{glen} tokens in {time.perf_counter() - t0:.0f}s, "
-            f"teacher-forced argmax == greedy on {data['train'].greedy_match:.4f}")
+        log(
+            f"drafter: rollouts {n_train}+{n_held} x {plen}+{glen} tokens in {time.perf_counter() - t0:.0f}s, "
+            f"teacher-forced argmax == greedy on {data['train'].greedy_match:.4f}"
+        )
     t_roll = time.perf_counter() - t0
     ro, held = data["train"], data["heldout"]
     drafter = init_drafter(p, seed, cfg)
@@ -175,13 +191,23 @@ def run(out_dir: str, seed: int, smoke: bool, resume: bool, steps: int, log, pro
         bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{stats['top1']:.2f}")
         stop = stop_after is not None and step + 1 >= stop_after and step + 1 < steps
         if (step + 1) % (3 if smoke else 25) == 0 or step + 1 == steps or stop:
-            log(f"drafter: step {step + 1}/{steps} loss {loss.item():.4f} ce {stats['ce']:.3f} "
+            log(
+                f"drafter: step {step + 1}/{steps} loss {loss.item():.4f} ce {stats['ce']:.3f} "
                 f"l1 {stats['l1']:.3f} bce {stats['bce']:.3f} top1 {stats['top1']:.3f} "
-                f"({t_used + time.perf_counter() - t1:.0f}s)")
+                f"({t_used + time.perf_counter() - t1:.0f}s)"
+            )
             stacks.sync()
-            state.save_state(os.path.join(d, "state.pt"), {
-                "model": drafter.state_dict(), "stacks": stacks.state(), "optim": opt.state_dict(),
-                "step": step + 1, "history": history, "seconds": t_used + time.perf_counter() - t1})
+            state.save_state(
+                os.path.join(d, "state.pt"),
+                {
+                    "model": drafter.state_dict(),
+                    "stacks": stacks.state(),
+                    "optim": opt.state_dict(),
+                    "step": step + 1,
+                    "history": history,
+                    "seconds": t_used + time.perf_counter() - t1,
+                },
+            )
         if stop:
             bar.close()
             log(f"drafter: stopped after step {step + 1} (--stop-after); continue with --resume")
@@ -190,22 +216,32 @@ def run(out_dir: str, seed: int, smoke: bool, resume: bool, steps: int, log, pro
     seconds = t_used + time.perf_counter() - t1
     stacks.sync()
     calib = calibration.calibrate(drafter, target, ro, held, seed, 64 if smoke else 1024, log)
-    info = {"steps": steps, "anchors_per_step": R, "lr": lr, "seconds": round(seconds, 1),
-            "rollout_seconds": round(t_roll, 1), "greedy_match": data["train"].greedy_match,
-            "loss_first": history[0]["loss"] if history else None,
-            "loss_last": history[-1]["loss"] if history else None, **calib}
+    info = {
+        "steps": steps,
+        "anchors_per_step": R,
+        "lr": lr,
+        "seconds": round(seconds, 1),
+        "rollout_seconds": round(t_roll, 1),
+        "greedy_match": data["train"].greedy_match,
+        "loss_first": history[0]["loss"] if history else None,
+        "loss_last": history[-1]["loss"] if history else None,
+        **calib,
+    }
     export(out_dir, drafter, target_dir, tok_dir)
     with open(os.path.join(d, "drafter.json"), "w", encoding="utf-8") as f:
         json.dump({**info, "history": history}, f, indent=1)
-    log(f"drafter: done in {seconds:.0f}s (+{t_roll:.0f}s rollouts), loss {info['loss_first']} -> "
+    log(
+        f"drafter: done in {seconds:.0f}s (+{t_roll:.0f}s rollouts), loss {info['loss_first']} -> "
         f"{info['loss_last']}, ECE {calib['ece_before']:.4f} -> {calib['ece_after']:.4f}, "
-        f"offline mean accepted length {calib['mean_accepted_len']:.2f}")
+        f"offline mean accepted length {calib['mean_accepted_len']:.2f}"
+    )
     return info
 
 
 def export(out_dir: str, drafter, target_dir: str, tok_dir: str) -> str:
     """DIR/model: the target's tensors + the drafter's (checkpoint names), bf16."""
     from safetensors.torch import load_file
+
     tensors = load_file(os.path.join(target_dir, "model.safetensors"))
     last = drafter.cfg.dspark.num_stages - 1
     for name, t in state.bf16_round(drafter.state_dict()).items():

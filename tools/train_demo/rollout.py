@@ -6,6 +6,7 @@ decode steps), then one teacher-forced pass for the drafter's inputs.
     Rollouts.taps    [N, 3, L, d] fp32   hc-mean of the trunk after each dspark_target_layer_id
     Rollouts.final   [N, L, d]           the head's input (p_target = softmax(head(final)))
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,8 +43,7 @@ def generate(model, cfg, prompts: np.ndarray, gen_len: int, progress=None) -> np
     out[:, :P] = prompts
     out[:, P] = run([Segment(r, 0, prompts[r].astype(np.int32), P, np.array([P - 1])) for r in range(N)])
     for t in range(P, P + gen_len - 1):
-        out[:, t + 1] = run([Segment(r, t, out[r, t:t + 1].astype(np.int32), 1, np.array([0]))
-                             for r in range(N)])
+        out[:, t + 1] = run([Segment(r, t, out[r, t : t + 1].astype(np.int32), 1, np.array([0])) for r in range(N)])
         if progress is not None:
             progress.update(1)
     return out
@@ -57,18 +57,18 @@ def features(model, cfg, tokens: np.ndarray, prompt_len: int, batch: int = 16) -
     final = torch.zeros(N, L, cfg.hidden_size)
     match = total = 0
     for i in range(0, N, batch):
-        rows = tokens[i:i + batch]
+        rows = tokens[i : i + batch]
         logits, y, tp = trunk.forward(model, trunk.PagedPass(cfg, len(rows), L), rows, layers)
         b = len(rows)
         for j, layer in enumerate(layers):
-            taps[i:i + b, j] = tp[layer].float().mean(dim=1).view(b, L, -1)
-        final[i:i + b] = y.float().view(b, L, -1)
+            taps[i : i + b, j] = tp[layer].float().mean(dim=1).view(b, L, -1)
+        final[i : i + b] = y.float().view(b, L, -1)
         pred = logits.argmax(-1).view(b, L).numpy()
-        match += int((pred[:, prompt_len - 1:-1] == rows[:, prompt_len:]).sum())
+        match += int((pred[:, prompt_len - 1 : -1] == rows[:, prompt_len:]).sum())
         total += b * (L - prompt_len)
     return Rollouts(tokens, taps, final, prompt_len, match / max(1, total))
 
 
 def prompts_from(stream: np.ndarray, n: int, length: int, rng: np.random.Generator) -> np.ndarray:
     starts = rng.integers(0, len(stream) - length, n)
-    return np.stack([stream[s:s + length] for s in starts]).astype(np.int64)
+    return np.stack([stream[s : s + length] for s in starts]).astype(np.int64)

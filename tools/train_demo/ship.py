@@ -7,6 +7,7 @@ hash, stage figures: held-out loss, ECE, offline acceptance, times), the held-ou
 the tests and tools/bench_demo use, the benchmark figures when given, and every file's
 size and sha256 (dspark_loop.default_model checks the sizes at start-up, the tests the hashes).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,7 +45,7 @@ def heldout_prompts(relpaths: list[str], n: int = PROMPTS) -> list[str]:
             if line.startswith(("def ", "class ")):
                 # NOTE: no trailing newline: a lone "\n" token ends no line of the corpus (the
                 # BPE joins a newline with the next line's indent), so it would derail the model.
-                text = "\n".join(lines[i:i + PROMPT_LINES])
+                text = "\n".join(lines[i : i + PROMPT_LINES])
                 if text.isascii() and len(text) < 300:
                     out.append(text)
                 break
@@ -66,7 +67,7 @@ def commands(out_dir: str) -> list[str]:
         stage = cmd.split()[3] if len(cmd.split()) > 3 else ""
         return STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER)
 
-    return [c for i, c in enumerate(cmds) if all(rank(later) >= rank(c) for later in cmds[i + 1:])]
+    return [c for i, c in enumerate(cmds) if all(rank(later) >= rank(c) for later in cmds[i + 1 :])]
 
 
 def load(path: str) -> dict:
@@ -86,22 +87,51 @@ def ship(out_dir: str, dest: str = DEMO_DIR, bench: str | None = None) -> dict:
     shutil.copytree(os.path.join(out_dir, "model"), tmp)
     for name in os.listdir(tmp):
         os.chmod(os.path.join(tmp, name), 0o644)  # safetensors writes 0600
-    files = {n: {"bytes": os.path.getsize(os.path.join(tmp, n)), "sha256": file_sha256(os.path.join(tmp, n))}
-             for n in sorted(os.listdir(tmp))}
+    files = {
+        n: {"bytes": os.path.getsize(os.path.join(tmp, n)), "sha256": file_sha256(os.path.join(tmp, n))}
+        for n in sorted(os.listdir(tmp))
+    }
     manifest = {
         "name": "dspark-demo",
         "what": "DeepSeek-V4-architecture target + DSpark drafter (mtp.0..2, Markov and confidence heads) "
-                "trained on the Python standard library's source",
-        "commands": commands(out_dir), "seed": seeds[0] if len(seeds) == 1 else seeds,
+        "trained on the Python standard library's source",
+        "commands": commands(out_dir),
+        "seed": seeds[0] if len(seeds) == 1 else seeds,
         "threads": threads[0] if len(threads) == 1 else threads,
-        "python": platform.python_version(), "corpus_hash": corpus["corpus_hash"],
-        "corpus": {k: corpus[k] for k in ("num_files", "train_files", "heldout_files", "train_tokens",
-                                          "heldout_tokens", "bytes_per_token", "vocab_size")},
-        "target": {k: target[k] for k in ("steps", "batch", "seq_len", "tokens", "seconds",
-                                          "heldout_loss_init", "heldout_loss")},
-        "drafter": {k: drafter[k] for k in ("steps", "anchors_per_step", "seconds", "rollout_seconds",
-                                            "loss_first", "loss_last", "temperature", "ece_before",
-                                            "ece_after", "mean_accepted_len", "acceptance_per_position")},
+        "python": platform.python_version(),
+        "corpus_hash": corpus["corpus_hash"],
+        "corpus": {
+            k: corpus[k]
+            for k in (
+                "num_files",
+                "train_files",
+                "heldout_files",
+                "train_tokens",
+                "heldout_tokens",
+                "bytes_per_token",
+                "vocab_size",
+            )
+        },
+        "target": {
+            k: target[k]
+            for k in ("steps", "batch", "seq_len", "tokens", "seconds", "heldout_loss_init", "heldout_loss")
+        },
+        "drafter": {
+            k: drafter[k]
+            for k in (
+                "steps",
+                "anchors_per_step",
+                "seconds",
+                "rollout_seconds",
+                "loss_first",
+                "loss_last",
+                "temperature",
+                "ece_before",
+                "ece_after",
+                "mean_accepted_len",
+                "acceptance_per_position",
+            )
+        },
         "heldout_prompts": heldout_prompts(corpus["heldout_paths"]),
         "files": files,
     }
@@ -122,9 +152,11 @@ def main(argv=None) -> int:
     ap.add_argument("--bench", default=None, help="tools.bench_demo --json output to record")
     args = ap.parse_args(argv)
     m = ship(args.out, args.dest, args.bench)
-    mb = sum(f["bytes"] for f in m["files"].values()) / 2 ** 20
-    print(f"shipped {args.dest}: {len(m['files'])} files, {mb:.1f} MiB, held-out loss "
-          f"{m['target']['heldout_loss']:.4f}, {len(m['heldout_prompts'])} held-out prompts")
+    mb = sum(f["bytes"] for f in m["files"].values()) / 2**20
+    print(
+        f"shipped {args.dest}: {len(m['files'])} files, {mb:.1f} MiB, held-out loss "
+        f"{m['target']['heldout_loss']:.4f}, {len(m['heldout_prompts'])} held-out prompts"
+    )
     return 0
 
 

@@ -1,9 +1,10 @@
 """Resumable training state and checkpoint directories.
 
-    DIR/<stage>/state.pt     model + optimizer + step + rng, rewritten atomically every few steps
-    DIR/<stage>/model/       a servable checkpoint directory (config.json, model.safetensors,
-                             tokenizer, generation_config.json), weights rounded to bf16
+DIR/<stage>/state.pt     model + optimizer + step + rng, rewritten atomically every few steps
+DIR/<stage>/model/       a servable checkpoint directory (config.json, model.safetensors,
+                         tokenizer, generation_config.json), weights rounded to bf16
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,10 @@ def load_state(path: str) -> dict | None:
 
 def bf16_round(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Float tensors -> bfloat16 (what ships); integer tensors (tid2eid) unchanged."""
-    return {k: (v.detach().to(torch.bfloat16) if v.dtype.is_floating_point else v.detach()).contiguous()
-            for k, v in state.items()}
+    return {
+        k: (v.detach().to(torch.bfloat16) if v.dtype.is_floating_point else v.detach()).contiguous()
+        for k, v in state.items()
+    }
 
 
 def write_model_dir(out: str, config: dict, tensors: dict[str, torch.Tensor], tokenizer_dir: str) -> str:

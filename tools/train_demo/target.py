@@ -5,6 +5,7 @@ rng(seed, step): a resumed run sees exactly the batches a straight run would. Ro
 gates balance load the aux-loss-free way (bias += rate * sign(mean load - load)).
 Held-out loss: mean next-token CE over fixed windows of the held-out stream.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,12 +32,12 @@ BIAS_RATE = 1e-3
 
 def windows(stream: np.ndarray, rng: np.random.Generator, n: int, length: int) -> np.ndarray:
     starts = rng.integers(0, len(stream) - length, n)
-    return np.stack([stream[s:s + length] for s in starts]).astype(np.int64)  # [n, length]
+    return np.stack([stream[s : s + length] for s in starts]).astype(np.int64)  # [n, length]
 
 
 def heldout_windows(stream: np.ndarray, n: int, length: int) -> np.ndarray:
     starts = np.linspace(0, len(stream) - length - 1, n).astype(np.int64)
-    return np.stack([stream[s:s + length] for s in starts]).astype(np.int64)
+    return np.stack([stream[s : s + length] for s in starts]).astype(np.int64)
 
 
 def lm_loss(logits: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
@@ -49,8 +50,15 @@ def lm_loss(logits: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
 def init_model(p: dict, seed: int):
     """The random initial target (make_checkpoint's init, head scaled to unit logits, zero
     gate biases) loaded through the served loader."""
-    d = make_checkpoint(os.path.join(tempfile.mkdtemp(prefix="demo-init-"), "init"), size="small",
-                        seed=seed, dtype="float32", with_drafter=True, quiet=True, **p)
+    d = make_checkpoint(
+        os.path.join(tempfile.mkdtemp(prefix="demo-init-"), "init"),
+        size="small",
+        seed=seed,
+        dtype="float32",
+        with_drafter=True,
+        quiet=True,
+        **p,
+    )
     cfg = ModelConfig.from_dir(d)
     model = load_model(d, cfg, quiet=True)
     with torch.no_grad():
@@ -87,7 +95,7 @@ def heldout_loss(model, cfg, stream: np.ndarray, n: int, seq_len: int, batch: in
     rows = heldout_windows(stream, n, seq_len)
     total = 0.0
     for i in range(0, n, batch):
-        r = rows[i:i + batch]
+        r = rows[i : i + batch]
         logits, _, _ = trunk.forward(model, trunk.PagedPass(cfg, len(r), seq_len), r)
         total += lm_loss(logits, r).item() * len(r)
     return total / n
@@ -100,8 +108,19 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def run(out_dir: str, seed: int, smoke: bool, resume: bool, steps: int, batch: int, seq_len: int,
-        lr: float, log, progress, stop_after: int | None = None) -> dict | None:
+def run(
+    out_dir: str,
+    seed: int,
+    smoke: bool,
+    resume: bool,
+    steps: int,
+    batch: int,
+    seq_len: int,
+    lr: float,
+    log,
+    progress,
+    stop_after: int | None = None,
+) -> dict | None:
     d = os.path.join(out_dir, "target")
     os.makedirs(d, exist_ok=True)
     tok_dir = os.path.join(out_dir, "tokenizer")
@@ -147,13 +166,23 @@ def run(out_dir: str, seed: int, smoke: bool, resume: bool, steps: int, batch: i
         if (step + 1) % (5 if smoke else 10) == 0 or last or stop:
             if last or (step + 1) % (100 if not smoke else 5) == 0:
                 history[-1]["heldout"] = heldout_loss(model, cfg, held, n_eval, seq_len, batch)
-            log(f"target: step {step + 1}/{steps} train {loss.item():.4f}"
+            log(
+                f"target: step {step + 1}/{steps} train {loss.item():.4f}"
                 + (f" held-out {history[-1]['heldout']:.4f}" if "heldout" in history[-1] else "")
-                + f" ({t_used + time.perf_counter() - t0:.0f}s)")
+                + f" ({t_used + time.perf_counter() - t0:.0f}s)"
+            )
             stacks.sync()
-            state.save_state(os.path.join(d, "state.pt"), {
-                "model": model.state_dict(), "stacks": stacks.state(), "optim": opt.state_dict(),
-                "step": step + 1, "history": history, "seconds": t_used + time.perf_counter() - t0})
+            state.save_state(
+                os.path.join(d, "state.pt"),
+                {
+                    "model": model.state_dict(),
+                    "stacks": stacks.state(),
+                    "optim": opt.state_dict(),
+                    "step": step + 1,
+                    "history": history,
+                    "seconds": t_used + time.perf_counter() - t0,
+                },
+            )
         if stop and not last:
             bar.close()
             log(f"target: stopped after step {step + 1} (--stop-after); continue with --resume")
@@ -165,10 +194,18 @@ def run(out_dir: str, seed: int, smoke: bool, resume: bool, steps: int, batch: i
     config = build_config(resolve_size("small", p), dtype="bfloat16", w8a8=False, with_drafter=True)
     state.write_model_dir(os.path.join(d, "model"), config, tensors, tok_dir)
     final = history[-1].get("heldout")
-    info = {"steps": steps, "batch": batch, "seq_len": seq_len, "lr": lr, "seconds": round(seconds, 1),
-            "heldout_loss": final, "heldout_loss_init": history[0].get("heldout"),
-            "train_loss_first": history[1]["train"] if len(history) > 1 else None,
-            "train_loss_last": history[-1].get("train"), "tokens": steps * batch * seq_len}
+    info = {
+        "steps": steps,
+        "batch": batch,
+        "seq_len": seq_len,
+        "lr": lr,
+        "seconds": round(seconds, 1),
+        "heldout_loss": final,
+        "heldout_loss_init": history[0].get("heldout"),
+        "train_loss_first": history[1]["train"] if len(history) > 1 else None,
+        "train_loss_last": history[-1].get("train"),
+        "tokens": steps * batch * seq_len,
+    }
     with open(os.path.join(d, "target.json"), "w", encoding="utf-8") as f:
         json.dump({**info, "history": history}, f, indent=1)
     log(f"target: done in {seconds:.0f}s, held-out loss {history[0].get('heldout', float('nan')):.4f} -> {final:.4f}")

@@ -5,6 +5,7 @@ their fixed ids (tools.checkpoint_tokenizer: bos 0, eos 1, noise 7), then the to
     DIR/tokenizer/train.npy, heldout.npy    uint16 streams: BOS file-tokens EOS, file after file
     DIR/tokenizer/corpus.json               corpus hash, file counts, token counts
 """
+
 from __future__ import annotations
 
 import json
@@ -23,16 +24,19 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
-                                  special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     for i, text in enumerate(SPECIAL_TOKENS):
         if tok.token_to_id(text) != i:
             raise RuntimeError(f"special token {text!r} got id {tok.token_to_id(text)}, want {i}")
     if tok.get_vocab_size(with_added_tokens=True) != vocab_size:
-        raise RuntimeError(f"the corpus gave {tok.get_vocab_size(with_added_tokens=True)} tokens, "
-                           f"want {vocab_size}")
+        raise RuntimeError(f"the corpus gave {tok.get_vocab_size(with_added_tokens=True)} tokens, want {vocab_size}")
     return tok
 
 
@@ -59,12 +63,22 @@ def run(out_dir: str, vocab_size: int, smoke: bool, log) -> dict:
     tr, ho = stream(tok, [f.text for f in train]), stream(tok, [f.text for f in held])
     np.save(os.path.join(d, "train.npy"), tr)
     np.save(os.path.join(d, "heldout.npy"), ho)
-    info = {"corpus_hash": corpus_hash(files), "num_files": len(files), "train_files": len(train),
-            "heldout_files": len(held), "train_tokens": len(tr), "heldout_tokens": len(ho),
-            "heldout_paths": [f.relpath for f in held], "vocab_size": vocab_size, "smoke": smoke,
-            "bytes_per_token": round(sum(len(f.text.encode()) for f in train) / len(tr), 3)}
+    info = {
+        "corpus_hash": corpus_hash(files),
+        "num_files": len(files),
+        "train_files": len(train),
+        "heldout_files": len(held),
+        "train_tokens": len(tr),
+        "heldout_tokens": len(ho),
+        "heldout_paths": [f.relpath for f in held],
+        "vocab_size": vocab_size,
+        "smoke": smoke,
+        "bytes_per_token": round(sum(len(f.text.encode()) for f in train) / len(tr), 3),
+    }
     with open(os.path.join(d, "corpus.json"), "w", encoding="utf-8") as f:
         json.dump(info, f, indent=1)
-    log(f"tokenizer: vocab {vocab_size}, train {len(tr)} tokens ({len(train)} files), held-out {len(ho)} "
-        f"tokens ({len(held)} files), {info['bytes_per_token']} bytes/token, corpus {info['corpus_hash'][:16]}")
+    log(
+        f"tokenizer: vocab {vocab_size}, train {len(tr)} tokens ({len(train)} files), held-out {len(ho)} "
+        f"tokens ({len(held)} files), {info['bytes_per_token']} bytes/token, corpus {info['corpus_hash'][:16]}"
+    )
     return info

@@ -8,6 +8,7 @@ Routed experts: MoE.stacked_weights stacks each expert's Linear by copying (.dat
 would cut the gradient, so training owns the stacks as parameters and the MoE reads them
 through the same _experts_tiled arithmetic; sync_experts() copies them back before saving.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -65,8 +66,9 @@ def _reader(stacks: list[nn.Parameter]):
 def trainable(module: nn.Module) -> tuple[list[nn.Parameter], ExpertStacks]:
     """Float parameters (experts replaced by their stacks) with requires_grad set."""
     stacks = ExpertStacks(module)
-    expert_ids = {id(getattr(e, n).weight) for moe in stacks.moes for e in moe.experts.values()
-                  for n in ("w1", "w2", "w3")}
+    expert_ids = {
+        id(getattr(e, n).weight) for moe in stacks.moes for e in moe.experts.values() for n in ("w1", "w2", "w3")
+    }
     params = []
     for name, p in module.named_parameters():
         if id(p) in expert_ids or not p.dtype.is_floating_point or name.endswith("gate.bias"):
@@ -95,8 +97,9 @@ class PagedPass:
 
     def batch(self, rows: np.ndarray, pool: KVPool):
         """rows [B, S] -> the StagedBatch of one prefill of every sequence, all logit rows."""
-        segs = [Segment(r, 0, rows[r].astype(np.int32), self.seq_len, np.arange(self.seq_len))
-                for r in range(rows.shape[0])]
+        segs = [
+            Segment(r, 0, rows[r].astype(np.int32), self.seq_len, np.arange(self.seq_len)) for r in range(rows.shape[0])
+        ]
         return stage(segs, self.tables, self.layout, self.cfg, pool)
 
 

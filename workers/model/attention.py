@@ -7,6 +7,7 @@ c{r} family, then every row gathers its keys by slot and attends. Key widths are
 row (window; window + index_topk; window + its own bucketed HCA count), never by the batch,
 so a row's bits never depend on its neighbours.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,8 +21,7 @@ from workers.model.linear import Linear
 from workers.staging import RatioIndex
 
 
-def attend(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, sink: torch.Tensor,
-           scale: float) -> torch.Tensor:
+def attend(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, sink: torch.Tensor, scale: float) -> torch.Tensor:
     """q [T, H, D], keys [T, K, D] (K = V), mask [T, K], sink [H] -> [T, H, D].
     All rows at once: each row's einsums are its own [H, D] x [D, K] product and the softmax
     is over the last dim, both row-invariant (measured; see layers)."""
@@ -34,8 +34,14 @@ def attend(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, sink: torch.
     return torch.einsum("thk,tkd->thd", probs.to(keys.dtype), keys)
 
 
-def emit_entries(comp: Compressor, state_kv: torch.Tensor, state_score: torch.Tensor, ri: RatioIndex,
-                 cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def emit_entries(
+    comp: Compressor,
+    state_kv: torch.Tensor,
+    state_score: torch.Tensor,
+    ri: RatioIndex,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> torch.Tensor:
     """Entries [E, dim] (normed, roped at j*r) pooled from the swa state rows by slot."""
     idx, valid = ri.state_gather  # [E, S]
     entries = comp.pool(state_kv[idx], state_score[idx], valid)
@@ -50,8 +56,16 @@ class Indexer(nn.Module):
         self.weights_proj = Linear(cfg.hidden_size, self.num_heads, dtype)
         self.compressor = Compressor(cfg.hidden_size, self.dim, cfg.csa_ratio, True, cfg.rms_norm_eps, dtype)
 
-    def select(self, x: torch.Tensor, qr: torch.Tensor, keys_cache: torch.Tensor, ri: RatioIndex,
-               cos: torch.Tensor, sin: torch.Tensor, hadamard: torch.Tensor | None) -> torch.Tensor:
+    def select(
+        self,
+        x: torch.Tensor,
+        qr: torch.Tensor,
+        keys_cache: torch.Tensor,
+        ri: RatioIndex,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        hadamard: torch.Tensor | None,
+    ) -> torch.Tensor:
         """c{r} slots [T, topk] of each row's chosen entries, -1 where fewer are visible."""
         rows = x.shape[0]
         q = linear_rows(self.wq_b, qr).view(rows, self.num_heads, self.dim)
@@ -62,12 +76,12 @@ class Indexer(nn.Module):
         gather, real = ri.key_gather
         keys = keys_cache[gather]  # [T, N, di]
         scores = torch.einsum("thd,tnd->thn", q.float(), keys.float())  # [T, nh, N] per-row products
-        scores = scores.relu() * self.dim ** -0.5  # [T, nh, N]
-        w = linear_rows(self.weights_proj, x).float() * self.num_heads ** -0.5  # [T, nh]
+        scores = scores.relu() * self.dim**-0.5  # [T, nh, N]
+        w = linear_rows(self.weights_proj, x).float() * self.num_heads**-0.5  # [T, nh]
         score = (scores * w[..., None]).sum(dim=1).masked_fill(~real, float("-inf"))  # [T, N]
         # NOTE: ties (relu zeros are common) go to the LOWEST entry: a stable descending sort,
         # never torch.topk, whose tie order changes with the tensor's shape.
-        order = torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :self.topk]
+        order = torch.sort(score, dim=-1, descending=True, stable=True).indices[:, : self.topk]
         chosen = slots.gather(1, order)
         rank = torch.arange(order.shape[1], device=order.device)[None, :]
         chosen = torch.where(rank < ri.num_visible[:, None], chosen, torch.full_like(chosen, -1))
@@ -95,8 +109,9 @@ class Attention(nn.Module):
         self.wo_b = Linear(dims.num_groups * cfg.o_lora_rank, cfg.hidden_size, dtype, w8a8(p + "wo_b"))
         self.compressor = self.indexer = None
         if self.ratio:
-            self.compressor = Compressor(cfg.hidden_size, cfg.head_dim, self.ratio, self.is_csa,
-                                         cfg.rms_norm_eps, dtype)
+            self.compressor = Compressor(
+                cfg.hidden_size, cfg.head_dim, self.ratio, self.is_csa, cfg.rms_norm_eps, dtype
+            )
         if self.is_csa:
             self.indexer = Indexer(cfg, dtype, w8a8, p + "indexer.")
 
@@ -110,7 +125,7 @@ class Attention(nn.Module):
         pool.raw_kv[L][b.write_slots] = kv.to(pool.dtype)
         gather, mask = b.raw_gather  # [T, W]
         keys = pool.raw_kv[L][gather].to(q.dtype)  # [T, W, D]
-        scale = self.head_dim ** -0.5
+        scale = self.head_dim**-0.5
         if not self.ratio:
             out = attend(q, keys, mask, self.attn_sink, scale)
         else:
@@ -138,13 +153,13 @@ class Attention(nn.Module):
         pool.index_state_kv[L][b.write_slots] = ikv.to(pool.dtype)
         pool.index_state_score[L][b.write_slots] = iscore.to(pool.dtype)
         if ri.emit_rows.numel():
-            ikeys = emit_entries(idx.compressor, pool.index_state_kv[L], pool.index_state_score[L],
-                                 ri, ecos, esin)
+            ikeys = emit_entries(idx.compressor, pool.index_state_kv[L], pool.index_state_score[L], ri, ecos, esin)
             if ctx.hadamard is not None:
                 ikeys = matmul_rows(ikeys, ctx.hadamard.t())  # [E, di] @ H
             pool.index_keys[L][ri.write_slots] = ikeys.to(pool.dtype)
-        chosen = idx.select(x, qr, pool.index_keys[L], ri, ctx.rope_compress[0], ctx.rope_compress[1],
-                            ctx.hadamard)  # [T, topk]
+        chosen = idx.select(
+            x, qr, pool.index_keys[L], ri, ctx.rope_compress[0], ctx.rope_compress[1], ctx.hadamard
+        )  # [T, topk]
         ckeys = pool.comp_kv[L][chosen.clamp(min=0)].to(q.dtype)  # [T, topk, D]
         return attend(q, torch.cat([keys, ckeys], 1), torch.cat([mask, chosen >= 0], 1), self.attn_sink, scale)
 

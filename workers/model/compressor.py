@@ -1,12 +1,13 @@
 """KV compressor: pools the per-token projections of r tokens into one entry.
 
-    project(x)   kv, score [rows, coff*d_c]   stored per token in the swa ring
-    pool(...)    entry j from the state rows of positions
-                   HCA  (coff 1):  j*r .. j*r+r-1                    full width
-                   CSA  (coff 2):  (j-1)*r .. j*r-1 (A = [:d_c])  +  j*r .. j*r+r-1 (B = [d_c:])
-                 per-channel softmax over the slots (score + ape[pos % r]), RMSNorm, then
-                 rope at the group's first position j*r (done by the caller).
+project(x)   kv, score [rows, coff*d_c]   stored per token in the swa ring
+pool(...)    entry j from the state rows of positions
+               HCA  (coff 1):  j*r .. j*r+r-1                    full width
+               CSA  (coff 2):  (j-1)*r .. j*r-1 (A = [:d_c])  +  j*r .. j*r+r-1 (B = [d_c:])
+             per-channel softmax over the slots (score + ape[pos % r]), RMSNorm, then
+             rope at the group's first position j*r (done by the caller).
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,7 @@ from workers.model.linear import Linear
 
 
 class Compressor(nn.Module):
-    def __init__(self, hidden: int, dim: int, ratio: int, overlap: bool, eps: float,
-                 dtype: torch.dtype) -> None:
+    def __init__(self, hidden: int, dim: int, ratio: int, overlap: bool, eps: float, dtype: torch.dtype) -> None:
         super().__init__()
         self.dim, self.ratio, self.overlap = dim, ratio, overlap
         coff = 2 if overlap else 1

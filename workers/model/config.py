@@ -1,10 +1,11 @@
 """Per-rank sizes and rope frequencies derived from ModelConfig + ShardSpec.
 
-    heads    [tp_rank*H/tp, (tp_rank+1)*H/tp)            wq_b rows, attn_sink
-    groups   [tp_rank*G/tp, ...)  (H/G heads per group)   wo_a rows, wo_b columns
-    experts  [rank*E/N, (rank+1)*E/N) over the whole world routed experts (EP)
-    vocab    [tp_rank*V/tp, ...)                          head rows
+heads    [tp_rank*H/tp, (tp_rank+1)*H/tp)            wq_b rows, attn_sink
+groups   [tp_rank*G/tp, ...)  (H/G heads per group)   wo_a rows, wo_b columns
+experts  [rank*E/N, (rank+1)*E/N) over the whole world routed experts (EP)
+vocab    [tp_rank*V/tp, ...)                          head rows
 """
+
 from __future__ import annotations
 
 import math
@@ -30,16 +31,26 @@ class LocalDims:
     @classmethod
     def of(cls, cfg: ModelConfig, shard: ShardSpec) -> LocalDims:
         tp, ep = shard.tp_size, shard.ep_size
-        for what, n, d in (("num_attention_heads", cfg.num_attention_heads, tp),
-                           ("o_groups", cfg.o_groups, tp), ("vocab_size", cfg.vocab_size, tp),
-                           ("n_routed_experts", cfg.n_routed_experts, ep)):
+        for what, n, d in (
+            ("num_attention_heads", cfg.num_attention_heads, tp),
+            ("o_groups", cfg.o_groups, tp),
+            ("vocab_size", cfg.vocab_size, tp),
+            ("n_routed_experts", cfg.n_routed_experts, ep),
+        ):
             if n % d:
                 raise ValueError(f"{what}={n} is not divisible by {d} (tp {tp}, ep {ep})")
         heads, groups = cfg.num_attention_heads // tp, cfg.o_groups // tp
         experts, vocab = cfg.n_routed_experts // ep, cfg.vocab_size // tp
-        return cls(heads, shard.tp_rank * heads, groups, shard.tp_rank * groups,
-                   shard.ep_rank * experts, (shard.ep_rank + 1) * experts,
-                   vocab, shard.tp_rank * vocab)
+        return cls(
+            heads,
+            shard.tp_rank * heads,
+            groups,
+            shard.tp_rank * groups,
+            shard.ep_rank * experts,
+            (shard.ep_rank + 1) * experts,
+            vocab,
+            shard.tp_rank * vocab,
+        )
 
 
 def main_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -58,8 +69,7 @@ def compress_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     y = cfg.compress_yarn
 
     def correction_dim(num_rotations: float) -> float:
-        return (d * math.log(y.original_max_position_embeddings / (num_rotations * 2 * math.pi))) / (
-            2 * math.log(base))
+        return (d * math.log(y.original_max_position_embeddings / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
 
     low = max(math.floor(correction_dim(y.beta_fast)), 0)
     high = min(math.ceil(correction_dim(y.beta_slow)), d - 1)

@@ -16,6 +16,7 @@ Ring layout (per stage, rows of head_dim):
     block b = lease*6 + ((p // 32) + 7*stage) % 6, row p % 32   (6 blocks = 192 positions)
     blocks num_leases*6 .. +5: zero filler, the target of every masked read; never written
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -28,8 +29,17 @@ from workers.comm import Comm
 from workers.model.attention import attend
 from workers.model.config import LocalDims
 from workers.model.dsv4 import Block, Embedding, _hc_params
-from workers.model.layers import (RMSNorm, apply_rope, hc_head, hc_post, hc_pre, linear_rows,
-                                  rms_unweighted, rope_cos_sin, row_tiles)
+from workers.model.layers import (
+    RMSNorm,
+    apply_rope,
+    hc_head,
+    hc_post,
+    hc_pre,
+    linear_rows,
+    rms_unweighted,
+    rope_cos_sin,
+    row_tiles,
+)
 from workers.model.linear import Linear
 
 RING_ROWS = 32  # rows per ring block
@@ -50,8 +60,10 @@ class Drafter(nn.Module):
     def __init__(self, cfg: ModelConfig, dims: LocalDims, dtype: torch.dtype, w8a8=lambda name: False) -> None:
         super().__init__()
         if cfg.dspark is None:
-            raise ValueError("the DSpark drafter needs dspark_target_layer_ids, dspark_noise_token_id "
-                             "and dspark_markov_rank in config.json")
+            raise ValueError(
+                "the DSpark drafter needs dspark_target_layer_ids, dspark_noise_token_id "
+                "and dspark_markov_rank in config.json"
+            )
         sp = cfg.dspark
         n = cfg.num_hidden_layers
         # NOTE: stages are ratio-0 blocks past the trunk's layers: extending compress_ratios
@@ -90,8 +102,9 @@ class Drafter(nn.Module):
         parts = [taps[i][rows].float().mean(dim=1).to(self.dtype) for i in self.target_layer_ids]  # [n, d]
         return self.main_norm(linear_rows(self.main_proj, torch.cat(parts, dim=-1)))
 
-    def write_context(self, rings: list[torch.Tensor], lease: torch.Tensor, pos: torch.Tensor,
-                      ctx: torch.Tensor) -> None:
+    def write_context(
+        self, rings: list[torch.Tensor], lease: torch.Tensor, pos: torch.Tensor, ctx: torch.Tensor
+    ) -> None:
         """Every stage's kv of context rows ctx [n, d] at positions pos [n] into the rings."""
         if not len(pos):
             return
@@ -102,9 +115,18 @@ class Drafter(nn.Module):
 
     # ---- the query block ----------------------------------------------------------------
     @torch.no_grad()
-    def propose(self, rings: list[torch.Tensor], filler_row: int, embed: Embedding, head: Linear,
-                comm: Comm, lease: torch.Tensor, anchor_pos: torch.Tensor, anchor_tok: torch.Tensor,
-                pick=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def propose(
+        self,
+        rings: list[torch.Tensor],
+        filler_row: int,
+        embed: Embedding,
+        head: Linear,
+        comm: Comm,
+        lease: torch.Tensor,
+        anchor_pos: torch.Tensor,
+        anchor_tok: torch.Tensor,
+        pick=None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """lease/anchor_pos/anchor_tok [R] long -> drafts [R, 7] long, confidence [R, 7] fp32.
         pick(logits [R, V/tp], s) -> [R]: how draft s is chosen (None: the group's argmax;
         sampling requests: workers/sampling/draft_pick.DraftPicker, the verify rows' noise).
@@ -129,8 +151,16 @@ class Drafter(nn.Module):
 
     # NOTE: the pieces below carry no grad decorator: tools/train_demo trains through them
     # (teacher-forced: prev = the target's tokens instead of the drafts).
-    def block_hidden(self, rings: list[torch.Tensor], filler_row: int, embed: Embedding, comm: Comm,
-                     lease: torch.Tensor, anchor_pos: torch.Tensor, anchor_tok: torch.Tensor) -> torch.Tensor:
+    def block_hidden(
+        self,
+        rings: list[torch.Tensor],
+        filler_row: int,
+        embed: Embedding,
+        comm: Comm,
+        lease: torch.Tensor,
+        anchor_pos: torch.Tensor,
+        anchor_tok: torch.Tensor,
+    ) -> torch.Tensor:
         """The query blocks through the stages: [R] -> x [R, 7, d] (rows 1..7, hc_head, pre-norm)."""
         c, R, K1 = self.cfg, int(lease.shape[0]), QUERY_ROWS
         offs = torch.arange(K1, device=lease.device)
@@ -151,8 +181,14 @@ class Drafter(nn.Module):
             slots = torch.where(ring_mask, slots, torch.full_like(slots, filler_row))
             ring_keys = rings[k][slots]  # [R, W, D]
             h = self._stage(stage, h, tokens, ring_keys, mask, cos, sin, comm)
-        x = hc_head(h.view(R, K1, c.hc_mult, c.hidden_size)[:, 1:].reshape(R * (K1 - 1), c.hc_mult, c.hidden_size),
-                    self.hc_head_fn, self.hc_head_base, self.hc_head_scale, c.hc_eps, c.rms_norm_eps)  # [R*7, d]
+        x = hc_head(
+            h.view(R, K1, c.hc_mult, c.hidden_size)[:, 1:].reshape(R * (K1 - 1), c.hc_mult, c.hidden_size),
+            self.hc_head_fn,
+            self.hc_head_base,
+            self.hc_head_scale,
+            c.hc_eps,
+            c.rms_norm_eps,
+        )  # [R*7, d]
         return x.view(R, K1 - 1, c.hidden_size)
 
     def block_logits(self, head: Linear, x: torch.Tensor) -> torch.Tensor:
@@ -175,12 +211,13 @@ class Drafter(nn.Module):
 
     def _stage(self, stage: Block, h, tokens, ring_keys, mask, cos, sin, comm: Comm) -> torch.Tensor:
         c = self.cfg
-        post, comb, y = hc_pre(h, stage.hc_attn_fn, stage.hc_attn_base, stage.hc_attn_scale,
-                               c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
-        h = hc_post(h, self._attention(stage.attn, stage.attn_norm(y), ring_keys, mask, cos, sin, comm),
-                    post, comb)
-        post, comb, y = hc_pre(h, stage.hc_ffn_fn, stage.hc_ffn_base, stage.hc_ffn_scale,
-                               c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
+        post, comb, y = hc_pre(
+            h, stage.hc_attn_fn, stage.hc_attn_base, stage.hc_attn_scale, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps
+        )
+        h = hc_post(h, self._attention(stage.attn, stage.attn_norm(y), ring_keys, mask, cos, sin, comm), post, comb)
+        post, comb, y = hc_pre(
+            h, stage.hc_ffn_fn, stage.hc_ffn_base, stage.hc_ffn_scale, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps
+        )
         return hc_post(h, stage.ffn(stage.ffn_norm(y), tokens, comm), post, comb)
 
     def _attention(self, attn, x, ring_keys, mask, cos, sin, comm: Comm) -> torch.Tensor:
@@ -194,7 +231,7 @@ class Drafter(nn.Module):
         block = kv.view(R, 1, K1, attn.head_dim).expand(-1, K1, -1, -1)  # [R, 8, 8, D]
         ring = ring_keys.to(q.dtype).unsqueeze(1).expand(-1, K1, -1, -1)  # [R, 8, W, D]
         keys = torch.cat([ring, block], dim=2).reshape(rows, ring.shape[2] + K1, attn.head_dim)  # [R*8, W+8, D]
-        out = attend(q, keys, mask, attn.attn_sink, attn.head_dim ** -0.5)
+        out = attend(q, keys, mask, attn.attn_sink, attn.head_dim**-0.5)
         out = apply_rope(out, cos, -sin)
         grouped = out.reshape(rows, attn.num_groups, attn.num_heads // attn.num_groups * attn.head_dim)
         w = attn.wo_a.weight.view(attn.num_groups, -1, grouped.shape[-1])  # [G, R, H/G*D]

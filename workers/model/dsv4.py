@@ -6,6 +6,7 @@
 Parameter names are the DeepSeek-native checkpoint names, so a native state_dict loads
 as is (workers/weights.py maps transformers' layout onto them).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -43,9 +44,11 @@ class ForwardOutput:
 
 
 def _hc_params(n: int, hidden: int, hc: int) -> tuple[nn.Parameter, ...]:
-    return (nn.Parameter(torch.zeros(n, hc * hidden), requires_grad=False),
-            nn.Parameter(torch.zeros(n), requires_grad=False),
-            nn.Parameter(torch.zeros(3 if n > hc else 1), requires_grad=False))
+    return (
+        nn.Parameter(torch.zeros(n, hc * hidden), requires_grad=False),
+        nn.Parameter(torch.zeros(n), requires_grad=False),
+        nn.Parameter(torch.zeros(3 if n > hc else 1), requires_grad=False),
+    )
 
 
 class Embedding(nn.Module):
@@ -73,24 +76,26 @@ class Block(nn.Module):
 
     def forward(self, h: torch.Tensor, ctx: StepContext) -> torch.Tensor:  # h [T, hc, d]
         c = self.cfg
-        post, comb, y = hc_pre(h, self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale,
-                               c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
+        post, comb, y = hc_pre(
+            h, self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps
+        )
         h = hc_post(h, self.attn(self.attn_norm(y), ctx), post, comb)
-        post, comb, y = hc_pre(h, self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale,
-                               c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
+        post, comb, y = hc_pre(
+            h, self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps
+        )
         return hc_post(h, self.ffn(self.ffn_norm(y), ctx.batch.token_ids, ctx.comm), post, comb)
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig, dims: LocalDims, dtype: torch.dtype, w8a8=lambda name: False,
-                 hadamard: bool = True) -> None:
+    def __init__(
+        self, cfg: ModelConfig, dims: LocalDims, dtype: torch.dtype, w8a8=lambda name: False, hadamard: bool = True
+    ) -> None:
         super().__init__()
         self.cfg, self.dims, self.dtype, self.use_hadamard = cfg, dims, dtype, hadamard
         self.embed = Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
         self.layers = nn.ModuleList(Block(cfg, i, dims, dtype, w8a8) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.hc_head_fn, self.hc_head_base, self.hc_head_scale = _hc_params(cfg.hc_mult, cfg.hidden_size,
-                                                                            cfg.hc_mult)
+        self.hc_head_fn, self.hc_head_base, self.hc_head_scale = _hc_params(cfg.hc_mult, cfg.hidden_size, cfg.hc_mult)
         self.head = Linear(cfg.hidden_size, dims.vocab_size, dtype)
         self._tables: dict | None = None
 
@@ -104,23 +109,42 @@ class Transformer(nn.Module):
 
     def context(self, batch: StagedBatch, pool: KVPool, comm: Comm) -> StepContext:
         from workers.model.layers import rope_cos_sin
+
         t = self._rope_tables(batch.positions.device)
         emit = {r: rope_cos_sin(t["compress"], ri.emit_pos, self.dtype) for r, ri in batch.ratios.items()}
-        return StepContext(batch, pool, comm, rope_cos_sin(t["main"], batch.positions, self.dtype),
-                           rope_cos_sin(t["compress"], batch.positions, self.dtype), emit, t["hadamard"])
+        return StepContext(
+            batch,
+            pool,
+            comm,
+            rope_cos_sin(t["main"], batch.positions, self.dtype),
+            rope_cos_sin(t["compress"], batch.positions, self.dtype),
+            emit,
+            t["hadamard"],
+        )
 
     @torch.no_grad()
-    def forward(self, batch: StagedBatch, pool: KVPool, comm: Comm,
-                tap_layers: tuple[int, ...] = (), tap_rows: torch.Tensor | None = None) -> ForwardOutput:
+    def forward(
+        self,
+        batch: StagedBatch,
+        pool: KVPool,
+        comm: Comm,
+        tap_layers: tuple[int, ...] = (),
+        tap_rows: torch.Tensor | None = None,
+    ) -> ForwardOutput:
         h, taps = self.trunk(batch, pool, comm, tap_layers, tap_rows)
         y = self.final_hidden(h[batch.logit_rows])  # [L, d]
         logits = linear_rows(self.head, y).float()  # [L, V/tp]
-        tokens = comm.argmax_tp(logits, self.dims.vocab_offset) if logits.shape[0] else \
-            torch.zeros(0, dtype=torch.long)
+        tokens = comm.argmax_tp(logits, self.dims.vocab_offset) if logits.shape[0] else torch.zeros(0, dtype=torch.long)
         return ForwardOutput(logits, tokens, taps)
 
-    def trunk(self, batch: StagedBatch, pool: KVPool, comm: Comm, tap_layers: tuple[int, ...] = (),
-              tap_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    def trunk(
+        self,
+        batch: StagedBatch,
+        pool: KVPool,
+        comm: Comm,
+        tap_layers: tuple[int, ...] = (),
+        tap_rows: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """embed -> layers: h [T, hc, d] after the last layer, taps layer -> [rows, hc, d].
         No grad decorator: tools/train_demo trains through this same code."""
         ctx = self.context(batch, pool, comm)
@@ -135,5 +159,6 @@ class Transformer(nn.Module):
 
     def final_hidden(self, h: torch.Tensor) -> torch.Tensor:
         """h [L, hc, d] -> the head's input [L, d] (hc_head, norm)."""
-        return self.norm(hc_head(h, self.hc_head_fn, self.hc_head_base, self.hc_head_scale,
-                                 self.cfg.hc_eps, self.cfg.rms_norm_eps))
+        return self.norm(
+            hc_head(h, self.hc_head_fn, self.hc_head_base, self.hc_head_scale, self.cfg.hc_eps, self.cfg.rms_norm_eps)
+        )

@@ -13,6 +13,7 @@ The source is compiled once per machine with the system C compiler into a cache 
 DSPARK_C_KERNELS=0, `lib()` is None and layers.py runs the torch compositions (same bits,
 slower). Kernels take fp32, contiguous, CPU tensors outside autograd; callers check `fits`.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -126,8 +127,7 @@ _tried = False
 
 
 def _cache_dir() -> str:
-    return os.environ.get("DSPARK_KERNEL_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "dspark_loop")
+    return os.environ.get("DSPARK_KERNEL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dspark_loop")
 
 
 def _build() -> ctypes.CDLL | None:
@@ -146,8 +146,9 @@ def _build() -> ctypes.CDLL | None:
                 f.write(SOURCE)
             res = subprocess.run([cc, *FLAGS, src, "-o", out], capture_output=True, text=True, check=False)
             if res.returncode != 0:
-                log.warning("C kernels did not compile (%s): the model runs its torch compositions",
-                            res.stderr.strip()[:300])
+                log.warning(
+                    "C kernels did not compile (%s): the model runs its torch compositions", res.stderr.strip()[:300]
+                )
                 return None
             os.replace(out, path)  # atomic: concurrent ranks each build, one file wins
     lib = ctypes.CDLL(path)
@@ -173,5 +174,7 @@ def lib() -> ctypes.CDLL | None:
 def fits(*ts: torch.Tensor) -> bool:
     """Every tensor fp32, contiguous, on the CPU and outside autograd (training keeps torch)."""
     grad = torch.is_grad_enabled()
-    return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
-               and not (grad and t.requires_grad) for t in ts)
+    return all(
+        t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() and not (grad and t.requires_grad)
+        for t in ts
+    )

@@ -12,6 +12,7 @@ Row invariance (a row's bits never depend on the batch) rests on three measured 
     elements land in the tail depends on the tensor size), so they are composed here from
     exact ones.
 """
+
 from __future__ import annotations
 
 import torch
@@ -114,7 +115,7 @@ def row_tiles(fn, *xs: torch.Tensor) -> torch.Tensor:
     pad = (-rows) % ROW_TILE
     if pad:
         xs = tuple(torch.cat([x, x.new_zeros(pad, *x.shape[1:])]) for x in xs)
-    out = [fn(*(x[i:i + ROW_TILE] for x in xs)) for i in range(0, rows + pad, ROW_TILE)]
+    out = [fn(*(x[i : i + ROW_TILE] for x in xs)) for i in range(0, rows + pad, ROW_TILE)]
     if isinstance(out[0], tuple):
         return tuple(torch.cat(parts)[:rows] for parts in zip(*out))
     return torch.cat(out)[:rows]
@@ -169,8 +170,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     if k is not None and x.dim() >= 2 and kernels.fits(x, cos, sin):
         out = torch.empty_like(x)
         n, half, dim = x.shape[0], cos.shape[-1], x.shape[-1]
-        k.rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), n,
-               x.numel() // max(n * dim, 1), dim, half)
+        k.rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), n, x.numel() // max(n * dim, 1), dim, half)
         return out
     extra = x.dim() - 2
     rd = 2 * cos.shape[-1]
@@ -182,8 +182,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat([nope, out.to(x.dtype)], dim=-1)
 
 
-def hc_pre(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
-           sinkhorn_iters: int, hc_eps: float, norm_eps: float):
+def hc_pre(
+    h: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    sinkhorn_iters: int,
+    hc_eps: float,
+    norm_eps: float,
+):
     """mHC weights for one sublayer. h [rows, hc, d] -> post [rows, hc], comb [rows, hc, hc]
     (comb[j, k]: stream j into stream k), collapsed input [rows, d]. One pass over all rows:
     only the mix projection is tiled; the Sinkhorn's 4x4 sums are per-row reductions."""
@@ -237,20 +244,29 @@ def hc_post(h: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.
     k = kernels.lib()
     if k is not None and kernels.fits(h, out, post, comb):
         res = torch.empty_like(h)
-        k.hc_post(h.data_ptr(), out.data_ptr(), post.data_ptr(), comb.data_ptr(), res.data_ptr(),
-                  h.shape[0], h.shape[1], h.shape[2])
+        k.hc_post(
+            h.data_ptr(),
+            out.data_ptr(),
+            post.data_ptr(),
+            comb.data_ptr(),
+            res.data_ptr(),
+            h.shape[0],
+            h.shape[1],
+            h.shape[2],
+        )
         return res
     comb = comb.to(dtype)
     # NOTE: elementwise in a fixed order, not a batched matmul over rows (its tail handling
     # depends on the row count, see linear_rows).
     mixed = comb[:, 0, :, None] * h[:, 0:1, :]  # [rows, hc, d]
     for j in range(1, h.shape[1]):
-        mixed = mixed + comb[:, j, :, None] * h[:, j:j + 1, :]
+        mixed = mixed + comb[:, j, :, None] * h[:, j : j + 1, :]
     return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + mixed
 
 
-def hc_head(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
-            hc_eps: float, norm_eps: float) -> torch.Tensor:
+def hc_head(
+    h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, hc_eps: float, norm_eps: float
+) -> torch.Tensor:
     """Final collapse of the streams: h [rows, hc, d] -> [rows, d] (no Sinkhorn)."""
     flat = rms_unweighted(h.flatten(1).float(), norm_eps)
     mix = matmul_rows(flat, fn.float())  # [rows, hc]
@@ -265,4 +281,4 @@ def hadamard_matrix(dim: int) -> torch.Tensor:
     m = torch.ones(1, 1)
     while m.shape[0] < dim:
         m = torch.cat([torch.cat([m, m], 1), torch.cat([m, -m], 1)], 0)
-    return m / dim ** 0.5
+    return m / dim**0.5

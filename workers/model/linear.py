@@ -5,6 +5,7 @@ channel; activations are quantised per token to int8 at run time (symmetric,
 scale = amax/127, amax floored at 1e-4). The int8 x int8 products are accumulated in
 fp32 here (exact enough on CPU; an NPU build swaps in its int8 matmul).
 """
+
 from __future__ import annotations
 
 import torch
@@ -33,17 +34,16 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class Linear(nn.Module):
     """y = x @ W.T; no bias anywhere in DeepSeek-V4."""
 
-    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype = torch.float32,
-                 w8a8: bool = False) -> None:
+    def __init__(
+        self, in_features: int, out_features: int, dtype: torch.dtype = torch.float32, w8a8: bool = False
+    ) -> None:
         super().__init__()
         self.in_features, self.out_features, self.w8a8 = in_features, out_features, w8a8
         if w8a8:
-            self.weight = nn.Parameter(torch.zeros(out_features, in_features, dtype=torch.int8),
-                                       requires_grad=False)
+            self.weight = nn.Parameter(torch.zeros(out_features, in_features, dtype=torch.int8), requires_grad=False)
             self.scale = nn.Parameter(torch.ones(out_features, dtype=torch.float32), requires_grad=False)
         else:
-            self.weight = nn.Parameter(torch.zeros(out_features, in_features, dtype=dtype),
-                                       requires_grad=False)
+            self.weight = nn.Parameter(torch.zeros(out_features, in_features, dtype=dtype), requires_grad=False)
             self.scale = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]

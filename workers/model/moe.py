@@ -7,6 +7,7 @@ EP exchange (gather-then-sum in rank order, never an all_reduce):
     2. each rank runs its local experts on every group's tokens -> partial [sum T_g, d]
     3. gather_world the partials; each rank sums, in rank order, its own group's slice
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -54,7 +55,7 @@ class Gate(nn.Module):
             idx = self.tid2eid[token_ids].long()
         else:
             # NOTE: lowest expert id wins a tie (stable sort), whatever the batch shape.
-            idx = torch.sort(scores + self.bias.float(), dim=-1, descending=True, stable=True).indices[:, :self.topk]
+            idx = torch.sort(scores + self.bias.float(), dim=-1, descending=True, stable=True).indices[:, : self.topk]
         w = scores.gather(1, idx)
         return idx, w / (w.sum(dim=-1, keepdim=True) + 1e-20) * self.scale
 
@@ -66,11 +67,15 @@ class MoE(nn.Module):
         self.gate = Gate(cfg, cfg.is_hash_layer(layer))
         self.expert_lo, self.expert_hi = dims.expert_lo, dims.expert_hi
         inter, limit = cfg.moe_intermediate_size, cfg.swiglu_limit
-        self.experts = nn.ModuleDict({
-            str(e): Expert(cfg.hidden_size, inter, limit, dtype, w8a8, f"{p}experts.{e}.")
-            for e in range(dims.expert_lo, dims.expert_hi)})
-        self.shared_experts = Expert(cfg.hidden_size, inter * cfg.n_shared_experts, limit, dtype, w8a8,
-                                     p + "shared_experts.")
+        self.experts = nn.ModuleDict(
+            {
+                str(e): Expert(cfg.hidden_size, inter, limit, dtype, w8a8, f"{p}experts.{e}.")
+                for e in range(dims.expert_lo, dims.expert_hi)
+            }
+        )
+        self.shared_experts = Expert(
+            cfg.hidden_size, inter * cfg.n_shared_experts, limit, dtype, w8a8, p + "shared_experts."
+        )
         self.limit = limit
         self._stack_key: tuple | None = None
         self._linears: list[list[Linear]] | None = None
@@ -130,7 +135,7 @@ class MoE(nn.Module):
         y = x.new_zeros(rows * k, d)  # [T*k, d] per assignment
         if num_local:
             order = np.argsort(flat, kind="stable")  # assignments by expert, tokens ascending
-            a = order[first:first + num_local]  # [n] local assignments, by expert
+            a = order[first : first + num_local]  # [n] local assignments, by expert
             num_tiles = -(-counts // ROW_TILE)  # [E_local]
             group_start = np.cumsum(counts) - counts  # [E_local] in a
             tile_start = (np.cumsum(num_tiles) - num_tiles) * ROW_TILE  # [E_local] in tiles
@@ -160,16 +165,17 @@ class MoE(nn.Module):
             idxs = comm.gather_world(idx)[::tp]
             ws = comm.gather_world(w)[::tp]
             partial = torch.cat([self.routed(a, b, c) for a, b, c in zip(xs, idxs, ws)])  # [sum T_g, d]
-            start = sum(t.shape[0] for t in xs[:shard.group])
-            parts = [p[start:start + x.shape[0]] for p in comm.gather_world(partial)]
+            start = sum(t.shape[0] for t in xs[: shard.group])
+            parts = [p[start : start + x.shape[0]] for p in comm.gather_world(partial)]
             routed = parts[0]
             for p in parts[1:]:
                 routed = routed + p
         return routed + self.shared_experts(x)
 
 
-def _tile_linear(tiles: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
-                 tile_expert: torch.Tensor) -> torch.Tensor:
+def _tile_linear(
+    tiles: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, tile_expert: torch.Tensor
+) -> torch.Tensor:
     """Linear.forward per tile with its expert's weight: tiles [n, 8, in], weight [E, out, in]
     -> [n, 8, out] (one bmm: each tile gets its own 8-row gemm's bits, see layers)."""
     if scale is None and (tiles.requires_grad or weight.requires_grad):

@@ -8,6 +8,7 @@ close to the target's, the two picks coincide, so the draft is accepted (couplin
 request keeps the plain argmax. Penalties are left out of drafts (they only cost accepted
 length, never correctness: the verify row decides).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -22,9 +23,11 @@ from workers.sampling.sampler import sample
 class DraftPicker:
     def __init__(self, rows: SamplingRows, anchor_pos: torch.Tensor, comm: Comm, vocab_offset: int) -> None:
         """rows: the R anchors' requests' parameters (position ignored); anchor_pos [R] long."""
-        no_penalty = dict(presence_penalty=torch.zeros_like(rows.presence_penalty),
-                          frequency_penalty=torch.zeros_like(rows.frequency_penalty),
-                          repetition_penalty=torch.ones_like(rows.repetition_penalty))
+        no_penalty = dict(
+            presence_penalty=torch.zeros_like(rows.presence_penalty),
+            frequency_penalty=torch.zeros_like(rows.frequency_penalty),
+            repetition_penalty=torch.ones_like(rows.repetition_penalty),
+        )
         self.rows = replace(rows, **no_penalty)
         self.anchor_pos, self.comm, self.offset = anchor_pos, comm, vocab_offset
         self.any_random = bool(rows.is_random.any())

@@ -7,6 +7,7 @@ TP split), so a row's logprobs have the same bits on tp1, tp2 and tp4. The top-N
 ranked by (logprob desc, id asc): each rank sends its slice's top N as composite int64 keys
 (order key << 32 | ~id), the group merges them. Only [L], [L, N] tensors cross the group.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,7 @@ import math
 import torch
 
 from workers.comm import Comm
-from workers.sampling.thresholds import (fixed_exp, fixed_point_shift, group_max, group_sum_int,
-                                         order_keys)
+from workers.sampling.thresholds import fixed_exp, fixed_point_shift, group_max, group_sum_int, order_keys
 
 MASK32 = 0xFFFFFFFF
 
@@ -41,8 +41,7 @@ def token_logprobs(lp: torch.Tensor, token_ids: torch.Tensor, vocab_offset: int,
     return torch.stack(comm.gather_tp(vals.contiguous())).amax(dim=0)
 
 
-def top_logprobs(lp: torch.Tensor, num_top: int, vocab_offset: int, comm: Comm
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def top_logprobs(lp: torch.Tensor, num_top: int, vocab_offset: int, comm: Comm) -> tuple[torch.Tensor, torch.Tensor]:
     """lp [L, V/tp] -> (ids [L, N] int64 global, logprobs [L, N] fp32), best first; ties: lowest id.
     N = num_top (at most the whole vocabulary)."""
     rows, local_vocab = lp.shape

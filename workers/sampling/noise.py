@@ -16,6 +16,7 @@ NOTE: values are 32-bit words held in int64 and every product is split into 16-b
 (`_mul32`), so no intermediate reaches 2^63: no signed overflow, no reliance on wrapping,
 and the same bits on CPU, CUDA and NPU. fmix32 is MurmurHash3's finaliser (full avalanche).
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,7 +24,7 @@ import torch
 MASK32 = 0xFFFFFFFF
 GOLDEN = 0x9E3779B9  # absorbed between words so a zero word never maps to a fixed point
 CHUNK_ELEMENTS = 1 << 14
-_TWO_M32 = 2.0 ** -32
+_TWO_M32 = 2.0**-32
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -94,8 +95,9 @@ def gumbel_from_bits(h: torch.Tensor) -> torch.Tensor:
     return -torch.log(torch.where(low, e_low, e_high))
 
 
-def gumbel_noise(seed: torch.Tensor, choice: torch.Tensor, position: torch.Tensor,
-                 vocab_offset: int, num_vocab: int) -> torch.Tensor:
+def gumbel_noise(
+    seed: torch.Tensor, choice: torch.Tensor, position: torch.Tensor, vocab_offset: int, num_vocab: int
+) -> torch.Tensor:
     """Noise [L, num_vocab] fp32 for global ids vocab_offset .. +num_vocab-1 of L rows
     (seed/choice/position [L] int64). Any vocab slice gives the same values as the full row."""
     keys = row_keys(seed, choice, position)  # [L]
@@ -109,6 +111,6 @@ def gumbel_noise(seed: torch.Tensor, choice: torch.Tensor, position: torch.Tenso
     tmp = torch.empty_like(h)
     for i in range(0, len(keys), rows):
         n = min(rows, len(keys) - i)
-        torch.bitwise_xor(keys[i:i + n, None], vh[None, :], out=h[:n])
-        out[i:i + n] = gumbel_from_bits(_fmix32_(h[:n], tmp[:n]))
+        torch.bitwise_xor(keys[i : i + n, None], vh[None, :], out=h[:n])
+        out[i : i + n] = gumbel_from_bits(_fmix32_(h[:n], tmp[:n]))
     return out

@@ -14,6 +14,7 @@ vocab slice; a mirror the rank derives from the plans, like its block tables.
                 prompt           | ledger (counted)    | committed now | pending until the
                                                                          next row 0 says
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -55,8 +56,10 @@ class PenaltyLedger:
         caught_up = []
         for pos in range(e.end, start_pos):
             if pos not in e.pending:
-                raise ValueError(f"request {req_id}: position {pos} is committed but was never seen "
-                                 f"(ledger end {e.end}, row 0 at {start_pos})")
+                raise ValueError(
+                    f"request {req_id}: position {pos} is committed but was never seen "
+                    f"(ledger end {e.end}, row 0 at {start_pos})"
+                )
             caught_up.append(e.pending[pos])
         if start_pos >= e.end:
             caught_up.append(row_tokens[0])
@@ -73,6 +76,6 @@ class PenaltyLedger:
         for i, t in enumerate(drafts):
             local = int(t) - self.offset
             if 0 <= local < self.local_vocab:
-                out[i + 1:, local] += 1
+                out[i + 1 :, local] += 1
         mask = None if e.prompt_mask is None else e.prompt_mask.expand(n, -1)
         return out, mask

@@ -12,6 +12,7 @@ row max, counts and fixed-point masses, see thresholds.py) are exact for any TP 
 row keeps the same ids alone, in any batch and on any topology. Every function that takes
 a Comm is a collective over the TP group: all ranks call it with the same rows.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,8 +21,14 @@ import torch
 
 from workers.comm import Comm
 from workers.sampling.rows import SamplingRows
-from workers.sampling.thresholds import (fixed_exp, fixed_point_shift, group_max, group_sum_int,
-                                         order_keys, threshold_over)
+from workers.sampling.thresholds import (
+    fixed_exp,
+    fixed_point_shift,
+    group_max,
+    group_sum_int,
+    order_keys,
+    threshold_over,
+)
 
 NEG_INF = float("-inf")
 
@@ -29,6 +36,7 @@ NEG_INF = float("-inf")
 @dataclass
 class PenaltyRows:
     """The logit rows with a penalty and what they have seen (built by PenaltyLedger)."""
+
     row_ids: torch.Tensor  # [m] long: indices into the step's logit rows
     counts: torch.Tensor  # [m, V/tp] int32: output ids so far (+ the tile's earlier drafts)
     prompt_mask: torch.Tensor | None  # [m, V/tp] bool: prompt ids (repetition penalty) or None
@@ -71,8 +79,9 @@ def apply_top_k(x: torch.Tensor, top_k: torch.Tensor, vocab_size: int, comm: Com
     return out
 
 
-def apply_top_p(x: torch.Tensor, row_max: torch.Tensor, top_p: torch.Tensor, vocab_size: int,
-                comm: Comm) -> torch.Tensor:
+def apply_top_p(
+    x: torch.Tensor, row_max: torch.Tensor, top_p: torch.Tensor, vocab_size: int, comm: Comm
+) -> torch.Tensor:
     """x [L, V/tp] (after top-k), row_max [L] (group-wide, kept by every filter), top_p [L]."""
     on = (top_p < 1).nonzero()[:, 0]  # [m]
     if not len(on):

@@ -12,6 +12,7 @@ Per step (a collective: every rank of the TP group runs it on its vocab slice):
     3. logprobs of the raw logits for rows whose request asked: sampled tokens (sampling
        rows) and known prompt tokens (prompt rows), with the top N entries
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,16 +22,25 @@ import torch
 
 from dspark_loop.protocol import GREEDY_BELOW, PartitionPlan, as_i32
 from workers.comm import Comm
-from workers.sampling.logprobs import log_softmax_sharded, token_logprobs, top_logprobs
 from workers.sampling.draft_pick import DraftPicker
+from workers.sampling.logprobs import log_softmax_sharded, token_logprobs, top_logprobs
 from workers.sampling.penalty_ledger import PenaltyLedger
 from workers.sampling.processors import PenaltyRows
 from workers.sampling.rows import SamplingRows
 from workers.sampling.sampler import sample
 from workers.sampling.step_rows import StepRows
 
-SPEC_FIELDS = ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-               "repetition_penalty", "seed", "choice")
+SPEC_FIELDS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "choice",
+)
 
 
 def _has_penalty(spec) -> bool:
@@ -40,6 +50,7 @@ def _has_penalty(spec) -> bool:
 @dataclass
 class StepLogprobs:
     """Logprob entries of one step (numpy, leader's answer): one per asked row."""
+
     req_ids: np.ndarray  # int32 [n]
     positions: np.ndarray  # int32 [n] position of the token the entry is about
     token_ids: np.ndarray  # int32 [n]
@@ -74,10 +85,13 @@ class RankSampler:
         """How the drafter picks for these anchors' requests (None: all greedy, the argmax).
         NOTE: every rank of the group sees the same specs, so all agree on None."""
         if not self.shared_noise_drafts or not any(
-                r in self.specs and self.specs[r].temperature >= GREEDY_BELOW for r in req_ids):
+            r in self.specs and self.specs[r].temperature >= GREEDY_BELOW for r in req_ids
+        ):
             return None
-        values = {name: [getattr(self.specs[r], name) if r in self.specs else SamplingRows.NEUTRAL[name]
-                         for r in req_ids] for name in SPEC_FIELDS}
+        values = {
+            name: [getattr(self.specs[r], name) if r in self.specs else SamplingRows.NEUTRAL[name] for r in req_ids]
+            for name in SPEC_FIELDS
+        }
         rows = SamplingRows.make(len(req_ids), self.device, **values)
         return DraftPicker(rows, anchor_pos, comm, self.offset)
 
@@ -86,8 +100,7 @@ class RankSampler:
         return not any(r in self.specs for r in rows.req_ids)
 
     # ---- the pass -------------------------------------------------------------------------
-    def run(self, rows: StepRows, logits: torch.Tensor, comm: Comm
-            ) -> tuple[torch.Tensor, StepLogprobs | None]:
+    def run(self, rows: StepRows, logits: torch.Tensor, comm: Comm) -> tuple[torch.Tensor, StepLogprobs | None]:
         """logits [L, V/tp] fp32 (constraint masks applied) -> (tokens [S] long, logprobs)."""
         for req, start, tile, _ in rows.tiles:
             if req in self.ledger:
@@ -103,8 +116,9 @@ class RankSampler:
             spec = self.specs.get(rows.req_ids[i])
             for name in SPEC_FIELDS:
                 values[name].append(getattr(spec, name) if spec is not None else SamplingRows.NEUTRAL[name])
-        return SamplingRows.make(len(rows.sample_rows), self.device,
-                                 position=[rows.positions[i] for i in rows.sample_rows], **values)
+        return SamplingRows.make(
+            len(rows.sample_rows), self.device, position=[rows.positions[i] for i in rows.sample_rows], **values
+        )
 
     def _penalties(self, rows: StepRows) -> PenaltyRows | None:
         """Counts of the penalised sampling rows (index = position among the sample rows)."""
@@ -132,12 +146,12 @@ class RankSampler:
             return None
         prompt = None
         if any(m is not None for m in masks):
-            prompt = torch.cat([m if m is not None else torch.zeros_like(c, dtype=torch.bool)
-                                for m, c in zip(masks, counts)])
+            prompt = torch.cat(
+                [m if m is not None else torch.zeros_like(c, dtype=torch.bool) for m, c in zip(masks, counts)]
+            )
         return PenaltyRows(torch.as_tensor(ids, dtype=torch.long, device=self.device), torch.cat(counts), prompt)
 
-    def _logprobs(self, rows: StepRows, logits: torch.Tensor, tokens: torch.Tensor,
-                  comm: Comm) -> StepLogprobs | None:
+    def _logprobs(self, rows: StepRows, logits: torch.Tensor, tokens: torch.Tensor, comm: Comm) -> StepLogprobs | None:
         asked, targets, num_top = [], [], 0
         sampled = dict(zip(rows.sample_rows, tokens.tolist()))
         for i, req in enumerate(rows.req_ids):
@@ -157,9 +171,16 @@ class RankSampler:
         lp = log_softmax_sharded(logits[idx], comm)  # [n, V/tp]
         tgt = torch.as_tensor(targets, dtype=torch.long, device=logits.device)
         values = token_logprobs(lp, tgt, self.offset, comm)
-        top_ids, top_values = top_logprobs(lp, num_top, self.offset, comm) if num_top else (
-            torch.zeros(len(asked), 0, dtype=torch.long), torch.zeros(len(asked), 0))
-        return StepLogprobs(np.asarray([rows.req_ids[i] for i in asked], np.int32),
-                            np.asarray([rows.positions[i] for i in asked], np.int32),
-                            np.asarray(targets, np.int32), values.cpu().numpy().astype(np.float32),
-                            top_ids.to(torch.int32).cpu().numpy(), top_values.cpu().numpy().astype(np.float32))
+        top_ids, top_values = (
+            top_logprobs(lp, num_top, self.offset, comm)
+            if num_top
+            else (torch.zeros(len(asked), 0, dtype=torch.long), torch.zeros(len(asked), 0))
+        )
+        return StepLogprobs(
+            np.asarray([rows.req_ids[i] for i in asked], np.int32),
+            np.asarray([rows.positions[i] for i in asked], np.int32),
+            np.asarray(targets, np.int32),
+            values.cpu().numpy().astype(np.float32),
+            top_ids.to(torch.int32).cpu().numpy(),
+            top_values.cpu().numpy().astype(np.float32),
+        )

@@ -9,6 +9,7 @@ predicts that token, and for the drafter's proposal of it.
 Neutral values switch a processor off: temperature 0 (greedy), top_k 0, top_p 1, min_p 0,
 presence/frequency 0, repetition 1.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -31,8 +32,18 @@ class SamplingRows:
     choice: torch.Tensor  # [L] int64 (n > 1: the choice's index)
     position: torch.Tensor  # [L] int64, absolute position of the sampled token
 
-    NEUTRAL = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, presence_penalty=0.0,
-                   frequency_penalty=0.0, repetition_penalty=1.0, seed=0, choice=0, position=0)
+    NEUTRAL = dict(
+        temperature=0.0,
+        top_k=0,
+        top_p=1.0,
+        min_p=0.0,
+        presence_penalty=0.0,
+        frequency_penalty=0.0,
+        repetition_penalty=1.0,
+        seed=0,
+        choice=0,
+        position=0,
+    )
 
     @classmethod
     def make(cls, num_rows: int, device: str | torch.device = "cpu", **values) -> SamplingRows:
@@ -66,5 +77,4 @@ class SamplingRows:
 
     @property
     def has_penalty(self) -> torch.Tensor:  # [L] bool
-        return ((self.presence_penalty != 0) | (self.frequency_penalty != 0)
-                | (self.repetition_penalty != 1))
+        return (self.presence_penalty != 0) | (self.frequency_penalty != 0) | (self.repetition_penalty != 1)

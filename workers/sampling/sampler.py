@@ -9,6 +9,7 @@ row's logits and noise coordinates. Each rank takes the max over its vocab slice
 group reduces with the lowest-id tie rule (Comm.argmax_tp), exactly like greedy: the full
 logits are never gathered.
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,8 +20,9 @@ from workers.sampling.processors import PenaltyRows, apply_penalties, filter_log
 from workers.sampling.rows import SamplingRows
 
 
-def sample(logits: torch.Tensor, rows: SamplingRows, comm: Comm, vocab_offset: int,
-           penalties: PenaltyRows | None = None) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor, rows: SamplingRows, comm: Comm, vocab_offset: int, penalties: PenaltyRows | None = None
+) -> torch.Tensor:
     """logits [L, V/tp] fp32 (constraint masks already at -inf) -> tokens [L] int64 (global ids).
 
     penalties: the rows with a penalty and their counts (None: no row has one).

@@ -16,13 +16,14 @@ every prompt row. Per logit row:
     decode k rows at L:                rows L..L+k-1 -> positions L+1..L+k; row i's
                                        penalty counts add the tile's tokens 1..i (drafts)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from dspark_loop.protocol import PartitionPlan, as_i32, as_i8
+from dspark_loop.protocol import PartitionPlan, as_i8, as_i32
 
 
 @dataclass
@@ -64,9 +65,8 @@ def step_rows(part: PartitionPlan, wants_prompt_logprobs) -> StepRows:
     if d is not None:
         toks = as_i32(d.token_ids)
         cu = 0
-        for req, start, k in zip(as_i32(d.req_ids).tolist(), as_i32(d.start_pos).tolist(),
-                                 as_i8(d.num_rows).tolist()):
-            rows.tiles.append((req, start, toks[cu:cu + k], len(rows.req_ids)))
+        for req, start, k in zip(as_i32(d.req_ids).tolist(), as_i32(d.start_pos).tolist(), as_i8(d.num_rows).tolist()):
+            rows.tiles.append((req, start, toks[cu : cu + k], len(rows.req_ids)))
             for i in range(k):
                 rows._add(req, start + i + 1, -1, True)
             rows.segment_rows.append(np.arange(k, dtype=np.int64))

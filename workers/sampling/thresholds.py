@@ -22,6 +22,7 @@ row narrows its range to one bucket. 4 rounds, 4 small gathers. Keep key >= t:
 Ties are kept together (a tie never splits by position), so the rule is a pure function
 of the row's values.
 """
+
 from __future__ import annotations
 
 import torch
@@ -62,7 +63,7 @@ def fixed_exp(x: torch.Tensor, row_max: torch.Tensor, shift: int) -> torch.Tenso
     d = x - row_max[:, None]  # [L, n] <= 0
     # NOTE: exp(d) * 2^shift is exact in fp32 (a power-of-two scale) and < 2^63; fp32 -> int64
     # truncates. Rows whose max is -inf (fully masked) weigh nothing.
-    scaled = torch.exp(d.nan_to_num(nan=float("-inf"))) * float(2 ** shift)
+    scaled = torch.exp(d.nan_to_num(nan=float("-inf"))) * float(2**shift)
     return scaled.to(torch.int64)
 
 
@@ -73,8 +74,7 @@ def order_keys(x: torch.Tensor) -> torch.Tensor:
     return signed + (1 << 31)
 
 
-def threshold_over(keys: torch.Tensor, weights: torch.Tensor, budget: torch.Tensor,
-                   comm: Comm) -> torch.Tensor:
+def threshold_over(keys: torch.Tensor, weights: torch.Tensor, budget: torch.Tensor, comm: Comm) -> torch.Tensor:
     """keys [L, n] int64 in [0, 2^32), weights [L, n] int64 >= 0, budget [L] float64 > 0
     -> t [L] int64: the smallest key with (group-wide) W(key > t) < budget.
 

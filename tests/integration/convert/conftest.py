@@ -4,6 +4,7 @@ and the golden fp32 checkpoint of the dequantised release weights.
 
 The golden copy is dequantised here with torch's float8 dtypes and a FP4 table written
 from the format's definition: independent of the converter's numpy decoders."""
+
 from __future__ import annotations
 
 import glob

@@ -1,5 +1,6 @@
 """Every bad release input stops the converter with a message naming the tensor or file,
 and never leaves a loadable half-checkpoint (config.json is written last)."""
+
 from __future__ import annotations
 
 import json
@@ -35,12 +36,14 @@ def drop(*names):
     def edit(t):
         for n in names:
             del t[n]
+
     return edit
 
 
 def replace(name, dtype, array):
     def edit(t):
         t[name] = Raw(dtype, array)
+
     return edit
 
 
@@ -49,6 +52,7 @@ def poke(name, index, value):
         codes = t[name].codes.copy()
         codes[index] = value
         t[name] = Raw(t[name].dtype, codes)
+
     return edit
 
 
@@ -58,44 +62,76 @@ def truncate(path):
 
 
 CASES = {  # id -> (what to break, error regex)
-    "missing tensor": (lambda p: edit_shard(p, "layers.1.attn.wq_a.weight", drop("layers.1.attn.wq_a.weight")) or
-                       edit_shard(p, "layers.1.attn.wq_a.scale", drop("layers.1.attn.wq_a.scale")),
-                       r"missing tensors \['layers\.1\.attn\.wq_a\.weight'\]"),
-    "missing scale": (lambda p: edit_shard(p, "layers.1.attn.wq_b.scale", drop("layers.1.attn.wq_b.scale")),
-                      r"layers\.1\.attn\.wq_b\.weight is F8_E4M3 but its scale "
-                      r"layers\.1\.attn\.wq_b\.scale is missing"),
-    "scale without weight": (lambda p: edit_shard(p, "layers.1.attn.wq_b.weight", drop("layers.1.attn.wq_b.weight")),
-                             r"layers\.1\.attn\.wq_b\.scale: a scale without its weight"),
-    "wrong shape": (lambda p: edit_shard(p, "layers.1.attn.attn_sink", replace(
-        "layers.1.attn.attn_sink", "F32", np.zeros(9, np.float32))),
-                    r"tensor layers\.1\.attn\.attn_sink: shape \[9\].*implies \[8\]"),
-    "wrong FP8 scale shape": (lambda p: edit_shard(p, "layers.1.attn.wq_a.scale", replace(
-        "layers.1.attn.wq_a.scale", "F8_E8M0", np.full((1, 1), 127, np.uint8))),
-        r"tensor layers\.1\.attn\.wq_a\.scale: F8_E8M0 \[1, 1\], expected F8_E8M0 \[1, 2\] for the 128x128-block"),
-    "wrong FP4 scale shape": (lambda p: edit_shard(p, "layers.2.ffn.experts.0.w2.scale", replace(
-        "layers.2.ffn.experts.0.w2.scale", "F8_E8M0", np.full((192, 2), 127, np.uint8))),
-        r"tensor layers\.2\.ffn\.experts\.0\.w2\.scale: F8_E8M0 \[192, 2\], expected F8_E8M0 \[192, 1\] for the FP4"),
+    "missing tensor": (
+        lambda p: (
+            edit_shard(p, "layers.1.attn.wq_a.weight", drop("layers.1.attn.wq_a.weight"))
+            or edit_shard(p, "layers.1.attn.wq_a.scale", drop("layers.1.attn.wq_a.scale"))
+        ),
+        r"missing tensors \['layers\.1\.attn\.wq_a\.weight'\]",
+    ),
+    "missing scale": (
+        lambda p: edit_shard(p, "layers.1.attn.wq_b.scale", drop("layers.1.attn.wq_b.scale")),
+        r"layers\.1\.attn\.wq_b\.weight is F8_E4M3 but its scale "
+        r"layers\.1\.attn\.wq_b\.scale is missing",
+    ),
+    "scale without weight": (
+        lambda p: edit_shard(p, "layers.1.attn.wq_b.weight", drop("layers.1.attn.wq_b.weight")),
+        r"layers\.1\.attn\.wq_b\.scale: a scale without its weight",
+    ),
+    "wrong shape": (
+        lambda p: edit_shard(
+            p, "layers.1.attn.attn_sink", replace("layers.1.attn.attn_sink", "F32", np.zeros(9, np.float32))
+        ),
+        r"tensor layers\.1\.attn\.attn_sink: shape \[9\].*implies \[8\]",
+    ),
+    "wrong FP8 scale shape": (
+        lambda p: edit_shard(
+            p,
+            "layers.1.attn.wq_a.scale",
+            replace("layers.1.attn.wq_a.scale", "F8_E8M0", np.full((1, 1), 127, np.uint8)),
+        ),
+        r"tensor layers\.1\.attn\.wq_a\.scale: F8_E8M0 \[1, 1\], expected F8_E8M0 \[1, 2\] for the 128x128-block",
+    ),
+    "wrong FP4 scale shape": (
+        lambda p: edit_shard(
+            p,
+            "layers.2.ffn.experts.0.w2.scale",
+            replace("layers.2.ffn.experts.0.w2.scale", "F8_E8M0", np.full((192, 2), 127, np.uint8)),
+        ),
+        r"tensor layers\.2\.ffn\.experts\.0\.w2\.scale: F8_E8M0 \[192, 2\], expected F8_E8M0 \[192, 1\] for the FP4",
+    ),
     "truncated shard": (truncate, r"is truncated: tensor \S+ ends at byte"),
-    "unexpected tensor": (lambda p: edit_shard(p, "embed.weight", replace(
-        "layers.0.attn.bogus", "F32", np.zeros(2, np.float32))),
-                          r"unexpected tensors \['layers\.0\.attn\.bogus'\]"),
-    "duplicate tensor": (lambda p: edit_shard(p, "layers.5.attn.wo_b.weight", replace(
-        "embed.weight", "F32", np.zeros(2, np.float32))),
-                         r"tensor embed\.weight appears twice"),
-    "NaN FP8 scale": (lambda p: edit_shard(p, "layers.3.attn.wo_b.scale", poke(
-        "layers.3.attn.wo_b.scale", (1, 0), 255)),
-                      r"tensor layers\.3\.attn\.wo_b\.scale: NaN scale \(e8m0 code 0xFF\) at \[1, 0\]"),
-    "NaN FP4 scale": (lambda p: edit_shard(p, "layers.2.ffn.experts.5.w1.scale", poke(
-        "layers.2.ffn.experts.5.w1.scale", (7, 3), 255)),
-                      r"tensor layers\.2\.ffn\.experts\.5\.w1\.scale: NaN scale \(e8m0 code 0xFF\) at \[7, 3\]"),
-    "NaN FP8 weight": (lambda p: edit_shard(p, "layers.1.attn.wkv.weight", poke(
-        "layers.1.attn.wkv.weight", (2, 5), 0x7F)),
-                       r"tensor layers\.1\.attn\.wkv\.weight: NaN/inf value at \[2, 5\]"),
-    "inf BF16 weight": (lambda p: edit_shard(p, "head.weight", poke("head.weight", (3, 4), 0x7F80)),
-                        r"tensor head\.weight: NaN/inf value at \[3, 4\]"),
+    "unexpected tensor": (
+        lambda p: edit_shard(p, "embed.weight", replace("layers.0.attn.bogus", "F32", np.zeros(2, np.float32))),
+        r"unexpected tensors \['layers\.0\.attn\.bogus'\]",
+    ),
+    "duplicate tensor": (
+        lambda p: edit_shard(p, "layers.5.attn.wo_b.weight", replace("embed.weight", "F32", np.zeros(2, np.float32))),
+        r"tensor embed\.weight appears twice",
+    ),
+    "NaN FP8 scale": (
+        lambda p: edit_shard(p, "layers.3.attn.wo_b.scale", poke("layers.3.attn.wo_b.scale", (1, 0), 255)),
+        r"tensor layers\.3\.attn\.wo_b\.scale: NaN scale \(e8m0 code 0xFF\) at \[1, 0\]",
+    ),
+    "NaN FP4 scale": (
+        lambda p: edit_shard(
+            p, "layers.2.ffn.experts.5.w1.scale", poke("layers.2.ffn.experts.5.w1.scale", (7, 3), 255)
+        ),
+        r"tensor layers\.2\.ffn\.experts\.5\.w1\.scale: NaN scale \(e8m0 code 0xFF\) at \[7, 3\]",
+    ),
+    "NaN FP8 weight": (
+        lambda p: edit_shard(p, "layers.1.attn.wkv.weight", poke("layers.1.attn.wkv.weight", (2, 5), 0x7F)),
+        r"tensor layers\.1\.attn\.wkv\.weight: NaN/inf value at \[2, 5\]",
+    ),
+    "inf BF16 weight": (
+        lambda p: edit_shard(p, "head.weight", poke("head.weight", (3, 4), 0x7F80)),
+        r"tensor head\.weight: NaN/inf value at \[3, 4\]",
+    ),
     "no config": (lambda p: os.remove(os.path.join(p, "config.json")), r"has no config\.json"),
-    "config without a key": (lambda p: _edit_config(p, lambda c: c.pop("n_routed_experts")),
-                             r"config\.json lacks the key 'n_routed_experts'"),
+    "config without a key": (
+        lambda p: _edit_config(p, lambda c: c.pop("n_routed_experts")),
+        r"config\.json lacks the key 'n_routed_experts'",
+    ),
     "no tokenizer": (lambda p: os.remove(os.path.join(p, "tokenizer.json")), r"has no tokenizer\.json"),
 }
 

@@ -1,4 +1,5 @@
 """A killed conversion resumes to byte-identical output; OUT is never silently mixed."""
+
 from __future__ import annotations
 
 import filecmp

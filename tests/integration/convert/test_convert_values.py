@@ -1,5 +1,6 @@
 """Converted checkpoints hold exactly the dequantised release weights (bf16), or their
 W8A8 quantisation, and run close to the fp32 model of the dequantised release."""
+
 from __future__ import annotations
 
 import json

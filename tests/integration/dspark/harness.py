@@ -1,6 +1,7 @@
 """Run the real engine (Scheduler + EngineLoop) over in-process ModelRunners (one rank per
 partition, LocalComm) on a tiny checkpoint, at K=0 or K=7, and collect every request's
 tokens, finish reason and counters."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,12 +11,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from tokenizers import Tokenizer
 
-from dspark_loop.protocol import RankConfig, StepResult, f32, i32
 from dspark_loop.cache_layout import CacheLayout
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.model_config import ModelConfig
+from dspark_loop.protocol import RankConfig, StepResult, f32, i32
 from workers.runner import ModelRunner
 
 BLOCK_SIZE = 8
@@ -36,8 +37,11 @@ class LocalMesh:
             res = StepResult(plan.step_id, g, i32(tokens))
             drafts = runner.take_drafts()
             if drafts is not None:
-                res.draft_req_ids, res.draft_token_ids, res.draft_confidence = \
-                    i32(drafts[0]), i32(drafts[1]), f32(drafts[2])
+                res.draft_req_ids, res.draft_token_ids, res.draft_confidence = (
+                    i32(drafts[0]),
+                    i32(drafts[1]),
+                    f32(drafts[2]),
+                )
             lp = runner.take_logprobs()
             if lp is not None:
                 res.lp_req_ids, res.lp_positions = i32(lp.req_ids), i32(lp.positions)
@@ -60,19 +64,45 @@ class Run:
     engine: EngineLoop = field(repr=False)
 
 
-def make_engine(path: str, spec_k: int, *, dp: int = 1, max_num_seqs: int = 8, num_blocks: int | list[int] = 64,
-                max_model_len: int = 512, max_num_batched_tokens: int = 256,
-                long_prefill_token_threshold: int = 0, test_drafter=None,
-                enable_prefix_caching: bool = False, observers=None) -> tuple[EngineLoop, list[ModelRunner]]:
+def make_engine(
+    path: str,
+    spec_k: int,
+    *,
+    dp: int = 1,
+    max_num_seqs: int = 8,
+    num_blocks: int | list[int] = 64,
+    max_model_len: int = 512,
+    max_num_batched_tokens: int = 256,
+    long_prefill_token_threshold: int = 0,
+    test_drafter=None,
+    enable_prefix_caching: bool = False,
+    observers=None,
+) -> tuple[EngineLoop, list[ModelRunner]]:
     cfg = ModelConfig.from_dir(path)
-    rank_cfg = RankConfig(model=path, block_size=BLOCK_SIZE, num_blocks=num_blocks, spec_k=spec_k,
-                          num_leases=max_num_seqs // dp, max_model_len=max_model_len)
-    runners = [ModelRunner(rank_cfg, quiet=True,
-                           test_drafter=test_drafter() if callable(test_drafter) else test_drafter)
-               for _ in range(dp)]
-    sched = Scheduler(CacheLayout.for_model(cfg, BLOCK_SIZE), dp, runners[0].num_blocks, max_num_seqs,
-                      max_num_batched_tokens, long_prefill_token_threshold, max_model_len,
-                      cfg.eos_token_ids, spec_k=spec_k, enable_prefix_caching=enable_prefix_caching)
+    rank_cfg = RankConfig(
+        model=path,
+        block_size=BLOCK_SIZE,
+        num_blocks=num_blocks,
+        spec_k=spec_k,
+        num_leases=max_num_seqs // dp,
+        max_model_len=max_model_len,
+    )
+    runners = [
+        ModelRunner(rank_cfg, quiet=True, test_drafter=test_drafter() if callable(test_drafter) else test_drafter)
+        for _ in range(dp)
+    ]
+    sched = Scheduler(
+        CacheLayout.for_model(cfg, BLOCK_SIZE),
+        dp,
+        runners[0].num_blocks,
+        max_num_seqs,
+        max_num_batched_tokens,
+        long_prefill_token_threshold,
+        max_model_len,
+        cfg.eos_token_ids,
+        spec_k=spec_k,
+        enable_prefix_caching=enable_prefix_caching,
+    )
     tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
     return EngineLoop(sched, LocalMesh(runners), tok, observers=observers), runners
 
@@ -102,8 +132,14 @@ async def _run(engine: EngineLoop, reqs: list[GenerateRequest], abort_after: dic
     return tokens, reasons, texts, logprobs, prompt_logprobs
 
 
-def run(path: str, spec_k: int, prompts: dict[str, list[int]], params: dict[str, SamplingParams],
-        abort_after: dict[str, int] | None = None, **engine_kw) -> Run:
+def run(
+    path: str,
+    spec_k: int,
+    prompts: dict[str, list[int]],
+    params: dict[str, SamplingParams],
+    abort_after: dict[str, int] | None = None,
+    **engine_kw,
+) -> Run:
     engine, runners = make_engine(path, spec_k, **engine_kw)
     reqs = [GenerateRequest(rid, list(p), params[rid]) for rid, p in prompts.items()]
 

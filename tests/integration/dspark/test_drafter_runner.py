@@ -1,5 +1,6 @@
 """The rank-side drafter on the tiny checkpoint: what K=0 and K=7 load, missing-drafter
 errors, ring scrubs, and drafts that do not depend on the batch."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,15 @@ from workers.runner import ModelRunner
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     from tools.make_checkpoint import make_checkpoint
-    return make_checkpoint(str(tmp_path_factory.mktemp("dspark") / "tiny"), size="tiny", seed=7,
-                           with_drafter=True, num_hidden_layers=4, quiet=True)
+
+    return make_checkpoint(
+        str(tmp_path_factory.mktemp("dspark") / "tiny"),
+        size="tiny",
+        seed=7,
+        with_drafter=True,
+        num_hidden_layers=4,
+        quiet=True,
+    )
 
 
 def new_runner(path):
@@ -27,10 +35,17 @@ def new_runner(path):
 
 
 def admit(runner, req_id, lease, tokens, scrub=()):
-    ups = [BlockUpdate(req_id, f.index, 0, i32(range(req_id * 8, req_id * 8 + f.num_pages(64))))
-           for f in runner.layout.families]
-    part = PartitionPlan(block_updates=ups, prefills=[PrefillChunk(req_id, 0, i32(tokens), True)],
-                         lease_req_ids=i32([req_id]), lease_ids=i32([lease]), scrub_lease_ids=i32(scrub))
+    ups = [
+        BlockUpdate(req_id, f.index, 0, i32(range(req_id * 8, req_id * 8 + f.num_pages(64))))
+        for f in runner.layout.families
+    ]
+    part = PartitionPlan(
+        block_updates=ups,
+        prefills=[PrefillChunk(req_id, 0, i32(tokens), True)],
+        lease_req_ids=i32([req_id]),
+        lease_ids=i32([lease]),
+        scrub_lease_ids=i32(scrub),
+    )
     runner.execute(part)
     return runner.take_drafts()
 
@@ -47,6 +62,7 @@ def test_k7_without_drafter_config_or_tensors_names_what_is_missing(ckpt, tmp_pa
     """K=7 must refuse a checkpoint without dspark_* keys, and one whose config has them
     but whose tensors lack mtp.*, naming the missing parts."""
     from tools.make_checkpoint import make_checkpoint
+
     plain = make_checkpoint(str(tmp_path / "plain"), size="tiny", seed=7, num_hidden_layers=4, quiet=True)
     with pytest.raises(ValueError, match="dspark_target_layer_ids"):
         new_runner(plain)
@@ -70,7 +86,7 @@ def test_a_scrubbed_lease_is_all_zero_and_other_leases_keep_their_rows(ckpt):
     runner.execute(PartitionPlan(freed_req_ids=[1], scrub_lease_ids=i32([2])))
     assert all(torch.count_nonzero(spec.lease_rows(2, k)) == 0 for k in range(3))
     assert all(torch.equal(spec.lease_rows(3, k), keep[k]) for k in range(3))
-    assert torch.count_nonzero(spec.rings[0][spec.filler_row:]) == 0  # the filler is never written
+    assert torch.count_nonzero(spec.rings[0][spec.filler_row :]) == 0  # the filler is never written
 
 
 def test_drafts_do_not_depend_on_the_batch_or_the_lease(ckpt):
@@ -79,11 +95,19 @@ def test_drafts_do_not_depend_on_the_batch_or_the_lease(ckpt):
     p = prompt(9, 27, 1024)
     alone = admit(new_runner(ckpt), 1, 0, p)
     runner = new_runner(ckpt)
-    ups = [BlockUpdate(r, f.index, 0, i32(range(r * 8, r * 8 + f.num_pages(64))))
-           for r in (1, 2) for f in runner.layout.families]
-    runner.execute(PartitionPlan(block_updates=ups, prefills=[PrefillChunk(2, 0, i32(prompt(3, 19, 1024)), True),
-                                                               PrefillChunk(1, 0, i32(p), True)],
-                                 lease_req_ids=i32([2, 1]), lease_ids=i32([1, 3])))
+    ups = [
+        BlockUpdate(r, f.index, 0, i32(range(r * 8, r * 8 + f.num_pages(64))))
+        for r in (1, 2)
+        for f in runner.layout.families
+    ]
+    runner.execute(
+        PartitionPlan(
+            block_updates=ups,
+            prefills=[PrefillChunk(2, 0, i32(prompt(3, 19, 1024)), True), PrefillChunk(1, 0, i32(p), True)],
+            lease_req_ids=i32([2, 1]),
+            lease_ids=i32([1, 3]),
+        )
+    )
     req_ids, drafts, conf = runner.take_drafts()
     assert req_ids.tolist() == [2, 1]
     assert np.array_equal(drafts[1], alone[1][0]) and np.array_equal(conf[1], alone[2][0])

@@ -1,5 +1,6 @@
 """K=7 greedy output must equal K=0 output token for token (the first rule of DSpark), for a
 table of request shapes run concurrently through the real engine and ranks' runner."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,8 +8,8 @@ from tokenizers import Tokenizer
 
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import SamplingParams
-from tests.integration.dspark.harness import prompt, run
 from dspark_testing.scripted_drafter import ScriptedDrafter
+from tests.integration.dspark.harness import prompt, run
 
 VOCAB = 1024
 MAX_MODEL_LEN = 72
@@ -17,15 +18,27 @@ MAX_MODEL_LEN = 72
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     from tools.make_checkpoint import make_checkpoint
-    return make_checkpoint(str(tmp_path_factory.mktemp("dspark") / "tiny"), size="tiny", seed=5,
-                           with_drafter=True, num_hidden_layers=4, quiet=True)
+
+    return make_checkpoint(
+        str(tmp_path_factory.mktemp("dspark") / "tiny"),
+        size="tiny",
+        seed=5,
+        with_drafter=True,
+        num_hidden_layers=4,
+        quiet=True,
+    )
 
 
 def table(ref_tokens=None, tokenizer=None):
     """request id -> (prompt, params). With a K=0 reference, the stop cases stop mid-output."""
-    prompts = {"short": prompt(1, 5, VOCAB), "chunked": prompt(2, 45, VOCAB),
-               "ceiling": prompt(3, 50, VOCAB), "stop_id": prompt(4, 12, VOCAB),
-               "stop_str": prompt(5, 9, VOCAB), "plain": prompt(6, 20, VOCAB)}
+    prompts = {
+        "short": prompt(1, 5, VOCAB),
+        "chunked": prompt(2, 45, VOCAB),
+        "ceiling": prompt(3, 50, VOCAB),
+        "stop_id": prompt(4, 12, VOCAB),
+        "stop_str": prompt(5, 9, VOCAB),
+        "plain": prompt(6, 20, VOCAB),
+    }
     params = {k: SamplingParams(max_tokens=20, ignore_eos=True) for k in prompts}
     params["ceiling"] = SamplingParams(max_tokens=100, ignore_eos=True)  # ends at max_model_len
     if ref_tokens is not None:
@@ -79,8 +92,16 @@ def test_test_drafter_accepts_exactly_error_at_plus_one_and_stays_lossless(ckpt,
     prompts, params, ref = reference
     spec = {"cases": [{"prompt": prompts[k], "reference": ref.tokens[k], "error_at": error_at} for k in prompts]}
     traces = Traces()
-    got = run(ckpt, 7, prompts, params, max_model_len=MAX_MODEL_LEN, long_prefill_token_threshold=16,
-              test_drafter=lambda: ScriptedDrafter(spec, VOCAB, 7), observers=[traces])
+    got = run(
+        ckpt,
+        7,
+        prompts,
+        params,
+        max_model_len=MAX_MODEL_LEN,
+        long_prefill_token_threshold=16,
+        test_drafter=lambda: ScriptedDrafter(spec, VOCAB, 7),
+        observers=[traces],
+    )
     assert got.tokens == ref.tokens
     assert got.reasons == ref.reasons
     verify_lens = []

@@ -2,6 +2,7 @@
 EP-sharded drafter experts, collectives in every step) must give the single-process K=0
 tokens; the seeds' accuracy shape (64-token prompt, 128 tokens) must finish "length" with
 exact usage and log the speculation progress line."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,19 +27,45 @@ VOCAB = 1024
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     from tools.make_checkpoint import make_checkpoint
-    return make_checkpoint(str(tmp_path_factory.mktemp("dspark") / "tiny"), size="tiny", seed=8,
-                           with_drafter=True, num_hidden_layers=4, quiet=True)
+
+    return make_checkpoint(
+        str(tmp_path_factory.mktemp("dspark") / "tiny"),
+        size="tiny",
+        seed=8,
+        with_drafter=True,
+        num_hidden_layers=4,
+        quiet=True,
+    )
 
 
 async def serve(path, prompts, params, world_size, tp, max_num_seqs=8, max_model_len=256):
     dp = world_size // tp
-    mesh = make_mesh(path, world_size=world_size, tp=tp, runner=None, block_size=8, num_blocks=64,
-                     spec_k=7, num_leases=max_num_seqs // dp, max_model_len=max_model_len)
+    mesh = make_mesh(
+        path,
+        world_size=world_size,
+        tp=tp,
+        runner=None,
+        block_size=8,
+        num_blocks=64,
+        spec_k=7,
+        num_leases=max_num_seqs // dp,
+        max_model_len=max_model_len,
+    )
     await mesh.start()
     try:
         cfg = ModelConfig.from_dir(path)
-        sched = Scheduler(CacheLayout.for_model(cfg, 8), dp, mesh.num_blocks, max_num_seqs, 256, 0,
-                          max_model_len, cfg.eos_token_ids, spec_k=7, enable_prefix_caching=False)
+        sched = Scheduler(
+            CacheLayout.for_model(cfg, 8),
+            dp,
+            mesh.num_blocks,
+            max_num_seqs,
+            256,
+            0,
+            max_model_len,
+            cfg.eos_token_ids,
+            spec_k=7,
+            enable_prefix_caching=False,
+        )
         engine = EngineLoop(sched, mesh, Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
         engine.start()
         outs = await generate_all(engine, [GenerateRequest(k, p, params[k]) for k, p in prompts.items()])
@@ -67,8 +94,7 @@ def test_seeds_accuracy_shape_at_k7(ckpt, caplog):
     prompts = {"palace": prompt(64, 64, VOCAB)}
     params = {"palace": SamplingParams(max_tokens=128)}
     got = run(ckpt, 7, prompts, params, max_model_len=256)
-    assert got.reasons["palace"] == "length" or (got.reasons["palace"] == "stop"
-                                                 and got.tokens["palace"][-1] == 1)
+    assert got.reasons["palace"] == "length" or (got.reasons["palace"] == "stop" and got.tokens["palace"][-1] == 1)
     if got.reasons["palace"] == "length":
         assert len(got.tokens["palace"]) == 128
     lines = [r.getMessage() for r in caplog.records if "DSpark speculation progress" in r.getMessage()]

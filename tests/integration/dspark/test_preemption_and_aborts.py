@@ -1,6 +1,7 @@
 """K=7 under cache pressure and client aborts: preempted requests re-admit with a fresh,
 scrubbed lease and still produce the K=0 tokens; aborting neighbours changes nothing for
 the others; every lease is free afterwards."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,15 @@ VOCAB = 1024
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     from tools.make_checkpoint import make_checkpoint
-    return make_checkpoint(str(tmp_path_factory.mktemp("dspark") / "tiny"), size="tiny", seed=6,
-                           with_drafter=True, num_hidden_layers=4, quiet=True)
+
+    return make_checkpoint(
+        str(tmp_path_factory.mktemp("dspark") / "tiny"),
+        size="tiny",
+        seed=6,
+        with_drafter=True,
+        num_hidden_layers=4,
+        quiet=True,
+    )
 
 
 def requests(n=4, prompt_len=20, max_tokens=24):
@@ -45,7 +53,7 @@ def test_aborting_neighbours_mid_speculation_leaves_the_others_untouched(ckpt):
     for rid in ("r0", "r3"):
         assert got.tokens[rid] == ref.tokens[rid]
     assert got.reasons["r1"] == got.reasons["r2"] == "abort"
-    assert got.tokens["r1"] == ref.tokens["r1"][:len(got.tokens["r1"])]
+    assert got.tokens["r1"] == ref.tokens["r1"][: len(got.tokens["r1"])]
     assert got.summary["leases_in_use"] == 0
     assert all(p.leases.num_free == p.leases.num_leases for p in got.engine.scheduler.partitions)
 

@@ -1,21 +1,30 @@
 """Seeded sampling through the real engine and ranks' runner on a tiny checkpoint: a seed's
 tokens must not depend on the batch or on speculation (K=7 == K=0), with top-p, top-k,
 min-p and penalties on; logprobs must be transformers' log_softmax of the same logits."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dspark_loop.engine.outputs import SamplingParams
 from dspark_loop.engine.observer import EngineObserver
+from dspark_loop.engine.outputs import SamplingParams
 from dspark_testing.scripted_drafter import ScriptedDrafter
 from tests.integration.dspark.harness import prompt, run
 from tests.tie_rule import lowest_index_ties
 
 VOCAB = 1024
 MAX_MODEL_LEN = 96
-SAMPLED = dict(temperature=0.8, top_p=0.9, top_k=40, min_p=0.02, presence_penalty=0.4,
-               frequency_penalty=0.3, repetition_penalty=1.15, ignore_eos=True)
+SAMPLED = dict(
+    temperature=0.8,
+    top_p=0.9,
+    top_k=40,
+    min_p=0.02,
+    presence_penalty=0.4,
+    frequency_penalty=0.3,
+    repetition_penalty=1.15,
+    ignore_eos=True,
+)
 
 
 class Traces(EngineObserver):
@@ -29,8 +38,15 @@ class Traces(EngineObserver):
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     from tools.make_checkpoint import make_checkpoint
-    return make_checkpoint(str(tmp_path_factory.mktemp("sampling") / "tiny"), size="tiny", seed=5,
-                           with_drafter=True, num_hidden_layers=4, quiet=True)
+
+    return make_checkpoint(
+        str(tmp_path_factory.mktemp("sampling") / "tiny"),
+        size="tiny",
+        seed=5,
+        with_drafter=True,
+        num_hidden_layers=4,
+        quiet=True,
+    )
 
 
 def requests(n_others: int):
@@ -39,8 +55,9 @@ def requests(n_others: int):
     params = {"probe": SamplingParams(max_tokens=24, seed=1234, **SAMPLED)}
     for i in range(n_others):
         prompts[f"o{i}"] = prompt(100 + i, 5 + 3 * i % 40, VOCAB)
-        params[f"o{i}"] = SamplingParams(max_tokens=12 + i % 9, seed=i, temperature=0.3 + (i % 5) * 0.3,
-                                         top_p=1.0 if i % 2 else 0.8, ignore_eos=True)
+        params[f"o{i}"] = SamplingParams(
+            max_tokens=12 + i % 9, seed=i, temperature=0.3 + (i % 5) * 0.3, top_p=1.0 if i % 2 else 0.8, ignore_eos=True
+        )
     return prompts, params
 
 
@@ -54,15 +71,21 @@ def test_a_seeded_request_samples_the_same_tokens_alone_and_beside_31_others(ckp
     """The probe's tokens must be identical alone and among 31 concurrent requests (chunked
     prefill, mixed settings), and really sampled (not the greedy output)."""
     prompts, params = requests(31)
-    crowd = run(ckpt, 0, prompts, params, max_model_len=MAX_MODEL_LEN, max_num_seqs=32,
-                long_prefill_token_threshold=16)
+    crowd = run(ckpt, 0, prompts, params, max_model_len=MAX_MODEL_LEN, max_num_seqs=32, long_prefill_token_threshold=16)
     assert crowd.tokens["probe"] == alone
-    greedy = run(ckpt, 0, {"probe": prompts["probe"]}, {"probe": SamplingParams(max_tokens=24, ignore_eos=True)},
-                 max_model_len=MAX_MODEL_LEN).tokens["probe"]
+    greedy = run(
+        ckpt,
+        0,
+        {"probe": prompts["probe"]},
+        {"probe": SamplingParams(max_tokens=24, ignore_eos=True)},
+        max_model_len=MAX_MODEL_LEN,
+    ).tokens["probe"]
     assert greedy != alone
     other_seed = SamplingParams(max_tokens=24, seed=4321, **SAMPLED)
-    assert run(ckpt, 0, {"probe": prompts["probe"]}, {"probe": other_seed},
-               max_model_len=MAX_MODEL_LEN).tokens["probe"] != alone
+    assert (
+        run(ckpt, 0, {"probe": prompts["probe"]}, {"probe": other_seed}, max_model_len=MAX_MODEL_LEN).tokens["probe"]
+        != alone
+    )
 
 
 def test_k7_with_the_real_drafter_emits_the_k0_tokens(ckpt, alone):
@@ -83,12 +106,22 @@ def test_k7_with_the_test_drafter_accepts_error_at_plus_one_and_stays_exact(ckpt
     prompts, params = requests(0)
     spec = {"cases": [{"prompt": prompts["probe"], "reference": alone, "error_at": error_at}]}
     traces = Traces()
-    got = run(ckpt, 7, prompts, params, max_model_len=MAX_MODEL_LEN,
-              test_drafter=lambda: ScriptedDrafter(spec, VOCAB, 7), observers=[traces])
+    got = run(
+        ckpt,
+        7,
+        prompts,
+        params,
+        max_model_len=MAX_MODEL_LEN,
+        test_drafter=lambda: ScriptedDrafter(spec, VOCAB, 7),
+        observers=[traces],
+    )
     assert got.tokens["probe"] == alone
-    lens = [a for t in traces.steps for a, nd, rid in zip(t.accepted_lens, t.accepted_num_drafts,
-                                                         t.accepted_req_ids)
-            if nd and rid not in t.finished_req_ids]
+    lens = [
+        a
+        for t in traces.steps
+        for a, nd, rid in zip(t.accepted_lens, t.accepted_num_drafts, t.accepted_req_ids)
+        if nd and rid not in t.finished_req_ids
+    ]
     assert lens and set(lens) == {error_at + 1}
 
 
@@ -97,6 +130,7 @@ def test_logprobs_and_prompt_logprobs_equal_log_softmax_of_the_models_logits(ckp
     must equal log_softmax of transformers' logits for the same prefix (fp32), top entries
     sorted, the first prompt token None."""
     from transformers import DeepseekV4ForCausalLM
+
     model = DeepseekV4ForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
     p = prompt(7, 12, VOCAB)
     params = SamplingParams(max_tokens=6, seed=9, temperature=1.0, logprobs=3, prompt_logprobs=2, ignore_eos=True)

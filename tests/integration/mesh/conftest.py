@@ -27,8 +27,7 @@ def fake_env() -> dict[str, str]:
 
 def make_mesh(model_dir: str, **overrides) -> Mesh:
     """overrides: RankConfig fields (runner=None: the real ModelRunner) or Mesh options."""
-    rank = dict(model=model_dir, world_size=4, tp=2, block_size=16, runner=FAKE_RUNNER,
-                log_level="warning")
+    rank = dict(model=model_dir, world_size=4, tp=2, block_size=16, runner=FAKE_RUNNER, log_level="warning")
     mesh = dict(env=fake_env(), start_timeout_s=60.0, step_timeout_s=30.0)
     for key, value in overrides.items():
         (rank if key in RankConfig.__struct_fields__ else mesh)[key] = value

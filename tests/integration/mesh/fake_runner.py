@@ -8,6 +8,7 @@ the results of real cross-process collectives, so a test can check both from the
 
 Test hooks: a prefill with req_id FAIL_REQ raises on rank 1; HANG_REQ sleeps on rank 0.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,9 @@ def token_positions(part: PartitionPlan) -> list[tuple[int, int]]:
     """(req_id, position) of every row that returns a token, in protocol order."""
     rows = [(c.req_id, c.start_pos + len(as_i32(c.token_ids)) - 1) for c in part.prefills if c.sample]
     if part.decode is not None:
-        for req_id, start, n in zip(as_i32(part.decode.req_ids), as_i32(part.decode.start_pos),
-                                    as_i8(part.decode.num_rows)):
+        for req_id, start, n in zip(
+            as_i32(part.decode.req_ids), as_i32(part.decode.start_pos), as_i8(part.decode.num_rows)
+        ):
             rows += [(int(req_id), int(start) + k) for k in range(int(n))]
     return rows
 

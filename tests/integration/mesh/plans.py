@@ -1,4 +1,5 @@
 """Hand-built StepPlans for the mesh tests: one prefill then decode rows per group."""
+
 from dspark_loop.protocol import DecodeBatch, PartitionPlan, PrefillChunk, StepPlan, i8, i32
 
 PROMPT_LEN = 5
@@ -14,18 +15,28 @@ def prefill_plan(step_id: int, num_groups: int, req_id_override: int | None = No
         a, b = req_ids_of(g)
         if req_id_override is not None:
             a = req_id_override
-        parts.append(PartitionPlan(prefills=[
-            PrefillChunk(a, 0, i32(range(1, PROMPT_LEN + 1)), True),
-            PrefillChunk(b, 0, i32(range(1, PROMPT_LEN + 1)), True)]))
+        parts.append(
+            PartitionPlan(
+                prefills=[
+                    PrefillChunk(a, 0, i32(range(1, PROMPT_LEN + 1)), True),
+                    PrefillChunk(b, 0, i32(range(1, PROMPT_LEN + 1)), True),
+                ]
+            )
+        )
     return StepPlan(step_id, parts)
 
 
 def decode_plan(step_id: int, num_groups: int) -> StepPlan:
     """Step s decodes request a (1 row) and b (8 rows) at position PROMPT_LEN - 1 + s."""
     pos = PROMPT_LEN - 1 + step_id
-    parts = [PartitionPlan(decode=DecodeBatch(req_ids=i32(req_ids_of(g)), start_pos=i32([pos, pos]),
-                                              num_rows=i8([1, 8]), token_ids=i32([7] * 9)))
-             for g in range(num_groups)]
+    parts = [
+        PartitionPlan(
+            decode=DecodeBatch(
+                req_ids=i32(req_ids_of(g)), start_pos=i32([pos, pos]), num_rows=i8([1, 8]), token_ids=i32([7] * 9)
+            )
+        )
+        for g in range(num_groups)
+    ]
     return StepPlan(step_id, parts)
 
 

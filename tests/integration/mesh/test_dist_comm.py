@@ -1,4 +1,5 @@
 """GlooComm across two real processes: every dtype the model gathers, ragged and empty rows."""
+
 import multiprocessing as mp
 import traceback
 
@@ -20,8 +21,7 @@ def _worker(rank: int, init: str, out) -> None:
             x = (torch.arange(6).reshape(2, 3) + 10 * rank).to(dtype)  # [2, 3]
             got[f"tp {dtype}"] = [p.tolist() for p in comm.gather_tp(x)]
             ragged = torch.full((rank * 3, 2), rank + 1).to(dtype)  # rank 0 sends no rows
-            got[f"world {dtype}"] = [(p.dtype == dtype, list(p.shape), p.tolist())
-                                     for p in comm.gather_world(ragged)]
+            got[f"world {dtype}"] = [(p.dtype == dtype, list(p.shape), p.tolist()) for p in comm.gather_world(ragged)]
         got["empty"] = [list(p.shape) for p in comm.gather_world(torch.zeros(0, 4))]
         got["sum"] = comm.sum_tp(torch.tensor([0.1, 0.2]) * (rank + 1)).tolist()
         out.put((rank, got))

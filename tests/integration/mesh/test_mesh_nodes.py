@@ -1,5 +1,6 @@
 """Node 0's Mesh and node 1's agent in one test process, the ranks (fake runner) as real
 processes: joining, steps across nodes, refusals, and losing either node."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,15 +31,35 @@ def rank_pythonpath(monkeypatch):
 
 
 def node0(model_dir: str, port: int, **overrides):
-    return make_mesh(model_dir, nodes=NodeLayout(2, 0, 4), host="127.0.0.1", port=port + 1,
-                     dist_port=port, secret=SECRET, **overrides)
+    return make_mesh(
+        model_dir,
+        nodes=NodeLayout(2, 0, 4),
+        host="127.0.0.1",
+        port=port + 1,
+        dist_port=port,
+        secret=SECRET,
+        **overrides,
+    )
 
 
 def agent(model_dir: str, port: int, timeout_s: float = 60.0, **rank_overrides) -> NodeAgent:
-    cfg = ServerConfig(model=model_dir, dp=2, tp=2, ep=4, devices=(0, 1), nnodes=2, node_rank=1,
-                       dist_init_addr=f"127.0.0.1:{port}", dist_timeout_s=timeout_s)
-    rank_cfg = RankConfig(**{**dict(model=model_dir, world_size=4, tp=2, block_size=16,
-                                    runner=FAKE_RUNNER, log_level="warning"), **rank_overrides})
+    cfg = ServerConfig(
+        model=model_dir,
+        dp=2,
+        tp=2,
+        ep=4,
+        devices=(0, 1),
+        nnodes=2,
+        node_rank=1,
+        dist_init_addr=f"127.0.0.1:{port}",
+        dist_timeout_s=timeout_s,
+    )
+    rank_cfg = RankConfig(
+        **{
+            **dict(model=model_dir, world_size=4, tp=2, block_size=16, runner=FAKE_RUNNER, log_level="warning"),
+            **rank_overrides,
+        }
+    )
     return NodeAgent(cfg, rank_cfg, SECRET)
 
 
@@ -99,8 +120,10 @@ async def test_an_agent_with_other_flags_is_refused_and_node_0_names_it_at_timeo
     node1 = agent(fake_model_dir, port, block_size=32)
     start = asyncio.ensure_future(mesh.start())
     assert await asyncio.wait_for(node1.run(), 30) == 2
-    assert "node 0 refused this node: node 1 was started with other flags than node 0: " \
-           "block_size 32 (node 0: 16)" in capsys.readouterr().err
+    assert (
+        "node 0 refused this node: node 1 was started with other flags than node 0: "
+        "block_size 32 (node 0: 16)" in capsys.readouterr().err
+    )
     with pytest.raises(MeshStartError) as err:
         await start
     assert "node 1 (ranks 2, 3) never joined (last attempt refused: node 1 was started" in str(err.value)

@@ -1,5 +1,6 @@
 """The real ModelRunner across the mesh (tp 2 / ep 4 / dp 2) against one process with
 LocalComm: the sharded, collective forward must pick the same greedy tokens."""
+
 import importlib.util
 
 import numpy as np
@@ -7,12 +8,22 @@ import pytest
 
 from dspark_loop.cache_layout import CacheLayout
 from dspark_loop.model_config import ModelConfig
-from dspark_loop.protocol import (BlockUpdate, DecodeBatch, PartitionPlan, PrefillChunk, RankConfig,
-                                  StepPlan, as_i32, i8, i32)
+from dspark_loop.protocol import (
+    BlockUpdate,
+    DecodeBatch,
+    PartitionPlan,
+    PrefillChunk,
+    RankConfig,
+    StepPlan,
+    as_i32,
+    i8,
+    i32,
+)
 from tests.integration.mesh.conftest import make_mesh
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("workers.runner") is None,
-                                reason="workers/runner.py has not landed yet")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("workers.runner") is None, reason="workers/runner.py has not landed yet"
+)
 
 BLOCK_SIZE = 8
 NUM_BLOCKS = 64
@@ -22,16 +33,17 @@ PROMPT_LENS = [(11, 20), (5, 33)]  # per group: two requests each
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     from tools.make_checkpoint import make_checkpoint
-    return make_checkpoint(str(tmp_path_factory.mktemp("ckpt") / "tiny"), size="tiny", seed=11,
-                           dtype="float32", quiet=True)
+
+    return make_checkpoint(
+        str(tmp_path_factory.mktemp("ckpt") / "tiny"), size="tiny", seed=11, dtype="float32", quiet=True
+    )
 
 
 class HandDriver:
     """Plans for a fixed set of requests per partition: every page mapped at prefill, then
     one decode row per request per step (K=0), each feeding back the previous token."""
 
-    def __init__(self, layout: CacheLayout, prompts_per_part: list[dict[int, list[int]]],
-                 num_decode_steps: int):
+    def __init__(self, layout: CacheLayout, prompts_per_part: list[dict[int, list[int]]], num_decode_steps: int):
         self.layout, self.num_decode_steps = layout, num_decode_steps
         self.prompts = prompts_per_part
         self.last = [dict() for _ in prompts_per_part]  # req_id -> last committed token
@@ -58,8 +70,7 @@ class HandDriver:
             req_ids = list(prompts)
             pos = [len(prompts[r]) + step_id - 1 for r in req_ids]
             toks = [self.last[g][r] for r in req_ids]
-            parts.append(PartitionPlan(decode=DecodeBatch(i32(req_ids), i32(pos), i8([1] * len(req_ids)),
-                                                          i32(toks))))
+            parts.append(PartitionPlan(decode=DecodeBatch(i32(req_ids), i32(pos), i8([1] * len(req_ids)), i32(toks))))
         return StepPlan(step_id, parts)
 
     def accept(self, group: int, token_ids: np.ndarray) -> None:
@@ -71,20 +82,22 @@ class HandDriver:
 
 def make_prompts(vocab: int) -> list[dict[int, list[int]]]:
     rng = np.random.default_rng(3)
-    return [{10 * g + k: rng.integers(2, vocab, size=n).tolist() for k, n in enumerate(lens)}
-            for g, lens in enumerate(PROMPT_LENS)]
+    return [
+        {10 * g + k: rng.integers(2, vocab, size=n).tolist() for k, n in enumerate(lens)}
+        for g, lens in enumerate(PROMPT_LENS)
+    ]
 
 
-def reference_tokens(model_dir: str, layout: CacheLayout, prompts,
-                     num_decode_steps: int) -> dict[int, list[int]]:
+def reference_tokens(model_dir: str, layout: CacheLayout, prompts, num_decode_steps: int) -> dict[int, list[int]]:
     """Every request in one partition of a single-process runner."""
     from workers.comm import LocalComm
     from workers.runner import ModelRunner
 
     merged = [{r: p for part in prompts for r, p in part.items()}]
     driver = HandDriver(layout, merged, num_decode_steps)
-    runner = ModelRunner(RankConfig(model=model_dir, block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS),
-                         LocalComm().shard, LocalComm())
+    runner = ModelRunner(
+        RankConfig(model=model_dir, block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS), LocalComm().shard, LocalComm()
+    )
     driver.accept(0, runner.execute(driver.prefill_plan().partitions[0]))
     for step_id in range(1, num_decode_steps + 1):
         driver.accept(0, runner.execute(driver.decode_plan(step_id).partitions[0]))
@@ -101,8 +114,9 @@ async def test_tp2_ep4_mesh_gives_the_single_process_greedy_tokens(tiny_model, n
     want = reference_tokens(tiny_model, layout, prompts, num_decode_steps)
 
     driver = HandDriver(layout, prompts, num_decode_steps)
-    mesh = make_mesh(tiny_model, world_size=4, tp=2, block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS,
-                     runner=None, step_timeout_s=120.0)
+    mesh = make_mesh(
+        tiny_model, world_size=4, tp=2, block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS, runner=None, step_timeout_s=120.0
+    )
     await mesh.start()
     try:
         assert all(n >= NUM_BLOCKS for n in mesh.num_blocks)

@@ -1,4 +1,5 @@
 """The ROUTER's doorkeeper over real sockets: who is heard, who is refused, who is lost."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,8 +9,7 @@ import zmq.asyncio
 
 from dspark_loop.mesh_join import Knocker
 from dspark_loop.mesh_socket import MeshSocket
-from dspark_loop.protocol import (ENCODER, PROTOCOL_VERSION, RANK_DECODER, Challenge, Hello,
-                                  StepResult, identity)
+from dspark_loop.protocol import ENCODER, PROTOCOL_VERSION, RANK_DECODER, Challenge, Hello, StepResult, identity
 
 SECRET = "the-mesh-secret-for-tests"
 

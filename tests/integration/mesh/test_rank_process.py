@@ -1,4 +1,5 @@
 """One rank process driven by hand through its own entry point (no Mesh)."""
+
 import asyncio
 import os
 import subprocess
@@ -15,8 +16,14 @@ from tests.integration.mesh.plans import prefill_plan
 
 
 def rank_argv(address: str, model_dir: str, parent_pid: int = 0) -> list[str]:
-    cfg = RankConfig(model=model_dir, runner=FAKE_RUNNER, log_level="warning", connect=address,
-                     dist_init=f"tcp://127.0.0.1:{free_port('127.0.0.1')}", parent_pid=parent_pid)
+    cfg = RankConfig(
+        model=model_dir,
+        runner=FAKE_RUNNER,
+        log_level="warning",
+        connect=address,
+        dist_init=f"tcp://127.0.0.1:{free_port('127.0.0.1')}",
+        parent_pid=parent_pid,
+    )
     return [sys.executable, "-m", "workers", "--rank", "0", "--config", cfg.encode()]
 
 
@@ -70,13 +77,16 @@ async def test_rank_exits_by_itself_when_its_server_dies(router, fake_model_dir)
     _, address = router
     env = rank_env()
     # NOTE: a small Python parent starts the rank with its own pid as parent_pid.
-    script = ("import os, subprocess, sys\n"
-              "from tests.integration.mesh.test_rank_process import rank_argv\n"
-              "p = subprocess.Popen(rank_argv(sys.argv[1], sys.argv[2], os.getpid()))\n"
-              "print(p.pid, flush=True)\n"
-              "p.wait()\n")
-    shell = subprocess.Popen([sys.executable, "-c", script, address, fake_model_dir],
-                             env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    script = (
+        "import os, subprocess, sys\n"
+        "from tests.integration.mesh.test_rank_process import rank_argv\n"
+        "p = subprocess.Popen(rank_argv(sys.argv[1], sys.argv[2], os.getpid()))\n"
+        "print(p.pid, flush=True)\n"
+        "p.wait()\n"
+    )
+    shell = subprocess.Popen(
+        [sys.executable, "-c", script, address, fake_model_dir], env=env, cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     rank_pid = int(shell.stdout.readline())
     try:
         await asyncio.sleep(0.5)
@@ -93,6 +103,7 @@ def test_rank_without_the_mesh_secret_exits_2_naming_the_variable(fake_model_dir
     """A rank started without DSPARK_MESH_SECRET cannot prove itself: it must exit 2 at once
     with a message naming the variable (before loading anything)."""
     env = {k: v for k, v in rank_env().items() if k != SECRET_ENV}
-    proc = subprocess.run(rank_argv("tcp://127.0.0.1:9", fake_model_dir), env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        rank_argv("tcp://127.0.0.1:9", fake_model_dir), env=env, cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2 and "DSPARK_MESH_SECRET is not set" in proc.stderr

@@ -1,6 +1,7 @@
 """Golden references: tiny random transformers DeepseekV4ForCausalLM models that exercise
 every path (non-zero sinks, ape, gate biases, random tid2eid, a decisive head), saved with
 save_pretrained and loaded back through our own loader."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,9 +11,9 @@ import pytest
 import torch
 
 from dspark_loop.protocol import BlockUpdate, RankConfig, i32
+from tests.tie_rule import lowest_index_ties
 from workers.runner import ModelRunner
 from workers.staging import Segment
-from tests.tie_rule import lowest_index_ties
 
 BLOCK_SIZE = 8
 NUM_BLOCKS = 96
@@ -20,28 +21,56 @@ NUM_BLOCKS = 96
 CONFIGS = {
     # sliding, CSA and HCA layers; hash + routed MoE; tiny window and ratios so ~100-300
     # token prompts emit many compressed entries and the indexer's top-k really selects.
-    "mixed": dict(layer_types=["sliding_attention", "compressed_sparse_attention",
-                               "heavily_compressed_attention", "compressed_sparse_attention"],
-                  mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
-                  compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
-                  sliding_window=8, index_topk=4),
+    "mixed": dict(
+        layer_types=[
+            "sliding_attention",
+            "compressed_sparse_attention",
+            "heavily_compressed_attention",
+            "compressed_sparse_attention",
+        ],
+        mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+        sliding_window=8,
+        index_topk=4,
+    ),
     # HCA first, two hash layers, ratio 16, a larger window and top-k.
-    "hca16": dict(layer_types=["heavily_compressed_attention", "compressed_sparse_attention",
-                               "sliding_attention"],
-                  mlp_layer_types=["hash_moe", "hash_moe", "moe"],
-                  compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
-                  sliding_window=16, index_topk=6),
+    "hca16": dict(
+        layer_types=["heavily_compressed_attention", "compressed_sparse_attention", "sliding_attention"],
+        mlp_layer_types=["hash_moe", "hash_moe", "moe"],
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
+        sliding_window=16,
+        index_topk=6,
+    ),
 }
 
 
 def make_config(**overrides):
     from transformers import DeepseekV4Config
-    base = dict(vocab_size=512, hidden_size=64, moe_intermediate_size=32, num_attention_heads=4,
-                head_dim=32, q_lora_rank=32, partial_rotary_factor=0.25, n_routed_experts=8,
-                num_experts_per_tok=2, o_groups=2, o_lora_rank=16, index_n_heads=2, index_head_dim=16,
-                hc_mult=4, max_position_embeddings=4096,
-                rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
-                                 "beta_fast": 32, "beta_slow": 1})
+
+    base = dict(
+        vocab_size=512,
+        hidden_size=64,
+        moe_intermediate_size=32,
+        num_attention_heads=4,
+        head_dim=32,
+        q_lora_rank=32,
+        partial_rotary_factor=0.25,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        o_groups=2,
+        o_lora_rank=16,
+        index_n_heads=2,
+        index_head_dim=16,
+        hc_mult=4,
+        max_position_embeddings=4096,
+        rope_parameters={
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 128,
+            "beta_fast": 32,
+            "beta_slow": 1,
+        },
+    )
     base.update(overrides)
     base["num_hidden_layers"] = len(base["layer_types"])
     return DeepseekV4Config(**base)
@@ -50,6 +79,7 @@ def make_config(**overrides):
 def make_reference(seed: int, **overrides):
     """A random model whose every parameter is non-trivial and whose head is decisive."""
     from transformers import DeepseekV4ForCausalLM
+
     torch.manual_seed(seed)
     cfg = make_config(**overrides)
     model = DeepseekV4ForCausalLM(cfg).eval()
@@ -80,6 +110,7 @@ def reference_logits(model, token_ids) -> torch.Tensor:
 def reference_greedy(model, prompt, num_new: int) -> list[int]:
     """transformers' cached decode, one token at a time, with the tie rule."""
     from transformers import DynamicCache
+
     with lowest_index_ties():
         cache = DynamicCache(config=model.config)
         out = model(torch.tensor([list(prompt)]), cache=cache, use_cache=True)
@@ -138,8 +169,13 @@ class Driver:
 
     def prefill(self, req_id: int, tokens, start: int = 0, sample: bool = True):
         self.map(req_id, start + len(tokens))
-        seg = Segment(req_id, start, np.asarray(tokens, np.int32), len(tokens),
-                      np.array([len(tokens) - 1] if sample else [], np.int64))
+        seg = Segment(
+            req_id,
+            start,
+            np.asarray(tokens, np.int32),
+            len(tokens),
+            np.array([len(tokens) - 1] if sample else [], np.int64),
+        )
         return self.runner.forward([seg])
 
     def run(self, segments):

@@ -1,5 +1,6 @@
 """Chunked prefill: chunk boundaries anywhere (off page, off ratio alignment) must give
 the same cache and the same logits as a one-shot prefill."""
+
 import pytest
 import torch
 
@@ -11,7 +12,7 @@ PROMPT_LEN = 181
 def chunked(drv: Driver, req: int, p: list[int], size: int):
     out = None
     for start in range(0, len(p), size):
-        piece = p[start:start + size]
+        piece = p[start : start + size]
         out = drv.prefill(req, piece, start=start, sample=start + size >= len(p))
     return out
 

@@ -1,4 +1,5 @@
 """Batch invariance: a request's tokens must not depend on what else is in the step."""
+
 import numpy as np
 import torch
 
@@ -20,13 +21,13 @@ def alone(ref, req_prompt: list[int]) -> tuple[list[int], torch.Tensor]:
 
 def packed(ref, prompts: list[list[int]]) -> tuple[list[list[int]], torch.Tensor]:
     drv = Driver(new_runner(ref.path))
-    segs = [Segment(r, 0, np.asarray(p, np.int32), len(p), np.array([len(p) - 1]))
-            for r, p in enumerate(prompts)]
+    segs = [Segment(r, 0, np.asarray(p, np.int32), len(p), np.array([len(p) - 1])) for r, p in enumerate(prompts)]
     out = drv.run(segs)
     toks = [[int(t)] for t in out.token_ids]
     for i in range(NUM_DECODE):
-        segs = [Segment(r, len(p) + i, np.array([toks[r][-1]], np.int32), 1, np.array([0]))
-                for r, p in enumerate(prompts)]
+        segs = [
+            Segment(r, len(p) + i, np.array([toks[r][-1]], np.int32), 1, np.array([0])) for r, p in enumerate(prompts)
+        ]
         for r, t in enumerate(drv.run(segs).token_ids):
             toks[r].append(int(t))
     return toks, out.logits

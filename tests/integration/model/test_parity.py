@@ -1,4 +1,5 @@
 """Our paged forward against transformers' DeepseekV4ForCausalLM (fp32) on the same weights."""
+
 import numpy as np
 
 from tests.integration.model.conftest import Driver, new_runner, prompt, reference_greedy, reference_logits

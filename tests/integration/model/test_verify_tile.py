@@ -1,4 +1,5 @@
 """The decode verify tile: row 0 the last committed token, rows 1..7 drafts."""
+
 import numpy as np
 import torch
 
@@ -42,8 +43,11 @@ def test_rejected_drafts_leave_row0_and_the_cache_as_a_one_row_step(ref):
     assert torch.equal(got.logits[0], want.logits[0])
     mine, theirs = tile.runner.pool, one.runner.pool
     for name, t in theirs.tensors().items():
-        fam = 0 if name.split(".")[0] in ("raw_kv", "state_kv", "state_score", "index_state_kv",
-                                          "index_state_score") else None
+        fam = (
+            0
+            if name.split(".")[0] in ("raw_kv", "state_kv", "state_score", "index_state_kv", "index_state_score")
+            else None
+        )
         live = t.shape[0] if fam is None else mine.families[0].scratch_base
         if fam is None:  # compressed families: compare the real pages only
             ratio = tile.runner.cfg.compress_ratios[int(name.split(".")[1])]

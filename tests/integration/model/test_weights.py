@@ -1,4 +1,5 @@
 """The loader: both checkpoint layouts, W8A8 with either scale name, clear errors."""
+
 import os
 import re
 
@@ -12,12 +13,15 @@ from workers.model.linear import quantize_weight
 from workers.staging import Segment
 from workers.weights import native_name
 
-QUANTIZED = re.compile(r"(attn\.wq_b|attn\.wo_b|attn\.indexer\.wq_b|ffn\.shared_experts\.w[123]|"
-                       r"ffn\.experts\.\d+\.w[123])\.weight$")
+QUANTIZED = re.compile(
+    r"(attn\.wq_b|attn\.wo_b|attn\.indexer\.wq_b|ffn\.shared_experts\.w[123]|"
+    r"ffn\.experts\.\d+\.w[123])\.weight$"
+)
 
 
-def write_native(src: str, dst: str, scale_suffix: str | None = None, drop: str | None = None,
-                 num_files: int = 1) -> str:
+def write_native(
+    src: str, dst: str, scale_suffix: str | None = None, drop: str | None = None, num_files: int = 1
+) -> str:
     """Rewrite a save_pretrained directory with DeepSeek-native names (optionally W8A8,
     sharded into several files, or with one tensor dropped)."""
     os.makedirs(dst, exist_ok=True)

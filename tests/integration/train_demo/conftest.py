@@ -1,4 +1,5 @@
 """One smoke run of every train_demo stage (tiny shapes, a few steps), shared by the tests."""
+
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ import pytest
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory) -> str:
     from tools.train_demo.__main__ import main
+
     out = str(tmp_path_factory.mktemp("train_demo"))
     assert main(["all", "--out", out, "--smoke", "--quiet", "--seed", "3"]) == 0
     return out

@@ -1,5 +1,6 @@
 """The trained demo shipped in the package (dspark_loop/demo): intact, the default model,
 lossless at K=7 on held-out prompts, and it writes readable text."""
+
 from __future__ import annotations
 
 import json
@@ -51,7 +52,7 @@ def test_manifest_hashes_match_the_shipped_files(manifest):
     for name, meta in manifest["files"].items():
         path = os.path.join(DEMO_DIR, name)
         assert os.path.getsize(path) == meta["bytes"] and file_sha256(path) == meta["sha256"], name
-    assert manifest["files"]["model.safetensors"]["bytes"] <= 25 * 10 ** 6
+    assert manifest["files"]["model.safetensors"]["bytes"] <= 25 * 10**6
     assert len(manifest["corpus_hash"]) == 64 and manifest["commands"]
     assert manifest["target"]["heldout_loss"] < manifest["target"]["heldout_loss_init"]
 
@@ -59,8 +60,10 @@ def test_manifest_hashes_match_the_shipped_files(manifest):
 def test_the_server_default_is_the_shipped_demo_without_torch():
     """Without --model the server must pick the shipped demo, and choosing it must not
     import torch (nothing is built at start-up)."""
-    code = ("import sys; from dspark_loop.default_model import default_model_dir;"
-            "print(default_model_dir()); assert 'torch' not in sys.modules")
+    code = (
+        "import sys; from dspark_loop.default_model import default_model_dir;"
+        "print(default_model_dir()); assert 'torch' not in sys.modules"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True)
     assert out.stdout.strip() == DEMO_DIR == default_model_dir()
 

@@ -1,4 +1,5 @@
 """python -m tools.train_demo --smoke: every stage learns something and the result serves."""
+
 from __future__ import annotations
 
 import os
@@ -15,6 +16,7 @@ def test_tokenizer_stage_writes_the_streams_and_the_corpus_hash(smoke_run):
     """The tokenizer stage must keep DeepSeek's special ids, write train and held-out
     streams that start with BOS, and record a 64-hex corpus hash."""
     from tokenizers import Tokenizer
+
     d = os.path.join(smoke_run, "tokenizer")
     tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
     assert tok.token_to_id("<｜begin▁of▁sentence｜>") == 0 and tok.get_vocab_size() == 512
@@ -63,6 +65,7 @@ def test_a_stopped_and_resumed_run_writes_the_same_checkpoint(smoke_run, tmp_pat
     import shutil
 
     from tools.train_demo.__main__ import main
+
     out = str(tmp_path / "resumed")
     shutil.copytree(os.path.join(smoke_run, "tokenizer"), os.path.join(out, "tokenizer"))
     for stage, stop in (("target", 3), ("drafter", 2)):

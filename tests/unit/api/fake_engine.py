@@ -5,6 +5,7 @@ finish "length"). `script(g)` overrides the deltas; `hang=True` blocks forever a
 script (a request the client must abandon). It records every request and every generator
 that was closed before its request finished (an abort).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,8 +21,7 @@ REPLY = " the quick brown fox jumps over the lazy dog."
 
 @functools.lru_cache(maxsize=1)
 def tiny_model_config() -> ModelConfig:
-    return ModelConfig.from_dict(build_config(resolve_size("tiny", {}), dtype="float32",
-                                              w8a8=False, with_drafter=True))
+    return ModelConfig.from_dict(build_config(resolve_size("tiny", {}), dtype="float32", w8a8=False, with_drafter=True))
 
 
 def reply_ids() -> list[int]:
@@ -35,17 +35,32 @@ def reply_deltas(g: GenerateRequest) -> list[RequestOutput]:
     outs = []
     for i in range(n):
         t = ids[i % len(ids)]
-        outs.append(RequestOutput(g.request_id, [t], tok.decode([t]), finished=i == n - 1,
-                                  finish_reason="length" if i == n - 1 else None,
-                                  num_prompt_tokens=len(g.prompt_token_ids), num_output_tokens=i + 1))
+        outs.append(
+            RequestOutput(
+                g.request_id,
+                [t],
+                tok.decode([t]),
+                finished=i == n - 1,
+                finish_reason="length" if i == n - 1 else None,
+                num_prompt_tokens=len(g.prompt_token_ids),
+                num_output_tokens=i + 1,
+            )
+        )
     return outs
 
 
 class FakeEngine:
     """An EngineClient (dspark_loop/engine/interfaces.py) with scripted deltas."""
 
-    def __init__(self, *, max_model_len: int = 64, ready: bool = True, script=reply_deltas,
-                 hang: bool = False, delay_s: float = 0.0):
+    def __init__(
+        self,
+        *,
+        max_model_len: int = 64,
+        ready: bool = True,
+        script=reply_deltas,
+        hang: bool = False,
+        delay_s: float = 0.0,
+    ):
         self.max_model_len = max_model_len
         self.ready = ready
         self.dead_reason: str | None = None

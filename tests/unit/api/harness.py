@@ -1,4 +1,5 @@
 """serving(): the API app over a FakeEngine on aiohttp's test server (a real localhost port)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -9,8 +10,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from dspark_loop.api.app import create_app
 from dspark_loop.config import ServerConfig, fill_defaults
-from tests.unit.api.fake_engine import FakeEngine, tiny_model_config
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
+from tests.unit.api.fake_engine import FakeEngine, tiny_model_config
 
 MODEL = "tiny-test"
 
@@ -36,6 +37,6 @@ def sse_events(raw: bytes) -> list:
     events = []
     for block in text[:-2].split("\n\n"):
         assert block.startswith("data: ") and "\n" not in block, f"bad SSE frame {block!r}"
-        payload = block[len("data: "):]
+        payload = block[len("data: ") :]
         events.append(payload if payload == "[DONE]" else json.loads(payload))
     return events

@@ -1,4 +1,5 @@
 """parse_completion: a whole completion through the one output path (ChatOutput)."""
+
 from __future__ import annotations
 
 from dspark_loop.api.chat_output import ChatOutput

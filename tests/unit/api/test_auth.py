@@ -1,5 +1,6 @@
 """API keys: which routes need one, the 401 body and challenge, constant-time checks, and
 that no key ever reaches a log or a config's repr."""
+
 from __future__ import annotations
 
 import hmac
@@ -19,29 +20,34 @@ def bearer(key: str) -> dict:
     return {"Authorization": f"Bearer {key}"}
 
 
-@pytest.mark.parametrize("headers,presented", [
-    ({}, False),
-    ({"Authorization": "Basic dXNlcjpwYXNz"}, True),
-    ({"Authorization": "Bearer"}, True),
-    (bearer("sk-wrong"), True),
-    (bearer(KEYS[0] + "x"), True),
-    (bearer(KEYS[0][:-1]), True),
-], ids=["missing", "basic-scheme", "empty-bearer", "wrong", "longer", "prefix"])
+@pytest.mark.parametrize(
+    "headers,presented",
+    [
+        ({}, False),
+        ({"Authorization": "Basic dXNlcjpwYXNz"}, True),
+        ({"Authorization": "Bearer"}, True),
+        (bearer("sk-wrong"), True),
+        (bearer(KEYS[0] + "x"), True),
+        (bearer(KEYS[0][:-1]), True),
+    ],
+    ids=["missing", "basic-scheme", "empty-bearer", "wrong", "longer", "prefix"],
+)
 async def test_a_missing_or_wrong_key_gets_openais_401_and_a_bearer_challenge(headers, presented):
     """Every model route must answer 401 with type invalid_request_error, code
     invalid_api_key and a WWW-Authenticate Bearer challenge (error="invalid_token" when a
     credential was sent), without running the engine."""
     async with serving(api_keys=KEYS) as client:
-        for method, path, body in [("POST", "/v1/completions", BODY),
-                                   ("POST", "/v1/chat/completions", {"messages": []}),
-                                   ("GET", "/v1/models", None),
-                                   ("POST", "/tokenize", {"prompt": "hi"}),
-                                   ("POST", "/detokenize", {"tokens": [1]})]:
+        for method, path, body in [
+            ("POST", "/v1/completions", BODY),
+            ("POST", "/v1/chat/completions", {"messages": []}),
+            ("GET", "/v1/models", None),
+            ("POST", "/tokenize", {"prompt": "hi"}),
+            ("POST", "/detokenize", {"tokens": [1]}),
+        ]:
             r = await client.request(method, path, json=body, headers=headers)
             assert r.status == 401, path
             err = (await r.json())["error"]
-            assert (err["type"], err["code"], err["param"]) == ("invalid_request_error",
-                                                                "invalid_api_key", None)
+            assert (err["type"], err["code"], err["param"]) == ("invalid_request_error", "invalid_api_key", None)
             challenge = r.headers["WWW-Authenticate"]
             assert challenge.startswith("Bearer ")
             assert ('error="invalid_token"' in challenge) == presented
@@ -100,17 +106,18 @@ async def test_keys_never_reach_the_logs_or_the_config_repr(caplog, monkeypatch)
     async with serving(api_keys=cfg.api_keys) as client:
         for key in (*cfg.api_keys, "sk-wrong-key-xyz"):
             await client.post("/v1/completions", json=BODY, headers=bearer(key))
-        await client.post("/v1/completions", json=BODY,
-                          headers={"Authorization": f"Basic {KEYS[0]}"})
+        await client.post("/v1/completions", json=BODY, headers={"Authorization": f"Basic {KEYS[0]}"})
     text = caplog.text + " ".join(str(r.args) for r in caplog.records)
     assert "request" in text  # the requests were logged ...
     for key in (*cfg.api_keys, "sk-wrong-key-xyz"):
         assert key not in text  # ... and no key was
 
 
-@pytest.mark.parametrize("argv,env", [(["--api-key", ""], None), (["--api-key", "has space"], None),
-                                      ([], " , "), ([], "bad\tkey")],
-                         ids=["empty-flag", "space-flag", "empty-env", "tab-env"])
+@pytest.mark.parametrize(
+    "argv,env",
+    [(["--api-key", ""], None), (["--api-key", "has space"], None), ([], " , "), ([], "bad\tkey")],
+    ids=["empty-flag", "space-flag", "empty-env", "tab-env"],
+)
 def test_a_bad_key_exits_2_naming_the_flag_without_echoing_it(argv, env, monkeypatch, capsys):
     """An unusable key must exit 2 with an error naming --api-key or DSPARK_API_KEY and
     must not print the value."""

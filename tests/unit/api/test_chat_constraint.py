@@ -1,5 +1,6 @@
 """Constrained tool calls at the route: which requests get a grammar, what it allows first,
 and the 400s when it cannot be had. xgrammar stays out of the server until needed."""
+
 from __future__ import annotations
 
 import subprocess
@@ -12,23 +13,31 @@ from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.api.harness import serving
 from tests.unit.api.scripted import chat_engine
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 STRICT = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
 HI = [{"role": "user", "content": "hi"}]
 NO_THINKING = {"chat_template_kwargs": {"thinking": False}}
 
 
-@pytest.mark.parametrize("tools, choice, want", [
-    ([WEATHER], "required", True),
-    ([WEATHER], {"type": "function", "function": {"name": "get_weather"}}, True),
-    ([STRICT], "auto", True),
-    ([STRICT], None, True),
-    ([WEATHER], "auto", False),
-    ([WEATHER], None, False),
-    ([STRICT], "none", False),
-    ([], None, False),
-])
+@pytest.mark.parametrize(
+    "tools, choice, want",
+    [
+        ([WEATHER], "required", True),
+        ([WEATHER], {"type": "function", "function": {"name": "get_weather"}}, True),
+        ([STRICT], "auto", True),
+        ([STRICT], None, True),
+        ([WEATHER], "auto", False),
+        ([WEATHER], None, False),
+        ([STRICT], "none", False),
+        ([], None, False),
+    ],
+)
 def test_grammar_only_for_required_named_or_strict_tools(tools, choice, want):
     """Constrained decoding must be used exactly for required, named, or strict tools under
     auto (the default), never for tool_choice none."""
@@ -39,8 +48,9 @@ async def test_required_tool_choice_attaches_a_mask_that_forces_the_tool_block()
     """tool_choice required (thinking off) must give the engine a constraint whose first
     mask allows neither EOS nor plain text: only a start of "\\n\\n<｜DSML｜tool_calls>"."""
     async with serving(chat_engine()) as client:
-        r = await client.post("/v1/chat/completions", json={
-            "messages": HI, "tools": [WEATHER], "tool_choice": "required", **NO_THINKING})
+        r = await client.post(
+            "/v1/chat/completions", json={"messages": HI, "tools": [WEATHER], "tool_choice": "required", **NO_THINKING}
+        )
         assert r.status == 200, await r.text()
         constraint = client.engine.requests[0].constraint
     tok = tiny_tokenizer()
@@ -62,11 +72,15 @@ async def test_plain_auto_tools_decode_unconstrained():
 async def test_a_schema_the_grammar_cannot_enforce_is_a_400_before_generation():
     """A JSON Schema keyword the grammar cannot honour (pattern) must answer 400 naming
     `tools` when decoding is constrained, and the engine must not be called."""
-    tool = {"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]+$"}}}}}
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "parameters": {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]+$"}}},
+        },
+    }
     async with serving(chat_engine()) as client:
-        r = await client.post("/v1/chat/completions", json={
-            "messages": HI, "tools": [tool], "tool_choice": "required"})
+        r = await client.post("/v1/chat/completions", json={"messages": HI, "tools": [tool], "tool_choice": "required"})
         out = await r.json()
         assert client.engine.requests == []
     assert r.status == 400 and out["error"]["param"] == "tools"
@@ -79,8 +93,9 @@ async def test_without_xgrammar_constrained_requests_get_a_400_naming_the_extra(
     monkeypatch.setitem(sys.modules, "xgrammar", None)  # import xgrammar -> ImportError
     monkeypatch.delitem(sys.modules, "dspark_loop.api.tool_constraint", raising=False)
     async with serving(chat_engine()) as client:
-        r = await client.post("/v1/chat/completions", json={
-            "messages": HI, "tools": [WEATHER], "tool_choice": "required"})
+        r = await client.post(
+            "/v1/chat/completions", json={"messages": HI, "tools": [WEATHER], "tool_choice": "required"}
+        )
         out = await r.json()
         ok = await client.post("/v1/chat/completions", json={"messages": HI, "tools": [WEATHER]})
         assert ok.status == 200
@@ -90,8 +105,10 @@ async def test_without_xgrammar_constrained_requests_get_a_400_naming_the_extra(
 def test_starting_the_server_imports_neither_torch_nor_xgrammar():
     """The HTTP app and the launcher must not import torch or xgrammar (they come only with
     a constrained request)."""
-    code = ("import sys, dspark_loop.api.app, dspark_loop.launch, dspark_loop.cli; "
-            "print(sorted(m for m in ('torch', 'xgrammar') if m in sys.modules))")
+    code = (
+        "import sys, dspark_loop.api.app, dspark_loop.launch, dspark_loop.cli; "
+        "print(sorted(m for m in ('torch', 'xgrammar') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -101,7 +118,8 @@ async def test_tokens_forced_past_the_grammar_are_refused_for_constrained_reques
     """ignore_eos and min_tokens would force tokens after the grammar's EOS: a constrained
     request asking for them must get a 400 naming the field."""
     async with serving(chat_engine()) as client:
-        r = await client.post("/v1/chat/completions", json={
-            "messages": HI, "tools": [WEATHER], "tool_choice": "required", **field})
+        r = await client.post(
+            "/v1/chat/completions", json={"messages": HI, "tools": [WEATHER], "tool_choice": "required", **field}
+        )
         out = await r.json()
     assert r.status == 400 and out["error"]["param"] == next(iter(field))

@@ -1,5 +1,6 @@
 """ChatOutput: engine text -> OpenAI deltas and message; and the engine text it relies on
 (special tokens kept when skip_special_tokens is false)."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,10 @@ from dspark_loop.engine.detokenize import Detokenizer, TokenText
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
 
 D = "｜DSML｜"
-CALL = (f'<{D}invoke name="f">\n<{D}parameter name="a" string="true">x y</{D}parameter>\n'
-        f'<{D}parameter name="b" string="false">[1, 2]</{D}parameter>\n</{D}invoke>')
+CALL = (
+    f'<{D}invoke name="f">\n<{D}parameter name="a" string="true">x y</{D}parameter>\n'
+    f'<{D}parameter name="b" string="false">[1, 2]</{D}parameter>\n</{D}invoke>'
+)
 TEXT = f"think hard</think>Sure.\n\n<{D}tool_calls>\n{CALL}\n{CALL}\n</{D}tool_calls>"
 
 
@@ -35,9 +38,11 @@ def joined(deltas: list[dict]) -> dict:
             c = calls.setdefault(tc["index"], {"name": None, "arguments": ""})
             c["name"] = tc["function"].get("name", c["name"])
             c["arguments"] += tc["function"].get("arguments", "")
-    return {"reasoning": "".join(d.get("reasoning_content", "") for d in deltas),
-            "content": "".join(d.get("content", "") for d in deltas),
-            "calls": [calls[i] for i in sorted(calls)]}
+    return {
+        "reasoning": "".join(d.get("reasoning_content", "") for d in deltas),
+        "content": "".join(d.get("content", "") for d in deltas),
+        "calls": [calls[i] for i in sorted(calls)],
+    }
 
 
 @pytest.mark.parametrize("step", [1, 2, 3, 7, 50])
@@ -46,11 +51,12 @@ def test_any_split_of_the_text_streams_to_the_same_message(step):
     message: reasoning, content, and calls with JSON object arguments."""
     deltas, out = run(TEXT, list(range(step, len(TEXT), step)))
     msg = out.message()
-    assert joined(deltas) == {"reasoning": "think hard", "content": "Sure.",
-                              "calls": [{"name": "f", "arguments": c["function"]["arguments"]}
-                                        for c in msg["tool_calls"]]}
-    assert [json.loads(c["function"]["arguments"]) for c in msg["tool_calls"]] == \
-        [{"a": "x y", "b": [1, 2]}] * 2
+    assert joined(deltas) == {
+        "reasoning": "think hard",
+        "content": "Sure.",
+        "calls": [{"name": "f", "arguments": c["function"]["arguments"]} for c in msg["tool_calls"]],
+    }
+    assert [json.loads(c["function"]["arguments"]) for c in msg["tool_calls"]] == [{"a": "x y", "b": [1, 2]}] * 2
     assert msg["reasoning_content"] == msg["reasoning"] == "think hard"
     assert out.finish_reason("stop") == "tool_calls" and out.finish_reason("length") == "length"
 
@@ -75,7 +81,7 @@ def test_single_call_mode_drops_later_calls_and_still_finishes_with_tool_calls()
 
 def test_a_cut_block_lists_no_call_and_keeps_the_engine_reason():
     """A block cut inside a call must leave the message without tool_calls."""
-    deltas, out = run(TEXT[:TEXT.index("</｜DSML｜invoke>")], [])
+    deltas, out = run(TEXT[: TEXT.index("</｜DSML｜invoke>")], [])
     assert "tool_calls" not in out.message() and out.finish_reason("stop") == "stop"
 
 

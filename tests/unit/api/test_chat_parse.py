@@ -1,5 +1,6 @@
 """A whole completion through ChatOutput (message, finish_reason): the release vectors,
 argument typing, malformed blocks."""
+
 from __future__ import annotations
 
 import json
@@ -30,13 +31,11 @@ def param(name: str, value: str, string: bool) -> str:
 def test_every_parse_vector_parses_to_its_message(vector):
     """Content, reasoning, call names and parsed arguments must match the release parser;
     ids must be fresh call_<hex> ids."""
-    msg = parse_completion(vector["completion"],
-                           start_in_reasoning=vector["thinking_mode"] == "thinking")
+    msg = parse_completion(vector["completion"], start_in_reasoning=vector["thinking_mode"] == "thinking")
     want = vector["message"]
     assert (msg.content or "") == want["content"]
     assert (msg.reasoning_content or "") == want["reasoning_content"]
-    assert [c["function"]["name"] for c in msg.tool_calls] == \
-        [c["function"]["name"] for c in want["tool_calls"]]
+    assert [c["function"]["name"] for c in msg.tool_calls] == [c["function"]["name"] for c in want["tool_calls"]]
     for got, ref in zip(msg.tool_calls, want["tool_calls"]):
         assert json.loads(got["function"]["arguments"]) == json.loads(ref["function"]["arguments"])
         assert got["type"] == "function" and CALL_ID.match(got["id"])
@@ -52,24 +51,36 @@ def test_a_pure_tool_call_returns_null_content():
 def test_string_flags_decide_argument_types():
     """string="true" values must stay JSON strings (even if they look like numbers);
     string="false" values must be parsed JSON."""
-    text = OPEN + invoke("f", param("a", "42", True), param("b", "42", False),
-                         param("c", '{"k": [1, 2.5, null]}', False),
-                         param("d", 'line "one"\n<b>two</b>', True),
-                         param("e", "true", False)) + CLOSE
-    args = json.loads(parse_completion(text, start_in_reasoning=False).tool_calls[0]
-                      ["function"]["arguments"])
-    assert args == {"a": "42", "b": 42, "c": {"k": [1, 2.5, None]},
-                    "d": 'line "one"\n<b>two</b>', "e": True}
+    text = (
+        OPEN
+        + invoke(
+            "f",
+            param("a", "42", True),
+            param("b", "42", False),
+            param("c", '{"k": [1, 2.5, null]}', False),
+            param("d", 'line "one"\n<b>two</b>', True),
+            param("e", "true", False),
+        )
+        + CLOSE
+    )
+    args = json.loads(parse_completion(text, start_in_reasoning=False).tool_calls[0]["function"]["arguments"])
+    assert args == {"a": "42", "b": 42, "c": {"k": [1, 2.5, None]}, "d": 'line "one"\n<b>two</b>', "e": True}
 
 
 def test_parallel_calls_keep_their_order_and_get_distinct_ids():
     """Several invokes in one block must come back in order, each with its own id."""
-    text = ("Checking both." + OPEN + invoke("w", param("city", "Paris", True)) + "\n"
-            + invoke("w", param("city", "Rome", True)) + CLOSE + "<｜end▁of▁sentence｜>")
+    text = (
+        "Checking both."
+        + OPEN
+        + invoke("w", param("city", "Paris", True))
+        + "\n"
+        + invoke("w", param("city", "Rome", True))
+        + CLOSE
+        + "<｜end▁of▁sentence｜>"
+    )
     msg = parse_completion(text, start_in_reasoning=False)
     assert msg.content == "Checking both."
-    assert [json.loads(c["function"]["arguments"])["city"] for c in msg.tool_calls] == \
-        ["Paris", "Rome"]
+    assert [json.loads(c["function"]["arguments"])["city"] for c in msg.tool_calls] == ["Paris", "Rome"]
     assert len({c["id"] for c in msg.tool_calls}) == 2
 
 
@@ -123,13 +134,12 @@ def test_a_complete_first_call_survives_a_cut_second_call():
 MALFORMED = {
     "junk instead of invoke": OPEN + "hello" + CLOSE,
     "empty block": OPEN + CLOSE,
-    "name without quote close": OPEN + '<｜DSML｜invoke name=now>\n</｜DSML｜invoke>' + CLOSE,
-    "bad string flag": OPEN + invoke("f", '<｜DSML｜parameter name="a" string="maybe">1'
-                                          '</｜DSML｜parameter>') + CLOSE,
+    "name without quote close": OPEN + "<｜DSML｜invoke name=now>\n</｜DSML｜invoke>" + CLOSE,
+    "bad string flag": OPEN + invoke("f", '<｜DSML｜parameter name="a" string="maybe">1</｜DSML｜parameter>') + CLOSE,
     "non-JSON for string=false": OPEN + invoke("f", param("a", "Paris", False)) + CLOSE,
     "duplicate parameter": OPEN + invoke("f", param("a", "1", False), param("a", "2", False)) + CLOSE,
     "parameter never closed": OPEN + '<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="a" '
-                                     'string="true">x\n</｜DSML｜invoke>' + CLOSE,
+    'string="true">x\n</｜DSML｜invoke>' + CLOSE,
     "text after the block": OPEN + invoke("now") + CLOSE + "and more",
 }
 
@@ -160,7 +170,7 @@ def corruptions(text: str, rng: random.Random, n: int):
 def test_truncated_or_corrupted_vectors_never_raise_anything_else():
     """Random truncations and corruptions must parse or raise ToolParseError, never crash."""
     rng = random.Random(0)
-    extra = OPEN + invoke("f", param("a", "x y", True), param("b", "[1, {\"c\": 2}]", False)) + CLOSE
+    extra = OPEN + invoke("f", param("a", "x y", True), param("b", '[1, {"c": 2}]', False)) + CLOSE
     for text in [v["completion"] for v in PARSE] + [extra]:
         for i in range(len(text) + 1):
             for start in (True, False):

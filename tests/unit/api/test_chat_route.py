@@ -1,4 +1,5 @@
 """POST /v1/chat/completions over a FakeEngine: prompts, answers, streams, errors."""
+
 from __future__ import annotations
 
 import json
@@ -7,20 +8,29 @@ import pytest
 
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.api.harness import serving, sse_events
-from tests.unit.api.vectors import RENDER
 from tests.unit.api.scripted import chat_engine
+from tests.unit.api.vectors import RENDER
 
 D = "｜DSML｜"
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-    "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    },
+}
 HI = [{"role": "user", "content": "hi"}]
 NO_THINKING = {"chat_template_kwargs": {"thinking": False}}
 
 
 def invoke(city: str) -> str:
-    return (f'<{D}invoke name="get_weather">\n<{D}parameter name="city" string="true">{city}'
-            f'</{D}parameter>\n</{D}invoke>')
+    return (
+        f'<{D}invoke name="get_weather">\n<{D}parameter name="city" string="true">{city}</{D}parameter>\n</{D}invoke>'
+    )
 
 
 def block(*invokes: str) -> str:
@@ -29,8 +39,7 @@ def block(*invokes: str) -> str:
 
 async def post(client, body: dict):
     r = await client.post("/v1/chat/completions", json=body)
-    return r.status, (sse_events(await r.read()) if body.get("stream") and r.status == 200
-                      else await r.json())
+    return r.status, (sse_events(await r.read()) if body.get("stream") and r.status == 200 else await r.json())
 
 
 def request_body(vector: dict) -> dict:
@@ -74,8 +83,7 @@ async def test_chat_asks_for_special_tokens_as_text_and_the_context_left_by_defa
 async def test_max_completion_tokens_and_stop_reach_the_engine():
     """max_completion_tokens, stop and ignore_eos must mean what they mean for completions."""
     async with serving(chat_engine()) as client:
-        await post(client, {"messages": HI, "max_completion_tokens": 7, "stop": ["x"],
-                            "ignore_eos": True})
+        await post(client, {"messages": HI, "max_completion_tokens": 7, "stop": ["x"], "ignore_eos": True})
         p = client.engine.requests[0].params
     assert (p.max_tokens, p.stop, p.ignore_eos) == (7, ["x"], True)
 
@@ -87,8 +95,12 @@ async def test_thinking_answer_splits_reasoning_from_content():
         status, out = await post(client, {"messages": HI})
     msg = out["choices"][0]["message"]
     assert status == 200 and out["object"] == "chat.completion"
-    assert msg == {"role": "assistant", "content": "Four.", "reasoning_content": "Let me see.",
-                   "reasoning": "Let me see."}
+    assert msg == {
+        "role": "assistant",
+        "content": "Four.",
+        "reasoning_content": "Let me see.",
+        "reasoning": "Let me see.",
+    }
     assert out["choices"][0]["finish_reason"] == "stop"
     assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 16
 
@@ -130,8 +142,9 @@ async def test_stream_opens_with_the_role_and_reassembles_to_the_whole_answer():
     text = "Hmm.</think>Checking." + block(invoke("Paris"), invoke("Rome"))
     async with serving(chat_engine(text)) as client:
         _, whole = await post(client, {"messages": HI, "tools": [WEATHER]})
-        _, events = await post(client, {"messages": HI, "tools": [WEATHER], "stream": True,
-                                        "stream_options": {"include_usage": True}})
+        _, events = await post(
+            client, {"messages": HI, "tools": [WEATHER], "stream": True, "stream_options": {"include_usage": True}}
+        )
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -148,8 +161,9 @@ async def test_stream_opens_with_the_role_and_reassembles_to_the_whole_answer():
                 call.update(id=tc["id"], name=tc["function"]["name"])
             call["arguments"] += tc["function"].get("arguments", "")
     want = whole["choices"][0]["message"]["tool_calls"]
-    assert [(c["name"], c["arguments"]) for c in calls.values()] == \
-        [(w["function"]["name"], w["function"]["arguments"]) for w in want]
+    assert [(c["name"], c["arguments"]) for c in calls.values()] == [
+        (w["function"]["name"], w["function"]["arguments"]) for w in want
+    ]
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "tool_calls"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
 
@@ -164,22 +178,22 @@ async def test_parallel_tool_calls_false_truncates_to_the_first_call():
     calls = whole["choices"][0]["message"]["tool_calls"]
     assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Paris"}]
     assert whole["choices"][0]["finish_reason"] == "tool_calls"
-    indexes = {tc["index"] for e in events[:-1] for c in e["choices"]
-               for tc in c["delta"].get("tool_calls", [])}
+    indexes = {tc["index"] for e in events[:-1] for c in e["choices"] for tc in c["delta"].get("tool_calls", [])}
     assert indexes == {0}
 
 
 async def test_malformed_tool_block_is_a_500_and_aborts_the_request():
     """A malformed block must answer 500 malformed_tool_call and abort the generation."""
-    bad = f"\n\n<{D}tool_calls>\n<{D}invoke name=\"get_weather\">\n<{D}parameter name=\"city\" " \
-          f"string=\"maybe\">Paris</{D}parameter>\n</{D}invoke>\n</{D}tool_calls> and more"
+    bad = (
+        f'\n\n<{D}tool_calls>\n<{D}invoke name="get_weather">\n<{D}parameter name="city" '
+        f'string="maybe">Paris</{D}parameter>\n</{D}invoke>\n</{D}tool_calls> and more'
+    )
     async with serving(chat_engine(bad)) as client:
         status, out = await post(client, {"messages": HI, "tools": [WEATHER], **NO_THINKING})
         assert status == 500 and out["error"]["code"] == "malformed_tool_call"
         assert out["error"]["type"] == "server_error"
         assert client.engine.aborted == [client.engine.requests[0].request_id]
-        status, events = await post(client, {"messages": HI, "tools": [WEATHER], "stream": True,
-                                             **NO_THINKING})
+        status, events = await post(client, {"messages": HI, "tools": [WEATHER], "stream": True, **NO_THINKING})
     assert status == 200 and events[-1] == "[DONE]"
     assert events[-2]["error"]["code"] == "malformed_tool_call"
     assert all("error" not in e for e in events[:-2])

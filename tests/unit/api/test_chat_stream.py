@@ -1,4 +1,5 @@
 """StreamingChatParser: any cut of the text must reassemble to the non-streaming message."""
+
 from __future__ import annotations
 
 import itertools
@@ -13,14 +14,20 @@ from tests.unit.api.parse import parse_completion
 from tests.unit.api.vectors import PARSE
 
 EXTRA = [
-    {"name": "content_then_parallel_calls", "thinking_mode": "chat",
-     "completion": 'Sure.\n\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="w">\n'
-                   '<｜DSML｜parameter name="city" string="true">Par"is\n<b></｜DSML｜parameter>\n'
-                   '<｜DSML｜parameter name="n" string="false">[1,  {"a": "é"}]</｜DSML｜parameter>\n'
-                   '</｜DSML｜invoke>\n<｜DSML｜invoke name="now">\n\n</｜DSML｜invoke>\n'
-                   '</｜DSML｜tool_calls><｜end▁of▁sentence｜>'},
-    {"name": "near_markers_in_text", "thinking_mode": "thinking",
-     "completion": "a </thin b \n\n<｜DS c</think>d \n\n<x <｜end▁of e"},
+    {
+        "name": "content_then_parallel_calls",
+        "thinking_mode": "chat",
+        "completion": 'Sure.\n\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="w">\n'
+        '<｜DSML｜parameter name="city" string="true">Par"is\n<b></｜DSML｜parameter>\n'
+        '<｜DSML｜parameter name="n" string="false">[1,  {"a": "é"}]</｜DSML｜parameter>\n'
+        '</｜DSML｜invoke>\n<｜DSML｜invoke name="now">\n\n</｜DSML｜invoke>\n'
+        "</｜DSML｜tool_calls><｜end▁of▁sentence｜>",
+    },
+    {
+        "name": "near_markers_in_text",
+        "thinking_mode": "thinking",
+        "completion": "a </thin b \n\n<｜DS c</think>d \n\n<x <｜end▁of e",
+    },
 ]
 CASES = PARSE + EXTRA
 
@@ -42,8 +49,9 @@ def reassemble(deltas):
         if "id" in tc:
             assert tc["index"] == len(calls) and tc["type"] == "function"
             assert "arguments" not in tc["function"]
-            calls.append({"id": tc["id"], "type": "function",
-                          "function": {"name": tc["function"]["name"], "arguments": ""}})
+            calls.append(
+                {"id": tc["id"], "type": "function", "function": {"name": tc["function"]["name"], "arguments": ""}}
+            )
         else:
             assert set(tc) == {"index", "function"} and tc["index"] == len(calls) - 1
             calls[tc["index"]]["function"]["arguments"] += tc["function"]["arguments"]
@@ -60,8 +68,9 @@ def stream(text: str, cuts: list[int], start_in_reasoning: bool):
 
 
 def expected(case):
-    msg = parse_completion(case["completion"], start_in_reasoning=case["thinking_mode"] == "thinking",
-                           call_id=fixed_ids())
+    msg = parse_completion(
+        case["completion"], start_in_reasoning=case["thinking_mode"] == "thinking", call_id=fixed_ids()
+    )
     return msg.reasoning_content, msg.content, msg.tool_calls
 
 
@@ -98,8 +107,7 @@ def test_held_back_tails_never_leak_marker_pieces():
 
 def test_arguments_stream_before_the_parameter_closes():
     """A long string argument must stream in pieces, not arrive only at the closing tag."""
-    head = ('\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="echo">\n'
-            '<｜DSML｜parameter name="text" string="true">')
+    head = '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="echo">\n<｜DSML｜parameter name="text" string="true">'
     parser = StreamingChatParser(False)
     deltas = parser.feed(head)
     deltas += parser.feed("hello ")

@@ -1,5 +1,6 @@
 """Every malformed /v1/completions request gets its own status and a message naming the
 parameter, and the server keeps serving afterwards."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,13 @@ CASES = [
     ("max_tokens zero", {**OK, "max_tokens": 0}, 400, "max_tokens", ["at least 1"]),
     ("max_tokens string", {**OK, "max_tokens": "8"}, 400, "max_tokens", ["int"]),
     ("max_tokens float", {**OK, "max_tokens": 8.5}, 400, "max_tokens", ["int"]),
-    ("max_completion_tokens zero", {**OK, "max_tokens": None, "max_completion_tokens": 0}, 400,
-     "max_completion_tokens", ["at least 1"]),
+    (
+        "max_completion_tokens zero",
+        {**OK, "max_tokens": None, "max_completion_tokens": 0},
+        400,
+        "max_completion_tokens",
+        ["at least 1"],
+    ),
     ("unknown model", {**OK, "model": "gpt-4"}, 404, "model", ["gpt-4", "does not exist"]),
     ("temperature negative", {**OK, "temperature": -0.5}, 400, "temperature", [">= 0"]),
     ("top_p zero", {**OK, "top_p": 0}, 400, "top_p", ["(0, 1]"]),
@@ -53,11 +59,9 @@ CASES = [
     ("stop list of numbers", {**OK, "stop": ["a", 5]}, 400, "stop", ["stop"]),
     ("stop empty string", {**OK, "stop": ""}, 400, "stop", ["empty"]),
     ("stream wrong type", {**OK, "stream": "yes"}, 400, "stream", ["bool"]),
-    ("stream_options unknown key", {**OK, "stream": True, "stream_options": {"x": 1}}, 400,
-     "x", ["x"]),
+    ("stream_options unknown key", {**OK, "stream": True, "stream_options": {"x": 1}}, 400, "x", ["x"]),
     ("min_tokens above max_tokens", {**OK, "min_tokens": 9}, 400, "min_tokens", ["max_tokens"]),
-    ("stop_token_ids out of vocab", {**OK, "stop_token_ids": [5000]}, 400, "stop_token_ids",
-     ["5000"]),
+    ("stop_token_ids out of vocab", {**OK, "stop_token_ids": [5000]}, 400, "stop_token_ids", ["5000"]),
     ("suffix", {**OK, "suffix": "tail"}, 400, "suffix", ["not supported"]),
 ]
 
@@ -96,8 +100,7 @@ async def test_the_whole_table_in_one_session_leaves_the_server_serving():
 async def test_huge_max_tokens_is_capped_to_the_context_not_refused():
     """max_tokens past the context must be capped to max_model_len - prompt_len."""
     async with serving() as client:
-        r = await client.post("/v1/completions", json={**OK, "prompt": list(range(50)),
-                                                       "max_tokens": 10 ** 9})
+        r = await client.post("/v1/completions", json={**OK, "prompt": list(range(50)), "max_tokens": 10**9})
         assert r.status == 200
         assert client.engine.requests[0].params.max_tokens == 64 - 50
         assert (await r.json())["usage"]["completion_tokens"] == 14
@@ -114,9 +117,18 @@ async def test_prompt_one_token_short_of_the_context_is_accepted():
 async def test_greedy_values_of_sampling_knobs_are_accepted():
     """temperature 0, top_p 1, top_k -1/0, n 1, seed, user must all be accepted (greedy)."""
     async with serving() as client:
-        for extra in ({"temperature": 0}, {"temperature": 0.0, "top_p": 1.0}, {"top_k": -1},
-                      {"top_k": 0}, {"n": 1}, {"seed": 7}, {"user": "u1"}, {"logprobs": None},
-                      {"stop": None}, {"frequency_penalty": 0, "presence_penalty": 0}):
+        for extra in (
+            {"temperature": 0},
+            {"temperature": 0.0, "top_p": 1.0},
+            {"top_k": -1},
+            {"top_k": 0},
+            {"n": 1},
+            {"seed": 7},
+            {"user": "u1"},
+            {"logprobs": None},
+            {"stop": None},
+            {"frequency_penalty": 0, "presence_penalty": 0},
+        ):
             r = await client.post("/v1/completions", json={**OK, **extra})
             assert r.status == 200, (extra, await r.text())
 

@@ -1,4 +1,5 @@
 """Drain (what SIGTERM / SIGINT mean) and streams whose client stopped reading."""
+
 from __future__ import annotations
 
 import asyncio
@@ -6,8 +7,8 @@ import json
 import signal
 import socket
 
-from dspark_loop.api.gate import AdmissionGate
 from dspark_loop.api.drain import Drain
+from dspark_loop.api.gate import AdmissionGate
 from tests.unit.api.fake_engine import FakeEngine
 from tests.unit.api.harness import MODEL, serving
 from tests.unit.api.test_stream import endless_reply
@@ -16,7 +17,8 @@ from tests.unit.api.test_stream import endless_reply
 async def open_request(gate: AdmissionGate, engine: FakeEngine):
     """An admitted request that stays active until the returned generator is closed."""
     from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
-    gen = gate.generate(GenerateRequest(f"r{len(engine.requests)}", [1, 2], SamplingParams(max_tokens=10 ** 6)))
+
+    gen = gate.generate(GenerateRequest(f"r{len(engine.requests)}", [1, 2], SamplingParams(max_tokens=10**6)))
     await anext(gen)
     return gen
 
@@ -75,8 +77,10 @@ async def test_a_stream_whose_client_stops_reading_is_aborted_after_the_write_ti
         sock.setblocking(False)
         loop = asyncio.get_running_loop()
         await loop.sock_connect(sock, (client.host, client.port))
-        head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
         await loop.sock_sendall(sock, head + body)
         try:
             await asyncio.wait_for(engine.closed.wait(), 60)
@@ -89,8 +93,7 @@ async def test_a_slow_reader_within_the_timeout_gets_every_token():
     """A client that reads slowly but keeps reading must get its whole stream."""
     engine = FakeEngine(delay_s=0.001)
     async with serving(engine, stream_write_timeout_s=5) as client:
-        r = await client.post("/v1/completions", json={"model": MODEL, "prompt": [1], "max_tokens": 40,
-                                                       "stream": True})
+        r = await client.post("/v1/completions", json={"model": MODEL, "prompt": [1], "max_tokens": 40, "stream": True})
         raw = b""
         while chunk := await r.content.read(64):
             raw += chunk

@@ -1,5 +1,6 @@
 """The API over the real EngineLoop (scheduler + the engine tests' scripted fake mesh): the
 interface the FakeEngine imitates must be the one the engine really has."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,10 +11,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from dspark_loop.api.app import create_app
 from dspark_loop.engine.loop import EngineLoop
+from dspark_testing.tiny_tokenizer import bos_id, tiny_tokenizer
 from tests.unit.api.fake_engine import tiny_model_config
 from tests.unit.api.harness import make_config, sse_events
 from tests.unit.engine.factories import make_mesh, make_scheduler
-from dspark_testing.tiny_tokenizer import bos_id, tiny_tokenizer
 
 
 @pytest.fixture
@@ -40,8 +41,7 @@ async def test_stream_and_whole_answers_carry_the_same_tokens(client):
     and usage, and leave every page free."""
     body = {"prompt": "the quick brown fox", "max_tokens": 12, "return_token_ids": True}
     whole = await (await client.post("/v1/completions", json=body)).json()
-    r = await client.post("/v1/completions", json={**body, "stream": True,
-                                                   "stream_options": {"include_usage": True}})
+    r = await client.post("/v1/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}})
     events = sse_events(await r.read())
     chunks = [e for e in events[:-1] if e["choices"]]
     assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
@@ -54,11 +54,11 @@ async def test_stream_and_whole_answers_carry_the_same_tokens(client):
 
 async def test_concurrent_requests_and_a_disconnect_leave_the_pools_empty(client):
     """Concurrent requests must all finish; one abandoned mid-stream must be aborted."""
-    r = await client.post("/v1/completions", json={"prompt": "hello world", "max_tokens": 200,
-                                                   "stream": True})
+    r = await client.post("/v1/completions", json={"prompt": "hello world", "max_tokens": 200, "stream": True})
     await r.content.readuntil(b"\n\n")
-    answers = await asyncio.gather(*(client.post("/v1/completions", json={
-        "prompt": f"hello {i}", "max_tokens": 5 + i}) for i in range(6)))
+    answers = await asyncio.gather(
+        *(client.post("/v1/completions", json={"prompt": f"hello {i}", "max_tokens": 5 + i}) for i in range(6))
+    )
     assert [(await a.json())["usage"]["completion_tokens"] for a in answers] == [5 + i for i in range(6)]
     r.close()
     for _ in range(200):

@@ -1,5 +1,6 @@
 """The admission gate: a full queue is a 503 with Retry-After at once, a request that can
 never fit is a 400, a draining server takes nothing new; a flood cannot slip past."""
+
 from __future__ import annotations
 
 import asyncio
@@ -27,8 +28,15 @@ class QueueingEngine(FakeEngine):
             await self.release.wait()
         finally:
             self.num_waiting -= 1
-        yield RequestOutput(g.request_id, [65], "A", finished=True, finish_reason="length",
-                            num_prompt_tokens=len(g.prompt_token_ids), num_output_tokens=1)
+        yield RequestOutput(
+            g.request_id,
+            [65],
+            "A",
+            finished=True,
+            finish_reason="length",
+            num_prompt_tokens=len(g.prompt_token_ids),
+            num_output_tokens=1,
+        )
 
 
 async def test_a_full_queue_answers_503_with_retry_after_and_an_openai_body():
@@ -43,8 +51,9 @@ async def test_a_full_queue_answers_503_with_retry_after_and_an_openai_body():
             assert int(r.headers["Retry-After"]) >= 1
             err = (await r.json())["error"]
             assert (err["type"], err["code"]) == ("server_error", "server_overloaded")
-        r = await client.post("/v1/chat/completions",
-                              json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+        r = await client.post(
+            "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        )
         assert r.status == 503 and (await r.json())["error"]["code"] == "server_overloaded"
         assert engine.requests == []
         engine.num_waiting = 3

@@ -1,4 +1,5 @@
 """Request defaults from generation_config.json, with --generate-config on top."""
+
 import json
 
 from dspark_loop.api.generation_defaults import sampling_defaults

@@ -1,11 +1,12 @@
 """The official openai client, unmodified, against the API on a real localhost port."""
+
 from __future__ import annotations
 
 import openai
 import pytest
 
-from tests.unit.api.fake_engine import reply_ids
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
+from tests.unit.api.fake_engine import reply_ids
 from tests.unit.api.harness import MODEL, serving
 
 
@@ -30,8 +31,9 @@ async def test_openai_client_streams_with_include_usage():
     """Streaming through the client must give the same text, then one usage-only chunk."""
     async with serving() as tc:
         oc = _client(tc)
-        stream = await oc.completions.create(model=MODEL, prompt="hello", max_tokens=5, stream=True,
-                                             stream_options={"include_usage": True})
+        stream = await oc.completions.create(
+            model=MODEL, prompt="hello", max_tokens=5, stream=True, stream_options={"include_usage": True}
+        )
         chunks = [c async for c in stream]
         text = "".join(c.choices[0].text for c in chunks if c.choices)
         assert text == tiny_tokenizer().decode(reply_ids()[:5])
@@ -59,9 +61,11 @@ async def test_openai_client_raises_on_an_error_event_mid_stream():
     from tests.unit.api.fake_engine import FakeEngine
 
     def script(g):
-        return [RequestOutput(g.request_id, [9], "a", num_output_tokens=1),
-                RequestOutput(g.request_id, [], "", finished=True, finish_reason="error",
-                              error="rank 1 failed the step")]
+        return [
+            RequestOutput(g.request_id, [9], "a", num_output_tokens=1),
+            RequestOutput(g.request_id, [], "", finished=True, finish_reason="error", error="rank 1 failed the step"),
+        ]
+
     async with serving(FakeEngine(script=script)) as tc:
         oc = _client(tc)
         stream = await oc.completions.create(model=MODEL, prompt="hi", max_tokens=4, stream=True)

@@ -1,4 +1,5 @@
 """/openapi.json: every route the app serves, its bodies generated from the structs."""
+
 from __future__ import annotations
 
 import msgspec
@@ -13,8 +14,11 @@ async def test_the_document_lists_exactly_the_routes_the_app_serves():
     so a new route cannot go undocumented."""
     async with serving() as client:
         doc = await (await client.get("/openapi.json")).json()
-        served = {(route.method.lower(), route.resource.canonical)
-                  for route in client.server.app.router.routes() if route.method != "HEAD"}
+        served = {
+            (route.method.lower(), route.resource.canonical)
+            for route in client.server.app.router.routes()
+            if route.method != "HEAD"
+        }
         documented = {(m, p) for p, ops in doc["paths"].items() for m in ops}
         assert documented == served
 
@@ -24,8 +28,9 @@ async def test_request_schemas_are_the_decoders_own_and_refuse_unknown_fields():
     decode with, plus additionalProperties false (the decoders forbid unknown fields)."""
     async with serving() as client:
         doc = await (await client.get("/openapi.json")).json()
-    _, expected = msgspec.json.schema_components([CompletionRequest, ChatCompletionRequest],
-                                                 ref_template="#/components/schemas/{name}")
+    _, expected = msgspec.json.schema_components(
+        [CompletionRequest, ChatCompletionRequest], ref_template="#/components/schemas/{name}"
+    )
     schemas = doc["components"]["schemas"]
     for name in ("CompletionRequest", "ChatCompletionRequest", "StreamOptions"):
         assert schemas[name] == {**expected[name], "additionalProperties": False}

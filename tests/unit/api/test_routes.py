@@ -1,9 +1,10 @@
 """/health, /v1/models, /tokenize, /detokenize, /metrics."""
+
 from __future__ import annotations
 
 from dspark_loop.api.app import add_metrics_routes
-from tests.unit.api.fake_engine import FakeEngine
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
+from tests.unit.api.fake_engine import FakeEngine
 from tests.unit.api.harness import MODEL, serving
 
 
@@ -55,11 +56,14 @@ async def test_tokenize_matches_what_completions_send_and_detokenize_round_trips
 async def test_tokenize_routes_reject_bad_bodies():
     """Missing prompt, unknown model, non-int or out-of-vocab tokens must be 400/404."""
     async with serving() as client:
-        cases = [("/tokenize", {}, 400, "prompt"), ("/tokenize", {"prompt": "a", "model": "x"}, 404, "model"),
-                 ("/tokenize", {"prompt": "a", "text": "b"}, 400, "prompt"),
-                 ("/detokenize", {"tokens": ["a"]}, 400, "tokens"),
-                 ("/detokenize", {"tokens": [99999]}, 400, "tokens"),
-                 ("/detokenize", {}, 400, "tokens")]
+        cases = [
+            ("/tokenize", {}, 400, "prompt"),
+            ("/tokenize", {"prompt": "a", "model": "x"}, 404, "model"),
+            ("/tokenize", {"prompt": "a", "text": "b"}, 400, "prompt"),
+            ("/detokenize", {"tokens": ["a"]}, 400, "tokens"),
+            ("/detokenize", {"tokens": [99999]}, 400, "tokens"),
+            ("/detokenize", {}, 400, "tokens"),
+        ]
         for path, body, status, param in cases:
             r = await client.post(path, json=body)
             assert r.status == status, (path, body)
@@ -78,6 +82,7 @@ async def test_metrics_routes_serve_the_renderers():
     """/metrics must serve render_prometheus() as text and /metrics/json the snapshot."""
     from aiohttp import web
     from aiohttp.test_utils import TestClient, TestServer
+
     app = web.Application()
     add_metrics_routes(app, StubMetrics())
     async with TestClient(TestServer(app)) as client:
@@ -91,8 +96,10 @@ async def test_an_unexpected_exception_is_a_json_500_and_the_server_keeps_servin
     """A bug inside a route must answer 500 in the OpenAI error shape, not a traceback page."""
     engine = FakeEngine()
     async with serving(engine) as client:
+
         def broken(g):
             raise RuntimeError("scheduler bug")
+
         engine.script = broken
         r = await client.post("/v1/completions", json={"prompt": "x"})
         assert r.status == 500

@@ -1,4 +1,5 @@
 """serve() (real sockets, signals) and run_offline (--prompt mode)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,8 +17,8 @@ import aiohttp
 from dspark_loop.api.app import create_app
 from dspark_loop.api.offline import run_offline
 from dspark_loop.api.server import serve
-from tests.unit.api.fake_engine import FakeEngine, reply_ids, tiny_model_config
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
+from tests.unit.api.fake_engine import FakeEngine, reply_ids, tiny_model_config
 from tests.unit.api.harness import make_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -60,8 +61,13 @@ print("clean exit", flush=True)
 def test_sigterm_shuts_the_server_down_cleanly():
     """SIGTERM must end serve() normally (the code after it runs, exit status 0)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", SERVE_SCRIPT, str(port)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE_SCRIPT, str(port)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 20
         while True:

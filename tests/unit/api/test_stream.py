@@ -1,4 +1,5 @@
 """/v1/completions with stream=true: exact SSE framing, usage chunk, errors, disconnects."""
+
 from __future__ import annotations
 
 import asyncio
@@ -6,8 +7,8 @@ import asyncio
 import pytest
 
 from dspark_loop.engine.outputs import RequestOutput
-from tests.unit.api.fake_engine import FakeEngine, reply_ids
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
+from tests.unit.api.fake_engine import FakeEngine, reply_ids
 from tests.unit.api.harness import MODEL, serving, sse_events
 
 STREAM = {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 3, "stream": True}
@@ -15,7 +16,7 @@ STREAM = {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 3, "stream": True}
 
 def endless_reply(g):
     tok = tiny_tokenizer()
-    for i in range(10 ** 6):
+    for i in range(10**6):
         yield RequestOutput(g.request_id, [65], tok.decode([65]), num_output_tokens=i + 1)
 
 
@@ -46,8 +47,12 @@ async def test_include_usage_adds_one_usage_chunk_with_no_choices_before_done():
         events = sse_events(await r.read())
         usage_chunk = events[-2]
         assert usage_chunk["choices"] == []
-        assert usage_chunk["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6,
-                                        "prompt_tokens_details": {"cached_tokens": 0}}
+        assert usage_chunk["usage"] == {
+            "prompt_tokens": 3,
+            "completion_tokens": 3,
+            "total_tokens": 6,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
         assert all("usage" not in e for e in events[:-2])
 
 
@@ -55,8 +60,9 @@ async def test_stream_echo_and_token_ids_arrive_in_chunks():
     """echo must send the prompt text first; return_token_ids must carry prompt_token_ids once
     and each chunk's token_ids, which concatenate to all output tokens."""
     async with serving() as client:
-        r = await client.post("/v1/completions", json={**STREAM, "prompt": "hello", "echo": True,
-                                                       "return_token_ids": True})
+        r = await client.post(
+            "/v1/completions", json={**STREAM, "prompt": "hello", "echo": True, "return_token_ids": True}
+        )
         chunks = sse_events(await r.read())[:-1]
         assert chunks[0]["choices"][0]["text"] == "hello"
         assert chunks[0]["choices"][0]["prompt_token_ids"] == client.engine.requests[0].prompt_token_ids
@@ -66,10 +72,13 @@ async def test_stream_echo_and_token_ids_arrive_in_chunks():
 
 async def test_engine_error_after_headers_is_an_error_event_then_done():
     """A failure after the first delta must go out as `data: {"error": ...}` then [DONE]."""
+
     def script(g):
-        return [RequestOutput(g.request_id, [9], "a", num_output_tokens=1),
-                RequestOutput(g.request_id, [], "", finished=True, finish_reason="error",
-                              error="rank 3 failed the step")]
+        return [
+            RequestOutput(g.request_id, [9], "a", num_output_tokens=1),
+            RequestOutput(g.request_id, [], "", finished=True, finish_reason="error", error="rank 3 failed the step"),
+        ]
+
     async with serving(FakeEngine(script=script)) as client:
         r = await client.post("/v1/completions", json={**STREAM, "stream_options": {"include_usage": True}})
         assert r.status == 200
@@ -82,9 +91,10 @@ async def test_engine_error_after_headers_is_an_error_event_then_done():
 
 async def test_engine_error_before_any_token_is_a_plain_http_error():
     """A request the engine fails at once must get a JSON 500, not a 200 stream."""
+
     def script(g):
-        return [RequestOutput(g.request_id, [], "", finished=True, finish_reason="error",
-                              error="cannot schedule")]
+        return [RequestOutput(g.request_id, [], "", finished=True, finish_reason="error", error="cannot schedule")]
+
     async with serving(FakeEngine(script=script)) as client:
         r = await client.post("/v1/completions", json=STREAM)
         assert r.status == 500
@@ -93,15 +103,22 @@ async def test_engine_error_before_any_token_is_a_plain_http_error():
 
 async def test_held_back_text_sends_no_empty_chunks():
     """Deltas with tokens but no text yet (stop-string holdback) must not produce chunks."""
+
     def script(g):
-        return [RequestOutput(g.request_id, [5], "", num_output_tokens=1),
-                RequestOutput(g.request_id, [6], "ab", num_output_tokens=2),
-                RequestOutput(g.request_id, [7], "", finished=True, finish_reason="stop",
-                              stop_reason="c", num_output_tokens=3)]
+        return [
+            RequestOutput(g.request_id, [5], "", num_output_tokens=1),
+            RequestOutput(g.request_id, [6], "ab", num_output_tokens=2),
+            RequestOutput(
+                g.request_id, [7], "", finished=True, finish_reason="stop", stop_reason="c", num_output_tokens=3
+            ),
+        ]
+
     async with serving(FakeEngine(script=script)) as client:
         events = sse_events(await (await client.post("/v1/completions", json=STREAM)).read())
         assert [(e["choices"][0]["text"], e["choices"][0]["finish_reason"]) for e in events[:-1]] == [
-            ("ab", None), ("", "stop")]
+            ("ab", None),
+            ("", "stop"),
+        ]
         assert events[1]["choices"][0]["stop_reason"] == "c"
 
 

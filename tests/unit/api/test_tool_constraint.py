@@ -1,4 +1,5 @@
 """tool_call_grammar + ToolConstraint: masked decoding can only write valid DSML tool calls."""
+
 from __future__ import annotations
 
 import json
@@ -8,36 +9,49 @@ import pytest
 import xgrammar as xg
 from tokenizers import Tokenizer
 
-from tests.unit.api.parse import parse_completion
 from dspark_loop.api.tool_constraint import ToolConstraint
 from dspark_loop.api.tool_grammar import UnsupportedToolSchema, tool_call_grammar
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
+from tests.unit.api.parse import parse_completion
 
 VOCAB = 1024
 EOS_ID, THINK_END_ID, DSML_ID = 1, 5, 6
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "required": ["city"], "properties": {
-        "city": {"type": "string", "description": "City name"},
-        "days": {"type": "integer"},
-        "unit": {"enum": ["c", "f"]},
-        "tags": {"type": "array", "items": {"type": "string"}},
-        "hourly": {"type": "boolean"},
-        "ratio": {"type": ["number", "null"]}}}}}
-NOW = {"type": "function", "function": {"name": "now", "parameters": {"type": "object",
-                                                                      "properties": {}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "required": ["city"],
+            "properties": {
+                "city": {"type": "string", "description": "City name"},
+                "days": {"type": "integer"},
+                "unit": {"enum": ["c", "f"]},
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "hourly": {"type": "boolean"},
+                "ratio": {"type": ["number", "null"]},
+            },
+        },
+    },
+}
+NOW = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
 TOOLS = [WEATHER, NOW]
 
 
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
     t = tiny_tokenizer()
-    assert (t.token_to_id("<｜end▁of▁sentence｜>"), t.token_to_id("</think>"),
-            t.token_to_id("｜DSML｜")) == (EOS_ID, THINK_END_ID, DSML_ID)
+    assert (t.token_to_id("<｜end▁of▁sentence｜>"), t.token_to_id("</think>"), t.token_to_id("｜DSML｜")) == (
+        EOS_ID,
+        THINK_END_ID,
+        DSML_ID,
+    )
     return t
 
 
-def greedy_random(c: ToolConstraint, seed: int, *, force: dict[int, int] | None = None,
-                  max_steps: int = 800) -> list[int]:
+def greedy_random(
+    c: ToolConstraint, seed: int, *, force: dict[int, int] | None = None, max_steps: int = 800
+) -> list[int]:
     """Argmax over random logits masked by the constraint, until EOS."""
     rng = np.random.default_rng(seed)
     ids: list[int] = []
@@ -88,8 +102,7 @@ def test_a_named_tool_choice_gives_exactly_one_call_of_that_tool(tok, seed):
     """tool_choice naming a function must produce one call of it, required params present."""
     choice = {"type": "function", "function": {"name": "get_weather"}}
     c = ToolConstraint.build(tok, TOOLS, choice, start_in_reasoning=False, max_value_len=6)
-    msg = parse_completion(tok.decode(greedy_random(c, seed), skip_special_tokens=False),
-                           start_in_reasoning=False)
+    msg = parse_completion(tok.decode(greedy_random(c, seed), skip_special_tokens=False), start_in_reasoning=False)
     assert [t["function"]["name"] for t in msg.tool_calls] == ["get_weather"]
     check_call(msg.tool_calls[0])
 
@@ -97,10 +110,10 @@ def test_a_named_tool_choice_gives_exactly_one_call_of_that_tool(tok, seed):
 def test_parallel_calls_off_allows_one_call(tok):
     """parallel_tool_calls=false must close the block after one invoke."""
     for seed in range(4):
-        c = ToolConstraint.build(tok, TOOLS, "required", start_in_reasoning=False,
-                                 parallel_tool_calls=False, max_value_len=6)
-        msg = parse_completion(tok.decode(greedy_random(c, seed), skip_special_tokens=False),
-                               start_in_reasoning=False)
+        c = ToolConstraint.build(
+            tok, TOOLS, "required", start_in_reasoning=False, parallel_tool_calls=False, max_value_len=6
+        )
+        msg = parse_completion(tok.decode(greedy_random(c, seed), skip_special_tokens=False), start_in_reasoning=False)
         assert len(msg.tool_calls) == 1
 
 
@@ -172,8 +185,8 @@ def test_schemas_the_grammar_cannot_enforce_are_refused(schema):
 def test_every_grammar_compiles_and_admits_the_rendered_form():
     """The EBNF must compile, and the encoder's own rendering of a call must match it."""
     from dspark_loop.api.chat_render import EOS, render_tool_block
-    call = {"function": {"name": "get_weather",
-                         "arguments": {"city": "Paris", "days": 1, "tags": ["a", "b"]}}}
+
+    call = {"function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 1, "tags": ["a", "b"]}}}
     text = render_tool_block([call])
     for choice in ("required", "auto", {"type": "function", "function": {"name": "get_weather"}}):
         grammar = tool_call_grammar(TOOLS, choice)

@@ -1,5 +1,6 @@
 """The release encoder's rendered prompts and parsed completions (copied from
 shared/reference/dsv4-chat-vectors.json so the suite runs anywhere)."""
+
 import json
 from pathlib import Path
 

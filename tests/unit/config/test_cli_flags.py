@@ -1,4 +1,5 @@
 """Command-line flags: defaults, and every bad value exits 2 naming its flag."""
+
 from __future__ import annotations
 
 import pytest
@@ -72,42 +73,91 @@ def test_the_seeds_command_line_parses_as_written(tmp_path):
     """The deployment page's command (NPU flags included) must parse to its values."""
     (tmp_path / "dsv4-flash-w8a8").mkdir()
     (tmp_path / "dsv4-flash-w8a8" / "config.json").write_text("{}")
-    cfg = parse_args([
-        "--model", str(tmp_path / "dsv4-flash-w8a8"), "--served-model-name", "dsv4-flash-w8a8",
-        "--platform", "a2a3", "--devices", ",".join(map(str, range(16))),
-        "--dp", "4", "--ep", "16", "--tp", "4", "--block-size", "32", "--max-model-len", "1024",
-        "--max-num-seqs", "8", "--max-num-batched-tokens", "8192",
-        "--long-prefill-token-threshold", "128",
-        "--speculative-config", '{"method":"dspark","num_speculative_tokens":7}',
-        "--no-enable-prefix-caching", "--ring-heap", "2147483648,2147483648,4294967296,8589934592",
-        "--port", "8000"])
+    cfg = parse_args(
+        [
+            "--model",
+            str(tmp_path / "dsv4-flash-w8a8"),
+            "--served-model-name",
+            "dsv4-flash-w8a8",
+            "--platform",
+            "a2a3",
+            "--devices",
+            ",".join(map(str, range(16))),
+            "--dp",
+            "4",
+            "--ep",
+            "16",
+            "--tp",
+            "4",
+            "--block-size",
+            "32",
+            "--max-model-len",
+            "1024",
+            "--max-num-seqs",
+            "8",
+            "--max-num-batched-tokens",
+            "8192",
+            "--long-prefill-token-threshold",
+            "128",
+            "--speculative-config",
+            '{"method":"dspark","num_speculative_tokens":7}',
+            "--no-enable-prefix-caching",
+            "--ring-heap",
+            "2147483648,2147483648,4294967296,8589934592",
+            "--port",
+            "8000",
+        ]
+    )
     assert (cfg.dp, cfg.ep, cfg.tp, len(cfg.devices)) == (4, 16, 4, 16)
     assert (cfg.max_num_seqs, cfg.long_prefill_token_threshold, cfg.num_speculative_tokens) == (8, 128, 7)
-    assert cfg.ring_heap == (2 ** 31, 2 ** 31, 2 ** 32, 2 ** 33)
+    assert cfg.ring_heap == (2**31, 2**31, 2**32, 2**33)
     assert cfg.platform == "a2a3" and cfg.enable_prefix_caching is False
 
 
 def test_values_are_parsed_into_their_units():
     """Sizes, ring heap, generate defaults, prompts and the tap address must parse exactly."""
-    cfg = parse_args(["--kv-cache-memory", "1.5GiB", "--ring-heap", "1024", "--prompt", "a",
-                      "--prompt", "b", "--max-tokens", "5", "--log-level", "DEBUG",
-                      "--generate-config", '{"max_new_tokens":9,"stop":"END","temperature":0,"seed":1}',
-                      "--debug-tap", "tcp://127.0.0.1:5599", "--dtype", "bfloat16", "--num-blocks", "12"])
-    assert cfg.kv_cache_memory == 3 * 2 ** 29
+    cfg = parse_args(
+        [
+            "--kv-cache-memory",
+            "1.5GiB",
+            "--ring-heap",
+            "1024",
+            "--prompt",
+            "a",
+            "--prompt",
+            "b",
+            "--max-tokens",
+            "5",
+            "--log-level",
+            "DEBUG",
+            "--generate-config",
+            '{"max_new_tokens":9,"stop":"END","temperature":0,"seed":1}',
+            "--debug-tap",
+            "tcp://127.0.0.1:5599",
+            "--dtype",
+            "bfloat16",
+            "--num-blocks",
+            "12",
+        ]
+    )
+    assert cfg.kv_cache_memory == 3 * 2**29
     assert cfg.ring_heap == (1024,) * 4
     assert cfg.prompts == ("a", "b") and cfg.max_tokens == 5 and cfg.log_level == "debug"
     assert (cfg.generate.max_new_tokens, cfg.generate.stop, cfg.generate.seed) == (9, ("END",), 1)
     assert cfg.debug_tap == "tcp://127.0.0.1:5599" and cfg.dtype == "bfloat16" and cfg.num_blocks == 12
 
 
-@pytest.mark.parametrize("argv,topology", [
-    (["--tp", "2", "--dp", "2"], (2, 2, 4, (0, 1, 2, 3))),
-    (["--ep", "4"], (4, 1, 4, (0, 1, 2, 3))),
-    (["--ep", "4", "--tp", "2"], (2, 2, 4, (0, 1, 2, 3))),
-    (["--devices", "4,5"], (2, 1, 2, (4, 5))),
-    (["--devices", "0,1,2,3", "--dp", "1"], (1, 4, 4, (0, 1, 2, 3))),
-    (["--tp", "2"], (1, 2, 2, (0, 1))),
-])
+@pytest.mark.parametrize(
+    "argv,topology",
+    [
+        (["--tp", "2", "--dp", "2"], (2, 2, 4, (0, 1, 2, 3))),
+        (["--ep", "4"], (4, 1, 4, (0, 1, 2, 3))),
+        (["--ep", "4", "--tp", "2"], (2, 2, 4, (0, 1, 2, 3))),
+        (["--devices", "4,5"], (2, 1, 2, (4, 5))),
+        (["--devices", "0,1,2,3", "--dp", "1"], (1, 4, 4, (0, 1, 2, 3))),
+        (["--tp", "2"], (1, 2, 2, (0, 1))),
+    ],
+)
 def test_missing_topology_values_are_filled_in(argv, topology):
     """Given some of dp/tp/ep/devices, the rest must follow devices == ep == dp*tp."""
     cfg = parse_args(argv)

@@ -1,4 +1,5 @@
 """Every command line README.md shows must be accepted, as written, by its CLI parser."""
+
 from __future__ import annotations
 
 import pathlib

@@ -1,4 +1,5 @@
 """RestartBudget: N restarts per sliding window, then no more until the oldest ages out."""
+
 from dspark_loop.restart_budget import RestartBudget
 
 

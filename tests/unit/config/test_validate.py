@@ -1,4 +1,5 @@
 """Start-up validation: the seeds' Flash rules, the general topology rules, DSpark K."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -6,10 +7,16 @@ from dataclasses import replace
 import pytest
 
 from dspark_loop.cli import load_config
-from dspark_loop.config import (ConfigError, GenerateDefaults, ServerConfig, SpeculativeConfig,
-                                fill_defaults, is_flash, validate)
-from tests.unit.config.models import (flash_model, tiny_config_dict, tiny_model,
-                                      write_checkpoint_stub)
+from dspark_loop.config import (
+    ConfigError,
+    GenerateDefaults,
+    ServerConfig,
+    SpeculativeConfig,
+    fill_defaults,
+    is_flash,
+    validate,
+)
+from tests.unit.config.models import flash_model, tiny_config_dict, tiny_model, write_checkpoint_stub
 
 FLASH_16 = dict(dp=4, tp=4, ep=16, block_size=32, max_model_len=1024, max_num_seqs=8)
 
@@ -35,19 +42,20 @@ def test_the_seeds_two_flash_deployments_are_valid():
 
 FLASH_VIOLATIONS = [
     (dict(FLASH_16, tp=2), "--tp must be 4 for DeepSeek-V4-Flash DSpark (got 2)"),
-    (dict(FLASH_16, ep=4, dp=1, devices=(0, 1, 2, 3)),
-     "--ep must be 8 or 16 for DeepSeek-V4-Flash DSpark (got 4)"),
-    (dict(FLASH_16, dp=2),
-     "--dp must be ep/4 = 4 for DeepSeek-V4-Flash DSpark with --ep 16 (got 2)"),
+    (dict(FLASH_16, ep=4, dp=1, devices=(0, 1, 2, 3)), "--ep must be 8 or 16 for DeepSeek-V4-Flash DSpark (got 4)"),
+    (dict(FLASH_16, dp=2), "--dp must be ep/4 = 4 for DeepSeek-V4-Flash DSpark with --ep 16 (got 2)"),
     (dict(FLASH_16, devices=tuple(range(8))), "--devices must list exactly --ep 16 devices (got 8)"),
     (dict(FLASH_16, block_size=128), "--block-size must be 32 for DeepSeek-V4-Flash DSpark (got 128)"),
-    (dict(FLASH_16, max_num_seqs=257),
-     "--max-num-seqs must be at most 64 per TP group = 256 with --dp 4 (got 257)"),
-    (dict(FLASH_16, max_model_len=1048577),
-     "--max-model-len must be at most min(1048576, max_position_embeddings) = 1048576 (got 1048577)"),
-    (dict(FLASH_16, speculative=SpeculativeConfig("dspark", 3)),
-     "--speculative-config num_speculative_tokens must be 0 or 7: DSpark's query width is "
-     "fixed at DSPARK_QUERY_WIDTH = 7 (got 3)"),
+    (dict(FLASH_16, max_num_seqs=257), "--max-num-seqs must be at most 64 per TP group = 256 with --dp 4 (got 257)"),
+    (
+        dict(FLASH_16, max_model_len=1048577),
+        "--max-model-len must be at most min(1048576, max_position_embeddings) = 1048576 (got 1048577)",
+    ),
+    (
+        dict(FLASH_16, speculative=SpeculativeConfig("dspark", 3)),
+        "--speculative-config num_speculative_tokens must be 0 or 7: DSpark's query width is "
+        "fixed at DSPARK_QUERY_WIDTH = 7 (got 3)",
+    ),
 ]
 
 
@@ -61,15 +69,18 @@ def test_flash_context_is_capped_by_the_checkpoint_positions_too():
     """max-model-len must not exceed a Flash checkpoint's own max_position_embeddings."""
     model = flash_model(max_position_embeddings=65536)
     assert problems(model, **dict(FLASH_16, max_model_len=65537)) == [
-        "--max-model-len must be at most min(1048576, max_position_embeddings) = 65536 (got 65537)"]
+        "--max-model-len must be at most min(1048576, max_position_embeddings) = 65536 (got 65537)"
+    ]
 
 
 def test_every_violation_is_collected_not_just_the_first():
     """Several broken rules must all be listed in one ConfigError."""
     found = problems(flash_model(), tp=2, dp=2, ep=4, block_size=64)
-    assert found == ["--tp must be 4 for DeepSeek-V4-Flash DSpark (got 2)",
-                     "--ep must be 8 or 16 for DeepSeek-V4-Flash DSpark (got 4)",
-                     "--block-size must be 32 for DeepSeek-V4-Flash DSpark (got 64)"]
+    assert found == [
+        "--tp must be 4 for DeepSeek-V4-Flash DSpark (got 2)",
+        "--ep must be 8 or 16 for DeepSeek-V4-Flash DSpark (got 4)",
+        "--block-size must be 32 for DeepSeek-V4-Flash DSpark (got 64)",
+    ]
 
 
 def test_k7_needs_the_drafter_config_keys_and_names_the_missing_ones():
@@ -82,15 +93,15 @@ def test_k7_needs_the_drafter_config_keys_and_names_the_missing_ones():
 
 def test_k7_needs_the_three_mtp_stages_in_the_checkpoint_files(tmp_path):
     """K=7 with dspark_* keys but only mtp.0 tensors must name mtp.1 and mtp.2 as missing."""
-    path = write_checkpoint_stub(str(tmp_path / "ckpt"), tiny_config_dict(),
-                                 ["embed.weight", "mtp.0.norm.weight", "mtp.0.wq.weight"])
+    path = write_checkpoint_stub(
+        str(tmp_path / "ckpt"), tiny_config_dict(), ["embed.weight", "mtp.0.norm.weight", "mtp.0.wq.weight"]
+    )
     cfg = fill_defaults(ServerConfig(model=path, speculative=SpeculativeConfig("dspark", 7)))
     with pytest.raises(ConfigError) as exc:
         validate(cfg, tiny_model())
     [msg] = exc.value.problems
     assert "drafter stage tensors mtp.1, mtp.2" in msg and "mtp.0" not in msg.split("tensors")[1]
-    full = write_checkpoint_stub(str(tmp_path / "full"), tiny_config_dict(),
-                                 [f"mtp.{i}.norm.weight" for i in range(3)])
+    full = write_checkpoint_stub(str(tmp_path / "full"), tiny_config_dict(), [f"mtp.{i}.norm.weight" for i in range(3)])
     validate(replace(cfg, model=full), tiny_model())
 
 
@@ -99,15 +110,20 @@ GENERAL_VIOLATIONS = [
     (dict(dp=2, tp=2, ep=2), "--ep must equal --dp x --tp = 2 x 2 = 4 (got 2)"),
     (dict(ep=2, devices=(0, 1, 2)), "--devices must list exactly --ep 2 devices (got 3)"),
     (dict(block_size=24), "--block-size must be a power of two (got 24)"),
-    (dict(max_model_len=8193),
-     "--max-model-len must be at most the checkpoint's max_position_embeddings = 8192 (got 8193)"),
-    (dict(dp=2, max_num_seqs=1),
-     "--max-num-seqs must be at least --dp = 2: one request per cache partition (got 1)"),
-    (dict(speculative=SpeculativeConfig("dspark", 4)),
-     "--speculative-config num_speculative_tokens must be 0 or 7: DSpark's query width is "
-     "fixed at DSPARK_QUERY_WIDTH = 7 (got 4)"),
-    (dict(max_num_batched_tokens=0, long_prefill_token_threshold=8),
-     "--max-num-batched-tokens must be a positive integer (got 0)"),
+    (
+        dict(max_model_len=8193),
+        "--max-model-len must be at most the checkpoint's max_position_embeddings = 8192 (got 8193)",
+    ),
+    (dict(dp=2, max_num_seqs=1), "--max-num-seqs must be at least --dp = 2: one request per cache partition (got 1)"),
+    (
+        dict(speculative=SpeculativeConfig("dspark", 4)),
+        "--speculative-config num_speculative_tokens must be 0 or 7: DSpark's query width is "
+        "fixed at DSPARK_QUERY_WIDTH = 7 (got 4)",
+    ),
+    (
+        dict(max_num_batched_tokens=0, long_prefill_token_threshold=8),
+        "--max-num-batched-tokens must be a positive integer (got 0)",
+    ),
 ]
 
 
@@ -117,9 +133,18 @@ def test_each_general_rule_violated_alone_gives_exactly_its_message(fields, mess
     assert problems(tiny_model(), **fields) == [message]
 
 
-@pytest.mark.parametrize("fields", [dict(), dict(tp=2, dp=2), dict(ep=16), dict(tp=4, ep=8),
-                                    dict(block_size=16), dict(block_size=64),
-                                    dict(speculative=SpeculativeConfig("dspark", 7))])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(),
+        dict(tp=2, dp=2),
+        dict(ep=16),
+        dict(tp=4, ep=8),
+        dict(block_size=16),
+        dict(block_size=64),
+        dict(speculative=SpeculativeConfig("dspark", 7)),
+    ],
+)
 def test_consistent_small_topologies_are_valid(fields):
     """Any consistent topology (down to one rank) must pass on the tiny checkpoint."""
     assert problems(tiny_model(), **fields) == []
@@ -129,7 +154,8 @@ def test_tp_must_divide_heads_and_output_groups():
     """A tp that does not divide the attention heads / o_groups must be refused (ep divides
     this checkpoint's 24 experts, so only the tp rule fires)."""
     assert problems(tiny_model(n_routed_experts=24), tp=3) == [
-        "--tp 3 must divide the checkpoint's num_attention_heads (8) and o_groups (4)"]
+        "--tp 3 must divide the checkpoint's num_attention_heads (8) and o_groups (4)"
+    ]
 
 
 def test_block_size_must_tile_the_compressed_pages():
@@ -137,8 +163,8 @@ def test_block_size_must_tile_the_compressed_pages():
     (ratio 12: a 32-token block and 120-token compressed pages do not nest)."""
     model = tiny_model(compress_rate_hca=12)
     assert problems(model, block_size=32) == [
-        "--block-size 32 does not fit the checkpoint's cache pages: compress ratio 12 does not "
-        "tile block size 32"]
+        "--block-size 32 does not fit the checkpoint's cache pages: compress ratio 12 does not tile block size 32"
+    ]
     assert problems(model, block_size=4) == []
 
 

@@ -1,4 +1,5 @@
 """Factories for scheduler tests: a tiny cache layout, a scheduler, requests, a step driver."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -7,8 +8,8 @@ from dspark_loop.cache_layout import CacheLayout
 from dspark_loop.engine.detokenize import Detokenizer, TokenText
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.scheduler import Scheduler
-from tests.unit.engine.fake_mesh import FakeMesh
 from dspark_testing.tiny_tokenizer import eos_id, tiny_tokenizer
+from tests.unit.engine.fake_mesh import FakeMesh
 
 _TEXT: list[TokenText] = []
 
@@ -27,15 +28,22 @@ def allowed_tokens() -> list[int]:
 
 def make_layout(block_size: int = 4, sliding_window: int = 8, ratios=(4,)) -> CacheLayout:
     """Default: swa pages of 4 tokens (window 8), c4 pages of 4 rows = 16 tokens."""
-    cfg = SimpleNamespace(ratios=tuple(ratios), csa_ratio=min(ratios) if ratios else 4,
-                          sliding_window=sliding_window)
+    cfg = SimpleNamespace(ratios=tuple(ratios), csa_ratio=min(ratios) if ratios else 4, sliding_window=sliding_window)
     return CacheLayout.for_model(cfg, block_size)
 
 
 def make_scheduler(**overrides) -> Scheduler:
-    kw = dict(layout=make_layout(), num_partitions=1, num_blocks=[32, 16], max_num_seqs=8,
-              max_num_batched_tokens=64, long_prefill_token_threshold=0, max_model_len=256,
-              eos_token_ids=[eos_id()], spec_k=0)
+    kw = dict(
+        layout=make_layout(),
+        num_partitions=1,
+        num_blocks=[32, 16],
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        long_prefill_token_threshold=0,
+        max_model_len=256,
+        eos_token_ids=[eos_id()],
+        spec_k=0,
+    )
     kw.update(overrides)
     return Scheduler(**kw)
 
@@ -49,8 +57,7 @@ def prompt_ids(i: int, prompt_len: int) -> list[int]:
     return [allowed[(i * 7 + j * 3) % len(allowed)] for j in range(prompt_len)]
 
 
-def make_requests(sched: Scheduler, n: int, prompt_len: int = 8, max_tokens: int = 16,
-                  first: int = 0, **params):
+def make_requests(sched: Scheduler, n: int, prompt_len: int = 8, max_tokens: int = 16, first: int = 0, **params):
     reqs = []
     for i in range(first, first + n):
         sp = SamplingParams(max_tokens=max_tokens, **params)
@@ -66,8 +73,7 @@ def run_step(sched: Scheduler, mesh: FakeMesh):
     return step, sched.update(step, results)
 
 
-def run_to_completion(sched: Scheduler, mesh: FakeMesh, max_steps: int = 1000,
-                      check: bool = True) -> dict[str, list]:
+def run_to_completion(sched: Scheduler, mesh: FakeMesh, max_steps: int = 1000, check: bool = True) -> dict[str, list]:
     """request_id -> the RequestOutputs it received, in order."""
     got: dict[str, list] = {}
     for _ in range(max_steps):

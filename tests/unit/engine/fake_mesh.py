@@ -13,6 +13,7 @@ Because reads go through the block table, a page that was released too early, ma
 the wrong prefix, written while another request maps it, or never mapped makes the fake
 raise (or the tokens change), so scheduler bugs cannot hide behind plausible output.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -55,7 +56,7 @@ class FakeRank:
             rows, cu = as_i8(d.num_rows), 0
             all_toks = as_i32(d.token_ids)
             for rid, start, k in zip(as_i32(d.req_ids), as_i32(d.start_pos), rows):
-                toks = [int(t) for t in all_toks[cu:cu + k]]
+                toks = [int(t) for t in all_toks[cu : cu + k]]
                 cu += k
                 segments.append((int(rid), int(start), toks, list(range(k))))
         live = self._live_owners()
@@ -142,8 +143,7 @@ class FakeRank:
         for q in range(max(0, p - swa.window + 1), p):
             _, slot = self._slot(rid, swa, q)
             tag = self.store[0].get(slot)
-            assert tag is not None and tag[0] == q and tag[2] == chains[q], \
-                f"req {rid} pos {q} holds {tag}"
+            assert tag is not None and tag[0] == q and tag[2] == chains[q], f"req {rid} pos {q} holds {tag}"
         return tag[1] if p > 0 else -1
 
     def _live_owners(self) -> list[dict[int, set[int]]]:
@@ -161,6 +161,7 @@ class FakeRank:
 def default_model(allowed: list[int]):
     def model(tok: int, prev: int, pos: int) -> int:
         return allowed[(tok * 31 + (prev + 1) * 17 + pos * 7) % len(allowed)]
+
     return model
 
 
@@ -184,8 +185,10 @@ class FakeMesh:
     def run(self, plan: StepPlan) -> list[StepResult]:
         self.plans.append(plan)
         assert len(plan.partitions) == len(self.ranks)
-        return [StepResult(plan.step_id, p, i32(rank.run(part)))
-                for p, (rank, part) in enumerate(zip(self.ranks, plan.partitions))]
+        return [
+            StepResult(plan.step_id, p, i32(rank.run(part)))
+            for p, (rank, part) in enumerate(zip(self.ranks, plan.partitions))
+        ]
 
     async def step(self, plan: StepPlan) -> list[StepResult]:
         if self.fail_at_step is not None and plan.step_id >= self.fail_at_step:

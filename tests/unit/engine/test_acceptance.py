@@ -24,7 +24,7 @@ def test_accept_chain_is_vectorised_over_requests():
 def test_finish_truncation_cuts_the_accepted_list(case):
     """EOS and max_tokens must end the request at the first token that triggers them,
     even in the middle of an accepted list; that token is kept."""
-    accepted = case.predictions[:case.num_accepted]
+    accepted = case.predictions[: case.num_accepted]
     rules = FinishRules(eos_token_ids=(EOS_ID,), max_tokens=case.max_tokens)
     kept, reason, _ = truncate_at_finish(accepted, case.num_output_before, 4, rules)
     assert tuple(kept) == case.kept

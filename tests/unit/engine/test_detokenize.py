@@ -1,6 +1,6 @@
 from dspark_loop.engine.detokenize import Detokenizer, TokenText, byte_level_alphabet
-from tests.unit.engine.factories import token_text
 from dspark_testing.tiny_tokenizer import eos_id, tiny_tokenizer
+from tests.unit.engine.factories import token_text
 
 _CHAR = {b: c for c, b in byte_level_alphabet().items()}
 

@@ -1,4 +1,5 @@
 """LeasePool and the scheduler's lease plumbing at K=7 (fake mesh, no ranks)."""
+
 import pytest
 
 from dspark_loop.engine.leases import LeasePool

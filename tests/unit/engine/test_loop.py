@@ -1,4 +1,5 @@
 """EngineLoop end to end with the fake mesh under asyncio."""
+
 import asyncio
 
 import pytest
@@ -7,8 +8,8 @@ from dspark_loop.api.offline import collect, generate_all
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
-from tests.unit.engine.factories import make_mesh, make_scheduler, prompt_ids
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
+from tests.unit.engine.factories import make_mesh, make_scheduler, prompt_ids
 
 
 class Recorder(EngineObserver):

@@ -1,5 +1,6 @@
 """Recovery from a dead mesh: the running requests fail, the waiting ones survive the
 restart and finish with the tokens a clean run gives; a spent budget leaves it dead."""
+
 import asyncio
 
 from dspark_loop.api.offline import collect
@@ -16,8 +17,7 @@ NUM_BLOCKS = [32, 16]
 
 
 def requests(n: int, max_tokens: int = 6) -> list[GenerateRequest]:
-    return [GenerateRequest(f"r{i}", prompt_ids(i, 8), SamplingParams(max_tokens=max_tokens))
-            for i in range(n)]
+    return [GenerateRequest(f"r{i}", prompt_ids(i, 8), SamplingParams(max_tokens=max_tokens)) for i in range(n)]
 
 
 async def clean_tokens(n: int) -> dict[str, list[int]]:
@@ -42,17 +42,28 @@ async def test_running_requests_fail_and_waiting_ones_finish_after_the_restart()
     seen = {}
 
     async def restart(reason: str, num_failed: int) -> None:
-        seen.update(reason=reason, num_failed=num_failed, restarting=engine.restarting,
-                    ready=engine.ready, dead=engine.dead_reason, waiting=engine.num_waiting)
+        seen.update(
+            reason=reason,
+            num_failed=num_failed,
+            restarting=engine.restarting,
+            ready=engine.ready,
+            dead=engine.dead_reason,
+            waiting=engine.num_waiting,
+        )
         fresh = make_scheduler(max_num_seqs=2)
         engine.resume(make_mesh(fresh), fresh)
 
     engine.on_mesh_dead = restart
     engine.start()
     outs = await asyncio.wait_for(asyncio.gather(*(collect(engine, g) for g in requests(5))), 60)
-    assert seen == {"reason": "rank 0 stopped answering", "num_failed": 2,
-                    "restarting": "rank 0 stopped answering", "ready": False, "dead": None,
-                    "waiting": 3}
+    assert seen == {
+        "reason": "rank 0 stopped answering",
+        "num_failed": 2,
+        "restarting": "rank 0 stopped answering",
+        "ready": False,
+        "dead": None,
+        "waiting": 3,
+    }
     for o in outs[:2]:
         assert o[-1].finish_reason == "error" and "the ranks failed" in o[-1].error
     for o in outs[2:]:
@@ -107,6 +118,7 @@ async def test_a_mesh_that_dies_while_idle_is_restarted_without_a_request():
 
 class StartableMesh(FakeMesh):
     """The fake mesh with the lifecycle the supervisor drives."""
+
     made: list = []
 
     def __init__(self):
@@ -136,8 +148,9 @@ async def test_the_supervisor_restarts_within_its_budget_then_gives_up():
     saying the budget is spent."""
     StartableMesh.made = []
     rec = Restarts()
-    sup = MeshSupervisor(StartableMesh, lambda nb: make_scheduler(num_blocks=nb), tiny_tokenizer(),
-                         [rec], RestartBudget(1, window_s=600))
+    sup = MeshSupervisor(
+        StartableMesh, lambda nb: make_scheduler(num_blocks=nb), tiny_tokenizer(), [rec], RestartBudget(1, window_s=600)
+    )
     engine = await sup.start()
     first = StartableMesh.made[0]
     first.fail_at_step = 1

@@ -1,5 +1,6 @@
 """Prefix-cache mechanics below the scheduler: the pool's keys and LRU, chained hashes,
 registration of full pages and the hit lookup."""
+
 import pytest
 
 from dspark_loop.engine.kv_cache import BlockPool, PartitionCache

@@ -4,14 +4,14 @@ every page a request reads, so a hit mapped to the wrong pages fails loudly).
 Tiny layout: swa pages of 4 tokens (window 8), c4 pages of 16 tokens: hits align to 16
 and need prompt_len >= 16 + max(1, replay): 17 tokens at K=0, 144 at K=7.
 """
+
 import numpy as np
 import pytest
 
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.step_trace import request_stats
 from dspark_loop.protocol import as_i8, as_i32
-from tests.unit.engine.factories import (make_mesh, make_scheduler, prompt_ids, run_step,
-                                         tokens_of)
+from tests.unit.engine.factories import make_mesh, make_scheduler, prompt_ids, run_step, tokens_of
 
 
 def make_req(sched, name, tokens, max_tokens=6):
@@ -35,7 +35,7 @@ def run(sched, mesh, *reqs, ref=None):
         for i, r in enumerate(reqs):
             if ref is not None and not r.finished and not r.is_prefilling and r.output_ids:
                 n = len(r.output_ids)
-                truth = ref[r.request_id][n:n + 7]
+                truth = ref[r.request_id][n : n + 7]
                 drafts = np.array(truth + [0] * (7 - len(truth)), np.int32)
                 c = (step_no + i) % 8  # the first c drafts are right
                 if c < 7:
@@ -80,8 +80,8 @@ def first_chunk(mesh, req_id, p=0):
 
 
 SHARED = prompt_ids(0, 40)
-A = SHARED + prompt_ids(1, 5)   # 45 tokens
-B = SHARED + prompt_ids(2, 9)   # 49 tokens: shares 40, cap 48 -> the hit is 32 (c4 pages 0, 1)
+A = SHARED + prompt_ids(1, 5)  # 45 tokens
+B = SHARED + prompt_ids(2, 9)  # 49 tokens: shares 40, cap 48 -> the hit is 32 (c4 pages 0, 1)
 
 
 def test_a_second_request_sharing_a_prefix_reads_the_first_ones_pages():
@@ -118,8 +118,7 @@ def test_a_hit_followed_by_chunked_prefill_gives_the_cold_tokens():
     b = make_req(sched, "b", long_b, 8)
     got = run(sched, mesh, b)
     assert tokens_of(got["b"]) == want["b"] and b.num_cached_tokens == 32
-    starts = [c.start_pos for plan in mesh.plans for c in plan.partitions[0].prefills
-              if c.req_id == b.req_id]
+    starts = [c.start_pos for plan in mesh.plans for c in plan.partitions[0].prefills if c.req_id == b.req_id]
     assert starts == [32, 40, 48, 56, 64]
     assert_pools_full(sched)
 
@@ -138,8 +137,9 @@ def test_a_wrong_page_mapping_is_caught_by_the_fake_mesh():
         run(sched, mesh, make_req(sched, "b", B))
 
 
-@pytest.mark.parametrize("spec_k,prompt_len,want", [
-    (0, 16, 0), (0, 17, 16), (0, 33, 32), (7, 143, 0), (7, 144, 16), (7, 160, 32)])
+@pytest.mark.parametrize(
+    "spec_k,prompt_len,want", [(0, 16, 0), (0, 17, 16), (0, 33, 32), (7, 143, 0), (7, 144, 16), (7, 160, 32)]
+)
 def test_prompts_below_the_k_dependent_minimum_never_hit(spec_k, prompt_len, want):
     """A hit must be a multiple of 16 and at most prompt_len - max(1, replay) (replay 128
     at K=7), however much of the prompt is cached."""
@@ -162,8 +162,7 @@ def test_no_enable_prefix_caching_never_hits():
     got = run(sched, mesh, b)
     assert b.num_cached_tokens == 0 and got["b"][-1].num_cached_tokens == 0
     assert first_chunk(mesh, b.req_id) == (0, 49)
-    assert all(not pool.key_to_block and not pool.lru_ids()
-               for pool in sched.partitions[0].cache.pools)
+    assert all(not pool.key_to_block and not pool.lru_ids() for pool in sched.partitions[0].cache.pools)
     assert_pools_full(sched)
 
 
@@ -201,8 +200,7 @@ def test_k7_verify_rows_past_the_committed_length_are_never_keyed():
         if not r.finished:
             fp = r.pages[0]
             keyed = [n for n, b in enumerate(fp.block_ids, fp.first_page) if b in swa.block_to_key]
-            assert keyed == [n for n in range(fp.first_page, fp.end_page)
-                             if (n + 1) * 4 <= r.num_computed]
+            assert keyed == [n for n in range(fp.first_page, fp.end_page) if (n + 1) * 4 <= r.num_computed]
             r.draft_ids = np.full(7, 2, np.int32)  # the fake model never predicts all 2s
     assert seen_verify and r.num_verify_steps > 0 and r.num_matched == 0
     assert_pools_full(sched)

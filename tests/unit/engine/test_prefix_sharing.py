@@ -1,16 +1,20 @@
 """Prefix caching under pressure: LRU eviction with exact block ids, the hit choosing the
 partition, reference counts of concurrent sharers, preemption."""
+
 import pytest
 
 from dspark_loop.protocol import as_i32
 from tests.unit.engine.factories import make_mesh, make_scheduler, prompt_ids, tokens_of
-from tests.unit.engine.test_prefix_scheduler import (A, B, SHARED, assert_pools_full,
-                                                     cold_tokens, make_req, run)
+from tests.unit.engine.test_prefix_scheduler import SHARED, A, B, assert_pools_full, cold_tokens, make_req, run
 
 
 def updates_of(mesh, req_id, p=0):
-    return [(u.family, u.first_page, as_i32(u.block_ids).tolist())
-            for plan in mesh.plans for u in plan.partitions[p].block_updates if u.req_id == req_id]
+    return [
+        (u.family, u.first_page, as_i32(u.block_ids).tolist())
+        for plan in mesh.plans
+        for u in plan.partitions[p].block_updates
+        if u.req_id == req_id
+    ]
 
 
 def test_eviction_takes_free_pages_first_then_the_oldest_cached_tail():
@@ -34,9 +38,13 @@ def test_eviction_takes_free_pages_first_then_the_oldest_cached_tail():
     got = run(sched, mesh, c)
     assert c.num_cached_tokens == 16
     # the hit's pages, then new pages: free block 6, then LRU 5, 4, 1, 0 (2, 3 are shared)
-    assert updates_of(mesh, c.req_id) == [(0, 2, [2, 3]), (1, 0, [0]),
-                                          (0, 4, [6, 5, 4, 1, 0]), (1, 1, [3]),
-                                          (1, 2, [2])]  # decoding reaches c4 row 8
+    assert updates_of(mesh, c.req_id) == [
+        (0, 2, [2, 3]),
+        (1, 0, [0]),
+        (0, 4, [6, 5, 4, 1, 0]),
+        (1, 1, [3]),
+        (1, 2, [2]),
+    ]  # decoding reaches c4 row 8
     assert tokens_of(got["c"]) == cold_tokens({"c": (prompt_ids(0, 33), 4)})["c"]
     assert_pools_full(sched)
 

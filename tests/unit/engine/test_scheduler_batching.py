@@ -1,15 +1,14 @@
 """Budgets, partitions, admission limits and chunked prefill."""
+
 import pytest
 
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.protocol import as_i8, as_i32
-from tests.unit.engine.factories import (make_mesh, make_requests, make_scheduler, run_step,
-                                         run_to_completion, tokens_of)
+from tests.unit.engine.factories import make_mesh, make_requests, make_scheduler, run_step, run_to_completion, tokens_of
 
 
 def chunks(step, p=0):
-    return [(c.req_id, c.start_pos, len(as_i32(c.token_ids)), c.sample)
-            for c in step.plan.partitions[p].prefills]
+    return [(c.req_id, c.start_pos, len(as_i32(c.token_ids)), c.sample) for c in step.plan.partitions[p].prefills]
 
 
 def decode_ids(step, p=0):

@@ -1,12 +1,13 @@
 """Pages: exact ids, ring release, preemption by recompute, abort."""
+
 from dspark_loop.protocol import as_i32
-from tests.unit.engine.factories import (make_mesh, make_requests, make_scheduler, run_step,
-                                         run_to_completion)
+from tests.unit.engine.factories import make_mesh, make_requests, make_scheduler, run_step, run_to_completion
 
 
 def block_updates(step, p=0):
-    return [(u.req_id, u.family, u.first_page, as_i32(u.block_ids).tolist())
-            for u in step.plan.partitions[p].block_updates]
+    return [
+        (u.req_id, u.family, u.first_page, as_i32(u.block_ids).tolist()) for u in step.plan.partitions[p].block_updates
+    ]
 
 
 def test_ring_pages_leave_the_window_and_are_reused():
@@ -40,6 +41,7 @@ def test_preemption_takes_the_newest_request_and_it_resumes_with_identical_token
     """When c4 pages run out the newest running request must be preempted by recompute,
     back at the front of the queue; every request must still produce exactly the tokens
     of an unconstrained run."""
+
     def run(num_c4_blocks):
         sched = make_scheduler(num_blocks=[32, num_c4_blocks])
         mesh = make_mesh(sched)

@@ -1,17 +1,19 @@
 """Finish checks after each update: EOS, min_tokens, ignore_eos, stop ids, stop strings."""
-from tests.unit.engine.factories import (make_mesh, make_requests, make_scheduler,
-                                         run_to_completion, text_of, tokens_of)
-from tests.unit.engine.test_detokenize import byte_tokens
+
 from dspark_testing.tiny_tokenizer import eos_id
+from tests.unit.engine.factories import make_mesh, make_requests, make_scheduler, run_to_completion, text_of, tokens_of
+from tests.unit.engine.test_detokenize import byte_tokens
 
 PROMPT_LEN = 6
 
 
 def scripted(seq):
     """The fake model emits seq[k] as output token k (produced at position prompt_len-1+k)."""
+
     def script(tok, prev, pos):
         k = pos - (PROMPT_LEN - 1)
         return seq[k] if 0 <= k < len(seq) else None
+
     return script
 
 
@@ -58,7 +60,7 @@ def test_stop_string_across_token_boundaries_ends_the_text_before_it():
     completes it, with the text cut before the stop string and held text never leaked."""
     seq = byte_tokens("hi STOP more text")
     outs = run_one(seq, stop=["STOP"])
-    assert tokens_of(outs) == seq[:len("hi STOP")]
+    assert tokens_of(outs) == seq[: len("hi STOP")]
     assert [o.new_text for o in outs] == ["h", "i", " ", "", "", "", ""]
     assert (outs[-1].finish_reason, outs[-1].stop_reason) == ("stop", "STOP")
 

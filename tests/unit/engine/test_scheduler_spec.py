@@ -1,4 +1,5 @@
 """K=7 verify rows: the scheduler side of DSpark (drafts in, linear-chain acceptance out)."""
+
 import numpy as np
 
 from dspark_loop.protocol import as_i8
@@ -37,7 +38,7 @@ def test_k7_output_is_token_for_token_identical_to_k0():
         for i, r in enumerate(reqs):  # a drafter that is right for the first c tokens
             if not r.finished and not r.is_prefilling:
                 n = len(r.output_ids)
-                truth = ref[r.request_id][n:n + 7]
+                truth = ref[r.request_id][n : n + 7]
                 drafts = np.array(truth + [0] * (7 - len(truth)), np.int32)
                 c = (step_no + i) % 8  # 0..7 correct drafts
                 if c < 7:

@@ -1,14 +1,21 @@
 """The scheduler asks a constrained request's constraint for one mask per sampled row and
 ships it packed in the plan; constrained requests never verify drafts; a failing
 constraint ends only its own request."""
+
 from __future__ import annotations
 
 import numpy as np
 
 from dspark_loop.protocol import as_i8, pack_mask, unpack_mask
-from tests.unit.engine.factories import (allowed_tokens, make_mesh, make_requests, make_scheduler,
-                                         run_step, run_to_completion)
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
+from tests.unit.engine.factories import (
+    allowed_tokens,
+    make_mesh,
+    make_requests,
+    make_scheduler,
+    run_step,
+    run_to_completion,
+)
 
 VOCAB = tiny_tokenizer().get_vocab_size()
 
@@ -63,8 +70,7 @@ def test_each_sampled_row_of_a_constrained_request_carries_its_mask():
             assert m.req_id == bound.req_id
             seen.append(unpack_mask(m.bits, 0, VOCAB))
     assert c.asked == [[], bound.output_ids[:1], bound.output_ids[:2]]
-    assert [list(np.flatnonzero(s)) for s in seen] == \
-        [list(np.flatnonzero(c.allowed(n))) for n in range(3)]
+    assert [list(np.flatnonzero(s)) for s in seen] == [list(np.flatnonzero(c.allowed(n))) for n in range(3)]
 
 
 def test_constrained_requests_decode_one_row_even_with_drafts():
@@ -100,5 +106,4 @@ def test_a_failing_constraint_ends_only_its_request_with_an_error():
     assert got[free.request_id][-1].finish_reason == "length"
     assert sum(len(o.new_token_ids) for o in got[free.request_id]) == 5
     sched.check_integrity()
-    assert all(p.cache.num_free() == [pool.num_blocks for pool in p.cache.pools]
-               for p in sched.partitions)
+    assert all(p.cache.num_free() == [pool.num_blocks for pool in p.cache.pools] for p in sched.partitions)

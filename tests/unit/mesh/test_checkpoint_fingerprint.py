@@ -1,4 +1,5 @@
 """The checkpoint fingerprint nodes compare: config + tensor names, nothing else."""
+
 from __future__ import annotations
 
 import json
@@ -42,7 +43,8 @@ def test_index_file_names_count_like_header_names(tmp_path):
     sharded.mkdir()
     (sharded / "config.json").write_text(json.dumps({"x": 1}))
     (sharded / "model.safetensors.index.json").write_text(
-        json.dumps({"weight_map": {n: "model-00001-of-00001.safetensors" for n in NAMES}}))
+        json.dumps({"weight_map": {n: "model-00001-of-00001.safetensors" for n in NAMES}})
+    )
     assert checkpoint_fingerprint(single) == checkpoint_fingerprint(str(sharded))
 
 

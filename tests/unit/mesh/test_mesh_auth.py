@@ -1,11 +1,20 @@
 """The mesh's shared-secret rules: where the secret comes from and what the proofs bind."""
+
 from __future__ import annotations
 
 import pytest
 
-from dspark_loop.mesh_auth import (MIN_SECRET_LEN, SECRET_ENV, SecretError, client_proof,
-                                   new_nonce, resolve_secret, same, secret_from_env,
-                                   server_proof)
+from dspark_loop.mesh_auth import (
+    MIN_SECRET_LEN,
+    SECRET_ENV,
+    SecretError,
+    client_proof,
+    new_nonce,
+    resolve_secret,
+    same,
+    secret_from_env,
+    server_proof,
+)
 
 SECRET = "s" * MIN_SECRET_LEN
 

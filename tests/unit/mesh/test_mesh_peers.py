@@ -1,4 +1,5 @@
 """The handshake end to end without sockets: Knocker (peer side) against Peers (server side)."""
+
 from __future__ import annotations
 
 import msgspec

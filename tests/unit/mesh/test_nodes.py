@@ -1,4 +1,5 @@
 """Node layout: which ranks a node runs, where node 0 listens, and the start-up timeout text."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,10 +26,17 @@ def test_dist_init_addr_gives_the_rendezvous_and_the_next_port_for_the_mesh():
     assert mesh_endpoints("10.0.0.1", 5000) == ("tcp://10.0.0.1:5000", "tcp://10.0.0.1:5001")
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("10.0.0.1", "HOST:PORT"), (":5000", "HOST:PORT"), ("h:port", "HOST:PORT"),
-    ("h:65535", "next port"), ("h:0", "port must be"), ("[::1]:5000", "IPv4"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("10.0.0.1", "HOST:PORT"),
+        (":5000", "HOST:PORT"),
+        ("h:port", "HOST:PORT"),
+        ("h:65535", "next port"),
+        ("h:0", "port must be"),
+        ("[::1]:5000", "IPv4"),
+    ],
+)
 def test_bad_dist_init_addr_is_refused_with_the_reason(text, problem):
     """A malformed address must raise ValueError saying what is wrong."""
     with pytest.raises(ValueError, match=problem):
@@ -40,13 +48,21 @@ def test_timeout_message_names_the_node_that_never_joined_and_how_to_start_it():
     a node that joined but whose ranks are silent must be told apart; the last refusal of a
     node is quoted."""
     layout = NodeLayout(nnodes=3, world_size=6)
-    text = missing_message(layout, said_hello={0, 1, 2}, joined={1}, timeout_s=30,
-                           node_command=COMMAND, refusals={2: "wrong DSPARK_MESH_SECRET"})
+    text = missing_message(
+        layout,
+        said_hello={0, 1, 2},
+        joined={1},
+        timeout_s=30,
+        node_command=COMMAND,
+        refusals={2: "wrong DSPARK_MESH_SECRET"},
+    )
     assert text.startswith("within 30 s: ")
     assert "node 1 joined but its ranks 3 did not say Hello" in text
-    assert ("node 2 (ranks 4, 5) never joined (last attempt refused: wrong DSPARK_MESH_SECRET): "
-            "start `python -m dspark_loop --nnodes 2 --node-rank 2 --dist-init-addr "
-            "10.0.0.1:5000` there") in text
+    assert (
+        "node 2 (ranks 4, 5) never joined (last attempt refused: wrong DSPARK_MESH_SECRET): "
+        "start `python -m dspark_loop --nnodes 2 --node-rank 2 --dist-init-addr "
+        "10.0.0.1:5000` there"
+    ) in text
     assert "node 0" not in text
 
 

@@ -1,4 +1,5 @@
 """Hand-built StepTraces and RequestStats for the observability tests."""
+
 from dspark_loop.engine.observer import RequestStats
 from dspark_loop.protocol import PartitionTrace, StepTrace
 
@@ -11,9 +12,17 @@ def make_trace(step_id: int = 0, free_blocks=((10, 4),), **overrides) -> StepTra
 
 
 def make_stats(request_id: str = "r0", **overrides) -> RequestStats:
-    fields = dict(request_id=request_id, num_prompt_tokens=8, num_output_tokens=4,
-                  num_cached_tokens=0, finish_reason="stop", arrival_time=100.0,
-                  first_token_time=100.5, finish_time=101.0, inter_token_s=[])
+    fields = dict(
+        request_id=request_id,
+        num_prompt_tokens=8,
+        num_output_tokens=4,
+        num_cached_tokens=0,
+        finish_reason="stop",
+        arrival_time=100.0,
+        first_token_time=100.5,
+        finish_time=101.0,
+        inter_token_s=[],
+    )
     fields.update(overrides)
     return RequestStats(**fields)
 
@@ -21,6 +30,7 @@ def make_stats(request_id: str = "r0", **overrides) -> RequestStats:
 def prom_samples(text: str) -> dict[tuple[str, tuple], float]:
     """Parse exposition text with prometheus_client: {(sample name, labels w/o model_name): v}."""
     from prometheus_client.parser import text_string_to_metric_families
+
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:

@@ -1,5 +1,6 @@
 """Metrics and the tap plugged into the real EngineLoop (fake mesh): the figures must match
 what the requests themselves report."""
+
 import asyncio
 import threading
 
@@ -11,8 +12,8 @@ from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.metrics import Metrics
 from dspark_loop.protocol import TRACE_DECODER
 from dspark_loop.tap_publisher import TapPublisher
-from tests.unit.engine.factories import make_mesh, make_scheduler, prompt_ids
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
+from tests.unit.engine.factories import make_mesh, make_scheduler, prompt_ids
 from tests.unit.observe.factories import prom_samples
 
 
@@ -56,8 +57,7 @@ async def test_engine_run_counts_match_the_requests_outputs():
     loop = EngineLoop(sched, make_mesh(sched), tiny_tokenizer(), [metrics, tap, rec])
     loop.start()
     try:
-        reqs = [GenerateRequest(f"r{i}", prompt_ids(i, 6 + i), SamplingParams(max_tokens=3 + i))
-                for i in range(12)]
+        reqs = [GenerateRequest(f"r{i}", prompt_ids(i, 6 + i), SamplingParams(max_tokens=3 + i)) for i in range(12)]
 
         async def collect(g):
             return [o async for o in loop.generate(g)]
@@ -73,8 +73,7 @@ async def test_engine_run_counts_match_the_requests_outputs():
     assert s[("vllm:generation_tokens_total", ())] == sum(o[-1].num_output_tokens for o in outs)
     assert s[("vllm:prompt_tokens_total", ())] == sum(len(g.prompt_token_ids) for g in reqs)
     reasons = [o[-1].finish_reason for o in outs]
-    assert s[("vllm:request_success_total", (("finished_reason", "length"),))] == \
-        reasons.count("length")
+    assert s[("vllm:request_success_total", (("finished_reason", "length"),))] == reasons.count("length")
     assert sum(v for k, v in s.items() if k[0] == "vllm:request_success_total") == len(reqs)
     assert s[("vllm:time_to_first_token_seconds_count", ())] == len(reqs)
     assert s[("vllm:num_requests_running", ())] == 0

@@ -1,5 +1,6 @@
 """A mesh restart is visible: a Prometheus counter, a /metrics/json figure, and one trace
 on the debug tap."""
+
 from dspark_loop.metrics import Metrics
 from dspark_loop.protocol import TRACE_DECODER, MeshRestart
 from dspark_loop.tap_publisher import TapPublisher

@@ -1,5 +1,6 @@
 """Metrics fed a scripted engine run; every figure is checked against totals worked out by
 hand from the script, through the Prometheus text (parsed by prometheus_client)."""
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -10,26 +11,62 @@ from tests.unit.observe.factories import make_stats, make_trace, prom_samples
 # Two partitions, pools of 10 (swa) and 4 (c4) blocks each: 28 blocks in all.
 SCRIPT_TRACES = [
     # 1: two prompts finish prefill (one token each); 21 of 28 blocks free
-    make_trace(1, free_blocks=[(8, 3), (10, 4)], num_new_tokens=2, num_running=2,
-               num_waiting=1),
+    make_trace(1, free_blocks=[(8, 3), (10, 4)], num_new_tokens=2, num_running=2, num_waiting=1),
     # 2: both verify 7 drafts, accept 8 and 3 tokens; request 5 is preempted
-    make_trace(2, free_blocks=[(4, 2), (8, 3)], accepted_req_ids=[1, 2], accepted_lens=[8, 3],
-               accepted_num_drafts=[7, 7], num_new_tokens=11, preempted_req_ids=[5],
-               num_running=2, num_waiting=2),
+    make_trace(
+        2,
+        free_blocks=[(4, 2), (8, 3)],
+        accepted_req_ids=[1, 2],
+        accepted_lens=[8, 3],
+        accepted_num_drafts=[7, 7],
+        num_new_tokens=11,
+        preempted_req_ids=[5],
+        num_running=2,
+        num_waiting=2,
+    ),
     # 3: two verify (accept 1 and 2), one falls back to a single row
-    make_trace(3, free_blocks=[(6, 2), (9, 4)], accepted_req_ids=[1, 2, 3],
-               accepted_lens=[1, 2, 1], accepted_num_drafts=[7, 7, 0], num_new_tokens=4,
-               num_running=3, num_waiting=0),
+    make_trace(
+        3,
+        free_blocks=[(6, 2), (9, 4)],
+        accepted_req_ids=[1, 2, 3],
+        accepted_lens=[1, 2, 1],
+        accepted_num_drafts=[7, 7, 0],
+        num_new_tokens=4,
+        num_running=3,
+        num_waiting=0,
+    ),
 ]
 SCRIPT_STATS = [
-    make_stats("a", num_prompt_tokens=10, num_output_tokens=9, num_cached_tokens=4,
-               finish_reason="stop", arrival_time=100.0, first_token_time=100.5,
-               finish_time=102.0, inter_token_s=[0.05, 0.2]),
-    make_stats("b", num_prompt_tokens=20, num_output_tokens=3, finish_reason="length",
-               arrival_time=100.0, first_token_time=101.0, finish_time=101.3,
-               inter_token_s=[0.03]),
-    make_stats("c", num_prompt_tokens=5, num_output_tokens=0, finish_reason="abort",
-               arrival_time=100.0, first_token_time=None, finish_time=100.01),
+    make_stats(
+        "a",
+        num_prompt_tokens=10,
+        num_output_tokens=9,
+        num_cached_tokens=4,
+        finish_reason="stop",
+        arrival_time=100.0,
+        first_token_time=100.5,
+        finish_time=102.0,
+        inter_token_s=[0.05, 0.2],
+    ),
+    make_stats(
+        "b",
+        num_prompt_tokens=20,
+        num_output_tokens=3,
+        finish_reason="length",
+        arrival_time=100.0,
+        first_token_time=101.0,
+        finish_time=101.3,
+        inter_token_s=[0.03],
+    ),
+    make_stats(
+        "c",
+        num_prompt_tokens=5,
+        num_output_tokens=0,
+        finish_reason="abort",
+        arrival_time=100.0,
+        first_token_time=None,
+        finish_time=100.01,
+    ),
 ]
 
 
@@ -51,8 +88,7 @@ def test_scripted_run_counters_equal_the_hand_totals(scripted):
     assert s[("vllm:num_preemptions_total", ())] == 1
     assert s[("vllm:prefix_cache_queries_total", ())] == 35
     assert s[("vllm:prefix_cache_hits_total", ())] == 4
-    by_reason = {dict(k[1])["finished_reason"]: v for k, v in s.items()
-                 if k[0] == "vllm:request_success_total"}
+    by_reason = {dict(k[1])["finished_reason"]: v for k, v in s.items() if k[0] == "vllm:request_success_total"}
     assert by_reason == {"stop": 1, "length": 1, "abort": 1, "error": 0}
 
 
@@ -72,13 +108,19 @@ def test_speculation_counters_count_drafts_and_accepted_per_position(scripted):
     assert s[("vllm:spec_decode_num_drafts_total", ())] == 4
     assert s[("vllm:spec_decode_num_draft_tokens_total", ())] == 28
     assert s[("vllm:spec_decode_num_accepted_tokens_total", ())] == 10  # 7 + 2 + 0 + 1
-    per_pos = {int(dict(k[1])["position"]): v for k, v in s.items()
-               if k[0] == "vllm:spec_decode_num_accepted_tokens_per_pos_total"}
+    per_pos = {
+        int(dict(k[1])["position"]): v
+        for k, v in s.items()
+        if k[0] == "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+    }
     assert per_pos == {0: 3, 1: 2, 2: 1, 3: 1, 4: 1, 5: 1, 6: 1}
     snap = scripted.snapshot()
-    assert (snap["spec_decode_num_drafts_total"], snap["spec_decode_num_draft_tokens_total"],
-            snap["spec_decode_num_accepted_tokens_total"], snap["spec_decode_num_fallbacks_total"]) \
-        == (4, 28, 10, 1)
+    assert (
+        snap["spec_decode_num_drafts_total"],
+        snap["spec_decode_num_draft_tokens_total"],
+        snap["spec_decode_num_accepted_tokens_total"],
+        snap["spec_decode_num_fallbacks_total"],
+    ) == (4, 28, 10, 1)
 
 
 def test_latency_histograms_count_every_observation_in_its_bucket(scripted):
@@ -106,14 +148,20 @@ def test_every_vllm_metric_is_exported_with_the_model_name_label(scripted):
     """Each metric a vLLM dashboard reads must be present, typed, and labelled model_name."""
     families = {f.name: f for f in text_string_to_metric_families(scripted.render_prometheus())}
     expected = {
-        "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
-        "vllm:kv_cache_usage_perc": "gauge", "vllm:prompt_tokens": "counter",
-        "vllm:generation_tokens": "counter", "vllm:request_success": "counter",
-        "vllm:num_preemptions": "counter", "vllm:prefix_cache_queries": "counter",
-        "vllm:prefix_cache_hits": "counter", "vllm:time_to_first_token_seconds": "histogram",
+        "vllm:num_requests_running": "gauge",
+        "vllm:num_requests_waiting": "gauge",
+        "vllm:kv_cache_usage_perc": "gauge",
+        "vllm:prompt_tokens": "counter",
+        "vllm:generation_tokens": "counter",
+        "vllm:request_success": "counter",
+        "vllm:num_preemptions": "counter",
+        "vllm:prefix_cache_queries": "counter",
+        "vllm:prefix_cache_hits": "counter",
+        "vllm:time_to_first_token_seconds": "histogram",
         "vllm:inter_token_latency_seconds": "histogram",
         "vllm:e2e_request_latency_seconds": "histogram",
-        "vllm:spec_decode_num_drafts": "counter", "vllm:spec_decode_num_draft_tokens": "counter",
+        "vllm:spec_decode_num_drafts": "counter",
+        "vllm:spec_decode_num_draft_tokens": "counter",
         "vllm:spec_decode_num_accepted_tokens": "counter",
         "vllm:spec_decode_num_accepted_tokens_per_pos": "counter",
     }
@@ -126,9 +174,15 @@ def test_snapshot_reports_the_same_figures_as_the_text(scripted):
     """GET /metrics/json must agree with GET /metrics figure for figure."""
     s = prom_samples(scripted.render_prometheus())
     snap = scripted.snapshot()
-    for key in ("prompt_tokens_total", "generation_tokens_total", "num_preemptions_total",
-                "prefix_cache_queries_total", "prefix_cache_hits_total",
-                "spec_decode_num_drafts_total", "spec_decode_num_accepted_tokens_total"):
+    for key in (
+        "prompt_tokens_total",
+        "generation_tokens_total",
+        "num_preemptions_total",
+        "prefix_cache_queries_total",
+        "prefix_cache_hits_total",
+        "spec_decode_num_drafts_total",
+        "spec_decode_num_accepted_tokens_total",
+    ):
         assert snap[key] == s[("vllm:" + key, ())], key
     assert snap["num_requests_running"] == s[("vllm:num_requests_running", ())]
     assert snap["kv_cache_usage_perc"] == s[("vllm:kv_cache_usage_perc", ())]
@@ -141,11 +195,14 @@ def test_drafts_are_inferred_from_rows_when_the_trace_does_not_list_them():
     7 per verify, and one-row requests as fallbacks."""
     m = Metrics("m", num_speculative_tokens=7)
     part = PartitionTrace(decode_req_ids=[1, 2, 3], decode_num_rows=8 + 8 + 1)
-    m.on_step(make_trace(1, accepted_req_ids=[1, 2, 3], accepted_lens=[4, 1, 1],
-                         partitions=[part]))
+    m.on_step(make_trace(1, accepted_req_ids=[1, 2, 3], accepted_lens=[4, 1, 1], partitions=[part]))
     d = m.snapshot()
-    assert (d["spec_decode_num_drafts_total"], d["spec_decode_num_draft_tokens_total"],
-            d["spec_decode_num_accepted_tokens_total"], d["spec_decode_num_fallbacks_total"]) == (2, 14, 3, 1)
+    assert (
+        d["spec_decode_num_drafts_total"],
+        d["spec_decode_num_draft_tokens_total"],
+        d["spec_decode_num_accepted_tokens_total"],
+        d["spec_decode_num_fallbacks_total"],
+    ) == (2, 14, 3, 1)
     assert m.accepted_per_pos == [1, 1, 1, 0, 0, 0, 0]
 
 
@@ -154,11 +211,14 @@ def test_no_speculation_leaves_draft_counters_at_zero():
     fallbacks."""
     m = Metrics("m")
     part = PartitionTrace(decode_req_ids=[1, 2], decode_num_rows=2)
-    m.on_step(make_trace(1, accepted_req_ids=[1, 2], accepted_lens=[1, 1], partitions=[part],
-                         num_new_tokens=2))
+    m.on_step(make_trace(1, accepted_req_ids=[1, 2], accepted_lens=[1, 1], partitions=[part], num_new_tokens=2))
     d = m.snapshot()
-    assert (d["spec_decode_num_drafts_total"], d["spec_decode_num_draft_tokens_total"],
-            d["spec_decode_num_accepted_tokens_total"], d["spec_decode_num_fallbacks_total"]) == (0, 0, 0, 0)
+    assert (
+        d["spec_decode_num_drafts_total"],
+        d["spec_decode_num_draft_tokens_total"],
+        d["spec_decode_num_accepted_tokens_total"],
+        d["spec_decode_num_fallbacks_total"],
+    ) == (0, 0, 0, 0)
     assert m.snapshot()["generation_tokens_total"] == 2
 
 
@@ -177,6 +237,5 @@ def test_model_name_with_quotes_and_backslashes_round_trips():
     """Label values must be escaped so the parser reads back the exact model name."""
     name = 'we"ird\\name\nx'
     text = Metrics(name).render_prometheus()
-    labels = {s.labels["model_name"] for f in text_string_to_metric_families(text)
-              for s in f.samples}
+    labels = {s.labels["model_name"] for f in text_string_to_metric_families(text) for s in f.samples}
     assert labels == {name}

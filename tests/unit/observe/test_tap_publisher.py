@@ -1,4 +1,5 @@
 """TapPublisher against real ZMQ SUB sockets on loopback."""
+
 import threading
 import time
 
@@ -60,8 +61,7 @@ def test_subscriber_receives_every_trace_in_order_and_they_decode(publisher):
     """Traces published while a subscriber keeps up must all arrive, in step order, equal to
     what the engine produced."""
     sub = subscribe(publisher)
-    sent = [make_trace(i, accepted_req_ids=[i], accepted_lens=[1 + i % 8], num_new_tokens=i)
-            for i in range(200)]
+    sent = [make_trace(i, accepted_req_ids=[i], accepted_lens=[1 + i % 8], num_new_tokens=i) for i in range(200)]
     got = []
     for t in sent:  # an engine step takes milliseconds: the viewer reads between steps
         publisher.on_step(t)
@@ -153,13 +153,16 @@ def test_taken_address_fails_at_startup(publisher):
         TapPublisher(publisher.bound_addr)
 
 
-@pytest.mark.parametrize("given, bound", [
-    ("5599", "tcp://127.0.0.1:5599"),
-    (":5599", "tcp://127.0.0.1:5599"),
-    ("0.0.0.0:5599", "tcp://0.0.0.0:5599"),
-    ("tcp://*:5599", "tcp://*:5599"),
-    ("ipc:///tmp/tap.sock", "ipc:///tmp/tap.sock"),
-])
+@pytest.mark.parametrize(
+    "given, bound",
+    [
+        ("5599", "tcp://127.0.0.1:5599"),
+        (":5599", "tcp://127.0.0.1:5599"),
+        ("0.0.0.0:5599", "tcp://0.0.0.0:5599"),
+        ("tcp://*:5599", "tcp://*:5599"),
+        ("ipc:///tmp/tap.sock", "ipc:///tmp/tap.sock"),
+    ],
+)
 def test_tap_address_binds_loopback_unless_told_otherwise(given, bound):
     """A bare port must mean loopback; an address that names a host or scheme is kept."""
     assert tap_address(given) == bound

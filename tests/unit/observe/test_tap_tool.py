@@ -1,4 +1,5 @@
 """python -m tools.tap: recording from a live publisher, replay summaries, the live table."""
+
 import io
 import subprocess
 import sys
@@ -17,8 +18,7 @@ from tools import tap
 def run_main_in_thread(argv: list[str]):
     out = io.StringIO()
     result = {}
-    th = threading.Thread(target=lambda: result.setdefault("rc", tap.main(argv, out=out)),
-                          daemon=True)
+    th = threading.Thread(target=lambda: result.setdefault("rc", tap.main(argv, out=out)), daemon=True)
     th.start()
     return th, out, result
 
@@ -29,8 +29,13 @@ def feed_until_done(pub: TapPublisher, th: threading.Thread, limit_s: float = 20
     deadline = time.monotonic() + limit_s
     while th.is_alive():
         assert time.monotonic() < deadline, "the viewer never finished"
-        t = make_trace(step, accepted_req_ids=[step], accepted_lens=[1 + step % 8],
-                       num_new_tokens=1 + step % 8, schedule_s=step * 1e-4)
+        t = make_trace(
+            step,
+            accepted_req_ids=[step],
+            accepted_lens=[1 + step % 8],
+            num_new_tokens=1 + step % 8,
+            schedule_s=step * 1e-4,
+        )
         sent[step] = t
         pub.on_step(t)
         step += 1
@@ -51,8 +56,8 @@ def test_records_count_traces_from_a_live_publisher_to_jsonl(tmp_path):
     with_pub = TapPublisher("tcp://127.0.0.1:*")
     try:
         th, out, result = run_main_in_thread(
-            ["--connect", with_pub.bound_addr, "--jsonl", str(path), "--count", "25",
-             "--interval", "0.05"])
+            ["--connect", with_pub.bound_addr, "--jsonl", str(path), "--count", "25", "--interval", "0.05"]
+        )
         sent = feed_until_done(with_pub, th)
     finally:
         with_pub.close()
@@ -61,8 +66,7 @@ def test_records_count_traces_from_a_live_publisher_to_jsonl(tmp_path):
     assert len(got) == 25
     first = got[0].step_id
     assert [t.step_id for t in got] == list(range(first, first + 25))
-    assert all(t == msgspec.structs.replace(sent[t.step_id], dropped_traces=t.dropped_traces)
-               for t in got)
+    assert all(t == msgspec.structs.replace(sent[t.step_id], dropped_traces=t.dropped_traces) for t in got)
     assert "recorded 25 traces" in out.getvalue()
 
 
@@ -70,8 +74,7 @@ def test_live_table_is_plain_text_when_stdout_is_not_a_terminal(tmp_path):
     """Redraws must be plain blocks (no cursor escapes) showing rates and phase times."""
     pub = TapPublisher("tcp://127.0.0.1:*")
     try:
-        th, out, _ = run_main_in_thread(
-            ["--connect", pub.bound_addr, "--count", "150", "--interval", "0.05"])
+        th, out, _ = run_main_in_thread(["--connect", pub.bound_addr, "--count", "150", "--interval", "0.05"])
         feed_until_done(pub, th)
     finally:
         pub.close()
@@ -82,23 +85,53 @@ def test_live_table_is_plain_text_when_stdout_is_not_a_terminal(tmp_path):
 
 
 SCRIPTED = [
-    make_trace(0, wall_time=10.0, schedule_s=0.001, compute_max_s=0.010, num_new_tokens=2,
-               partitions=[PartitionTrace(prefill_req_ids=[1, 2], prefill_num_tokens=[30, 20],
-                                          free_blocks=[9, 3])]),
-    make_trace(1, wall_time=10.5, schedule_s=0.002, compute_max_s=0.020, num_new_tokens=9,
-               accepted_req_ids=[1, 2], accepted_lens=[8, 1], accepted_num_drafts=[7, 7],
-               partitions=[PartitionTrace(decode_req_ids=[1, 2], decode_num_rows=16,
-                                          free_blocks=[8, 3])]),
-    make_trace(2, wall_time=11.0, schedule_s=0.003, compute_max_s=0.030, num_new_tokens=4,
-               accepted_req_ids=[1, 2], accepted_lens=[3, 1], accepted_num_drafts=[7, 0],
-               preempted_req_ids=[2], finished_req_ids=[1], finished_reasons=["stop"],
-               partitions=[PartitionTrace(decode_req_ids=[1, 2], decode_num_rows=9,
-                                          free_blocks=[7, 2])]),
-    make_trace(3, wall_time=12.0, schedule_s=0.004, compute_max_s=0.040, num_new_tokens=3,
-               accepted_req_ids=[2], accepted_lens=[3], accepted_num_drafts=[7],
-               finished_req_ids=[2], finished_reasons=["length"], dropped_traces=5,
-               partitions=[PartitionTrace(decode_req_ids=[2], decode_num_rows=8,
-                                          free_blocks=[9, 3])]),
+    make_trace(
+        0,
+        wall_time=10.0,
+        schedule_s=0.001,
+        compute_max_s=0.010,
+        num_new_tokens=2,
+        partitions=[PartitionTrace(prefill_req_ids=[1, 2], prefill_num_tokens=[30, 20], free_blocks=[9, 3])],
+    ),
+    make_trace(
+        1,
+        wall_time=10.5,
+        schedule_s=0.002,
+        compute_max_s=0.020,
+        num_new_tokens=9,
+        accepted_req_ids=[1, 2],
+        accepted_lens=[8, 1],
+        accepted_num_drafts=[7, 7],
+        partitions=[PartitionTrace(decode_req_ids=[1, 2], decode_num_rows=16, free_blocks=[8, 3])],
+    ),
+    make_trace(
+        2,
+        wall_time=11.0,
+        schedule_s=0.003,
+        compute_max_s=0.030,
+        num_new_tokens=4,
+        accepted_req_ids=[1, 2],
+        accepted_lens=[3, 1],
+        accepted_num_drafts=[7, 0],
+        preempted_req_ids=[2],
+        finished_req_ids=[1],
+        finished_reasons=["stop"],
+        partitions=[PartitionTrace(decode_req_ids=[1, 2], decode_num_rows=9, free_blocks=[7, 2])],
+    ),
+    make_trace(
+        3,
+        wall_time=12.0,
+        schedule_s=0.004,
+        compute_max_s=0.040,
+        num_new_tokens=3,
+        accepted_req_ids=[2],
+        accepted_lens=[3],
+        accepted_num_drafts=[7],
+        finished_req_ids=[2],
+        finished_reasons=["length"],
+        dropped_traces=5,
+        partitions=[PartitionTrace(decode_req_ids=[2], decode_num_rows=8, free_blocks=[9, 3])],
+    ),
 ]
 
 
@@ -124,8 +157,7 @@ def test_replay_summarises_a_recording(tmp_path):
         assert any(ln.startswith(phase[:-2]) for ln in lines), phase
     # verifying requests accepted 8, 1, 3, 3 (the fallback's 1 is not a verify)
     assert "mean 3.750 over 4" in text
-    hist = {int(ln.split()[0]): int(ln.split()[1]) for ln in lines
-            if ln[:4].strip().isdigit() and "%" in ln}
+    hist = {int(ln.split()[0]): int(ln.split()[1]) for ln in lines if ln[:4].strip().isdigit() and "%" in ln}
     assert hist == {1: 1, 2: 0, 3: 2, 4: 0, 5: 0, 6: 0, 7: 0, 8: 1}
     part = next(ln for ln in lines if ln.split()[:1] == ["0"] and "[" in ln)
     assert part.split()[:3] == ["0", "50", "33"]
@@ -156,8 +188,9 @@ def test_module_runs_from_the_command_line(tmp_path):
     """`python -m tools.tap --replay FILE` must work as a program."""
     path = tmp_path / "run.jsonl"
     write_jsonl(path, SCRIPTED)
-    proc = subprocess.run([sys.executable, "-m", "tools.tap", "--replay", str(path)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.tap", "--replay", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("steps 4")
 

@@ -1,4 +1,5 @@
 """Checkpoints written once per test session (each takes ~0.1 s) and shared read-only."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """--with-drafter writes DSpark's mtp.0..2 stages and the dspark_* config keys."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,11 +10,27 @@ from dspark_loop.model_config import ModelConfig
 from .conftest import read_config
 
 BLOCK_SUFFIXES = [
-    "hc_attn_fn", "hc_attn_base", "hc_attn_scale", "hc_ffn_fn", "hc_ffn_base", "hc_ffn_scale",
-    "attn_norm.weight", "ffn_norm.weight", "attn.attn_sink", "attn.wq_a.weight",
-    "attn.q_norm.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn.kv_norm.weight",
-    "attn.wo_a.weight", "attn.wo_b.weight", "ffn.gate.weight", "ffn.gate.bias",
-    "ffn.shared_experts.w1.weight", "ffn.shared_experts.w2.weight", "ffn.shared_experts.w3.weight",
+    "hc_attn_fn",
+    "hc_attn_base",
+    "hc_attn_scale",
+    "hc_ffn_fn",
+    "hc_ffn_base",
+    "hc_ffn_scale",
+    "attn_norm.weight",
+    "ffn_norm.weight",
+    "attn.attn_sink",
+    "attn.wq_a.weight",
+    "attn.q_norm.weight",
+    "attn.wq_b.weight",
+    "attn.wkv.weight",
+    "attn.kv_norm.weight",
+    "attn.wo_a.weight",
+    "attn.wo_b.weight",
+    "ffn.gate.weight",
+    "ffn.gate.bias",
+    "ffn.shared_experts.w1.weight",
+    "ffn.shared_experts.w2.weight",
+    "ffn.shared_experts.w3.weight",
 ]
 
 
@@ -31,14 +48,22 @@ def test_drafter_writes_every_stage_tensor_and_head(make_ckpt):
             assert p + s in t, p + s
         for e in range(cfg.n_routed_experts):
             assert t[f"{p}ffn.experts.{e}.w2.weight"].shape == (d, cfg.moe_intermediate_size)
-        assert not any(name.startswith(p + "attn.compressor") or name.startswith(p + "attn.indexer")
-                       or name == p + "ffn.gate.tid2eid" for name in t)
+        assert not any(
+            name.startswith(p + "attn.compressor")
+            or name.startswith(p + "attn.indexer")
+            or name == p + "ffn.gate.tid2eid"
+            for name in t
+        )
         assert t[p + "attn.wq_b.weight"].shape == (heads * hd, cfg.q_lora_rank)
         assert t[p + "hc_attn_fn"].shape == (24, 4 * d)
     shapes = {
-        "mtp.0.main_proj.weight": (d, 3 * d), "mtp.0.main_norm.weight": (d,),
-        "mtp.2.norm.weight": (d,), "mtp.2.hc_head_fn": (4, 4 * d), "mtp.2.hc_head_base": (4,),
-        "mtp.2.hc_head_scale": (1,), "mtp.2.markov_head.markov_w1.weight": (v, rank),
+        "mtp.0.main_proj.weight": (d, 3 * d),
+        "mtp.0.main_norm.weight": (d,),
+        "mtp.2.norm.weight": (d,),
+        "mtp.2.hc_head_fn": (4, 4 * d),
+        "mtp.2.hc_head_base": (4,),
+        "mtp.2.hc_head_scale": (1,),
+        "mtp.2.markov_head.markov_w1.weight": (v, rank),
         "mtp.2.markov_head.markov_w2.weight": (v, rank),
         "mtp.2.confidence_head.proj.weight": (1, d + rank),
     }

@@ -1,4 +1,5 @@
 """--w8a8 and --dtype bfloat16 store the float checkpoint's values in the stated format."""
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,10 @@ from safetensors.torch import load_file
 
 from .conftest import read_config
 
-QUANTIZED = re.compile(r"(attn\.wq_b|attn\.wo_b|attn\.indexer\.wq_b|shared_experts\.w[123]|"
-                       r"experts\.\d+\.w[123])\.weight$")
+QUANTIZED = re.compile(
+    r"(attn\.wq_b|attn\.wo_b|attn\.indexer\.wq_b|shared_experts\.w[123]|"
+    r"experts\.\d+\.w[123])\.weight$"
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +60,7 @@ def test_bfloat16_checkpoint_is_the_float32_one_rounded(make_ckpt):
         if v.is_floating_point():
             assert bf16[name].dtype == torch.bfloat16, name
             assert torch.equal(bf16[name], v.to(torch.bfloat16)), name
-            assert torch.allclose(bf16[name].float(), v, rtol=2 ** -8, atol=0)
+            assert torch.allclose(bf16[name].float(), v, rtol=2**-8, atol=0)
         else:
             assert torch.equal(bf16[name], v)
     assert read_config(make_ckpt(seed=2, dtype="bfloat16"))["dtype"] == "bfloat16"
@@ -66,6 +69,7 @@ def test_bfloat16_checkpoint_is_the_float32_one_rounded(make_ckpt):
 def test_bf16_rounding_is_nearest_even_on_ties():
     """Halfway cases must round to the even bf16 pattern, as torch does."""
     from tools.checkpoint_safetensors import bf16_bits_to_f32, to_bf16_bits
-    vals = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 3.0e38, 1e-40, np.inf], dtype=np.float32)
+
+    vals = np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3.0e38, 1e-40, np.inf], dtype=np.float32)
     got = torch.from_numpy(bf16_bits_to_f32(to_bf16_bits(vals)))
     assert torch.equal(got, torch.from_numpy(vals).to(torch.bfloat16).float())

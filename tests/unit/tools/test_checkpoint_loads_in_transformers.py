@@ -1,4 +1,5 @@
 """The random checkpoint is a valid DeepSeek-V4 checkpoint for both readers."""
+
 from __future__ import annotations
 
 import torch
@@ -10,8 +11,7 @@ from .conftest import read_config
 
 
 def _load(path: str):
-    model, info = DeepseekV4ForCausalLM.from_pretrained(path, output_loading_info=True,
-                                                        dtype=torch.float32)
+    model, info = DeepseekV4ForCausalLM.from_pretrained(path, output_loading_info=True, dtype=torch.float32)
     return model.eval(), info
 
 
@@ -44,8 +44,9 @@ def test_transformers_logits_are_finite_and_decisive(tiny_ckpt):
 def test_transformers_sees_all_three_attention_kinds_and_hash_layers(tiny_ckpt):
     """The tiny model must exercise sliding, CSA and HCA layers and both router kinds."""
     model, _ = _load(tiny_ckpt)
-    assert {"sliding_attention", "compressed_sparse_attention",
-            "heavily_compressed_attention"} <= set(model.config.layer_types)
+    assert {"sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"} <= set(
+        model.config.layer_types
+    )
     assert "hash_moe" in model.config.mlp_layer_types and "moe" in model.config.mlp_layer_types
     compress = model.config.rope_parameters["compress"]
     assert compress["rope_type"] == "yarn" and compress["factor"] == 4.0
@@ -55,6 +56,7 @@ def test_transformers_loads_the_tensor_values_we_wrote(tiny_ckpt):
     """Renamed tensors must carry our values (checked on the merged expert weights and the
     hash table, the two tensors transformers reshapes or types on load)."""
     from safetensors.torch import load_file
+
     raw = load_file(f"{tiny_ckpt}/model.safetensors")
     model, _ = _load(tiny_ckpt)
     mlp = model.model.layers[0].mlp

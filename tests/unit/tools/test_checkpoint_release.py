@@ -1,4 +1,5 @@
 """make_checkpoint --release-format: DeepSeek's release layout, byte-stable, same values."""
+
 from __future__ import annotations
 
 import filecmp
@@ -42,11 +43,11 @@ def test_release_weights_are_the_float_checkpoints_values_within_fp8_and_fp4_pre
     block_scale = stored["layers.1.attn.wq_b.scale"].float()  # [2, 1] for [256, 32]
     s8 = block_scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[: w.shape[0], : w.shape[1]]
     fp8 = stored["layers.1.attn.wq_b.weight"].float() * s8
-    assert torch.all((fp8 - w).abs() <= w.abs() * 2 ** -4 + 2 ** -10 * s8)  # half a (sub)normal step
+    assert torch.all((fp8 - w).abs() <= w.abs() * 2**-4 + 2**-10 * s8)  # half a (sub)normal step
     e = torch.from_numpy(fill(specs["layers.1.ffn.experts.2.w3.weight"], 1))
     b = stored["layers.1.ffn.experts.2.w3.weight"].view(torch.uint8).long()
     codes = torch.stack([b & 0xF, b >> 4], -1).reshape(e.shape[0], -1)
-    table = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, 0, -.5, -1, -1.5, -2, -3, -4, -6])
+    table = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6])
     scale = stored["layers.1.ffn.experts.2.w3.scale"].float().repeat_interleave(32, 1)
     assert torch.all((table[codes] * scale - e).abs() <= scale)  # largest e2m1 gap (4 -> 6) / 2
     assert torch.equal(stored["layers.1.attn.attn_sink"], torch.from_numpy(fill(specs["layers.1.attn.attn_sink"], 1)))
@@ -54,8 +55,14 @@ def test_release_weights_are_the_float_checkpoints_values_within_fp8_and_fp4_pre
     assert np.array_equal(stored["layers.0.ffn.gate.tid2eid"].numpy(), fill(specs["layers.0.ffn.gate.tid2eid"], 1))
 
 
-@pytest.mark.parametrize("argv", [["--release-format", "--w8a8"], ["--release-format", "--dtype", "bfloat16"],
-                                  ["--release-format", "--shard-mb", "0"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--release-format", "--w8a8"],
+        ["--release-format", "--dtype", "bfloat16"],
+        ["--release-format", "--shard-mb", "0"],
+    ],
+)
 def test_release_format_rejects_flags_it_cannot_honour(tmp_path, capsys, argv):
     """--release-format with --w8a8, --dtype or a non-positive --shard-mb must exit 2 naming the flag."""
     assert main([str(tmp_path / "m")] + argv) == 2

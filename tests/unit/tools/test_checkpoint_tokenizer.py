@@ -1,4 +1,5 @@
 """The local byte-level BPE tokenizer: exact special tokens, exact vocab size, lossless."""
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,7 @@ TEXTS = [
     "你好，世界！深度求索。日本語もあります。한국어",
     "emoji 😀🎉🚀 ❤️ 👍🏽 and rare 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 plus \u0000 control",
     "<｜User｜>What is 9.11 - 9.9?<｜Assistant｜><think>hmm</think>0.21<｜end▁of▁sentence｜>",
-    "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>",
+    '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\n</｜DSML｜invoke>',
 ]
 
 
@@ -85,6 +86,7 @@ def test_tokenizer_config_names_bos_eos_and_disables_auto_bos(tiny_ckpt):
 def test_transformers_fast_tokenizer_reads_the_directory(tiny_ckpt):
     """AutoTokenizer must load the directory offline and agree with tokenizers."""
     from transformers import AutoTokenizer
+
     hf = AutoTokenizer.from_pretrained(tiny_ckpt)
     assert hf.bos_token_id == 0 and hf.eos_token_id == 1
     assert hf.decode(hf.encode(TEXTS[3], add_special_tokens=False)) == TEXTS[3]

@@ -1,4 +1,5 @@
 """Random values exercise every path, and the same seed always gives the same bytes."""
+
 from __future__ import annotations
 
 import hashlib
@@ -11,8 +12,7 @@ from safetensors.numpy import load_file
 
 from dspark_loop.model_config import ModelConfig
 
-FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-         "generation_config.json"]
+FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"]
 
 
 def _digests(path: str) -> dict[str, str]:
@@ -24,8 +24,13 @@ def test_same_seed_gives_byte_identical_files_even_in_a_fresh_process(tiny_ckpt,
     (other hash seeds, cold tokenizer cache) must write the same bytes."""
     out = tmp_path / "again"
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    subprocess.run([sys.executable, "-m", "tools.make_checkpoint", str(out), "--seed", "0"],
-                   cwd=root, check=True, capture_output=True, env={**os.environ, "PYTHONHASHSEED": "123"})
+    subprocess.run(
+        [sys.executable, "-m", "tools.make_checkpoint", str(out), "--seed", "0"],
+        cwd=root,
+        check=True,
+        capture_output=True,
+        env={**os.environ, "PYTHONHASHSEED": "123"},
+    )
     assert _digests(str(out)) == _digests(tiny_ckpt)
 
 
@@ -61,9 +66,19 @@ def test_learned_offsets_are_non_trivial(tiny_ckpt):
     """Sinks, ape, router biases, norms and hc scales/bases must all be non-zero and
     non-constant so forgetting any of them changes the output."""
     t = load_file(f"{tiny_ckpt}/model.safetensors")
-    suffixes = ["attn.attn_sink", "compressor.ape", "indexer.compressor.ape", "ffn.gate.bias",
-                "hc_attn_base", "hc_ffn_base", "hc_attn_scale", "hc_ffn_scale", "attn_norm.weight",
-                "kv_norm.weight", "compressor.norm.weight"]
+    suffixes = [
+        "attn.attn_sink",
+        "compressor.ape",
+        "indexer.compressor.ape",
+        "ffn.gate.bias",
+        "hc_attn_base",
+        "hc_ffn_base",
+        "hc_attn_scale",
+        "hc_ffn_scale",
+        "attn_norm.weight",
+        "kv_norm.weight",
+        "compressor.norm.weight",
+    ]
     for suffix in suffixes:
         found = [v for k, v in t.items() if k.endswith(suffix)]
         assert found, suffix

@@ -1,4 +1,5 @@
 """ensure_default_model builds the embedded checkpoint once, torch-free and race-safe."""
+
 from __future__ import annotations
 
 import os
@@ -38,22 +39,38 @@ def test_incomplete_directory_is_rebuilt(tmp_path):
 def test_cache_dir_follows_the_environment(tmp_path):
     """Without an argument the cache must live under $DSPARK_CACHE_DIR, else under
     $XDG_CACHE_HOME/dspark_loop; building it must never import torch."""
-    code = ("import sys; from dspark_loop.default_model import ensure_default_model;"
-            "print(ensure_default_model()); assert 'torch' not in sys.modules")
+    code = (
+        "import sys; from dspark_loop.default_model import ensure_default_model;"
+        "print(ensure_default_model()); assert 'torch' not in sys.modules"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("DSPARK_CACHE_DIR", "XDG_CACHE_HOME")}
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True,
-                         env={**env, "XDG_CACHE_HOME": str(tmp_path / "xdg")}).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**env, "XDG_CACHE_HOME": str(tmp_path / "xdg")},
+    ).stdout.strip()
     assert out == str(tmp_path / "xdg" / "dspark_loop" / DEFAULT_NAME)
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True,
-                         env={**env, "DSPARK_CACHE_DIR": str(tmp_path / "own")}).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**env, "DSPARK_CACHE_DIR": str(tmp_path / "own")},
+    ).stdout.strip()
     assert out == str(tmp_path / "own" / DEFAULT_NAME)
 
 
 def test_racing_processes_agree_on_one_complete_model(tmp_path):
     """Several processes starting together must all return the same complete directory."""
     code = "from dspark_loop.default_model import ensure_default_model as e; import sys; print(e(sys.argv[1]))"
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT,
-                              stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
     outs = [p.communicate()[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert set(outs) == {str(tmp_path / DEFAULT_NAME)} and is_complete(outs[0])

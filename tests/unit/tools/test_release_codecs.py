@@ -1,5 +1,6 @@
 """The release format's number codecs, checked code point by code point against plain
 per-element definitions (and torch's own float8 dtypes where torch has one)."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """tools/train_demo's pure pieces: the corpus rule, the calibration statistics."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,6 @@
 """The runner's masked argmax: a constrained row picks its best allowed id, on one rank and
 with the vocab split over a TP group."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,9 +19,9 @@ def plan(masks: dict[int, np.ndarray]) -> PartitionPlan:
     (8 rows) -> rows 1..8, req 8 (1 row) -> row 9."""
     return PartitionPlan(
         prefills=[PrefillChunk(5, 0, i32([1, 2]), False), PrefillChunk(6, 0, i32([3]), True)],
-        decode=DecodeBatch(req_ids=i32([7, 8]), start_pos=i32([4, 9]), num_rows=i8([8, 1]),
-                           token_ids=i32(range(9))),
-        token_masks=[TokenMask(r, pack_mask(m)) for r, m in masks.items()])
+        decode=DecodeBatch(req_ids=i32([7, 8]), start_pos=i32([4, 9]), num_rows=i8([8, 1]), token_ids=i32(range(9))),
+        token_masks=[TokenMask(r, pack_mask(m)) for r, m in masks.items()],
+    )
 
 
 def allow(*ids: int) -> np.ndarray:
@@ -54,8 +55,13 @@ def test_tp_ranks_mask_their_vocab_slices_and_agree_on_the_global_choice():
     p = plan({6: allow(5, 50), 7: allow(33), 8: allow(1, 2, 3)})
     want = masked_argmax(logits, p, LocalComm(), 0).tolist()
     half = VOCAB // 2
-    results = run_ranks(lambda shard, comm: masked_argmax(
-        logits[:, shard.rank * half:(shard.rank + 1) * half], p, comm, shard.rank * half).tolist(),
-        world_size=2, tp_size=2, timeout_s=30)
+    results = run_ranks(
+        lambda shard, comm: masked_argmax(
+            logits[:, shard.rank * half : (shard.rank + 1) * half], p, comm, shard.rank * half
+        ).tolist(),
+        world_size=2,
+        tp_size=2,
+        timeout_s=30,
+    )
     assert results[0] == results[1] == want
     assert want[0] in (5, 50) and want[1] == 33 and want[9] in (1, 2, 3)

@@ -1,6 +1,7 @@
 """The rank's view of a step (workers/drafter_runner.plan_drafts) applies the shared
 acceptance table exactly as the host does: context rows = the accepted rows, next anchor =
 the last accepted token one past them."""
+
 import numpy as np
 import pytest
 
@@ -28,8 +29,10 @@ def test_rank_accepts_the_same_chain_as_the_host(case):
 def test_prefill_tail_and_decode_rows_follow_the_packed_row_order():
     """A chunk contributes its last `window` rows; decode rows start after all chunk rows;
     an anchor whose 8-row window passes the ceiling is not drafted."""
-    part = PartitionPlan(prefills=[PrefillChunk(1, 0, i32(range(30)), True), PrefillChunk(2, 0, i32(range(10)), False)],
-                         decode=DecodeBatch(i32([7, 8]), i32([50, 92]), i8([1, 1]), i32([4, 4])))
+    part = PartitionPlan(
+        prefills=[PrefillChunk(1, 0, i32(range(30)), True), PrefillChunk(2, 0, i32(range(10)), False)],
+        decode=DecodeBatch(i32([7, 8]), i32([50, 92]), i8([1, 1]), i32([4, 4])),
+    )
     b = plan_drafts(part, np.array([11, 12, 13], np.int32), window=16, max_model_len=100)
     assert b.ctx_req == [1] * 16 + [2] * 10 + [7, 8]
     assert b.ctx_pos == list(range(14, 30)) + list(range(10)) + [50, 92]

@@ -1,5 +1,6 @@
 """Staging: slots from block tables, the ring window, scratch for unpublished rows, and the
 compressed entries' emission indices."""
+
 import numpy as np
 import pytest
 import torch
@@ -14,11 +15,28 @@ BS = 4
 
 
 def setup(num_blocks=8, window=6):
-    cfg = ModelConfig.from_dict(dict(
-        vocab_size=32, hidden_size=8, num_hidden_layers=3, num_attention_heads=2, head_dim=8,
-        qk_rope_head_dim=4, q_lora_rank=8, o_groups=1, o_lora_rank=4, sliding_window=window,
-        compress_ratios=[0, 4, 8], compress_rate_csa=4, compress_rate_hca=8, n_routed_experts=2,
-        num_experts_per_tok=1, moe_intermediate_size=4, index_head_dim=4, index_topk=2))
+    cfg = ModelConfig.from_dict(
+        dict(
+            vocab_size=32,
+            hidden_size=8,
+            num_hidden_layers=3,
+            num_attention_heads=2,
+            head_dim=8,
+            qk_rope_head_dim=4,
+            q_lora_rank=8,
+            o_groups=1,
+            o_lora_rank=4,
+            sliding_window=window,
+            compress_ratios=[0, 4, 8],
+            compress_rate_csa=4,
+            compress_rate_hca=8,
+            n_routed_experts=2,
+            num_experts_per_tok=1,
+            moe_intermediate_size=4,
+            index_head_dim=4,
+            index_topk=2,
+        )
+    )
     layout = CacheLayout.for_model(cfg, BS)
     pool = KVPool(cfg, layout, [num_blocks] * len(layout.families), torch.float32, scratch_rows=8)
     return cfg, layout, pool, BlockTables(len(layout.families))

@@ -1,4 +1,5 @@
 """The C kernels (workers/model/kernels.py) against the torch compositions they replace."""
+
 import pytest
 import torch
 

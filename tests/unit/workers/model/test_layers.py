@@ -1,4 +1,5 @@
 """Row invariance, the Hadamard rotation and the tie rules."""
+
 import numpy as np
 import torch
 
@@ -16,7 +17,7 @@ def test_linear_rows_gives_each_row_the_same_bits_whatever_its_neighbours():
     x = torch.randn(29, 96)
     full = linear_rows(lin, x)
     for start, n in [(0, 1), (3, 1), (5, 8), (11, 13), (28, 1)]:
-        assert torch.equal(linear_rows(lin, x[start:start + n]), full[start:start + n])
+        assert torch.equal(linear_rows(lin, x[start : start + n]), full[start : start + n])
 
 
 def test_grouped_projection_must_equal_each_group_projected_alone():
@@ -40,9 +41,20 @@ def test_hadamard_is_orthonormal_and_keeps_dot_products():
 
 
 def tiny_cfg(**kw) -> ModelConfig:
-    d = dict(vocab_size=16, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, q_lora_rank=8,
-             o_groups=1, o_lora_rank=4, compress_ratios=[0, 4], n_routed_experts=6, num_experts_per_tok=2,
-             moe_intermediate_size=4, num_hash_layers=1)
+    d = dict(
+        vocab_size=16,
+        hidden_size=8,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        q_lora_rank=8,
+        o_groups=1,
+        o_lora_rank=4,
+        compress_ratios=[0, 4],
+        n_routed_experts=6,
+        num_experts_per_tok=2,
+        moe_intermediate_size=4,
+        num_hash_layers=1,
+    )
     d.update(kw)
     return ModelConfig.from_dict(d)
 

@@ -1,4 +1,5 @@
 """Rope tables and the interleaved rotation, against transformers' own."""
+
 import torch
 
 from dspark_loop.model_config import ModelConfig
@@ -8,17 +9,23 @@ from workers.model.layers import apply_rope, rope_cos_sin
 
 def hf_config(**rope):
     from transformers import DeepseekV4Config
-    return DeepseekV4Config(num_hidden_layers=2, head_dim=64, partial_rotary_factor=0.25,
-                            layer_types=["sliding_attention", "compressed_sparse_attention"],
-                            mlp_layer_types=["hash_moe", "moe"], rope_parameters=rope)
+
+    return DeepseekV4Config(
+        num_hidden_layers=2,
+        head_dim=64,
+        partial_rotary_factor=0.25,
+        layer_types=["sliding_attention", "compressed_sparse_attention"],
+        mlp_layer_types=["hash_moe", "moe"],
+        rope_parameters=rope,
+    )
 
 
 def test_yarn_and_plain_frequencies_equal_transformers():
     """Compressed layers must use transformers' yarn inv_freq (attention factor 1), sliding
     layers the plain theta."""
     from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4RotaryEmbedding
-    cfg = hf_config(rope_type="yarn", factor=16.0, original_max_position_embeddings=256,
-                    beta_fast=32, beta_slow=1)
+
+    cfg = hf_config(rope_type="yarn", factor=16.0, original_max_position_embeddings=256, beta_fast=32, beta_slow=1)
     emb = DeepseekV4RotaryEmbedding(cfg)
     ours = ModelConfig.from_dict(cfg.to_dict())
     assert torch.allclose(compress_inv_freq(ours), emb.compress_inv_freq, rtol=1e-6, atol=0)

@@ -1,14 +1,15 @@
 """Row invariance of the fast paths: one bmm over 8-row tiles, whole-batch mHC / norms /
 pointwise ops, and the grouped MoE. Each row's bits must not depend on its neighbours."""
+
 import torch
 import torch.nn.functional as F
 
+from tests.unit.workers.model.test_layers import tiny_cfg
 from workers.model import layers
+from workers.model.config import LocalDims
 from workers.model.layers import ROW_TILE, hc_pre, linear_rows, matmul_rows
 from workers.model.linear import Linear, quantize_weight
 from workers.model.moe import MoE
-from workers.model.config import LocalDims
-from tests.unit.workers.model.test_layers import tiny_cfg
 
 SIZES = [(0, 1), (3, 1), (0, 8), (5, 9), (2, 64), (0, 200)]  # (start, rows) windows of one batch
 
@@ -17,9 +18,9 @@ def assert_rows_invariant(fn, *xs):
     full = fn(*xs)
     full = full if isinstance(full, tuple) else (full,)
     for start, n in SIZES:
-        part = fn(*(x[start:start + n] for x in xs))
+        part = fn(*(x[start : start + n] for x in xs))
         for a, b in zip(part if isinstance(part, tuple) else (part,), full):
-            assert torch.equal(a, b[start:start + n]), (start, n)
+            assert torch.equal(a, b[start : start + n]), (start, n)
 
 
 def test_matmul_rows_gives_every_row_its_own_eight_row_gemm_bits():
@@ -27,7 +28,7 @@ def test_matmul_rows_gives_every_row_its_own_eight_row_gemm_bits():
     torch.manual_seed(0)
     w, x = torch.randn(24, 256), torch.randn(27, 256)
     padded = torch.cat([x, x.new_zeros(5, 256)])
-    per_tile = torch.cat([F.linear(padded[i:i + ROW_TILE], w) for i in range(0, 32, ROW_TILE)])[:27]
+    per_tile = torch.cat([F.linear(padded[i : i + ROW_TILE], w) for i in range(0, 32, ROW_TILE)])[:27]
     assert torch.equal(matmul_rows(x, w), per_tile)
     assert_rows_invariant(lambda t: matmul_rows(t, w), torch.randn(210, 256))
 
@@ -49,12 +50,16 @@ def test_exact_pointwise_ops_match_torch_and_ignore_the_tensor_size():
     must not depend on how many elements share the call (torch's own differ in the tail)."""
     x = torch.linspace(-30, 30, 1001)
     pos = torch.linspace(1e-3, 50, 1001)
-    cases = [(layers.sigmoid, torch.sigmoid, x), (layers.silu, F.silu, x),
-             (layers.softplus, F.softplus, x), (layers.rsqrt, torch.rsqrt, pos)]
+    cases = [
+        (layers.sigmoid, torch.sigmoid, x),
+        (layers.silu, F.silu, x),
+        (layers.softplus, F.softplus, x),
+        (layers.rsqrt, torch.rsqrt, pos),
+    ]
     for ours, ref, inp in cases:
         full = ours(inp)
         torch.testing.assert_close(full, ref(inp), rtol=1e-6, atol=1e-7)
-        alone = torch.cat([ours(inp[i:i + 3]) for i in range(0, 1001, 3)])
+        alone = torch.cat([ours(inp[i : i + 3]) for i in range(0, 1001, 3)])
         assert torch.equal(full, alone), ours.__name__
 
 
@@ -70,8 +75,16 @@ def test_hc_pre_and_rmsnorm_give_a_row_the_same_bits_in_any_batch():
 
 def make_moe(lo=0, hi=6, seed=3):
     cfg = tiny_cfg(hidden_size=16, n_routed_experts=6, num_experts_per_tok=2, moe_intermediate_size=8)
-    dims = LocalDims(num_heads=2, head_offset=0, num_groups=1, group_offset=0, expert_lo=lo, expert_hi=hi,
-                     vocab_size=16, vocab_offset=0)
+    dims = LocalDims(
+        num_heads=2,
+        head_offset=0,
+        num_groups=1,
+        group_offset=0,
+        expert_lo=lo,
+        expert_hi=hi,
+        vocab_size=16,
+        vocab_offset=0,
+    )
     moe = MoE(cfg, 1, dims, torch.float32, lambda name: False)
     torch.manual_seed(seed)
     for p in moe.parameters():
@@ -93,7 +106,7 @@ def test_grouped_experts_equal_each_expert_run_alone_and_sum_in_expert_order():
     for t in range(37):
         for slot in idx[t].argsort():
             e = int(idx[t, slot])
-            expect[t] = expect[t] + moe.experts[str(e)](x[t:t + 1])[0] * w[t, slot]
+            expect[t] = expect[t] + moe.experts[str(e)](x[t : t + 1])[0] * w[t, slot]
     assert torch.equal(moe.routed(x, idx, w), expect)
     assert_rows_invariant(moe.routed, torch.randn(210, 16), *routing(210))
 

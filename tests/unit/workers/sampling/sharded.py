@@ -1,4 +1,5 @@
 """Run a per-rank function on TP slices of full rows, in-process (tests/thread_comm.py)."""
+
 from __future__ import annotations
 
 import torch
@@ -17,7 +18,7 @@ def run_sharded(fn, full: torch.Tensor, tp: int) -> list:
 
     def rank(shard, comm):
         off = shard.tp_rank * n
-        return fn(full[:, off:off + n].clone(), comm, off)
+        return fn(full[:, off : off + n].clone(), comm, off)
 
     return run_ranks(rank, tp, tp, timeout_s=120)
 

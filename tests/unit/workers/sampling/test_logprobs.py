@@ -1,5 +1,6 @@
 """Logprobs of raw logits across vocab slices: torch's log_softmax to fp32 rounding, the same
 bits on every TP split, top-N by (logprob desc, id asc)."""
+
 import pytest
 import torch
 
@@ -74,7 +75,7 @@ def test_a_rows_logprobs_do_not_depend_on_the_other_rows():
     lp = log_softmax_sharded(x, LocalComm())
     ids, vals = top_logprobs(lp, 4, 0, LocalComm())
     for r in (0, 3, 11):
-        alone = log_softmax_sharded(x[r:r + 1], LocalComm())
-        assert torch.equal(alone, lp[r:r + 1])
+        alone = log_softmax_sharded(x[r : r + 1], LocalComm())
+        assert torch.equal(alone, lp[r : r + 1])
         a_ids, a_vals = top_logprobs(alone, 4, 0, LocalComm())
-        assert torch.equal(a_ids, ids[r:r + 1]) and torch.equal(a_vals, vals[r:r + 1])
+        assert torch.equal(a_ids, ids[r : r + 1]) and torch.equal(a_vals, vals[r : r + 1])

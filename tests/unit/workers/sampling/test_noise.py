@@ -1,10 +1,19 @@
 """The counter-based noise: a pure function of (seed, choice, position, vocab id)."""
+
 import math
 
 import torch
 
-from workers.sampling.noise import (MASK32, _fmix32_, _mul32, fmix32, gumbel_from_bits, gumbel_noise, row_keys,
-                                   uniform_bits)
+from workers.sampling.noise import (
+    MASK32,
+    _fmix32_,
+    _mul32,
+    fmix32,
+    gumbel_from_bits,
+    gumbel_noise,
+    row_keys,
+    uniform_bits,
+)
 
 # hash words of (seed 42, choice 0, position 7) for vocab ids 0..3
 PINNED_WORDS = [2591823500, 242068222, 1612381136, 4150489117]
@@ -41,13 +50,12 @@ def test_noise_is_pinned_for_a_known_coordinate():
     assert words == PINNED_WORDS, words
 
 
-
 def test_any_vocab_slice_gets_the_full_rows_values():
     """A TP rank's slice [off, off+n) must get exactly the full row's noise there."""
     s, c, p = _coords(3)
     full = gumbel_noise(s, c, p, 0, 96)  # [3, 96]
     for off, n in [(0, 48), (48, 48), (24, 24), (72, 24), (5, 1)]:
-        assert torch.equal(gumbel_noise(s, c, p, off, n), full[:, off:off + n]), (off, n)
+        assert torch.equal(gumbel_noise(s, c, p, off, n), full[:, off : off + n]), (off, n)
 
 
 def test_a_rows_noise_does_not_depend_on_the_other_rows():
@@ -58,8 +66,8 @@ def test_a_rows_noise_does_not_depend_on_the_other_rows():
     pos = torch.randint(0, 1 << 20, (300,), generator=g)
     full = gumbel_noise(seed, choice, pos, 0, 33)
     for r in (0, 17, 299):
-        alone = gumbel_noise(seed[r:r + 1], choice[r:r + 1], pos[r:r + 1], 0, 33)
-        assert torch.equal(alone, full[r:r + 1])
+        alone = gumbel_noise(seed[r : r + 1], choice[r : r + 1], pos[r : r + 1], 0, 33)
+        assert torch.equal(alone, full[r : r + 1])
 
 
 def test_chunked_noise_equals_the_whole_tensor_formula():
@@ -88,17 +96,17 @@ def test_words_look_uniform_and_the_noise_looks_gumbel():
     counts = torch.bincount((h & 0xFF).reshape(-1), minlength=256).double()
     chi2 = ((counts - counts.mean()) ** 2 / counts.mean()).sum()
     assert chi2 < 400, chi2  # df 255: mean 255, sd 22.6
-    u = (h.double() + 0.5) / 2 ** 32
+    u = (h.double() + 0.5) / 2**32
     for a, b in [(u[:, :-1], u[:, 1:]), (u[:-1], u[1:])]:  # neighbour ids, neighbour seeds
         corr = torch.corrcoef(torch.stack([a.reshape(-1), b.reshape(-1)]))[0, 1]
         assert abs(corr) < 0.005, corr
     pos = uniform_bits(row_keys(s[:1].expand(1000), c, torch.arange(1000)), torch.arange(1000))
-    u = (pos.double() + 0.5) / 2 ** 32  # one seed, neighbour positions
+    u = (pos.double() + 0.5) / 2**32  # one seed, neighbour positions
     corr = torch.corrcoef(torch.stack([u[:-1].reshape(-1), u[1:].reshape(-1)]))[0, 1]
     assert abs(corr) < 0.005, corr
     g = gumbel_from_bits(h).double()
     assert abs(g.mean() - 0.5772156649) < 0.005
-    assert abs(g.var() - math.pi ** 2 / 6) < 0.02
+    assert abs(g.var() - math.pi**2 / 6) < 0.02
 
 
 def test_extreme_words_give_finite_noise_at_both_tails():

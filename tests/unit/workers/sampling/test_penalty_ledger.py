@@ -1,4 +1,5 @@
 """The rank's penalty ledger: the counts a row samples with are exactly the output so far."""
+
 import numpy as np
 import pytest
 import torch
@@ -23,7 +24,7 @@ def test_k0_rows_see_every_committed_output_and_no_prompt_id():
     for i, tok in enumerate(outputs):
         led.observe_decode(1, 5 + i, [tok])
         counts, _ = led.tile_counts(1, [])
-        assert torch.equal(counts[0], dense(outputs[:i + 1]))
+        assert torch.equal(counts[0], dense(outputs[: i + 1]))
 
 
 def test_verify_rows_see_the_drafts_before_them_and_catch_up_after_acceptance():
@@ -45,7 +46,7 @@ def test_verify_rows_see_the_drafts_before_them_and_catch_up_after_acceptance():
         if m < 7:
             preds[m] = (drafts[m] + 1) % V
         a = int(accept_chain(drafts[None], preds[None])[0])
-        committed += list(drafts[:a - 1]) + [int(preds[a - 1])]
+        committed += list(drafts[: a - 1]) + [int(preds[a - 1])]
         L += a
 
 
@@ -56,7 +57,7 @@ def test_a_slice_counts_only_its_own_ids_and_keeps_the_prompt_mask(offset):
     led = PenaltyLedger(offset, 16)
     led.admit(3, prompt_len=3, output_ids=[1, 17, 17], prompt_ids=[2, 21, 21])
     counts, mask = led.tile_counts(3, [20])
-    full = dense([1, 17, 17])[offset:offset + 16]
+    full = dense([1, 17, 17])[offset : offset + 16]
     assert torch.equal(counts[0], full)
     assert counts[1].sum() - counts[0].sum() == (1 if offset == 16 else 0)
     assert mask[0].nonzero()[:, 0].tolist() == ([2] if offset == 0 else [5])

@@ -1,9 +1,14 @@
 """Processor masks equal a plain reference (transformers' warpers, vLLM's penalty formulas),
 and every TP split keeps the same ids."""
+
 import pytest
 import torch
-from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
-                                                    TopKLogitsWarper, TopPLogitsWarper)
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from tests.unit.workers.sampling.sharded import gather_slices, run_sharded
 from workers.comm import LocalComm
@@ -32,8 +37,14 @@ def reference_filter(logits: torch.Tensor, t: float, min_p: float, top_k: int, t
 
 
 SETTINGS = [  # (temperature, min_p, top_k, top_p)
-    (1.0, 0.0, 0, 0.9), (0.7, 0.0, 5, 1.0), (1.3, 0.05, 0, 1.0), (1.0, 0.0, 20, 0.5),
-    (0.5, 0.1, 40, 0.95), (2.0, 0.0, 1, 1.0), (1.0, 0.0, 0, 0.01), (1.0, 0.02, 64, 0.99),
+    (1.0, 0.0, 0, 0.9),
+    (0.7, 0.0, 5, 1.0),
+    (1.3, 0.05, 0, 1.0),
+    (1.0, 0.0, 20, 0.5),
+    (0.5, 0.1, 40, 0.95),
+    (2.0, 0.0, 1, 1.0),
+    (1.0, 0.0, 0, 0.01),
+    (1.0, 0.02, 64, 0.99),
 ]
 
 
@@ -41,10 +52,13 @@ def test_filters_keep_exactly_the_ids_transformers_warpers_keep():
     """min-p, top-k and top-p (alone and chained) must drop exactly the ids the reference
     drops, and scale the kept ones by 1/T bit for bit."""
     logits = random_logits(len(SETTINGS) * 4, seed=0)
-    rows = SamplingRows.make(len(logits), temperature=[s[0] for s in SETTINGS for _ in range(4)],
-                             min_p=[s[1] for s in SETTINGS for _ in range(4)],
-                             top_k=[s[2] for s in SETTINGS for _ in range(4)],
-                             top_p=[s[3] for s in SETTINGS for _ in range(4)])
+    rows = SamplingRows.make(
+        len(logits),
+        temperature=[s[0] for s in SETTINGS for _ in range(4)],
+        min_p=[s[1] for s in SETTINGS for _ in range(4)],
+        top_k=[s[2] for s in SETTINGS for _ in range(4)],
+        top_p=[s[3] for s in SETTINGS for _ in range(4)],
+    )
     ours = filter_logits(logits, rows, V, LocalComm())
     for r, row in enumerate(logits):
         ref = reference_filter(row, *SETTINGS[r // 4])
@@ -72,8 +86,10 @@ def test_threshold_search_matches_a_sort_on_random_weights():
     budget = torch.rand(50, generator=g, dtype=torch.float64) * weights.sum(1).double() + 0.5
     t = threshold_over(keys, weights, budget, LocalComm())
     for r in range(50):
+
         def mass_above(x, r=r):
             return int(weights[r][keys[r] > x].sum())
+
         cands = sorted(set(keys[r].tolist()) | {0})
         # the answer is either 0 or one past an element (F only steps just above an element)
         best = min(c for c in cands + [k + 1 for k in cands] if mass_above(c) < budget[r])
@@ -90,8 +106,9 @@ def test_repetition_penalty_equals_transformers_and_counts_give_vllms_penalties(
         counts[:, i] += 1
     prompt_mask = torch.zeros(3, V, dtype=torch.bool)
     prompt_mask[:, prompt_ids] = True
-    rows = SamplingRows.make(3, repetition_penalty=[1.3, 1.0, 1.0], frequency_penalty=[0.0, 0.4, 0.0],
-                             presence_penalty=[0.0, -0.5, 0.0])
+    rows = SamplingRows.make(
+        3, repetition_penalty=[1.3, 1.0, 1.0], frequency_penalty=[0.0, 0.4, 0.0], presence_penalty=[0.0, -0.5, 0.0]
+    )
     out = apply_penalties(logits, rows, PenaltyRows(torch.arange(2), counts[:2], prompt_mask[:2]))
     ids = torch.tensor([prompt_ids + out_ids])
     assert torch.equal(out[0], RepetitionPenaltyLogitsProcessor(1.3)(ids, logits[:1].clone())[0])
@@ -108,8 +125,12 @@ def test_every_tp_split_keeps_the_same_ids_with_the_same_bits(tp):
     """filter_logits on tp slices (in-process ranks) must equal the tp1 result bit for bit,
     including top-p, whose masses are summed across slices."""
     logits = random_logits(len(SETTINGS) * 4, seed=5, scale=4.0)
-    kw = dict(temperature=[s[0] for s in SETTINGS for _ in range(4)], min_p=[s[1] for s in SETTINGS for _ in range(4)],
-              top_k=[s[2] for s in SETTINGS for _ in range(4)], top_p=[s[3] for s in SETTINGS for _ in range(4)])
+    kw = dict(
+        temperature=[s[0] for s in SETTINGS for _ in range(4)],
+        min_p=[s[1] for s in SETTINGS for _ in range(4)],
+        top_k=[s[2] for s in SETTINGS for _ in range(4)],
+        top_p=[s[3] for s in SETTINGS for _ in range(4)],
+    )
     rows = SamplingRows.make(len(logits), **kw)
     full = filter_logits(logits, rows, V, LocalComm())
     parts = run_sharded(lambda x, comm, off: filter_logits(x, rows, V, comm), logits, tp)

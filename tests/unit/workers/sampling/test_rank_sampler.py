@@ -1,5 +1,6 @@
 """The rank's sampling pass over whole plans: K=7 verify tiles emit exactly the K=0 tokens
 (filters and penalties on), and the logprob entries name the right positions and tokens."""
+
 import hashlib
 from types import SimpleNamespace
 
@@ -19,9 +20,23 @@ PROMPT = [5, 9, 2, 7]
 
 
 def spec(req_id, **kw):
-    base = dict(req_id=req_id, prompt_len=len(PROMPT), temperature=0.9, top_k=20, top_p=0.9, min_p=0.02,
-                presence_penalty=0.3, frequency_penalty=0.2, repetition_penalty=1.2, seed=1234, choice=0,
-                num_logprobs=-1, num_prompt_logprobs=-1, output_token_ids=b"", prompt_token_ids=i32(PROMPT))
+    base = dict(
+        req_id=req_id,
+        prompt_len=len(PROMPT),
+        temperature=0.9,
+        top_k=20,
+        top_p=0.9,
+        min_p=0.02,
+        presence_penalty=0.3,
+        frequency_penalty=0.2,
+        repetition_penalty=1.2,
+        seed=1234,
+        choice=0,
+        num_logprobs=-1,
+        num_prompt_logprobs=-1,
+        output_token_ids=b"",
+        prompt_token_ids=i32(PROMPT),
+    )
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -34,8 +49,9 @@ def fake_logits(tokens) -> torch.Tensor:
 
 
 def plan(prefills=(), decode=None, sampling=(), freed=()):
-    return SimpleNamespace(prefills=list(prefills), decode=decode, sampling=list(sampling),
-                           freed_req_ids=list(freed), token_masks=[])
+    return SimpleNamespace(
+        prefills=list(prefills), decode=decode, sampling=list(sampling), freed_req_ids=list(freed), token_masks=[]
+    )
 
 
 def run_step(sampler, part, seq_of_row):
@@ -55,7 +71,7 @@ def generate_k0(s, num_tokens):
         d = DecodeBatch(i32([1]), i32([L]), i8([1]), i32([seq[-1]]))
         tokens, _ = run_step(sampler, plan(decode=d), lambda i: seq)
         seq.append(int(tokens[0]))
-    return seq[len(PROMPT):]
+    return seq[len(PROMPT) :]
 
 
 def generate_k7(s, num_tokens, reference, error_at):
@@ -68,15 +84,15 @@ def generate_k7(s, num_tokens, reference, error_at):
     while len(seq) < len(PROMPT) + num_tokens:
         L = len(seq) - 1
         out = len(seq) - len(PROMPT)
-        drafts = np.array((reference + [0] * 8)[out:out + 7])
+        drafts = np.array((reference + [0] * 8)[out : out + 7])
         if error_at < 7:
             drafts[error_at] = (drafts[error_at] + 1) % V
         tile = [seq[-1], *drafts.tolist()]
         d = DecodeBatch(i32([1]), i32([L]), i8([8]), i32(tile))
-        preds, _ = run_step(sampler, plan(decode=d), lambda i, seq=seq, tile=tile: seq + tile[1:i + 1])
+        preds, _ = run_step(sampler, plan(decode=d), lambda i, seq=seq, tile=tile: seq + tile[1 : i + 1])
         a = int(accept_chain(drafts[None], preds.numpy()[None])[0])
-        seq += drafts[:a - 1].tolist() + [int(preds[a - 1])]
-    return seq[len(PROMPT):len(PROMPT) + num_tokens]
+        seq += drafts[: a - 1].tolist() + [int(preds[a - 1])]
+    return seq[len(PROMPT) : len(PROMPT) + num_tokens]
 
 
 def test_verify_tiles_emit_exactly_the_k0_tokens_with_filters_and_penalties():
@@ -103,7 +119,7 @@ def test_prompt_and_sampled_logprob_entries_name_positions_and_tokens():
     sampler = RankSampler(0, V)
     part = plan([PrefillChunk(1, 0, i32(PROMPT), True)], sampling=[spec(1, num_logprobs=2, num_prompt_logprobs=1)])
     rows = step_rows(part, lambda r: True)
-    logits = torch.stack([fake_logits(PROMPT[:i + 1]) for i in range(len(PROMPT))])
+    logits = torch.stack([fake_logits(PROMPT[: i + 1]) for i in range(len(PROMPT))])
     sampler.begin(part)
     tokens, lp = sampler.run(rows, logits, LocalComm())
     assert lp.positions.tolist() == [1, 2, 3, 4]
@@ -116,10 +132,14 @@ def test_prompt_and_sampled_logprob_entries_name_positions_and_tokens():
 
 def test_tp_slices_give_the_same_tokens_and_logprobs():
     """Two ranks each holding half the vocabulary must answer the tp1 tokens and logprobs."""
-    part = plan([PrefillChunk(1, 0, i32(PROMPT), True)],
-                decode=DecodeBatch(i32([2]), i32([10]), i8([3]), i32([4, 8, 8])),
-                sampling=[spec(1, num_logprobs=3, num_prompt_logprobs=0), spec(2, num_logprobs=0, prompt_len=6,
-                                                                                output_token_ids=i32([8, 8, 8, 1]))])
+    part = plan(
+        [PrefillChunk(1, 0, i32(PROMPT), True)],
+        decode=DecodeBatch(i32([2]), i32([10]), i8([3]), i32([4, 8, 8])),
+        sampling=[
+            spec(1, num_logprobs=3, num_prompt_logprobs=0),
+            spec(2, num_logprobs=0, prompt_len=6, output_token_ids=i32([8, 8, 8, 1])),
+        ],
+    )
     rows = step_rows(part, lambda r: r == 1)
     logits = torch.randn(len(rows.req_ids), V, generator=torch.Generator().manual_seed(0)) * 3
 
@@ -128,7 +148,7 @@ def test_tp_slices_give_the_same_tokens_and_logprobs():
         sampler.begin(part)
         return sampler.run(rows, sl, comm)
 
-    (tok1, lp1), = run_sharded(per_rank, logits, 1)
+    ((tok1, lp1),) = run_sharded(per_rank, logits, 1)
     for tok, lp in run_sharded(per_rank, logits, 2):
         assert torch.equal(tok, tok1)
         for name in ("req_ids", "positions", "token_ids", "values", "top_ids", "top_values"):
@@ -154,12 +174,20 @@ def test_drafts_drawn_with_the_shared_noise_match_the_target_sample_when_the_log
     from workers.sampling.draft_pick import DraftPicker
     from workers.sampling.rows import SamplingRows
     from workers.sampling.sampler import sample
+
     logits = torch.randn(6, V, generator=torch.Generator().manual_seed(5)) * 2
-    rows = SamplingRows.make(6, temperature=[0.8, 1.0, 0.0, 1.3, 0.5, 1.0], top_k=[0, 5, 0, 0, 0, 0],
-                             seed=torch.arange(6) + 40)
+    rows = SamplingRows.make(
+        6, temperature=[0.8, 1.0, 0.0, 1.3, 0.5, 1.0], top_k=[0, 5, 0, 0, 0, 0], seed=torch.arange(6) + 40
+    )
     anchor = torch.tensor([10, 20, 30, 40, 50, 60])
     pick = DraftPicker(rows, anchor, LocalComm(), 0)
     for s in range(3):
-        target = sample(logits, SamplingRows.make(6, temperature=rows.temperature, top_k=rows.top_k,
-                                                  seed=rows.seed, position=anchor + 1 + s), LocalComm(), 0)
+        target = sample(
+            logits,
+            SamplingRows.make(
+                6, temperature=rows.temperature, top_k=rows.top_k, seed=rows.seed, position=anchor + 1 + s
+            ),
+            LocalComm(),
+            0,
+        )
         assert torch.equal(pick(logits, s), target)

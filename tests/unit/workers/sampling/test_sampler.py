@@ -1,5 +1,6 @@
 """Gumbel-max sampling: the right distribution, greedy at T=0, the same token for a row
 alone, in any batch and on any TP split."""
+
 import pytest
 import torch
 
@@ -24,16 +25,31 @@ def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), chi2 / 2))
 
 
-@pytest.mark.parametrize("t,min_p,top_k,top_p", [
-    (1.0, 0.0, 0, 1.0), (0.7, 0.0, 0, 1.0), (1.5, 0.0, 0, 1.0), (1.0, 0.0, 0, 0.8),
-    (0.8, 0.0, 4, 1.0), (1.2, 0.0, 5, 0.9), (1.0, 0.1, 0, 1.0),
-])
+@pytest.mark.parametrize(
+    "t,min_p,top_k,top_p",
+    [
+        (1.0, 0.0, 0, 1.0),
+        (0.7, 0.0, 0, 1.0),
+        (1.5, 0.0, 0, 1.0),
+        (1.0, 0.0, 0, 0.8),
+        (0.8, 0.0, 4, 1.0),
+        (1.2, 0.0, 5, 0.9),
+        (1.0, 0.1, 0, 1.0),
+    ],
+)
 def test_first_tokens_over_many_seeds_follow_the_filtered_softmax(t, min_p, top_k, top_p):
     """Over 20,000 seeds the first sampled token's frequencies must match softmax of the
     reference-filtered logits (chi-square, alpha = 0.001), and filtered ids never appear."""
     logits = TINY.expand(NUM_SEEDS, -1).contiguous()
-    rows = SamplingRows.make(NUM_SEEDS, temperature=t, min_p=min_p, top_k=top_k, top_p=top_p,
-                             seed=torch.arange(NUM_SEEDS) * 7919 + 1, position=12)
+    rows = SamplingRows.make(
+        NUM_SEEDS,
+        temperature=t,
+        min_p=min_p,
+        top_k=top_k,
+        top_p=top_p,
+        seed=torch.arange(NUM_SEEDS) * 7919 + 1,
+        position=12,
+    )
     tokens = sample(logits, rows, LocalComm(), 0)
     counts = torch.bincount(tokens, minlength=len(TINY)).double()
     probs = torch.softmax(reference_filter(TINY, t, min_p, top_k, top_p).double(), dim=-1)
@@ -65,8 +81,9 @@ def test_different_seeds_and_choices_give_different_tokens_and_equal_ones_the_sa
     a = sample(logits, SamplingRows.make(200, temperature=1.0, seed=5, position=torch.arange(200)), LocalComm(), 0)
     b = sample(logits, SamplingRows.make(200, temperature=1.0, seed=5, position=torch.arange(200)), LocalComm(), 0)
     c = sample(logits, SamplingRows.make(200, temperature=1.0, seed=6, position=torch.arange(200)), LocalComm(), 0)
-    d = sample(logits, SamplingRows.make(200, temperature=1.0, seed=5, choice=1, position=torch.arange(200)),
-               LocalComm(), 0)
+    d = sample(
+        logits, SamplingRows.make(200, temperature=1.0, seed=5, choice=1, position=torch.arange(200)), LocalComm(), 0
+    )
     assert torch.equal(a, b)
     assert (a != c).float().mean() > 0.9 and (a != d).float().mean() > 0.9
 
@@ -76,11 +93,15 @@ def mixed_rows(n: int) -> SamplingRows:
     t = torch.rand(n, generator=g) * 1.5
     t[::4] = 0.0  # every 4th row greedy
     return SamplingRows.make(
-        n, temperature=t, top_k=torch.randint(0, 30, (n,), generator=g),
+        n,
+        temperature=t,
+        top_k=torch.randint(0, 30, (n,), generator=g),
         top_p=torch.where(torch.rand(n, generator=g) < 0.5, torch.ones(n), torch.rand(n, generator=g)),
         min_p=torch.where(torch.rand(n, generator=g) < 0.7, torch.zeros(n), torch.rand(n, generator=g) * 0.2),
-        seed=torch.randint(-(1 << 40), 1 << 40, (n,), generator=g), choice=torch.randint(0, 3, (n,), generator=g),
-        position=torch.randint(0, 5000, (n,), generator=g))
+        seed=torch.randint(-(1 << 40), 1 << 40, (n,), generator=g),
+        choice=torch.randint(0, 3, (n,), generator=g),
+        position=torch.randint(0, 5000, (n,), generator=g),
+    )
 
 
 def test_greedy_rows_are_plain_argmax_beside_random_rows():
@@ -115,7 +136,8 @@ def test_tp_slices_sample_the_same_tokens_as_one_rank(tp):
     on = rows.has_penalty.nonzero()[:, 0]
     full = sample(logits, rows, LocalComm(), 0, PenaltyRows(on, counts[on], None))
     n = 96 // tp
-    parts = run_sharded(lambda x, comm, off: sample(x, rows, comm, off, PenaltyRows(on, counts[on, off:off + n], None)),
-                        logits, tp)
+    parts = run_sharded(
+        lambda x, comm, off: sample(x, rows, comm, off, PenaltyRows(on, counts[on, off : off + n], None)), logits, tp
+    )
     for tokens in parts:
         assert torch.equal(tokens, full)
