@@ -267,8 +267,9 @@ class Scheduler:
             for row in update.rows:
                 req = row.req
                 req.num_computed += row.num_computed
-                entries = update.logprobs.get(req.req_id)
-                note_prompt_logprobs(req, entries)
+                entries = update.logprobs.get(req.req_id) if update.logprobs else None
+                if entries:
+                    note_prompt_logprobs(req, entries)
                 if row.tokens is None:  # a prefill chunk that samples nothing
                     self._register_pages(part, req)
                     part.release_ring(req)
@@ -312,7 +313,9 @@ class Scheduler:
     ) -> RequestOutput:
         """Append what the finish rules keep, finish the request or give back ring pages."""
         f = check_finish(accepted, len(req.output_ids), req.prompt_len, req.rules, req.params, req.detokenizer)
-        logprobs, prompt_logprobs = delta_logprobs(req, req.num_tokens, f.kept, entries)
+        logprobs = prompt_logprobs = None
+        if req.params.logprobs >= 0 or req.params.prompt_logprobs >= 0:
+            logprobs, prompt_logprobs = delta_logprobs(req, req.num_tokens, f.kept, entries)
         req.output_ids.extend(f.kept)
         step.num_new_tokens += len(f.kept)
         self._register_pages(part, req)  # before finish or ring release gives pages away
