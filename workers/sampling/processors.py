@@ -4,7 +4,7 @@
                    x -= frequency * count, x -= presence * (count > 0)     (raw logits)
     temperature    x / T                                                   (random rows)
     min_p          drop ids with p_i < min_p * p_max  <=>  exp(x_i - max) < min_p
-    top_k          drop ids with k or more ids strictly above them
+    top_k          drop ids below the k-th largest value (ties at it are kept)
     top_p          drop ids whose strictly-greater mass already reaches p (of what top-k kept)
 
 A dropped id is -inf. Each rule depends only on its own row, and its global quantities (the
@@ -67,15 +67,23 @@ def apply_min_p(x: torch.Tensor, row_max: torch.Tensor, min_p: torch.Tensor) -> 
 
 
 def apply_top_k(x: torch.Tensor, top_k: torch.Tensor, vocab_size: int, comm: Comm) -> torch.Tensor:
-    """x [L, V/tp], top_k [L] (0 = off); vocab_size: the whole vocabulary."""
+    """x [L, V/tp], top_k [L] (0 = off); vocab_size: the whole vocabulary.
+
+    The k-th largest value of a row is among the union of every slice's top k values, so each
+    rank sends its top max(k) values ([m, k] floats, one gather) and keeps x >= that value
+    (ties kept together; an id already at -inf stays there)."""
     on = ((top_k > 0) & (top_k < vocab_size)).nonzero()[:, 0]  # [m]
     if not len(on):
         return x
-    sub = x[on]  # [m, V/tp]
-    alive = (sub > NEG_INF).to(torch.int64)  # an id already dropped does not count
-    t = threshold_over(order_keys(sub), alive, top_k[on].to(torch.float64), comm)  # [m]
+    sub, k = x[on], top_k[on]  # [m, V/tp], [m]
+    width = min(int(k.max()), sub.shape[1])
+    cand = sub.topk(width, dim=1).values  # [m, width]
+    if comm.shard.tp_size > 1:
+        cand = torch.cat(comm.gather_tp(cand.contiguous()), dim=1)  # [m, tp*width]
+    cand = cand.sort(dim=1, descending=True).values
+    kth = cand.gather(1, (k - 1).clamp(max=cand.shape[1] - 1)[:, None])  # [m, 1]
     out = x.clone()
-    out[on] = sub.masked_fill(order_keys(sub) < t[:, None], NEG_INF)
+    out[on] = sub.masked_fill(sub < kth, NEG_INF)
     return out
 
 

@@ -16,8 +16,9 @@ order keys, 8 bits per round: each round every rank histograms its slice's weigh
 the current range into 256 buckets [L, 256] int64, the group sums them (exact), and each
 row narrows its range to one bucket. 4 rounds, 4 small gathers. Keep key >= t:
 
-    top-k   weights 1 (unmasked ids), budget k      keep iff #(strictly greater) < k
     top-p   weights e_i, budget p * Z               keep iff mass(strictly greater) < p * Z
+    (counts, budget k, would give top-k; processors.py takes top-k from the slices' top k
+    values instead: one [rows, k] gather)
 
 Ties are kept together (a tie never splits by position), so the rule is a pure function
 of the row's values.
