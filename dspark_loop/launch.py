@@ -172,10 +172,7 @@ def load_tokenizer(model_dir: str) -> Tokenizer:
     return Tokenizer.from_file(path)
 
 
-async def start_engine(
-    cfg: ServerConfig, model: ModelConfig, tokenizer: Tokenizer, mesh: Mesh, observers: list[EngineObserver]
-) -> EngineLoop:
-    t0 = time.monotonic()
+def log_starting(cfg: ServerConfig) -> None:
     log.info(
         "starting %d rank(s): dp=%d tp=%d ep=%d backend=%s dtype=%s model=%s",
         cfg.world_size,
@@ -186,6 +183,13 @@ async def start_engine(
         cfg.dtype,
         cfg.model,
     )
+
+
+async def start_engine(
+    cfg: ServerConfig, model: ModelConfig, tokenizer: Tokenizer, mesh: Mesh, observers: list[EngineObserver]
+) -> EngineLoop:
+    t0 = time.monotonic()
+    log_starting(cfg)
     await mesh.start()
     for ob in observers:
         ob.set_num_blocks_total(mesh.num_blocks)
@@ -238,16 +242,7 @@ async def run_server(cfg: ServerConfig, model: ModelConfig) -> int:
         if server.done():
             server.result()  # raises the bind error
         t0 = time.monotonic()
-        log.info(
-            "starting %d rank(s): dp=%d tp=%d ep=%d backend=%s dtype=%s model=%s",
-            cfg.world_size,
-            cfg.dp,
-            cfg.tp,
-            cfg.ep,
-            cfg.backend,
-            cfg.dtype,
-            cfg.model,
-        )
+        log_starting(cfg)
         # NOTE: a task, so a signal during start-up (ranks loading, node 0 waiting for other
         # nodes) stops the server now instead of after the load or --dist-timeout.
         starting = asyncio.create_task(supervisor.start())
