@@ -42,7 +42,8 @@ class TokenText:
         added = tokenizer.get_added_tokens_decoder()  # {id: AddedToken}
         self.special_ids = frozenset(i for i, t in added.items() if t.special)
         self.special_text = {i: t.content for i, t in added.items() if t.special}
-        self.token_bytes: list[bytes] | None = None
+        self.token_bytes: list[bytes] | None = None  # id -> bytes, special tokens b""
+        self._with_special: list[bytes] | None = None
         decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
         kinds = [d.get("type") for d in decoder.get("decoders", [decoder])]
         if kinds == ["ByteLevel"]:
@@ -53,6 +54,17 @@ class TokenText:
     @property
     def byte_level(self) -> bool:
         return self.token_bytes is not None
+
+    @property
+    def bytes_with_special(self) -> list[bytes]:
+        """token_bytes with each special token as its text (skip_special_tokens=False)."""
+        if self._with_special is None:
+            table = list(self.token_bytes)
+            for i, content in self.special_text.items():
+                if i < len(table):
+                    table[i] = content.encode("utf-8")
+            self._with_special = table
+        return self._with_special
 
     def _byte_table(self, tokenizer, added) -> list[bytes]:
         alphabet = byte_level_alphabet()
@@ -96,8 +108,11 @@ class Detokenizer:
         self._pending = ""  # decoded, not yet released
         self._held = 0  # trailing chars of _pending that may start a stop string
         self.stop_matched: str | None = None
+        # plain: byte-level with no stop strings, so feed() decodes a whole list at once
+        self.plain = text.byte_level and not self._stops
         if text.byte_level:
             self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+            self._table = text.token_bytes if skip_special_tokens else text.bytes_with_special
         else:
             self._ids: list[int] = []
             self._prefix_offset = 0
@@ -116,6 +131,23 @@ class Detokenizer:
                 return self.stop_matched
             self._held = self._hold_len()
         return None
+
+    def feed(self, token_ids: list[int]) -> str:
+        """A plain detokenizer's text for token_ids (what add() + take_delta() would give:
+        a special token's text after a broken character reads as U+FFFD then the text,
+        exactly as add() flushes it)."""
+        table = self._table
+        try:
+            data = b"".join([table[t] for t in token_ids])
+        except IndexError:  # an id past the vocabulary reads as nothing, as in add()
+            data = b"".join([table[t] if t < len(table) else b"" for t in token_ids])
+        return self._pending_take() + self._utf8.decode(data)
+
+    def _pending_take(self) -> str:
+        if not self._pending:
+            return ""
+        out, self._pending = self._pending, ""
+        return out
 
     def take_delta(self) -> str:
         if not self._held:

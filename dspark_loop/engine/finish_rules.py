@@ -27,7 +27,7 @@ class FinishRules:
         object.__setattr__(self, "finish_ids", frozenset(self.stop_token_ids) | eos)
 
 
-@dataclass
+@dataclass(slots=True)
 class Finish:
     """What a request keeps of the tokens a step gave it, and whether they end it."""
 
@@ -83,6 +83,9 @@ def check_finish(
         kept, reason, stop_reason = truncate_at_finish(accepted, num_output, num_prompt, rules)
     if detok is None:
         return Finish(kept, "", reason, stop_reason)
+    if detok.plain:  # no stop strings: the whole list's text at once
+        text = detok.feed(kept[:-1] if reason == "stop" and not params.include_stop_str_in_output else kept)
+        return Finish(kept, text if reason is None else text + detok.finish(), reason, stop_reason)
     base = num_output + 1 - params.min_tokens  # >= 0: stop strings apply
     last = len(kept) - 1 if reason == "stop" and not params.include_stop_str_in_output else -1
     for j, t in enumerate(kept):

@@ -1,7 +1,7 @@
 """The engine loop: one asyncio task that turns requests into steps on the mesh.
 
     generate() --inbox--> [1 drain] -> [2 schedule] -> [3 send, 4 gather: mesh.step()]
-                 <-queue-- [6 deliver + observers] <- [5 update]
+                 <-channel- [6 deliver + observers] <- [5 update]
 
 Only steps 3-4 await. Any exception in the loop (EngineDead or a bug) ends every request
 with finish_reason "error" and leaves the engine dead: later generate() calls answer with
@@ -22,6 +22,7 @@ from dspark_loop.engine.capacity import capacity_problem
 from dspark_loop.engine.detokenize import Detokenizer, TokenText
 from dspark_loop.engine.interfaces import MeshClient
 from dspark_loop.engine.observer import EngineObserver
+from dspark_loop.engine.output_channel import OutputChannel
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.request import Request
 from dspark_loop.engine.scheduled_step import ScheduledStep
@@ -48,6 +49,16 @@ def error_output(
     )
 
 
+def output_text(text: Detokenizer, out: RequestOutput, include_stop_str_in_output: bool) -> str:
+    """A plain request's text delta for out's tokens: a finishing EOS or stop id adds no
+    text (unless include_stop_str_in_output), and the end flushes a broken character."""
+    ids = out.new_token_ids
+    if out.finish_reason == "stop" and not include_stop_str_in_output:
+        ids = ids[:-1]
+    delta = text.feed(ids)
+    return delta + text.finish() if out.finished and out.finish_reason != "error" else delta
+
+
 class EngineLoop:
     def __init__(
         self, scheduler: Scheduler, mesh: MeshClient, tokenizer, observers: list[EngineObserver] | None = None
@@ -56,7 +67,7 @@ class EngineLoop:
         self.mesh = mesh
         self.token_text = TokenText(tokenizer) if tokenizer is not None else None
         self.observers = list(observers or [])
-        self._queues: dict[str, asyncio.Queue] = {}
+        self._channels: dict[str, OutputChannel] = {}
         self._inbox: list[Request] = []
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -143,7 +154,7 @@ class EngineLoop:
 
     def cache_stats(self) -> dict:
         """Read-only: free/total pages per family per partition and what still holds pages
-        (live requests, open output queues); once idle, free == total everywhere."""
+        (live requests, open output channels); once idle, free == total everywhere."""
         sched = self.scheduler
         return {
             "families": [f.name for f in sched.layout.families],
@@ -157,7 +168,7 @@ class EngineLoop:
                 for p in sched.partitions
             ],
             "num_requests": len(sched.requests),
-            "num_open_streams": len(self._queues),
+            "num_open_streams": len(self._channels),
             "num_steps": self.num_steps,
             "dspark": self.dspark_summary(),
         }
@@ -176,28 +187,34 @@ class EngineLoop:
         if self.dead_reason is not None or self._stopping:
             yield error_output(g.request_id, f"the engine is not running: {self.dead_reason or 'stopped'}")
             return
-        if g.request_id in self._queues:
+        if g.request_id in self._channels:
             yield error_output(g.request_id, f"duplicate request id {g.request_id!r}")
             return
         try:
-            det = None
+            det = text = None
             if self.token_text is not None:
                 det = Detokenizer(
                     self.token_text, g.params.stop, g.params.include_stop_str_in_output, g.params.skip_special_tokens
                 )
+            if det is not None and det.plain:
+                # NOTE: without stop strings the text cannot end the request: it is decoded
+                # here, by the consumer, once per take (the engine's step only moves ids)
+                det, text = None, det
             req = self.scheduler.make_request(g, det)
         except ValueError as e:
             yield error_output(g.request_id, str(e), len(g.prompt_token_ids))
             return
-        queue: asyncio.Queue = asyncio.Queue()
-        self._queues[g.request_id] = queue
+        channel = OutputChannel()
+        self._channels[g.request_id] = channel
         self._inbox.append(req)
         self._wakeup.set()
         finished = False
         try:
             while not finished:
-                out = await queue.get()
+                out = await channel.take()
                 finished = out.finished
+                if text is not None:
+                    out.new_text = output_text(text, out, g.params.include_stop_str_in_output)
                 yield out
         finally:
             if not finished:  # the consumer went away (aclose / cancellation)
@@ -205,7 +222,7 @@ class EngineLoop:
 
     def abort(self, request_id: str) -> bool:
         """Abort now: the request's pages go back to the pool before this returns."""
-        if self._queues.pop(request_id, None) is None:
+        if self._channels.pop(request_id, None) is None:
             return False
         self._wakeup.set()  # freed pages may let a waiting request in
         for i, r in enumerate(self._inbox):
@@ -291,7 +308,7 @@ class EngineLoop:
                 for r in running
             ]
         )
-        self._inbox[:0] = [r for r in waiting if r.request_id in self._queues]
+        self._inbox[:0] = [r for r in waiting if r.request_id in self._channels]
         log.warning(
             "rank mesh died (%s): %d running request(s) failed, %d waiting kept", reason, len(running), len(self._inbox)
         )
@@ -299,21 +316,22 @@ class EngineLoop:
         asyncio.get_running_loop().create_task(self.on_mesh_dead(reason, len(running)), name="mesh-restart")
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
+        channels = self._channels
         for out in outputs:
-            queue = self._queues.get(out.request_id)
-            if queue is None:
+            channel = channels.get(out.request_id)
+            if channel is None:
                 continue  # aborted by its consumer meanwhile
             if out.finished:
-                del self._queues[out.request_id]
-            queue.put_nowait(out)
+                del channels[out.request_id]
+            channel.put(out)
 
     def _fail_all(self, reason: str) -> None:
-        for request_id, queue in list(self._queues.items()):
+        for request_id, channel in list(self._channels.items()):
             req = self.scheduler.requests.get(request_id)
             n_prompt = req.prompt_len if req else 0
             n_out = len(req.output_ids) if req else 0
-            queue.put_nowait(error_output(request_id, reason, n_prompt, n_out))
-        self._queues.clear()
+            channel.put(error_output(request_id, reason, n_prompt, n_out))
+        self._channels.clear()
         self._inbox.clear()
 
     def _observe(self, step: ScheduledStep, results, wall, t0, t1, t2, t3, t4) -> None:

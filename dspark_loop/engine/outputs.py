@@ -67,7 +67,7 @@ class GenerateRequest:
     constraint: object | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     """One delivery to a request's queue: a delta since the previous one."""
 

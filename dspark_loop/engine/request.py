@@ -16,6 +16,7 @@ from dspark_loop.engine.detokenize import Detokenizer
 from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.kv_cache import FamilyPages
 from dspark_loop.engine.outputs import SamplingParams
+from dspark_loop.protocol import DSPARK_K
 
 NEVER = 1 << 62  # a position no request reaches
 
@@ -69,17 +70,29 @@ class Request:
         self.finish_time: float | None = None
         self.inter_token_s: list[float] = []
         self.num_preemptions = 0
-        self.num_verify_steps = 0
-        self.num_proposed = 0
-        self.num_matched = 0
+        self.num_verify_steps = 0  # each verified DSPARK_K drafts
         self.num_accepted = 0  # tokens the chain accepted over all verifies (before truncation)
         self.num_fallback_steps = 0
         self.lease = -1  # drafter lease while running at K=7 (engine/leases.py)
         self.prompt_logprobs: dict = {}  # position -> TokenLogprob until the first delta
+        self.wants_logprobs = params.logprobs >= 0 or params.prompt_logprobs >= 0
+        # the Scheduler's commit fast path: before length_at outputs, only a finish id can
+        # end the request, and its text needs no stop-string walk
+        self.length_at = min(rules.max_tokens, rules.max_model_len - self.prompt_len)
+        self.plain_commit = (detokenizer is None or detokenizer.plain) and not self.wants_logprobs
 
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_proposed(self) -> int:
+        return DSPARK_K * self.num_verify_steps
+
+    @property
+    def num_matched(self) -> int:
+        """Drafts that matched: every verify accepts its matched drafts + 1 token."""
+        return self.num_accepted - self.num_verify_steps
 
     @property
     def last_token(self) -> int:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dspark_loop.engine.request import Request
-from dspark_loop.protocol import DecodeBatch, StepPlan, i8, i32
+from dspark_loop.protocol import DecodeBatch, StepPlan
 
 
 @dataclass
@@ -17,6 +17,8 @@ class PartitionStep:
     prefills: list[tuple[Request, int, bool]] = field(default_factory=list)
     decode_reqs: list[Request] = field(default_factory=list)
     decode_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))  # [R]
+    decode_start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [R] row 0's position
+    verify_drafts: np.ndarray | None = None  # [V, K] the drafts of the requests with rows > 1
 
     @property
     def num_sampled(self) -> int:
@@ -52,21 +54,27 @@ class ScheduledStep:
 
 def decode_batch(decodes: list[Request], pstep: PartitionStep) -> DecodeBatch:
     """The wire DecodeBatch: row 0 = last token, rows 1.. = drafts when verifying."""
-    rows = np.fromiter((r.sched_n for r in decodes), np.int8, len(decodes))  # [R]
-    last = np.fromiter((r.output_ids[-1] for r in decodes), np.int32, len(decodes))  # [R]
+    n = len(decodes)
+    rows = np.fromiter([r.sched_n for r in decodes], np.int8, n)  # [R]
+    last = np.fromiter([r.output_ids[-1] for r in decodes], np.int32, n)  # [R]
+    start = np.fromiter([r.num_computed for r in decodes], np.int64, n)  # [R]
+    req_ids = np.fromiter([r.req_id for r in decodes], np.int32, n)  # [R]
     if rows.max() == 1:
         tokens = last  # [R]
     else:
-        tokens = np.empty(int(rows.sum()), np.int32)  # [sum(rows)]
-        starts = np.concatenate([[0], np.cumsum(rows[:-1], dtype=np.int64)])
+        rows64 = rows.astype(np.int64)
+        starts = np.cumsum(rows64) - rows64  # [R] first row of each request
+        tokens = np.empty(int(rows64.sum()), np.int32)  # [sum(rows)]
         tokens[starts] = last
-        for r, s, k in zip(decodes, starts, rows):
-            if k > 1:
-                tokens[s + 1 : s + k] = r.draft_ids
+        verify = np.flatnonzero(rows > 1)
+        drafts = np.stack([decodes[j].draft_ids for j in verify.tolist()])  # [V, K]
+        tokens[starts[verify, None] + np.arange(1, drafts.shape[1] + 1)] = drafts
+        pstep.verify_drafts = drafts
     pstep.decode_rows = rows
+    pstep.decode_start = start
     return DecodeBatch(
-        req_ids=i32([r.req_id for r in decodes]),
-        start_pos=i32([r.num_computed for r in decodes]),
-        num_rows=i8(rows),
+        req_ids=req_ids.tobytes(),
+        start_pos=start.astype(np.int32).tobytes(),
+        num_rows=rows.tobytes(),
         token_ids=tokens.tobytes(),
     )

@@ -21,7 +21,7 @@ from dspark_loop.engine.request import Request, Status
 from dspark_loop.engine.sampling_wire import delta_logprobs, next_prompt_token, note_prompt_logprobs
 from dspark_loop.engine.scheduled_step import PartitionStep, ScheduledStep, decode_batch
 from dspark_loop.engine.spec_counters import SpecCounters
-from dspark_loop.engine.step_update import RowResult, read_results
+from dspark_loop.engine.step_update import DecodeRows, read_results
 from dspark_loop.engine.token_masks import token_masks
 from dspark_loop.protocol import DSPARK_K, BlockUpdate, PartitionPlan, PrefillChunk, StepPlan, i32
 
@@ -173,25 +173,28 @@ class Scheduler:
 
     def _schedule_partition(self, part: Partition, preempted: list[int]):
         budget = self.max_num_batched_tokens
-        decode_limit = self.max_model_len
         # 1. budget: decode rows, then continuing prefill chunks (admission order)
+        spec_k = self.spec_k
+        verify_n = spec_k + 1
+        verify_limit = self.max_model_len - verify_n  # a verify needs num_computed <= this
+        prefilling = []
         for req in part.running:
-            req.sched_n = 0
-            if req.is_prefilling:
-                continue
-            k = 1
-            if (
-                self.spec_k
-                and req.draft_ids is not None
-                and req.constraint is None
-                and req.num_computed + self.spec_k + 1 <= decode_limit
-            ):
-                k = self.spec_k + 1
-            if k <= budget:
-                req.sched_n = k
-                budget -= k
-        for req in part.running:
-            if req.is_prefilling and budget > 0:
+            if req.num_computed < req.prefill_target:
+                req.sched_n = 0
+                prefilling.append(req)
+            elif spec_k and req.draft_ids is not None and req.constraint is None and req.num_computed <= verify_limit:
+                if verify_n <= budget:
+                    req.sched_n = verify_n
+                    budget -= verify_n
+                else:
+                    req.sched_n = 0
+            elif budget > 0:
+                req.sched_n = 1
+                budget -= 1
+            else:
+                req.sched_n = 0
+        for req in prefilling:
+            if budget > 0:
                 req.sched_n = min(req.prefill_target - req.num_computed, self.chunk_cap, budget)
                 budget -= req.sched_n
         # 2. pages, oldest first; preempt from the tail on shortage
@@ -217,8 +220,8 @@ class Scheduler:
                 map_pages(cache, req, counts, updates)
             i += 1
         pstep = PartitionStep()
-        prefills = [(r, r.sched_n) for r in part.running if r.sched_n and r.is_prefilling]
-        decodes = [r for r in part.running if r.sched_n and not r.is_prefilling]
+        prefills = [(r, r.sched_n) for r in prefilling if r.sched_n and r.status == Status.RUNNING]
+        decodes = [r for r in part.running if r.sched_n and r.num_computed >= r.prefill_target]
         # 3. admissions
         if not did_preempt:
             for req, message in self.admission.admit(part, budget, prefills, updates):
@@ -264,86 +267,107 @@ class Scheduler:
         if step.is_empty:
             return outputs
         for part, update in zip(self.partitions, read_results(step, results, self.spec_k, self.max_model_len)):
-            for row in update.rows:
+            lp = update.logprobs
+            for row in update.prefills:
                 req = row.req
                 req.num_computed += row.num_computed
-                entries = update.logprobs.get(req.req_id) if update.logprobs else None
+                entries = lp.get(req.req_id) if lp else None
                 if entries:
                     note_prompt_logprobs(req, entries)
-                if row.tokens is None:  # a prefill chunk that samples nothing
+                if row.tokens is None:  # a chunk that samples nothing
                     self._register_pages(part, req)
                     part.release_ring(req)
-                    continue
-                if row.is_decode:
-                    self._count_decode(step, row)
-                outputs.append(self._commit(part, step, req, row.tokens, now, entries))
-            by_id = {r.req_id: r for r in part.running}
-            for req_id, drafts in update.drafts:  # stale for requests that finished
-                req = by_id.get(req_id)
-                if req is not None and not req.is_prefilling:
-                    req.draft_ids = drafts
-        if self.spec_k:
-            self.spec.add_verifies(sum(1 for n in step.accepted_num_drafts if n))
+                else:
+                    outputs.append(self._commit(part, step, req, row.tokens, now, entries))
+            if update.decodes is not None:
+                self._apply_decodes(part, step, update.decodes, now, lp, outputs)
+            if update.drafts is not None:  # stale for requests that finished
+                by_id = {r.req_id: r for r in part.running}
+                for req_id, drafts in zip(*update.drafts):
+                    req = by_id.get(req_id)
+                    if req is not None and not req.is_prefilling:
+                        req.draft_ids = drafts
         return outputs
 
-    def _count_decode(self, step: ScheduledStep, row: RowResult) -> None:
-        req, a, spec = row.req, row.num_computed, self.spec
-        if row.num_drafts:
-            if req.num_verify_steps == 0:
-                spec.num_requests += 1
-            req.num_verify_steps += 1
-            req.num_proposed += row.num_drafts
-            req.num_matched += a - 1
-            req.num_accepted += a
-            spec.num_verify_steps += 1
-            spec.num_proposed += row.num_drafts
-            spec.num_matched += a - 1
-            spec.num_accepted += a
-        elif row.fallback:  # the 8-row window would pass the position ceiling
-            req.num_fallback_steps += 1
-            spec.num_fallback_steps += 1
-        # NOTE: drafts are for one anchor only; the ranks send the next ones with this result
-        req.draft_ids = None
-        step.accepted_req_ids.append(req.req_id)
-        step.accepted_lens.append(a)
-        step.accepted_num_drafts.append(row.num_drafts)
+    def _apply_decodes(self, part: Partition, step: ScheduledStep, d: DecodeRows, now, lp, outputs) -> None:
+        """Decode rows: counters (K=7), then commit each request's accepted tokens."""
+        step.accepted_req_ids.extend([r.req_id for r in d.reqs])
+        step.accepted_lens.extend([len(t) for t in d.tokens])
+        commit = self._commit
+        if d.verified is None:  # K=0
+            for req, toks in zip(d.reqs, d.tokens):
+                req.num_computed += 1
+                outputs.append(commit(part, step, req, toks, now, lp.get(req.req_id) if lp else None))
+            return
+        spec = self.spec
+        step.accepted_num_drafts.extend([DSPARK_K if v else 0 for v in d.verified])
+        for req, toks, verified, fallback in zip(d.reqs, d.tokens, d.verified, d.fallback):
+            a = len(toks)
+            if verified:
+                if req.num_verify_steps == 0:
+                    spec.num_requests += 1
+                req.num_verify_steps += 1
+                req.num_accepted += a
+                spec.num_verify_steps += 1
+                spec.num_accepted += a
+            elif fallback:  # the 8-row window would pass the position ceiling
+                req.num_fallback_steps += 1
+                spec.num_fallback_steps += 1
+            # NOTE: drafts are for one anchor only; the ranks send the next ones with this result
+            req.draft_ids = None
+            req.num_computed += a
+            outputs.append(commit(part, step, req, toks, now, lp.get(req.req_id) if lp else None))
+        self.spec.add_verifies(sum(d.verified))
 
     def _commit(
         self, part: Partition, step: ScheduledStep, req: Request, accepted: list[int], now: float, entries=None
     ) -> RequestOutput:
         """Append what the finish rules keep, finish the request or give back ring pages."""
-        f = check_finish(accepted, len(req.output_ids), req.prompt_len, req.rules, req.params, req.detokenizer)
+        detok = req.detokenizer
+        if (
+            req.plain_commit
+            and len(req.output_ids) + len(accepted) < req.length_at
+            and req.rules.finish_ids.isdisjoint(accepted)
+        ):
+            # NOTE: the common case, without a per-token walk: nothing here can end the
+            # request (no finish id, short of the length limit, no stop strings)
+            kept, text, reason, stop_reason = accepted, detok.feed(accepted) if detok is not None else "", None, None
+        else:
+            f = check_finish(accepted, len(req.output_ids), req.prompt_len, req.rules, req.params, detok)
+            kept, text, reason, stop_reason = f.kept, f.text, f.reason, f.stop_reason
         logprobs = prompt_logprobs = None
-        if req.params.logprobs >= 0 or req.params.prompt_logprobs >= 0:
-            logprobs, prompt_logprobs = delta_logprobs(req, req.num_tokens, f.kept, entries)
-        req.output_ids.extend(f.kept)
-        step.num_new_tokens += len(f.kept)
-        self._register_pages(part, req)  # before finish or ring release gives pages away
+        if req.wants_logprobs:
+            logprobs, prompt_logprobs = delta_logprobs(req, req.num_tokens, kept, entries)
+        req.output_ids.extend(kept)
+        step.num_new_tokens += len(kept)
+        if req.num_computed >= req.register_pos:  # a page became full (prefix caching is on)
+            self.prefix.register(part.cache, req)  # before finish or ring release gives pages away
         if req.first_token_time is None:
             req.first_token_time = now
-        elif f.kept:
+        elif kept:
             req.inter_token_s.append(now - req.last_token_time)
         req.last_token_time = now
-        if f.reason is not None:
+        if reason is not None:
             part.remove(req)
-            self._finish(req, f.reason)
-            req.stop_reason = f.stop_reason
+            self._finish(req, reason)
+            req.stop_reason = stop_reason
             req.finish_time = now
             step.finished.append(req)
-        else:
+        elif req.num_computed >= req.release_pos:
             part.release_ring(req)
         return RequestOutput(
             req.request_id,
-            f.kept,
-            f.text,
-            finished=f.reason is not None,
-            finish_reason=f.reason,
-            num_prompt_tokens=req.prompt_len,
-            num_output_tokens=len(req.output_ids),
-            num_cached_tokens=req.num_cached_tokens,
-            stop_reason=f.stop_reason,
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
+            kept,
+            text,
+            reason is not None,
+            reason,
+            None,
+            req.prompt_len,
+            len(req.output_ids),
+            req.num_cached_tokens,
+            stop_reason,
+            logprobs,
+            prompt_logprobs,
         )
 
     def _register_pages(self, part: Partition, req: Request) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from dspark_loop.protocol import DSPARK_K
+
 log = logging.getLogger("dspark_loop.engine.dspark")
 
 LOG_EVERY = 10  # verifies between progress lines (and the first verify)
@@ -14,12 +16,20 @@ LOG_EVERY = 10  # verifies between progress lines (and the first verify)
 @dataclass
 class SpecCounters:
     num_requests: int = 0  # requests that verified at least once
-    num_verify_steps: int = 0  # per request: one 8-row verify
-    num_proposed: int = 0  # drafts verified (7 per verify)
-    num_matched: int = 0  # drafts that matched the target's prediction
+    num_verify_steps: int = 0  # per request: one 8-row verify of DSPARK_K drafts
     num_accepted: int = 0  # tokens accepted by the chain (before finish truncation)
     num_fallback_steps: int = 0  # 1-row steps forced by the position ceiling
     num_lease_scrubs: int = 0
+
+    @property
+    def num_proposed(self) -> int:
+        """Drafts verified (DSPARK_K per verify)."""
+        return DSPARK_K * self.num_verify_steps
+
+    @property
+    def num_matched(self) -> int:
+        """Drafts that matched the target's prediction: a verify accepts them + 1 token."""
+        return self.num_accepted - self.num_verify_steps
 
     @property
     def mean_accepted_len(self) -> float:

@@ -2,8 +2,10 @@
 
 Token order per partition (protocol.py): one token per sampling prefill chunk in plan
 order, then num_rows predictions per decode request in plan order. read_results() checks
-the results, runs the acceptance chain on verify rows and returns what each live request
-got, in token order; the Scheduler applies it (Scheduler.update).
+the results, runs the acceptance chain on verify rows (one numpy call per partition) and
+returns what each live request got, in token order; the Scheduler applies it
+(Scheduler.update). Decode results are parallel lists, not an object per request: at the
+production tile (256 requests x 8 rows) this is the host's hottest loop.
 """
 
 from __future__ import annotations
@@ -16,25 +18,33 @@ from dspark_loop.acceptance import accept_chain
 from dspark_loop.engine.outputs import TokenLogprob
 from dspark_loop.engine.request import Request, Status
 from dspark_loop.engine.sampling_wire import read_logprobs
-from dspark_loop.engine.scheduled_step import ScheduledStep
+from dspark_loop.engine.scheduled_step import PartitionStep, ScheduledStep
 from dspark_loop.errors import EngineDead
 from dspark_loop.protocol import as_i32
 
 
 @dataclass
-class RowResult:
+class PrefillRow:
     req: Request
-    num_computed: int  # positions whose KV became final this step
-    tokens: list[int] | None  # accepted tokens; None: a prefill chunk that samples nothing
-    is_decode: bool = False
-    num_drafts: int = 0  # drafts this decode verified (0 or K)
-    fallback: bool = False  # a 1-row decode forced by the position ceiling (K=7)
+    num_computed: int  # prompt positions whose KV became final this step
+    tokens: list[int] | None  # the sampled token; None: a chunk that samples nothing
+
+
+@dataclass
+class DecodeRows:
+    """The live decode requests of one partition, in plan order, as parallel lists."""
+
+    reqs: list[Request]
+    tokens: list[list[int]]  # accepted tokens per request (1..K+1); their count = positions computed
+    verified: list[bool] | None = None  # K=7: the request verified K drafts this step
+    fallback: list[bool] | None = None  # K=7: a 1-row decode forced by the position ceiling
 
 
 @dataclass
 class PartitionUpdate:
-    rows: list[RowResult] = field(default_factory=list)
-    drafts: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (req_id, [K] next drafts)
+    prefills: list[PrefillRow] = field(default_factory=list)
+    decodes: DecodeRows | None = None
+    drafts: tuple[list[int], np.ndarray] | None = None  # (wire req ids [n], next drafts [n, K])
     logprobs: dict[int, dict[int, TokenLogprob]] = field(default_factory=dict)  # req_id -> pos -> entry
 
 
@@ -47,56 +57,52 @@ def read_results(step: ScheduledStep, results, spec_k: int, max_model_len: int) 
             raise EngineDead(f"rank {res.rank} failed step {res.step_id}: {res.error}")
         if res.step_id != step.step_id:
             raise EngineDead(f"result for step {res.step_id}, expected {step.step_id}")
-        tokens = as_i32(res.token_ids).tolist()  # [num_sampled]; Python ints from here on
+        tokens = as_i32(res.token_ids)  # [num_sampled]
         if len(tokens) != pstep.num_sampled:
             raise EngineDead(f"rank {res.rank}: {len(tokens)} tokens for {pstep.num_sampled} rows")
         up = PartitionUpdate()
         i = 0
         for req, n, sample in pstep.prefills:
-            live = req.status == Status.RUNNING  # False: aborted while the step ran
-            if live:
-                up.rows.append(RowResult(req, n, tokens[i : i + 1] if sample else None))
+            if req.status == Status.RUNNING:  # else aborted while the step ran
+                up.prefills.append(PrefillRow(req, n, [int(tokens[i])] if sample else None))
             i += sample
         if pstep.decode_reqs:
-            up.rows += _read_decode(pstep, tokens[i:], spec_k, max_model_len)
-        if spec_k:
-            up.drafts = _read_drafts(res)
+            up.decodes = _read_decode(pstep, tokens[i:], spec_k, max_model_len)
+        if spec_k and len(res.draft_req_ids):
+            req_ids = as_i32(res.draft_req_ids)
+            up.drafts = (req_ids.tolist(), as_i32(res.draft_token_ids).reshape(len(req_ids), -1))
         up.logprobs = read_logprobs(res)
         updates.append(up)
     return updates
 
 
-def _read_drafts(res) -> list[tuple[int, np.ndarray]]:
-    """The ranks' next drafts (K=7), by wire request id."""
-    req_ids = as_i32(res.draft_req_ids)
-    if not len(req_ids):
-        return []
-    drafts = as_i32(res.draft_token_ids).reshape(len(req_ids), -1)  # [n, K]
-    return [(rid, drafts[j].copy()) for j, rid in enumerate(req_ids.tolist())]
-
-
-def _read_decode(pstep, tokens: list[int], spec_k: int, max_model_len: int) -> list[RowResult]:
-    rows = pstep.decode_rows  # [R]
+def _read_decode(pstep: PartitionStep, tokens: np.ndarray, spec_k: int, max_model_len: int) -> DecodeRows:
+    """tokens: [sum(rows)] the decode rows' predictions, row-major per request."""
     reqs = pstep.decode_reqs
-    running = Status.RUNNING
-    if rows.max() == 1 and not spec_k:  # K=0 fast path: one token per request, in order
-        return [RowResult(req, 1, [t], True) for req, t in zip(reqs, tokens) if req.status == running]
-    starts = np.concatenate([[0], np.cumsum(rows[:-1], dtype=np.int64)])  # [R]
+    live = [r.status == Status.RUNNING for r in reqs]  # False: aborted while the step ran
+    all_live = all(live)
+    if not spec_k:  # K=0: one token per request, in order
+        toks = [[t] for t in tokens.tolist()]
+        if all_live:
+            return DecodeRows(reqs, toks)
+        keep = [j for j, ok in enumerate(live) if ok]
+        return DecodeRows([reqs[j] for j in keep], [toks[j] for j in keep])
+    rows = pstep.decode_rows.astype(np.int64)  # [R]
+    starts = np.cumsum(rows) - rows  # [R]
     num_accepted = np.ones(len(reqs), np.int64)  # [R]
-    # NOTE: a request aborted while the step ran has no drafts any more (its lease went
-    # with it); it is skipped below, so leave it out of acceptance too.
-    verify = np.asarray(
-        [j for j in np.flatnonzero(rows > 1) if reqs[j].status == running], np.int64
-    )  # requests that verified drafts
-    if len(verify):
-        k = int(rows[verify[0]]) - 1
-        preds = np.asarray(tokens, np.int32)[starts[verify][:, None] + np.arange(k + 1)]  # [V, k+1]
-        drafts = np.stack([reqs[j].draft_ids for j in verify])  # [V, k]
-        num_accepted[verify] = accept_chain(drafts, preds)
-    out = []
-    for req, a, s, n in zip(reqs, num_accepted.tolist(), starts.tolist(), rows.tolist()):
-        if req.status != running:
-            continue  # aborted while the step ran
-        fallback = n == 1 and req.num_computed + n + spec_k > max_model_len
-        out.append(RowResult(req, a, tokens[s : s + a], True, n - 1, fallback))
-    return out
+    verify = rows > 1  # [R]
+    if verify.any():
+        # NOTE: a request aborted while the step ran gets a chain too (its drafts were
+        # copied into the plan); it is dropped below with the other dead rows.
+        preds = tokens[starts[verify, None] + np.arange(spec_k + 1)]  # [V, K+1]
+        num_accepted[verify] = accept_chain(pstep.verify_drafts, preds)
+    fallback = ~verify & (pstep.decode_start + 1 + spec_k > max_model_len)  # [R]
+    flat = tokens.tolist()
+    toks = [flat[s : s + a] for s, a in zip(starts.tolist(), num_accepted.tolist())]
+    verified, fell_back = verify.tolist(), fallback.tolist()
+    if all_live:
+        return DecodeRows(reqs, toks, verified, fell_back)
+    keep = [j for j, ok in enumerate(live) if ok]
+    return DecodeRows(
+        [reqs[j] for j in keep], [toks[j] for j in keep], [verified[j] for j in keep], [fell_back[j] for j in keep]
+    )

@@ -1,0 +1,65 @@
+"""OutputChannel: one request's deliveries from the engine loop to its consumer.
+
+The loop puts a RequestOutput per step; the consumer takes everything that arrived since
+its last take, merged into one delta (a consumer that fell behind -- a slow client, a busy
+event loop -- writes one SSE event for several steps, not one per step). put() is an
+append plus, only when the consumer is waiting, one future wakeup: cheaper than
+asyncio.Queue, whose put/get pair costs ~2 us per request per step at the 256-request tile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from dspark_loop.engine.outputs import RequestOutput
+
+
+class OutputChannel:
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: list[RequestOutput] = []
+        self._waiter: asyncio.Future | None = None
+
+    def put(self, out: RequestOutput) -> None:
+        self._items.append(out)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def take(self) -> RequestOutput:
+        """Everything put since the last take, as one delta (waits for at least one)."""
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        items, self._items = self._items, []
+        return items[0] if len(items) == 1 else merge_outputs(items)
+
+
+def merge_outputs(items: list[RequestOutput]) -> RequestOutput:
+    """Consecutive deltas of one request as one: tokens, text and logprobs concatenated;
+    the totals and the finish from the last; prompt logprobs from the first that has them."""
+    last = items[-1]
+    logprobs = None
+    if any(o.logprobs is not None for o in items):
+        logprobs = [e for o in items for e in (o.logprobs or [])]
+    prompt_logprobs = next((o.prompt_logprobs for o in items if o.prompt_logprobs is not None), None)
+    return RequestOutput(
+        last.request_id,
+        [t for o in items for t in o.new_token_ids],
+        "".join(o.new_text for o in items),
+        last.finished,
+        last.finish_reason,
+        last.error,
+        last.num_prompt_tokens,
+        last.num_output_tokens,
+        last.num_cached_tokens,
+        last.stop_reason,
+        logprobs,
+        prompt_logprobs,
+    )
