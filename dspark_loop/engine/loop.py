@@ -76,6 +76,7 @@ class EngineLoop:
         self.num_steps = 0
         self.on_mesh_dead: Callable[[str, int], Awaitable[None]] | None = None  # recovery
         self._restarting: str | None = None
+        self._mesh_yielded = False
 
     # ---- public ------------------------------------------------------------------------
     def start(self) -> None:
@@ -253,7 +254,7 @@ class EngineLoop:
                 step = sched.schedule()
                 t1 = time.perf_counter()
                 # 3-4. send the plan, gather the leaders' results
-                results = [] if step.is_empty else await self.mesh.step(step.plan)
+                results = [] if step.is_empty else await self._step_mesh(step)
                 t2 = time.perf_counter()
                 # 5. update
                 outputs = sched.update(step, results)
@@ -267,7 +268,7 @@ class EngineLoop:
                     # nothing could run (e.g. every queue waits on pages): do not spin
                     self._wakeup.clear()
                     await self._wakeup.wait()
-                else:
+                elif step.is_empty:
                     await asyncio.sleep(0)  # let consumers and new requests in
         except asyncio.CancelledError:
             raise
@@ -283,6 +284,21 @@ class EngineLoop:
             log.exception("engine loop died: %s", reason)
             self._dead_reason = reason
             self._fail_all(reason)
+
+    async def _step_mesh(self, step: ScheduledStep):
+        # NOTE: the loop does not yield between delivering step N and sending step N+1:
+        # the consumers of step N's outputs (SSE writes) run while the ranks compute N+1,
+        # when the mesh awaits their results. A mesh that answers without ever yielding
+        # (the test meshes) gets one yield afterwards, so consumers always get their turn.
+        self._mesh_yielded = False
+        asyncio.get_running_loop().call_soon(self._note_mesh_yield)
+        results = await self.mesh.step(step.plan)
+        if not self._mesh_yielded:
+            await asyncio.sleep(0)
+        return results
+
+    def _note_mesh_yield(self) -> None:
+        self._mesh_yielded = True
 
     async def _idle_wait(self) -> None:
         """Wait for work; with recovery on, also notice a mesh that died while idle."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
+
 from dspark_loop.protocol import GREEDY_BELOW
 
 
@@ -67,9 +69,9 @@ class GenerateRequest:
     constraint: object | None = None
 
 
-@dataclass(slots=True)
-class RequestOutput:
-    """One delivery to a request's queue: a delta since the previous one."""
+class RequestOutput(msgspec.Struct):
+    """One delivery to a request's channel: a delta since the previous one. (A Struct:
+    built in C, ~3x cheaper than a dataclass; the engine builds 256 of them per step.)"""
 
     request_id: str
     new_token_ids: list[int]

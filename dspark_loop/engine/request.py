@@ -78,6 +78,7 @@ class Request:
         self.wants_logprobs = params.logprobs >= 0 or params.prompt_logprobs >= 0
         # the Scheduler's commit fast path: before length_at outputs, only a finish id can
         # end the request, and its text needs no stop-string walk
+        self.finish_ids = rules.finish_ids
         self.length_at = min(rules.max_tokens, rules.max_model_len - self.prompt_len)
         self.plain_commit = (detokenizer is None or detokenizer.plain) and not self.wants_logprobs
 

@@ -292,32 +292,65 @@ class Scheduler:
     def _apply_decodes(self, part: Partition, step: ScheduledStep, d: DecodeRows, now, lp, outputs) -> None:
         """Decode rows: counters (K=7), then commit each request's accepted tokens."""
         step.accepted_req_ids.extend([r.req_id for r in d.reqs])
-        step.accepted_lens.extend([len(t) for t in d.tokens])
-        commit = self._commit
-        if d.verified is None:  # K=0
-            for req, toks in zip(d.reqs, d.tokens):
-                req.num_computed += 1
-                outputs.append(commit(part, step, req, toks, now, lp.get(req.req_id) if lp else None))
-            return
+        lens = [len(t) for t in d.tokens]
+        step.accepted_lens.extend(lens)
+        if d.verified is not None:
+            self._count_verifies(step, d, lens)
+        commit, emit = self._commit, outputs.append
+        num_new = 0
+        for req, toks, a in zip(d.reqs, d.tokens, lens):
+            req.num_computed += a
+            out_ids = req.output_ids
+            if req.plain_commit and len(out_ids) + a < req.length_at and req.finish_ids.isdisjoint(toks):
+                # NOTE: the common case, _commit() without its per-token finish walk:
+                # nothing here can end the request (no finish id, short of the length
+                # limit, no stop strings, no logprobs); first_token_time is already set
+                out_ids.extend(toks)
+                num_new += a
+                if req.num_computed >= req.register_pos:  # a page became full
+                    self.prefix.register(part.cache, req)
+                if req.num_computed >= req.release_pos:
+                    part.release_ring(req)
+                req.inter_token_s.append(now - req.last_token_time)
+                req.last_token_time = now
+                det = req.detokenizer
+                emit(
+                    RequestOutput(
+                        req.request_id,
+                        toks,
+                        det.feed(toks) if det is not None else "",
+                        False,
+                        None,
+                        None,
+                        req.prompt_len,
+                        len(out_ids),
+                        req.num_cached_tokens,
+                    )
+                )
+            else:
+                emit(commit(part, step, req, toks, now, lp.get(req.req_id) if lp else None))
+        step.num_new_tokens += num_new
+
+    def _count_verifies(self, step: ScheduledStep, d: DecodeRows, lens: list[int]) -> None:
+        """K=7 counters per request and in total; the drafts verified are spent."""
         spec = self.spec
         step.accepted_num_drafts.extend([DSPARK_K if v else 0 for v in d.verified])
-        for req, toks, verified, fallback in zip(d.reqs, d.tokens, d.verified, d.fallback):
-            a = len(toks)
+        num_verifies = 0
+        for req, a, verified, fallback in zip(d.reqs, lens, d.verified, d.fallback):
             if verified:
                 if req.num_verify_steps == 0:
                     spec.num_requests += 1
                 req.num_verify_steps += 1
                 req.num_accepted += a
-                spec.num_verify_steps += 1
                 spec.num_accepted += a
+                num_verifies += 1
             elif fallback:  # the 8-row window would pass the position ceiling
                 req.num_fallback_steps += 1
                 spec.num_fallback_steps += 1
             # NOTE: drafts are for one anchor only; the ranks send the next ones with this result
             req.draft_ids = None
-            req.num_computed += a
-            outputs.append(commit(part, step, req, toks, now, lp.get(req.req_id) if lp else None))
-        self.spec.add_verifies(sum(d.verified))
+        spec.num_verify_steps += num_verifies
+        spec.add_verifies(num_verifies)
 
     def _commit(
         self, part: Partition, step: ScheduledStep, req: Request, accepted: list[int], now: float, entries=None
@@ -340,8 +373,7 @@ class Scheduler:
             logprobs, prompt_logprobs = delta_logprobs(req, req.num_tokens, kept, entries)
         req.output_ids.extend(kept)
         step.num_new_tokens += len(kept)
-        if req.num_computed >= req.register_pos:  # a page became full (prefix caching is on)
-            self.prefix.register(part.cache, req)  # before finish or ring release gives pages away
+        self._register_pages(part, req)  # before finish or ring release gives pages away
         if req.first_token_time is None:
             req.first_token_time = now
         elif kept:

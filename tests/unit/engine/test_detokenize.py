@@ -89,3 +89,33 @@ def test_finish_flushes_held_text_and_an_incomplete_character():
     assert feed(det, byte_tokens("aS")) == ["a", ""]
     det.add(byte_tokens("日")[0])
     assert det.finish() == "S\ufffd"
+
+
+def test_feed_gives_the_text_of_add_and_take_delta_for_any_split():
+    """feed() (a plain detokenizer: no stop strings) must give exactly the text of adding
+    the same ids one by one -- broken characters, special tokens either way, ids past the
+    vocabulary -- however the ids are split into steps."""
+    import random
+
+    tt = token_text()
+    specials = sorted(tt.special_ids)
+    vocab = len(tt.token_bytes)
+    pool = byte_tokens("a日😀é z") + specials + [vocab + 5] + tiny_tokenizer().encode("héllo 日本語 😀").ids
+    rng = random.Random(0)
+    for trial in range(200):
+        ids = [rng.choice(pool) for _ in range(rng.randint(0, 24))]
+        skip = trial % 2 == 0
+        one, bulk = Detokenizer(tt, skip_special_tokens=skip), Detokenizer(tt, skip_special_tokens=skip)
+        assert bulk.plain
+        expected = "".join(feed(one, ids)) + one.finish()
+        got, i = [], 0
+        while i < len(ids):
+            n = rng.randint(1, 8)
+            got.append(bulk.feed(ids[i : i + n]))
+            i += n
+        assert "".join(got) + bulk.finish() == expected, (ids, skip)
+
+
+def test_stop_strings_make_a_detokenizer_walk_tokens():
+    """A detokenizer with stop strings must not be plain: the engine walks its tokens."""
+    assert not Detokenizer(token_text(), stop=["STOP"]).plain

@@ -103,3 +103,22 @@ async def test_generate_all_returns_each_requests_outputs(engine):
     res = await generate_all(engine, [gen_request(i, max_tokens=3) for i in range(3)])
     assert [r[-1].request_id for r in res] == ["r0", "r1", "r2"]
     assert [r[-1].num_output_tokens for r in res] == [3, 3, 3]
+
+
+async def test_a_consumer_that_falls_behind_reads_the_same_tokens_and_text(engine):
+    """A consumer that reads only after the request finished must get the same tokens and
+    the same text as one that read every step (its deltas arrive merged)."""
+    prompt = prompt_ids(3, 8)
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    steady = await collect(engine, GenerateRequest("steady", prompt, params))
+    gen = engine.generate(GenerateRequest("late", prompt, params))
+    first = await gen.__anext__()
+    while engine.num_running:
+        await asyncio.sleep(0.01)
+    rest = [o async for o in gen]
+    late = [first, *rest]
+    assert len(late) < len(steady)
+    assert [t for o in late for t in o.new_token_ids] == [t for o in steady for t in o.new_token_ids]
+    text = "".join(o.new_text for o in steady)
+    assert text and "".join(o.new_text for o in late) == text
+    assert late[-1].finished and late[-1].num_output_tokens == 12
