@@ -21,7 +21,7 @@ own tensor, indexed by the same ids), so allocation happens once per family.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dspark_loop.model_config import ModelConfig
 
@@ -34,10 +34,11 @@ class Family:
     tokens_per_page: int
     ratio: int  # 0 for swa, else the compress ratio
     window: int  # tokens kept by a ring family (0 for full-history families)
+    rows_per_page: int = field(init=False, compare=False)  # cache rows a page holds (asked every step)
 
-    @property
-    def rows_per_page(self) -> int:
-        return self.tokens_per_page // self.ratio if self.ratio else self.tokens_per_page
+    def __post_init__(self) -> None:
+        rows = self.tokens_per_page // self.ratio if self.ratio else self.tokens_per_page
+        object.__setattr__(self, "rows_per_page", rows)
 
     def num_pages(self, num_tokens: int) -> int:
         """Pages spanning positions [0, num_tokens)."""

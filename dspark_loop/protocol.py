@@ -32,6 +32,8 @@ RankConfig is the one value a rank process is started with (`python -m workers -
 
 from __future__ import annotations
 
+from array import array
+
 import msgspec
 import numpy as np
 
@@ -274,7 +276,12 @@ SERVER_DECODER = msgspec.msgpack.Decoder(RankToServer)
 AGENT_DECODER = msgspec.msgpack.Decoder(ServerToAgent)
 
 
+assert array("i").itemsize == 4, "int32 wire arrays need a 4-byte C int"
+
+
 def i32(values) -> bytes:
+    if type(values) is list and len(values) < 64:
+        return array("i", values).tobytes()  # NOTE: 2x cheaper than numpy for short lists
     return np.ascontiguousarray(values, dtype=np.int32).tobytes()
 
 

@@ -185,12 +185,14 @@ class PartitionCache:
         return [FamilyPages() for _ in self.families]
 
     def num_new_pages(self, pages: list[FamilyPages], end_pos: int) -> list[int]:
-        return [max(0, pages_needed(f, end_pos) - fp.end_page) for f, fp in zip(self.families, pages)]
+        return [
+            max(0, pages_needed(f, end_pos) - fp.first_page - len(fp.block_ids)) for f, fp in zip(self.families, pages)
+        ]
 
     def can_allocate(self, counts: list[int], shared: list[FamilyPages] | None = None) -> bool:
         """Room for counts new pages per family, after taking the `shared` (hit) pages."""
         if shared is None:
-            return all(p.can_allocate(n) for p, n in zip(self.pools, counts))
+            return all(n <= p.num_free for p, n in zip(self.pools, counts))
         return all(n + p.num_unowned(fp.block_ids) <= p.num_free for p, n, fp in zip(self.pools, counts, shared))
 
     def share(self, pages: list[FamilyPages]) -> None:
@@ -211,7 +213,7 @@ class PartitionCache:
 
     def map_limit(self, pages: list[FamilyPages]) -> int:
         """Positions < this can be written without allocating (the hot-path check)."""
-        return min(map_limit(f, fp.end_page) for f, fp in zip(self.families, pages))
+        return min([map_limit(f, fp.first_page + len(fp.block_ids)) for f, fp in zip(self.families, pages)])
 
     def release_ring(self, pages: list[FamilyPages], next_pos: int) -> list[tuple[int, list[int]]]:
         """Free ring pages wholly behind the window of a step writing from next_pos."""

@@ -58,7 +58,7 @@ class Request:
         self.prefix_hashes: list[int] = []  # chained hashes of whole chunks of tokens
         self.registered_len = 0  # full pages below this position are keyed in the cache
         self.register_pos = NEVER  # at num_computed >= this, another page is full
-        self.draft_ids: np.ndarray | None = None  # [K] pending drafts (K=7), else None
+        self.draft_ids: list[int] | None = None  # [K] pending drafts (K=7), else None
         self.constraint = None  # GenerateRequest.constraint: masks this request's rows (K=0)
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dspark_loop.engine.request import Request
-from dspark_loop.protocol import DecodeBatch, StepPlan
+from dspark_loop.protocol import DSPARK_K, DecodeBatch, StepPlan
 
 
 @dataclass
@@ -56,20 +56,24 @@ def decode_batch(decodes: list[Request], pstep: PartitionStep) -> DecodeBatch:
     """The wire DecodeBatch: row 0 = last token, rows 1.. = drafts when verifying."""
     n = len(decodes)
     rows = np.fromiter([r.sched_n for r in decodes], np.int8, n)  # [R]
-    last = np.fromiter([r.output_ids[-1] for r in decodes], np.int32, n)  # [R]
     start = np.fromiter([r.num_computed for r in decodes], np.int64, n)  # [R]
     req_ids = np.fromiter([r.req_id for r in decodes], np.int32, n)  # [R]
     if rows.max() == 1:
-        tokens = last  # [R]
+        tokens = np.fromiter([r.output_ids[-1] for r in decodes], np.int32, n)  # [R]
     else:
-        rows64 = rows.astype(np.int64)
-        starts = np.cumsum(rows64) - rows64  # [R] first row of each request
-        tokens = np.empty(int(rows64.sum()), np.int32)  # [sum(rows)]
-        tokens[starts] = last
-        verify = np.flatnonzero(rows > 1)
-        drafts = np.stack([decodes[j].draft_ids for j in verify.tolist()])  # [V, K]
-        tokens[starts[verify, None] + np.arange(1, drafts.shape[1] + 1)] = drafts
-        pstep.verify_drafts = drafts
+        flat = []
+        for r in decodes:
+            flat.append(r.output_ids[-1])
+            if r.sched_n > 1:
+                flat.extend(r.draft_ids)
+        tokens = np.array(flat, np.int32)  # [sum(rows)]
+        k = DSPARK_K
+        if rows.min() > 1:  # every request verifies: [R, K+1] rows
+            pstep.verify_drafts = tokens.reshape(n, k + 1)[:, 1:]  # [R, K]
+        else:
+            rows64 = rows.astype(np.int64)
+            first = np.cumsum(rows64) - rows64  # [R] each request's first row
+            pstep.verify_drafts = tokens[first[rows > 1, None] + np.arange(1, k + 1)]  # [V, K]
     pstep.decode_rows = rows
     pstep.decode_start = start
     return DecodeBatch(

@@ -283,7 +283,8 @@ class Scheduler:
                 self._apply_decodes(part, step, update.decodes, now, lp, outputs)
             if update.drafts is not None:  # stale for requests that finished
                 by_id = {r.req_id: r for r in part.running}
-                for req_id, drafts in zip(*update.drafts):
+                req_ids, drafts = update.drafts
+                for req_id, drafts in zip(req_ids, drafts.tolist()):
                     req = by_id.get(req_id)
                     if req is not None and not req.is_prefilling:
                         req.draft_ids = drafts
