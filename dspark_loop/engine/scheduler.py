@@ -279,20 +279,33 @@ class Scheduler:
                     part.release_ring(req)
                 else:
                     outputs.append(self._commit(part, step, req, row.tokens, now, entries))
+            decoded_ids = None
             if update.decodes is not None:
-                self._apply_decodes(part, step, update.decodes, now, lp, outputs)
-            if update.drafts is not None:  # stale for requests that finished
-                by_id = {r.req_id: r for r in part.running}
-                req_ids, drafts = update.drafts
-                for req_id, drafts in zip(req_ids, drafts.tolist()):
-                    req = by_id.get(req_id)
-                    if req is not None and not req.is_prefilling:
-                        req.draft_ids = drafts
+                decoded_ids = self._apply_decodes(part, step, update.decodes, now, lp, outputs)
+            if update.drafts is not None:
+                self._take_drafts(part, update, decoded_ids)
         return outputs
 
-    def _apply_decodes(self, part: Partition, step: ScheduledStep, d: DecodeRows, now, lp, outputs) -> None:
-        """Decode rows: counters (K=7), then commit each request's accepted tokens."""
-        step.accepted_req_ids.extend([r.req_id for r in d.reqs])
+    def _take_drafts(self, part: Partition, update, decoded_ids: list[int] | None) -> None:
+        """The ranks' next drafts (K=7); stale for requests that finished."""
+        req_ids, drafts = update.drafts
+        running = Status.RUNNING
+        if req_ids == decoded_ids:  # the steady state: one per decode request, in plan order
+            for req, d in zip(update.decodes.reqs, drafts.tolist()):
+                if req.status == running:
+                    req.draft_ids = d
+            return
+        by_id = {r.req_id: r for r in part.running}
+        for req_id, d in zip(req_ids, drafts.tolist()):
+            req = by_id.get(req_id)
+            if req is not None and not req.is_prefilling:
+                req.draft_ids = d
+
+    def _apply_decodes(self, part: Partition, step: ScheduledStep, d: DecodeRows, now, lp, outputs) -> list[int]:
+        """Decode rows: counters (K=7), then commit each request's accepted tokens.
+        Returns the requests' wire ids, in plan order."""
+        req_ids = [r.req_id for r in d.reqs]
+        step.accepted_req_ids.extend(req_ids)
         lens = [len(t) for t in d.tokens]
         step.accepted_lens.extend(lens)
         if d.verified is not None:
@@ -331,6 +344,7 @@ class Scheduler:
             else:
                 emit(commit(part, step, req, toks, now, lp.get(req.req_id) if lp else None))
         step.num_new_tokens += num_new
+        return req_ids
 
     def _count_verifies(self, step: ScheduledStep, d: DecodeRows, lens: list[int]) -> None:
         """K=7 counters per request and in total; the drafts verified are spent."""
