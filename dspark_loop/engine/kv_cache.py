@@ -180,6 +180,7 @@ class PartitionCache:
         self.layout = layout
         self.families = layout.families
         self.pools = [BlockPool(n) for n in num_blocks]
+        self._rings = [(f, fam) for f, fam in enumerate(self.families) if fam.ring]  # (index, family)
 
     def new_pages(self) -> list[FamilyPages]:
         return [FamilyPages() for _ in self.families]
@@ -218,9 +219,7 @@ class PartitionCache:
     def release_ring(self, pages: list[FamilyPages], next_pos: int) -> list[tuple[int, list[int]]]:
         """Free ring pages wholly behind the window of a step writing from next_pos."""
         released = []
-        for f, fam in enumerate(self.families):
-            if not fam.ring:
-                continue
+        for f, fam in self._rings:
             fp = pages[f]
             n = min(fam.first_live_page(next_pos) - fp.first_page, len(fp.block_ids))
             if n <= 0:
@@ -235,12 +234,12 @@ class PartitionCache:
     def release_pos(self, pages: list[FamilyPages]) -> int:
         """The next write position at which release_ring() would free something."""
         pos = 1 << 62
-        for fam, fp in zip(self.families, pages):
-            if fam.ring:
-                if not fp.block_ids:
-                    return 0
-                # first_live_page(next_pos) > first_page  <=>  next_pos >= this
-                pos = min(pos, (fp.first_page + 1) * fam.tokens_per_page + fam.window - 1)
+        for f, fam in self._rings:
+            fp = pages[f]
+            if not fp.block_ids:
+                return 0
+            # first_live_page(next_pos) > first_page  <=>  next_pos >= this
+            pos = min(pos, (fp.first_page + 1) * fam.tokens_per_page + fam.window - 1)
         return pos
 
     def free(self, pages: list[FamilyPages]) -> None:

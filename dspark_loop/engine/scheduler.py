@@ -8,6 +8,7 @@ rows -> finished (stop / length / abort / error); running -> waiting again on pr
 from __future__ import annotations
 
 import time
+from itertools import compress
 
 from dspark_loop.cache_layout import CacheLayout
 from dspark_loop.config import MAX_CHUNK
@@ -64,6 +65,7 @@ class Scheduler:
         self._early_outputs: list[RequestOutput] = []  # finished outside a step (errors)
         self._early_finished: list[Request] = []
         self.num_preemptions = 0
+        self._ended_in_step = False  # a scheduled request ended before its results came back
 
     # ---- intake -----------------------------------------------------------------------
     def make_request(self, g: GenerateRequest, detokenizer=None) -> Request:
@@ -109,6 +111,7 @@ class Scheduler:
             return False
         if req.status == Status.RUNNING:
             self._aborted_req_ids.append(req.req_id)
+            self._ended_in_step = True
         self.partitions[req.partition].remove(req)
         self._finish(req, "abort")
         req.finish_time = time.monotonic()
@@ -163,6 +166,7 @@ class Scheduler:
         # request that was just evicted, and its freed_req_ids must reach the ranks in
         # a plan before any new block update for the same req_id.
         step = ScheduledStep(StepPlan(self._next_step_id, []), [])
+        self._ended_in_step = False
         self._next_step_id += 1
         step.aborted_req_ids, self._aborted_req_ids = self._aborted_req_ids, []
         for part in self.partitions:
@@ -254,6 +258,7 @@ class Scheduler:
             # is no longer running, and its pages are freed in the next plan.
             part.remove(req)
             self._fail(req, message)
+            self._ended_in_step = True
         return pstep, pplan
 
     # ---- step 5 -----------------------------------------------------------------------
@@ -266,7 +271,8 @@ class Scheduler:
         self._early_finished = []
         if step.is_empty:
             return outputs
-        for part, update in zip(self.partitions, read_results(step, results, self.spec_k, self.max_model_len)):
+        updates = read_results(step, results, self.spec_k, self.max_model_len, self._ended_in_step)
+        for part, update in zip(self.partitions, updates):
             lp = update.logprobs
             for row in update.prefills:
                 req = row.req
@@ -282,18 +288,25 @@ class Scheduler:
             decoded_ids = None
             if update.decodes is not None:
                 decoded_ids = self._apply_decodes(part, step, update.decodes, now, lp, outputs)
-            if update.drafts is not None:
+            if self.spec_k:
                 self._take_drafts(part, update, decoded_ids)
         return outputs
 
     def _take_drafts(self, part: Partition, update, decoded_ids: list[int] | None) -> None:
-        """The ranks' next drafts (K=7); stale for requests that finished."""
-        req_ids, drafts = update.drafts
+        """K=7: the drafts verified this step are spent; the ranks' next ones replace them
+        (none for a request near the position ceiling; stale for requests that finished)."""
+        decodes = update.decodes.reqs if update.decodes is not None else []
         running = Status.RUNNING
-        if req_ids == decoded_ids:  # the steady state: one per decode request, in plan order
-            for req, d in zip(update.decodes.reqs, drafts.tolist()):
-                if req.status == running:
-                    req.draft_ids = d
+        if update.drafts is not None:
+            req_ids, drafts = update.drafts
+            if req_ids == decoded_ids:  # the steady state: one per decode request, in plan order
+                for req, d in zip(decodes, drafts.tolist()):
+                    if req.status == running:
+                        req.draft_ids = d
+                return
+        for req in decodes:
+            req.draft_ids = None
+        if update.drafts is None:
             return
         by_id = {r.req_id: r for r in part.running}
         for req_id, d in zip(req_ids, drafts.tolist()):
@@ -347,23 +360,21 @@ class Scheduler:
         return req_ids
 
     def _count_verifies(self, step: ScheduledStep, d: DecodeRows, lens: list[int]) -> None:
-        """K=7 counters per request and in total; the drafts verified are spent."""
-        spec = self.spec
-        step.accepted_num_drafts.extend([DSPARK_K if v else 0 for v in d.verified])
-        num_verifies = 0
-        for req, a, verified, fallback in zip(d.reqs, lens, d.verified, d.fallback):
-            if verified:
+        """K=7 counters per request and in total."""
+        spec, verified = self.spec, d.verified
+        step.accepted_num_drafts.extend([DSPARK_K if v else 0 for v in verified])
+        num_verifies = sum(verified)
+        if num_verifies:
+            for req, a in compress(zip(d.reqs, lens), verified):
                 if req.num_verify_steps == 0:
                     spec.num_requests += 1
                 req.num_verify_steps += 1
                 req.num_accepted += a
-                spec.num_accepted += a
-                num_verifies += 1
-            elif fallback:  # the 8-row window would pass the position ceiling
+            spec.num_accepted += sum(compress(lens, verified))
+        if num_verifies < len(verified):
+            for req in compress(d.reqs, d.fallback):  # the 8-row window would pass the position ceiling
                 req.num_fallback_steps += 1
                 spec.num_fallback_steps += 1
-            # NOTE: drafts are for one anchor only; the ranks send the next ones with this result
-            req.draft_ids = None
         spec.num_verify_steps += num_verifies
         spec.add_verifies(num_verifies)
 

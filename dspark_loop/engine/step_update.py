@@ -48,7 +48,11 @@ class PartitionUpdate:
     logprobs: dict[int, dict[int, TokenLogprob]] = field(default_factory=dict)  # req_id -> pos -> entry
 
 
-def read_results(step: ScheduledStep, results, spec_k: int, max_model_len: int) -> list[PartitionUpdate]:
+def read_results(
+    step: ScheduledStep, results, spec_k: int, max_model_len: int, check_live: bool = True
+) -> list[PartitionUpdate]:
+    """check_live False: no scheduled request ended while the step ran (skips a status
+    check per decode request)."""
     if len(results) != len(step.partitions):
         raise EngineDead(f"{len(results)} results for {len(step.partitions)} partitions")
     updates = []
@@ -67,7 +71,7 @@ def read_results(step: ScheduledStep, results, spec_k: int, max_model_len: int) 
                 up.prefills.append(PrefillRow(req, n, [int(tokens[i])] if sample else None))
             i += sample
         if pstep.decode_reqs:
-            up.decodes = _read_decode(pstep, tokens[i:], spec_k, max_model_len)
+            up.decodes = _read_decode(pstep, tokens[i:], spec_k, max_model_len, check_live)
         if spec_k and len(res.draft_req_ids):
             req_ids = as_i32(res.draft_req_ids)
             up.drafts = (req_ids.tolist(), as_i32(res.draft_token_ids).reshape(len(req_ids), -1))
@@ -76,11 +80,13 @@ def read_results(step: ScheduledStep, results, spec_k: int, max_model_len: int) 
     return updates
 
 
-def _read_decode(pstep: PartitionStep, tokens: np.ndarray, spec_k: int, max_model_len: int) -> DecodeRows:
+def _read_decode(
+    pstep: PartitionStep, tokens: np.ndarray, spec_k: int, max_model_len: int, check_live: bool
+) -> DecodeRows:
     """tokens: [sum(rows)] the decode rows' predictions, row-major per request."""
     reqs = pstep.decode_reqs
-    live = [r.status == Status.RUNNING for r in reqs]  # False: aborted while the step ran
-    all_live = all(live)
+    live = [r.status == Status.RUNNING for r in reqs] if check_live else None  # False: ended meanwhile
+    all_live = live is None or all(live)
     if not spec_k:  # K=0: one token per request, in order
         toks = [[t] for t in tokens.tolist()]
         if all_live:
