@@ -122,3 +122,26 @@ async def test_a_consumer_that_falls_behind_reads_the_same_tokens_and_text(engin
     text = "".join(o.new_text for o in steady)
     assert text and "".join(o.new_text for o in late) == text
     assert late[-1].finished and late[-1].num_output_tokens == 12
+
+
+async def test_consumers_run_while_the_mesh_computes_the_next_step(engine):
+    """The loop must send step N+1 before step N's consumers run (their SSE writes overlap
+    the ranks' compute): every delta but the last must reach its consumer while a step is
+    in flight."""
+    mesh = engine.mesh
+    mesh.delay_s = 0.005
+    inner, in_flight = mesh.step, []
+
+    async def step(plan):
+        in_flight.append(plan.step_id)
+        try:
+            return await inner(plan)
+        finally:
+            in_flight.remove(plan.step_id)
+
+    mesh.step = step
+    seen = []
+    async for out in engine.generate(gen_request(0, max_tokens=8)):
+        seen.append((out.finished, bool(in_flight)))
+    assert len(seen) >= 4 and seen[-1][0]
+    assert all(flying for finished, flying in seen[:-1])
