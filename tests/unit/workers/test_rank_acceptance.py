@@ -39,3 +39,31 @@ def test_prefill_tail_and_decode_rows_follow_the_packed_row_order():
     assert b.ctx_rows == list(range(14, 30)) + list(range(30, 40)) + [40, 41]
     # req 8's next anchor at 93: 93 + 8 > 100, so the host will run it as 1 row (fallback)
     assert (b.q_req, b.q_pos, b.q_tok) == ([1, 7], [30, 51], [11, 12])
+
+
+def test_decode_rows_of_any_mix_give_the_per_request_chain():
+    """However verify and 1-row (fallback) decodes mix, and wherever anchors meet the
+    ceiling, the vectorised plan must equal applying the chain request by request."""
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        n = int(rng.integers(1, 12))
+        rows = rng.choice([1, 8], n)
+        starts = rng.integers(0, 90, n)
+        inputs = rng.integers(2, 6, int(rows.sum())).astype(np.int32)  # few ids: drafts often match
+        preds = rng.integers(2, 6, int(rows.sum())).astype(np.int32)
+        part = PartitionPlan(decode=DecodeBatch(i32(range(100, 100 + n)), i32(starts), i8(rows), i32(inputs)))
+        b = plan_drafts(part, preds, window=16, max_model_len=100)
+        want = {"ctx_req": [], "ctx_pos": [], "ctx_rows": [], "q_req": [], "q_pos": [], "q_tok": []}
+        cu = 0
+        for j in range(n):
+            k, L = int(rows[j]), int(starts[j])
+            a = 1 if k == 1 else int(accept_chain(inputs[None, cu + 1 : cu + k], preds[None, cu : cu + k])[0])
+            want["ctx_req"] += [100 + j] * a
+            want["ctx_pos"] += list(range(L, L + a))
+            want["ctx_rows"] += list(range(cu, cu + a))
+            if L + a + 8 <= 100:
+                want["q_req"].append(100 + j)
+                want["q_pos"].append(L + a)
+                want["q_tok"].append(int(preds[cu + a - 1]))
+            cu += k
+        assert {name: getattr(b, name) for name in want} == want
