@@ -1,13 +1,15 @@
 """The engine's host work per step at the production tile, read from the debug tap.
 
-    python -m tools.bench_host [--requests 256] [--partitions 4] [--steps 300]
+    python -m tools.bench_host [--requests 256] [--partitions 4] [--steps 300] [--aligned]
 
 A real EngineLoop (scheduler, acceptance, detokeniser, delivery to per-request queues, the
 Metrics observer and a TapPublisher) drives an instant scripted mesh: every row predicts
 `token % 500 + 3`, and at K=7 the mesh also proposes the next 7 drafts, right for a rotating
 number of positions, so acceptance lengths vary from 1 to 8. A tap subscriber records every
 StepTrace; the host cost is schedule + update + deliver from the traces plus the plan's
-msgpack encode (timed inside the mesh, where a real mesh encodes it).
+msgpack encode (timed inside the mesh, where a real mesh encodes it). Prompts are 64..95
+tokens, so requests cross page boundaries in different steps as in real traffic; --aligned
+gives every request 64 (all map and release pages in the same steps: the p99 worst case).
 """
 
 from __future__ import annotations
@@ -95,7 +97,13 @@ class InstantMesh:
 
 
 async def run(
-    num_requests: int, num_partitions: int, num_steps: int, spec_k: int, tap_addr: str, sampling: dict | None = None
+    num_requests: int,
+    num_partitions: int,
+    num_steps: int,
+    spec_k: int,
+    tap_addr: str,
+    sampling: dict | None = None,
+    aligned: bool = False,
 ):
     sampling = sampling or {}
     sched = Scheduler(
@@ -134,7 +142,8 @@ async def run(
 
     async def consume(i: int):
         params = SamplingParams(max_tokens=num_steps * 8 + 64, ignore_eos=True, **sampling, seed=i)
-        async for _ in engine.generate(GenerateRequest(f"r{i}", list(range(3, 67)), params)):
+        prompt_len = 64 if aligned else 64 + i % 32  # staggered: page crossings spread over steps
+        async for _ in engine.generate(GenerateRequest(f"r{i}", list(range(3, 3 + prompt_len)), params)):
             if mesh.num_steps >= num_steps + 20:
                 break
 
@@ -168,6 +177,11 @@ def main() -> None:
         help="> 0: every request samples (top_p 0.9, top_k 50, penalties on): the "
         "host must not get slower, the noise and filters run on the ranks",
     )
+    ap.add_argument(
+        "--aligned",
+        action="store_true",
+        help="every prompt 64 tokens: all requests cross a page boundary in the same step (the p99 worst case)",
+    )
     args = ap.parse_args()
     sampling = (
         {}
@@ -175,7 +189,9 @@ def main() -> None:
         else dict(temperature=args.temperature, top_p=0.9, top_k=50, presence_penalty=0.3, repetition_penalty=1.1)
     )
     for name, k in (("K=0 (1 row)", 0), ("K=7 (8 rows)", DSPARK_K)):
-        host, steady, traces = asyncio.run(run(args.requests, args.partitions, args.steps, k, args.tap, sampling))
+        host, steady, traces = asyncio.run(
+            run(args.requests, args.partitions, args.steps, k, args.tap, sampling, args.aligned)
+        )
         if not steady:
             print(f"{name}: no steady-state traces recorded ({len(traces)} traces)")
             continue

@@ -181,19 +181,27 @@ class PartitionCache:
         self.families = layout.families
         self.pools = [BlockPool(n) for n in num_blocks]
         self._rings = [(f, fam) for f, fam in enumerate(self.families) if fam.ring]  # (index, family)
+        self._spans = [(f.ratio, f.tokens_per_page, f.rows_per_page) for f in self.families]
 
     def new_pages(self) -> list[FamilyPages]:
         return [FamilyPages() for _ in self.families]
 
     def num_new_pages(self, pages: list[FamilyPages], end_pos: int) -> list[int]:
-        return [
-            max(0, pages_needed(f, end_pos) - fp.first_page - len(fp.block_ids)) for f, fp in zip(self.families, pages)
-        ]
+        counts = []
+        for (ratio, tokens, rows), fp in zip(self._spans, pages):
+            # pages_needed(), inlined: this runs for every request that crosses a page
+            need = -(-end_pos // tokens) if ratio == 0 else -(-(end_pos // ratio) // rows)
+            have = fp.first_page + len(fp.block_ids)
+            counts.append(need - have if need > have else 0)
+        return counts
 
     def can_allocate(self, counts: list[int], shared: list[FamilyPages] | None = None) -> bool:
         """Room for counts new pages per family, after taking the `shared` (hit) pages."""
         if shared is None:
-            return all(n <= p.num_free for p, n in zip(self.pools, counts))
+            for pool, n in zip(self.pools, counts):
+                if n and n > len(pool._free) + len(pool._lru):
+                    return False
+            return True
         return all(n + p.num_unowned(fp.block_ids) <= p.num_free for p, n, fp in zip(self.pools, counts, shared))
 
     def share(self, pages: list[FamilyPages]) -> None:
@@ -208,20 +216,28 @@ class PartitionCache:
             if n == 0:
                 continue
             ids = self.pools[f].allocate(n)
-            updates.append((f, fp.end_page, ids))
+            updates.append((f, fp.first_page + len(fp.block_ids), ids))
             fp.block_ids.extend(ids)
         return updates
 
     def map_limit(self, pages: list[FamilyPages]) -> int:
         """Positions < this can be written without allocating (the hot-path check)."""
-        return min([map_limit(f, fp.first_page + len(fp.block_ids)) for f, fp in zip(self.families, pages)])
+        limit = 1 << 62
+        for (ratio, tokens, rows), fp in zip(self._spans, pages):
+            # map_limit(), inlined (asked after every mapping)
+            end_page = fp.first_page + len(fp.block_ids)
+            end = end_page * tokens if ratio == 0 else (end_page * rows + 1) * ratio - 1
+            if end < limit:
+                limit = end
+        return limit
 
     def release_ring(self, pages: list[FamilyPages], next_pos: int) -> list[tuple[int, list[int]]]:
         """Free ring pages wholly behind the window of a step writing from next_pos."""
         released = []
         for f, fam in self._rings:
             fp = pages[f]
-            n = min(fam.first_live_page(next_pos) - fp.first_page, len(fp.block_ids))
+            live = max(0, next_pos - fam.window + 1) // fam.tokens_per_page  # fam.first_live_page(next_pos)
+            n = min(live - fp.first_page, len(fp.block_ids))
             if n <= 0:
                 continue
             ids = fp.block_ids[:n]

@@ -62,3 +62,20 @@ def test_integrity_check_finds_a_leaked_block():
     pages[0].block_ids.pop()  # the request forgets block 1
     with pytest.raises(AssertionError, match="ref counts"):
         cache.check_integrity([pages])
+
+
+def test_the_hot_path_page_arithmetic_equals_the_family_rules():
+    """PartitionCache's inlined num_new_pages / map_limit must agree with pages_needed and
+    map_limit for every family, end position and mapped length."""
+    from tools.bench_engine import flash_layout
+
+    cache = PartitionCache(flash_layout(), [4096, 4096, 4096])
+    for end in range(0, 9000, 7):
+        assert cache.num_new_pages(cache.new_pages(), end) == [pages_needed(f, end) for f in cache.families]
+    for swa in range(0, 40):
+        for c128 in range(3):
+            pages = cache.new_pages()
+            pages[0].first_page, pages[0].block_ids = swa // 3, list(range(swa - swa // 3))
+            pages[1].block_ids, pages[2].block_ids = list(range(swa // 4)), list(range(c128))
+            want = min(map_limit(f, fp.end_page) for f, fp in zip(cache.families, pages))
+            assert cache.map_limit(pages) == want
