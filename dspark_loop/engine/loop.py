@@ -355,6 +355,12 @@ class EngineLoop:
             return
         trace = step_trace(self.scheduler, step, results, self.num_waiting, wall, t0, t1, t2, t3, t4)
         stats = [request_stats(r) for r in step.finished]
+        # NOTE: the trace is the state after this step; the observers (metrics, the tap's
+        # encode + send: ~0.1-0.25 ms at 256 requests) run at the loop's next yield, while
+        # the ranks compute the next step, instead of delaying its plan.
+        asyncio.get_running_loop().call_soon(self._notify, trace, stats)
+
+    def _notify(self, trace, stats) -> None:
         for obs in self.observers:
             try:
                 obs.on_step(trace)

@@ -124,10 +124,10 @@ async def test_a_consumer_that_falls_behind_reads_the_same_tokens_and_text(engin
     assert late[-1].finished and late[-1].num_output_tokens == 12
 
 
-async def test_consumers_run_while_the_mesh_computes_the_next_step(engine):
-    """The loop must send step N+1 before step N's consumers run (their SSE writes overlap
-    the ranks' compute): every delta but the last must reach its consumer while a step is
-    in flight."""
+async def test_consumers_and_observers_run_while_the_mesh_computes_the_next_step(engine):
+    """The loop must send step N+1 before step N's consumers and observers run (SSE writes,
+    metrics and the tap overlap the ranks' compute): every delta and trace but the last must
+    reach them while a step is in flight."""
     mesh = engine.mesh
     mesh.delay_s = 0.005
     inner, in_flight = mesh.step, []
@@ -140,8 +140,17 @@ async def test_consumers_run_while_the_mesh_computes_the_next_step(engine):
             in_flight.remove(plan.step_id)
 
     mesh.step = step
+    traced = []
+
+    class Probe(EngineObserver):
+        def on_step(self, trace):
+            traced.append(bool(in_flight))
+
+    engine.observers.append(Probe())
     seen = []
     async for out in engine.generate(gen_request(0, max_tokens=8)):
         seen.append((out.finished, bool(in_flight)))
     assert len(seen) >= 4 and seen[-1][0]
     assert all(flying for finished, flying in seen[:-1])
+    # observers (metrics, the tap) too: every step's trace but the last while one is in flight
+    assert len(traced) >= 4 and all(traced[:-1])
