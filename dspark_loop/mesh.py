@@ -37,7 +37,7 @@ from dspark_loop.errors import EngineDead, MeshStartError
 from dspark_loop.mesh_auth import SECRET_ENV
 from dspark_loop.mesh_handshake import min_num_blocks
 from dspark_loop.mesh_peers import remote_loss
-from dspark_loop.mesh_procs import RankProcs
+from dspark_loop.mesh_procs import RankProcs, rank_env
 from dspark_loop.mesh_socket import MeshSocket
 from dspark_loop.mesh_startup import await_hellos
 from dspark_loop.nodes import NodeLayout
@@ -153,9 +153,7 @@ class Mesh:
     async def start(self) -> None:
         self.bind()
         if self.launch:
-            env = {**os.environ, **self.env, SECRET_ENV: self.secret}
-            # NOTE: set before torch is imported in the rank: OpenMP sizes its pool at import.
-            env.setdefault("OMP_NUM_THREADS", str(self.rank_cfg.threads))
+            env = rank_env({**os.environ, **self.env, SECRET_ENV: self.secret}, self.rank_cfg.threads)
             local = self.nodes.ranks_of(0)
             self.procs.spawn([self.rank_argv(r) for r in local], env, first_rank=local.start)
             atexit.register(self.procs.kill_now)

@@ -31,7 +31,7 @@ from dspark_loop.checkpoint_fingerprint import checkpoint_fingerprint
 from dspark_loop.config import ServerConfig
 from dspark_loop.mesh_auth import SECRET_ENV, resolve_secret
 from dspark_loop.mesh_join import KNOCK_RETRY_S, JoinError, Knocker
-from dspark_loop.mesh_procs import RankProcs, describe_exit
+from dspark_loop.mesh_procs import RankProcs, describe_exit, rank_env
 from dspark_loop.nodes import NodeLayout, mesh_endpoints, parse_host_port
 from dspark_loop.protocol import (
     AGENT_DECODER,
@@ -171,8 +171,7 @@ class NodeAgent:
         return False
 
     def spawn(self) -> None:
-        env = {**os.environ, SECRET_ENV: self.secret}
-        env.setdefault("OMP_NUM_THREADS", str(self.rank_cfg.threads))
+        env = rank_env({**os.environ, SECRET_ENV: self.secret}, self.rank_cfg.threads)
         argvs = [["--rank", str(r), "--config", self.rank_cfg.encode()] for r in self.layout.local_ranks]
         self.procs.spawn(argvs, env, first_rank=self.layout.local_ranks.start)
 
