@@ -15,6 +15,8 @@ import bisect
 import collections
 import math
 
+import numpy as np
+
 from dspark_loop.engine.observer import EngineObserver, RequestStats
 from dspark_loop.protocol import DSPARK_K, MeshRestart, StepTrace
 
@@ -106,6 +108,21 @@ class Histogram:
         self.sum += value
         self.count += 1
 
+    def observe_many(self, values) -> None:
+        """observe() for each value, in numpy: a finished 100k-token request's gaps must
+        not stall the event loop for 100k Python calls."""
+        if not len(values):
+            return
+        arr = np.asarray(values, dtype=np.float64)  # [n]
+        where = np.searchsorted(np.asarray(self.buckets, dtype=np.float64), arr, side="left")  # bisect_left
+        for slot, n in zip(*np.unique(where, return_counts=True)):
+            self.counts[int(slot)] += int(n)
+        total = self.sum
+        for v in arr.tolist():  # in order, as observe() would add them
+            total += v
+        self.sum = total
+        self.count += len(arr)
+
     def cumulative(self) -> list[tuple[str, int]]:
         out, acc = [], 0
         for bound, n in zip(self.buckets, self.counts):
@@ -180,8 +197,7 @@ class Metrics(EngineObserver):
         self.request_generation_tokens.observe(stats.num_output_tokens)
         if stats.first_token_time is not None:
             self.ttft.observe(max(0.0, stats.first_token_time - stats.arrival_time))
-        for gap in stats.inter_token_s:
-            self.itl.observe(gap)
+        self.itl.observe_many(stats.inter_token_s)
         self.e2e.observe(max(0.0, stats.finish_time - stats.arrival_time))
 
     def on_mesh_restart(self, event: MeshRestart) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dspark_loop.protocol import MeshRestart, StepTrace
@@ -17,7 +18,7 @@ class RequestStats:
     arrival_time: float  # time.monotonic()
     first_token_time: float | None
     finish_time: float
-    inter_token_s: list[float] = field(default_factory=list)  # gaps between token deliveries
+    inter_token_s: Sequence[float] = field(default_factory=list)  # gaps between token deliveries
     # DSpark (K=7) per-request counters; zero at K=0
     num_verify_steps: int = 0
     num_proposed: int = 0

@@ -9,6 +9,7 @@ row 0 of a decode step is the last token (not yet computed) and yields the next 
 from __future__ import annotations
 
 import enum
+from array import array
 
 import numpy as np
 
@@ -68,7 +69,7 @@ class Request:
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         self.finish_time: float | None = None
-        self.inter_token_s: list[float] = []
+        self.inter_token_s = array("d")  # gaps between deliveries (8 bytes each, not a float object)
         self.num_preemptions = 0
         self.num_verify_steps = 0  # each verified DSPARK_K drafts
         self.num_accepted = 0  # tokens the chain accepted over all verifies (before truncation)

@@ -239,3 +239,18 @@ def test_model_name_with_quotes_and_backslashes_round_trips():
     text = Metrics(name).render_prometheus()
     labels = {s.labels["model_name"] for f in text_string_to_metric_families(text) for s in f.samples}
     assert labels == {name}
+
+
+def test_observe_many_counts_exactly_as_observe_one_by_one():
+    """A histogram fed a request's gaps at once must hold the same buckets, count and sum
+    as one fed them one by one, bounds included (le is inclusive)."""
+    from dspark_loop.metrics import ITL_BUCKETS, Histogram
+
+    gaps = [0.0, 0.01, 0.025, 0.0251, 1.0, 7.5, 1e9, *ITL_BUCKETS]
+    one, many = Histogram(ITL_BUCKETS), Histogram(ITL_BUCKETS)
+    for g in gaps:
+        one.observe(g)
+    many.observe_many(gaps)
+    assert (many.counts, many.count, many.sum) == (one.counts, one.count, one.sum)
+    many.observe_many([])
+    assert many.count == len(gaps)
