@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import os
 import sys
@@ -251,6 +252,10 @@ async def run_server(cfg: ServerConfig, model: ModelConfig) -> int:
             starting.cancel()
         try:
             pending.inner = await starting
+            # NOTE: what start-up built (tokenizer, app, config) lives as long as the process:
+            # the collector's full passes need not scan it again
+            gc.collect()
+            gc.freeze()
             log_ready(cfg, model, supervisor.mesh, t0)
         except MeshStartError as e:
             pending.start_error = f"ranks failed to start: {e}"
