@@ -51,6 +51,10 @@ class BlockPool:
         return num <= self.num_free
 
     def allocate(self, num: int) -> list[int]:
+        if num == 1 and self._free:  # the common case: one page off the free list
+            b = self._free.popleft()
+            self.ref_counts[b] = 1
+            return [b]
         if num > self.num_free:
             raise RuntimeError(f"pool exhausted: want {num}, {self.num_free} free")
         ids = []
@@ -194,6 +198,29 @@ class PartitionCache:
             have = fp.first_page + len(fp.block_ids)
             counts.append(need - have if need > have else 0)
         return counts
+
+    def grow(self, pages: list[FamilyPages], end_pos: int) -> tuple[list[tuple[int, int, list[int]]], int] | None:
+        """num_new_pages + can_allocate + allocate + map_limit in one pass (a running request
+        crossing a page boundary, ~40 per step at 256 requests x 8 rows): the grown families
+        as allocate() returns them and the new map_limit; None when a pool is short, and then
+        nothing changed (the caller preempts)."""
+        counts = self.num_new_pages(pages, end_pos)
+        pools = self.pools
+        for pool, n in zip(pools, counts):
+            if n and n > len(pool._free) + len(pool._lru):
+                return None
+        grown = []
+        limit = 1 << 62
+        for f, ((ratio, tokens, rows), fp, n) in enumerate(zip(self._spans, pages, counts)):
+            if n:
+                ids = pools[f].allocate(n)
+                grown.append((f, fp.first_page + len(fp.block_ids), ids))
+                fp.block_ids.extend(ids)
+            end_page = fp.first_page + len(fp.block_ids)
+            end = end_page * tokens if ratio == 0 else (end_page * rows + 1) * ratio - 1  # map_limit()
+            if end < limit:
+                limit = end
+        return grown, limit
 
     def can_allocate(self, counts: list[int], shared: list[FamilyPages] | None = None) -> bool:
         """Room for counts new pages per family, after taking the `shared` (hit) pages."""

@@ -210,18 +210,24 @@ class Scheduler:
             req = part.running[i]
             end = req.num_computed + req.sched_n
             if req.sched_n and end > req.map_limit:
-                counts = cache.num_new_pages(req.pages, end)
-                while not cache.can_allocate(counts):
-                    victim = part.running[-1]
-                    part.preempt(victim)
-                    self.num_preemptions += 1
-                    preempted.append(victim.req_id)
-                    did_preempt = True
-                    if victim is req:
+                grown = cache.grow(req.pages, end)
+                if grown is None:  # a pool is short: preempt from the tail
+                    counts = cache.num_new_pages(req.pages, end)
+                    while not cache.can_allocate(counts):
+                        victim = part.running[-1]
+                        part.preempt(victim)
+                        self.num_preemptions += 1
+                        preempted.append(victim.req_id)
+                        did_preempt = True
+                        if victim is req:
+                            break
+                    if req.status != Status.RUNNING:
                         break
-                if req.status != Status.RUNNING:
-                    break
-                map_pages(cache, req, counts, updates)
+                    map_pages(cache, req, counts, updates)
+                else:
+                    for fam, first_page, ids in grown[0]:
+                        updates.append(BlockUpdate(req.req_id, fam, first_page, i32(ids)))
+                    req.map_limit = grown[1]
             i += 1
         pstep = PartitionStep()
         prefills = [(r, r.sched_n) for r in prefilling if r.sched_n and r.status == Status.RUNNING]

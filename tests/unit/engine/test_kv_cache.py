@@ -79,3 +79,20 @@ def test_the_hot_path_page_arithmetic_equals_the_family_rules():
             pages[1].block_ids, pages[2].block_ids = list(range(swa // 4)), list(range(c128))
             want = min(map_limit(f, fp.end_page) for f, fp in zip(cache.families, pages))
             assert cache.map_limit(pages) == want
+
+
+def test_grow_maps_what_num_new_pages_asks_or_changes_nothing():
+    """grow() must map exactly num_new_pages' counts (same ids as allocate) and report the
+    new map_limit; when any pool is short it must return None and leave pools and pages
+    untouched."""
+    from tools.bench_engine import flash_layout
+
+    a, b = PartitionCache(flash_layout(), [64, 16, 16]), PartitionCache(flash_layout(), [64, 16, 16])
+    pa, pb = a.new_pages(), b.new_pages()
+    for end in (1, 33, 129, 300, 513, 900):
+        grown, limit = a.grow(pa, end)
+        assert grown == b.allocate(pb, b.num_new_pages(pb, end))
+        assert limit == a.map_limit(pa) == b.map_limit(pb) and limit >= end
+    before = ([p.num_free for p in a.pools], [(fp.first_page, list(fp.block_ids)) for fp in pa])
+    assert a.grow(pa, 64 * 32 + 1) is None  # the swa pool has 64 pages
+    assert before == ([p.num_free for p in a.pools], [(fp.first_page, list(fp.block_ids)) for fp in pa])
