@@ -274,6 +274,20 @@ class PartitionCache:
             released.append((f, ids))
         return released
 
+    def release_behind(self, pages: list[FamilyPages], next_pos: int) -> int:
+        """release_ring(pages, next_pos), then release_pos(pages), in one call (a decoding
+        request's step, ~40 per step at 256 requests x 8 rows)."""
+        for f, fam in self._rings:
+            fp = pages[f]
+            live = max(0, next_pos - fam.window + 1) // fam.tokens_per_page  # fam.first_live_page(next_pos)
+            n = min(live - fp.first_page, len(fp.block_ids))
+            if n > 0:
+                ids = fp.block_ids[:n]
+                del fp.block_ids[:n]
+                fp.first_page += n
+                self.pools[f].free(ids)
+        return self.release_pos(pages)
+
     def release_pos(self, pages: list[FamilyPages]) -> int:
         """The next write position at which release_ring() would free something."""
         pos = 1 << 62

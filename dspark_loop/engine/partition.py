@@ -62,8 +62,7 @@ class Partition:
     def release_ring(self, req: Request) -> None:
         """Give back swa ring pages req has moved past."""
         if req.num_computed >= req.release_pos:
-            self.cache.release_ring(req.pages, req.num_computed)
-            req.release_pos = self.cache.release_pos(req.pages)
+            req.release_pos = self.cache.release_behind(req.pages, req.num_computed)
 
     def preempt(self, req: Request) -> None:
         """Recompute later: pages and lease back, to the front of the queue."""

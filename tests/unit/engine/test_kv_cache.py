@@ -96,3 +96,19 @@ def test_grow_maps_what_num_new_pages_asks_or_changes_nothing():
     before = ([p.num_free for p in a.pools], [(fp.first_page, list(fp.block_ids)) for fp in pa])
     assert a.grow(pa, 64 * 32 + 1) is None  # the swa pool has 64 pages
     assert before == ([p.num_free for p in a.pools], [(fp.first_page, list(fp.block_ids)) for fp in pa])
+
+
+def test_release_behind_is_release_ring_then_release_pos():
+    """release_behind() must free what release_ring() frees and return release_pos()."""
+    from tools.bench_engine import flash_layout
+
+    a, b = PartitionCache(flash_layout(), [64, 16, 16]), PartitionCache(flash_layout(), [64, 16, 16])
+    pa, pb = a.new_pages(), b.new_pages()
+    for end in range(1, 1500, 37):
+        a.grow(pa, end)
+        b.grow(pb, end)
+        pos = a.release_behind(pa, end)
+        b.release_ring(pb, end)
+        assert pos == b.release_pos(pb)
+        assert [(fp.first_page, fp.block_ids) for fp in pa] == [(fp.first_page, fp.block_ids) for fp in pb]
+        assert [p.free_ids() for p in a.pools] == [p.free_ids() for p in b.pools]
