@@ -1,12 +1,12 @@
-"""The engine's host work per step at the production tile, read from the debug tap.
+"""The engine's host work per step at the production tile, from the engine's StepTraces.
 
     python -m tools.bench_host [--requests 256] [--partitions 4] [--steps 300] [--aligned]
 
-A real EngineLoop (scheduler, acceptance, detokeniser, delivery to per-request queues, the
-Metrics observer and a TapPublisher) drives an instant scripted mesh: every row predicts
+A real EngineLoop (scheduler, acceptance, delivery to per-request channels, the Metrics
+observer and a TapPublisher) drives an instant scripted mesh: every row predicts
 `token % 500 + 3`, and at K=7 the mesh also proposes the next 7 drafts, right for a rotating
-number of positions, so acceptance lengths vary from 1 to 8. A tap subscriber records every
-StepTrace; the host cost is schedule + update + deliver from the traces plus the plan's
+number of positions, so acceptance lengths vary from 1 to 8. An in-process observer records
+every StepTrace; the host cost is schedule + update + deliver from the traces plus the plan's
 msgpack encode (timed inside the mesh, where a real mesh encodes it). Prompts are 64..95
 tokens, so requests cross page boundaries in different steps as in real traffic; --aligned
 gives every request 64 (all map and release pages in the same steps: the p99 worst case).
@@ -17,18 +17,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import threading
 import time
 
 import numpy as np
-import zmq
 
 from dspark_loop.acceptance import accept_chain
 from dspark_loop.engine.loop import EngineLoop
+from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.metrics import Metrics
-from dspark_loop.protocol import DSPARK_K, ENCODER, TRACE_DECODER, StepResult, as_i8, as_i32, f32, i32
+from dspark_loop.protocol import DSPARK_K, ENCODER, StepResult, as_i8, as_i32, f32, i32
 from dspark_loop.tap_publisher import TapPublisher
 from tools.bench_engine import flash_layout, tiny_tokenizer
 
@@ -45,6 +44,17 @@ def chain(first: np.ndarray, num_right: int) -> np.ndarray:
         prev = predict(prev)
         out[:, j] = prev if j < num_right else 2
     return out
+
+
+class TraceRecorder(EngineObserver):
+    """Every StepTrace, in process. NOTE: not a tap subscriber thread: one in this process
+    takes the GIL in the middle of the steps it measures."""
+
+    def __init__(self) -> None:
+        self.traces: list = []
+
+    def on_step(self, trace) -> None:
+        self.traces.append(trace)
 
 
 class InstantMesh:
@@ -120,24 +130,9 @@ async def run(
     )
     tap = TapPublisher(tap_addr)
     mesh = InstantMesh(spec_k)
-    engine = EngineLoop(sched, mesh, tiny_tokenizer(), observers=[Metrics("bench"), tap])
-    traces, stop = [], threading.Event()
-
-    def subscribe():
-        sock = zmq.Context.instance().socket(zmq.SUB)
-        sock.setsockopt(zmq.SUBSCRIBE, b"")
-        sock.setsockopt(zmq.RCVTIMEO, 100)
-        sock.connect(tap.bound_addr)
-        while not stop.is_set():
-            try:
-                traces.append(TRACE_DECODER.decode(sock.recv()))
-            except zmq.Again:
-                pass
-        sock.close(0)
-
-    sub = threading.Thread(target=subscribe, daemon=True)
-    sub.start()
-    await asyncio.sleep(0.5)  # let the subscription reach the publisher
+    recorder = TraceRecorder()
+    engine = EngineLoop(sched, mesh, tiny_tokenizer(), observers=[Metrics("bench"), tap, recorder])
+    traces = recorder.traces
     engine.start()
 
     async def consume(i: int):
@@ -149,9 +144,7 @@ async def run(
 
     await asyncio.gather(*(consume(i) for i in range(num_requests)))
     await engine.stop()
-    await asyncio.sleep(0.3)
-    stop.set()
-    sub.join(2)
+    await asyncio.sleep(0)  # the last step's observers
     tap.close()
     # skip the prefill steps: every request decodes from step ~5 on
     steady = [t for t in traces if sum(p.decode_num_rows for p in t.partitions) >= num_requests]
