@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from dspark_loop.protocol import DSPARK_K
 
 log = logging.getLogger("dspark_loop.engine.dspark")
 
-LOG_EVERY = 10  # verifies between progress lines (and the first verify)
+LOG_INTERVAL_S = 10.0  # seconds between progress lines (and one at the first verify)
 
 
 @dataclass
@@ -20,6 +21,7 @@ class SpecCounters:
     num_accepted: int = 0  # tokens accepted by the chain (before finish truncation)
     num_fallback_steps: int = 0  # 1-row steps forced by the position ceiling
     num_lease_scrubs: int = 0
+    last_log_time: float = -LOG_INTERVAL_S
 
     @property
     def num_proposed(self) -> int:
@@ -35,11 +37,15 @@ class SpecCounters:
     def mean_accepted_len(self) -> float:
         return self.num_accepted / self.num_verify_steps if self.num_verify_steps else 0.0
 
-    def add_verifies(self, num_verifies: int) -> None:
+    def add_verifies(self, num_verifies: int, now: float | None = None) -> None:
         """Called after a step's verifies were counted: logs the progress line at the
-        first verify and whenever the total crosses a multiple of LOG_EVERY."""
-        before = self.num_verify_steps - num_verifies
-        if num_verifies and (before == 0 or before // LOG_EVERY != self.num_verify_steps // LOG_EVERY):
+        first verify, then at most every LOG_INTERVAL_S. NOTE: by time, not by count: at
+        256 requests a count rule wrote a line per step."""
+        if not num_verifies:
+            return
+        now = time.monotonic() if now is None else now
+        if self.num_verify_steps == num_verifies or now - self.last_log_time >= LOG_INTERVAL_S:
+            self.last_log_time = now
             log.info("%s", self.progress_line())
 
     def progress_line(self) -> str:
