@@ -8,21 +8,21 @@ rows -> finished (stop / length / abort / error); running -> waiting again on pr
 from __future__ import annotations
 
 import time
-from itertools import compress
 
 from dspark_loop.cache_layout import CacheLayout
 from dspark_loop.config import MAX_CHUNK
 from dspark_loop.engine.admission import Admission, map_pages
-from dspark_loop.engine.finish_rules import FinishRules, check_finish
+from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.kv_cache import PartitionCache
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.partition import Partition
 from dspark_loop.engine.prefix_cache import PrefixCache
 from dspark_loop.engine.request import Request, Status
-from dspark_loop.engine.sampling_wire import delta_logprobs, next_prompt_token, note_prompt_logprobs
+from dspark_loop.engine.sampling_wire import next_prompt_token
 from dspark_loop.engine.scheduled_step import PartitionStep, ScheduledStep, decode_batch
 from dspark_loop.engine.spec_counters import SpecCounters
-from dspark_loop.engine.step_update import DecodeRows, read_results
+from dspark_loop.engine.step_apply import StepApplier
+from dspark_loop.engine.step_update import read_results
 from dspark_loop.engine.token_masks import token_masks
 from dspark_loop.protocol import DSPARK_K, BlockUpdate, PartitionPlan, PrefillChunk, StepPlan, i32
 
@@ -59,6 +59,7 @@ class Scheduler:
         self.spec_k = spec_k
         self.prefix = PrefixCache(layout, spec_k) if enable_prefix_caching else None
         self.admission = Admission(self.prefix, self.chunk_cap, self.max_seqs_per_partition, self.spec)
+        self.applier = StepApplier(self.spec, self.prefix, spec_k, self._finish)
         self.requests: dict[str, Request] = {}  # live (waiting or running), by API id
         self._next_step_id = 0
         self._aborted_req_ids: list[int] = []
@@ -270,7 +271,8 @@ class Scheduler:
     # ---- step 5 -----------------------------------------------------------------------
     def update(self, step: ScheduledStep, results, now: float | None = None) -> list[RequestOutput]:
         """results: one leader StepResult per partition, in partition order. Applies what
-        read_results() found: positions computed, tokens committed, finishes, drafts."""
+        read_results() found (StepApplier): positions computed, tokens committed, finishes,
+        drafts."""
         now = time.monotonic() if now is None else now
         outputs, self._early_outputs = self._early_outputs, []
         step.finished.extend(self._early_finished)
@@ -279,164 +281,8 @@ class Scheduler:
             return outputs
         updates = read_results(step, results, self.spec_k, self.max_model_len, self._ended_in_step)
         for part, update in zip(self.partitions, updates):
-            lp = update.logprobs
-            for row in update.prefills:
-                req = row.req
-                req.num_computed += row.num_computed
-                entries = lp.get(req.req_id) if lp else None
-                if entries:
-                    note_prompt_logprobs(req, entries)
-                if row.tokens is None:  # a chunk that samples nothing
-                    self._register_pages(part, req)
-                    part.release_ring(req)
-                else:
-                    outputs.append(self._commit(part, step, req, row.tokens, now, entries))
-            decoded_ids = None
-            if update.decodes is not None:
-                decoded_ids = self._apply_decodes(part, step, update.decodes, now, lp, outputs)
-            if self.spec_k:
-                self._take_drafts(part, update, decoded_ids)
+            self.applier.apply(part, step, update, now, outputs)
         return outputs
-
-    def _take_drafts(self, part: Partition, update, decoded_ids: list[int] | None) -> None:
-        """K=7: the drafts verified this step are spent; the ranks' next ones replace them
-        (none for a request near the position ceiling; stale for requests that finished)."""
-        decodes = update.decodes.reqs if update.decodes is not None else []
-        running = Status.RUNNING
-        if update.drafts is not None:
-            req_ids, drafts = update.drafts
-            if req_ids == decoded_ids:  # the steady state: one per decode request, in plan order
-                for req, d in zip(decodes, drafts.tolist()):
-                    if req.status == running:
-                        req.draft_ids = d
-                return
-        for req in decodes:
-            req.draft_ids = None
-        if update.drafts is None:
-            return
-        by_id = {r.req_id: r for r in part.running}
-        for req_id, d in zip(req_ids, drafts.tolist()):
-            req = by_id.get(req_id)
-            if req is not None and not req.is_prefilling:
-                req.draft_ids = d
-
-    def _apply_decodes(self, part: Partition, step: ScheduledStep, d: DecodeRows, now, lp, outputs) -> list[int]:
-        """Decode rows: counters (K=7), then commit each request's accepted tokens.
-        Returns the requests' wire ids, in plan order."""
-        req_ids = [r.req_id for r in d.reqs]
-        step.accepted_req_ids.extend(req_ids)
-        lens = [len(t) for t in d.tokens]
-        step.accepted_lens.extend(lens)
-        if d.verified is not None:
-            self._count_verifies(step, d, lens)
-        commit, emit = self._commit, outputs.append
-        num_new = 0
-        for req, toks, a in zip(d.reqs, d.tokens, lens):
-            req.num_computed += a
-            out_ids = req.output_ids
-            if req.plain_commit and len(out_ids) + a < req.length_at and req.finish_ids.isdisjoint(toks):
-                # NOTE: the common case, _commit() without its per-token finish walk:
-                # nothing here can end the request (no finish id, short of the length
-                # limit, no stop strings, no logprobs); first_token_time is already set
-                out_ids.extend(toks)
-                num_new += a
-                if req.num_computed >= req.register_pos:  # a page became full
-                    self.prefix.register(part.cache, req)
-                if req.num_computed >= req.release_pos:
-                    part.release_ring(req)
-                req.inter_token_s.append(now - req.last_token_time)
-                req.last_token_time = now
-                det = req.detokenizer
-                emit(
-                    RequestOutput(
-                        req.request_id,
-                        toks,
-                        det.feed(toks) if det is not None else "",
-                        False,
-                        None,
-                        None,
-                        req.prompt_len,
-                        len(out_ids),
-                        req.num_cached_tokens,
-                    )
-                )
-            else:
-                emit(commit(part, step, req, toks, now, lp.get(req.req_id) if lp else None))
-        step.num_new_tokens += num_new
-        return req_ids
-
-    def _count_verifies(self, step: ScheduledStep, d: DecodeRows, lens: list[int]) -> None:
-        """K=7 counters per request and in total."""
-        spec, verified = self.spec, d.verified
-        step.accepted_num_drafts.extend([DSPARK_K if v else 0 for v in verified])
-        num_verifies = sum(verified)
-        if num_verifies:
-            for req, a in compress(zip(d.reqs, lens), verified):
-                if req.num_verify_steps == 0:
-                    spec.num_requests += 1
-                req.num_verify_steps += 1
-                req.num_accepted += a
-            spec.num_accepted += sum(compress(lens, verified))
-        if num_verifies < len(verified):
-            for req in compress(d.reqs, d.fallback):  # the 8-row window would pass the position ceiling
-                req.num_fallback_steps += 1
-                spec.num_fallback_steps += 1
-        spec.num_verify_steps += num_verifies
-        spec.add_verifies(num_verifies)
-
-    def _commit(
-        self, part: Partition, step: ScheduledStep, req: Request, accepted: list[int], now: float, entries=None
-    ) -> RequestOutput:
-        """Append what the finish rules keep, finish the request or give back ring pages."""
-        detok = req.detokenizer
-        if (
-            req.plain_commit
-            and len(req.output_ids) + len(accepted) < req.length_at
-            and req.rules.finish_ids.isdisjoint(accepted)
-        ):
-            # NOTE: the common case, without a per-token walk: nothing here can end the
-            # request (no finish id, short of the length limit, no stop strings)
-            kept, text, reason, stop_reason = accepted, detok.feed(accepted) if detok is not None else "", None, None
-        else:
-            f = check_finish(accepted, len(req.output_ids), req.prompt_len, req.rules, req.params, detok)
-            kept, text, reason, stop_reason = f.kept, f.text, f.reason, f.stop_reason
-        logprobs = prompt_logprobs = None
-        if req.wants_logprobs:
-            logprobs, prompt_logprobs = delta_logprobs(req, req.num_tokens, kept, entries)
-        req.output_ids.extend(kept)
-        step.num_new_tokens += len(kept)
-        self._register_pages(part, req)  # before finish or ring release gives pages away
-        if req.first_token_time is None:
-            req.first_token_time = now
-        elif kept:
-            req.inter_token_s.append(now - req.last_token_time)
-        req.last_token_time = now
-        if reason is not None:
-            part.remove(req)
-            self._finish(req, reason)
-            req.stop_reason = stop_reason
-            req.finish_time = now
-            step.finished.append(req)
-        elif req.num_computed >= req.release_pos:
-            part.release_ring(req)
-        return RequestOutput(
-            req.request_id,
-            kept,
-            text,
-            reason is not None,
-            reason,
-            None,
-            req.prompt_len,
-            len(req.output_ids),
-            req.num_cached_tokens,
-            stop_reason,
-            logprobs,
-            prompt_logprobs,
-        )
-
-    def _register_pages(self, part: Partition, req: Request) -> None:
-        if req.num_computed >= req.register_pos:  # a page became full (prefix caching is on)
-            self.prefix.register(part.cache, req)
 
     # ---- finishing ------------------------------------------------------------------------
     def _finish(self, req: Request, reason: str) -> None:

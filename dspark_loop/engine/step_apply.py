@@ -1,0 +1,192 @@
+"""Step 5b: apply what read_results() found to the requests, one partition at a time --
+positions computed, tokens committed (finish rules), pages registered and released, K=7
+counters, the next drafts. A manager of the Scheduler: it changes the requests of the
+partition it is given and tells the Scheduler (finish) which ones ended.
+
+The decode loop is the host's hottest code at the production tile (256 requests x 8 rows):
+see docs/architecture.md "Host time per step" for the rules it follows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import compress
+
+from dspark_loop.engine.finish_rules import check_finish
+from dspark_loop.engine.outputs import RequestOutput
+from dspark_loop.engine.partition import Partition
+from dspark_loop.engine.prefix_cache import PrefixCache
+from dspark_loop.engine.request import Request, Status
+from dspark_loop.engine.sampling_wire import delta_logprobs, note_prompt_logprobs
+from dspark_loop.engine.scheduled_step import ScheduledStep
+from dspark_loop.engine.spec_counters import SpecCounters
+from dspark_loop.engine.step_update import DecodeRows, PartitionUpdate
+from dspark_loop.protocol import DSPARK_K
+
+
+class StepApplier:
+    def __init__(
+        self, spec: SpecCounters, prefix: PrefixCache | None, spec_k: int, finish: Callable[[Request, str], None]
+    ):
+        self.spec, self.prefix, self.spec_k = spec, prefix, spec_k
+        self.finish = finish  # Scheduler._finish: the request left its partition and ended
+
+    def apply(self, part: Partition, step: ScheduledStep, update: PartitionUpdate, now: float, outputs: list) -> None:
+        """One partition's results; appends a RequestOutput per request that got tokens."""
+        lp = update.logprobs
+        for row in update.prefills:
+            req = row.req
+            req.num_computed += row.num_computed
+            entries = lp.get(req.req_id) if lp else None
+            if entries:
+                note_prompt_logprobs(req, entries)
+            if row.tokens is None:  # a chunk that samples nothing
+                self._register_pages(part, req)
+                part.release_ring(req)
+            else:
+                outputs.append(self.commit(part, step, req, row.tokens, now, entries))
+        decoded_ids = None
+        if update.decodes is not None:
+            decoded_ids = self._apply_decodes(part, step, update.decodes, now, lp, outputs)
+        if self.spec_k:
+            self._take_drafts(part, update, decoded_ids)
+
+    def _take_drafts(self, part: Partition, update, decoded_ids: list[int] | None) -> None:
+        """K=7: the drafts verified this step are spent; the ranks' next ones replace them
+        (none for a request near the position ceiling; stale for requests that finished)."""
+        decodes = update.decodes.reqs if update.decodes is not None else []
+        running = Status.RUNNING
+        if update.drafts is not None:
+            req_ids, drafts = update.drafts
+            if req_ids == decoded_ids:  # the steady state: one per decode request, in plan order
+                for req, d in zip(decodes, drafts.tolist()):
+                    if req.status == running:
+                        req.draft_ids = d
+                return
+        for req in decodes:
+            req.draft_ids = None
+        if update.drafts is None:
+            return
+        by_id = {r.req_id: r for r in part.running}
+        for req_id, d in zip(req_ids, drafts.tolist()):
+            req = by_id.get(req_id)
+            if req is not None and not req.is_prefilling:
+                req.draft_ids = d
+
+    def _apply_decodes(self, part: Partition, step: ScheduledStep, d: DecodeRows, now, lp, outputs) -> list[int]:
+        """Decode rows: counters (K=7), then commit each request's accepted tokens.
+        Returns the requests' wire ids, in plan order."""
+        req_ids = [r.req_id for r in d.reqs]
+        step.accepted_req_ids.extend(req_ids)
+        lens = [len(t) for t in d.tokens]
+        step.accepted_lens.extend(lens)
+        if d.verified is not None:
+            self._count_verifies(step, d, lens)
+        commit, emit = self.commit, outputs.append
+        num_new = 0
+        for req, toks, a in zip(d.reqs, d.tokens, lens):
+            req.num_computed += a
+            out_ids = req.output_ids
+            if req.plain_commit and len(out_ids) + a < req.length_at and req.finish_ids.isdisjoint(toks):
+                # NOTE: the common case, _commit() without its per-token finish walk:
+                # nothing here can end the request (no finish id, short of the length
+                # limit, no stop strings, no logprobs); first_token_time is already set
+                out_ids.extend(toks)
+                num_new += a
+                if req.num_computed >= req.register_pos:  # a page became full
+                    self.prefix.register(part.cache, req)
+                if req.num_computed >= req.release_pos:
+                    part.release_ring(req)
+                req.inter_token_s.append(now - req.last_token_time)
+                req.last_token_time = now
+                det = req.detokenizer
+                emit(
+                    RequestOutput(
+                        req.request_id,
+                        toks,
+                        det.feed(toks) if det is not None else "",
+                        False,
+                        None,
+                        None,
+                        req.prompt_len,
+                        len(out_ids),
+                        req.num_cached_tokens,
+                    )
+                )
+            else:
+                emit(commit(part, step, req, toks, now, lp.get(req.req_id) if lp else None))
+        step.num_new_tokens += num_new
+        return req_ids
+
+    def _count_verifies(self, step: ScheduledStep, d: DecodeRows, lens: list[int]) -> None:
+        """K=7 counters per request and in total."""
+        spec, verified = self.spec, d.verified
+        step.accepted_num_drafts.extend([DSPARK_K if v else 0 for v in verified])
+        num_verifies = sum(verified)
+        if num_verifies:
+            for req, a in compress(zip(d.reqs, lens), verified):
+                if req.num_verify_steps == 0:
+                    spec.num_requests += 1
+                req.num_verify_steps += 1
+                req.num_accepted += a
+            spec.num_accepted += sum(compress(lens, verified))
+        if num_verifies < len(verified):
+            for req in compress(d.reqs, d.fallback):  # the 8-row window would pass the position ceiling
+                req.num_fallback_steps += 1
+                spec.num_fallback_steps += 1
+        spec.num_verify_steps += num_verifies
+        spec.add_verifies(num_verifies)
+
+    def commit(
+        self, part: Partition, step: ScheduledStep, req: Request, accepted: list[int], now: float, entries=None
+    ) -> RequestOutput:
+        """Append what the finish rules keep, finish the request or give back ring pages."""
+        detok = req.detokenizer
+        if (
+            req.plain_commit
+            and len(req.output_ids) + len(accepted) < req.length_at
+            and req.rules.finish_ids.isdisjoint(accepted)
+        ):
+            # NOTE: the common case, without a per-token walk: nothing here can end the
+            # request (no finish id, short of the length limit, no stop strings)
+            kept, text, reason, stop_reason = accepted, detok.feed(accepted) if detok is not None else "", None, None
+        else:
+            f = check_finish(accepted, len(req.output_ids), req.prompt_len, req.rules, req.params, detok)
+            kept, text, reason, stop_reason = f.kept, f.text, f.reason, f.stop_reason
+        logprobs = prompt_logprobs = None
+        if req.wants_logprobs:
+            logprobs, prompt_logprobs = delta_logprobs(req, req.num_tokens, kept, entries)
+        req.output_ids.extend(kept)
+        step.num_new_tokens += len(kept)
+        self._register_pages(part, req)  # before finish or ring release gives pages away
+        if req.first_token_time is None:
+            req.first_token_time = now
+        elif kept:
+            req.inter_token_s.append(now - req.last_token_time)
+        req.last_token_time = now
+        if reason is not None:
+            part.remove(req)
+            self.finish(req, reason)
+            req.stop_reason = stop_reason
+            req.finish_time = now
+            step.finished.append(req)
+        elif req.num_computed >= req.release_pos:
+            part.release_ring(req)
+        return RequestOutput(
+            req.request_id,
+            kept,
+            text,
+            reason is not None,
+            reason,
+            None,
+            req.prompt_len,
+            len(req.output_ids),
+            req.num_cached_tokens,
+            stop_reason,
+            logprobs,
+            prompt_logprobs,
+        )
+
+    def _register_pages(self, part: Partition, req: Request) -> None:
+        if req.num_computed >= req.register_pos:  # a page became full (prefix caching is on)
+            self.prefix.register(part.cache, req)
