@@ -18,6 +18,7 @@ class PartitionStep:
     decode_reqs: list[Request] = field(default_factory=list)
     decode_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))  # [R]
     decode_start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [R] row 0's position
+    decode_req_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [R]
     verify_drafts: np.ndarray | None = None  # [V, K] the drafts of the requests with rows > 1
 
     @property
@@ -76,6 +77,7 @@ def decode_batch(decodes: list[Request], pstep: PartitionStep) -> DecodeBatch:
             pstep.verify_drafts = tokens[first[rows > 1, None] + np.arange(1, k + 1)]  # [V, K]
     pstep.decode_rows = rows
     pstep.decode_start = start
+    pstep.decode_req_ids = req_ids
     return DecodeBatch(
         req_ids=req_ids.tobytes(),
         start_pos=start.astype(np.int32).tobytes(),

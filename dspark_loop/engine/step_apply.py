@@ -76,9 +76,8 @@ class StepApplier:
     def _apply_decodes(self, part: Partition, step: ScheduledStep, d: DecodeRows, now, lp, outputs) -> list[int]:
         """Decode rows: counters (K=7), then commit each request's accepted tokens.
         Returns the requests' wire ids, in plan order."""
-        req_ids = [r.req_id for r in d.reqs]
+        req_ids, lens = d.req_ids, d.lens
         step.accepted_req_ids.extend(req_ids)
-        lens = [len(t) for t in d.tokens]
         step.accepted_lens.extend(lens)
         if d.verified is not None:
             self._count_verifies(step, d, lens)

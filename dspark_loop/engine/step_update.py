@@ -35,7 +35,9 @@ class DecodeRows:
     """The live decode requests of one partition, in plan order, as parallel lists."""
 
     reqs: list[Request]
+    req_ids: list[int]  # their wire ids
     tokens: list[list[int]]  # accepted tokens per request (1..K+1); their count = positions computed
+    lens: list[int]  # len(tokens[j])
     verified: list[bool] | None = None  # K=7: the request verified K drafts this step
     fallback: list[bool] | None = None  # K=7: a 1-row decode forced by the position ceiling
 
@@ -87,12 +89,13 @@ def _read_decode(
     reqs = pstep.decode_reqs
     live = [r.status == Status.RUNNING for r in reqs] if check_live else None  # False: ended meanwhile
     all_live = live is None or all(live)
+    ids = pstep.decode_req_ids.tolist()
     if not spec_k:  # K=0: one token per request, in order
         toks = [[t] for t in tokens.tolist()]
         if all_live:
-            return DecodeRows(reqs, toks)
+            return DecodeRows(reqs, ids, toks, [1] * len(reqs))
         keep = [j for j, ok in enumerate(live) if ok]
-        return DecodeRows([reqs[j] for j in keep], [toks[j] for j in keep])
+        return DecodeRows([reqs[j] for j in keep], [ids[j] for j in keep], [toks[j] for j in keep], [1] * len(keep))
     rows = pstep.decode_rows.astype(np.int64)  # [R]
     starts = np.cumsum(rows) - rows  # [R]
     num_accepted = np.ones(len(reqs), np.int64)  # [R]
@@ -103,12 +106,17 @@ def _read_decode(
         preds = tokens[starts[verify, None] + np.arange(spec_k + 1)]  # [V, K+1]
         num_accepted[verify] = accept_chain(pstep.verify_drafts, preds)
     fallback = ~verify & (pstep.decode_start + 1 + spec_k > max_model_len)  # [R]
-    flat = tokens.tolist()
-    toks = [flat[s : s + a] for s, a in zip(starts.tolist(), num_accepted.tolist())]
+    flat, lens = tokens.tolist(), num_accepted.tolist()
+    toks = [flat[s : s + a] for s, a in zip(starts.tolist(), lens)]
     verified, fell_back = verify.tolist(), fallback.tolist()
     if all_live:
-        return DecodeRows(reqs, toks, verified, fell_back)
+        return DecodeRows(reqs, ids, toks, lens, verified, fell_back)
     keep = [j for j, ok in enumerate(live) if ok]
     return DecodeRows(
-        [reqs[j] for j in keep], [toks[j] for j in keep], [verified[j] for j in keep], [fell_back[j] for j in keep]
+        [reqs[j] for j in keep],
+        [ids[j] for j in keep],
+        [toks[j] for j in keep],
+        [lens[j] for j in keep],
+        [verified[j] for j in keep],
+        [fell_back[j] for j in keep],
     )
