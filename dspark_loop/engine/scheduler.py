@@ -67,6 +67,7 @@ class Scheduler:
         self._early_finished: list[Request] = []
         self.num_preemptions = 0
         self._ended_in_step = False  # a scheduled request ended before its results came back
+        self.num_constrained = 0  # live requests with a token constraint (tool grammars)
 
     # ---- intake -----------------------------------------------------------------------
     def make_request(self, g: GenerateRequest, detokenizer=None) -> Request:
@@ -104,6 +105,8 @@ class Scheduler:
         req.status = Status.WAITING
         part.waiting.append(req)
         self.requests[req.request_id] = req
+        if req.constraint is not None:
+            self.num_constrained += 1
 
     def abort(self, request_id: str) -> bool:
         """Finish a live request now ("abort") and free its pages; False if unknown."""
@@ -130,6 +133,7 @@ class Scheduler:
             p.running.clear()
             p.waiting.clear()
         self.requests.clear()
+        self.num_constrained = 0
         return running, waiting, outputs
 
     # ---- state ------------------------------------------------------------------------
@@ -259,7 +263,9 @@ class Scheduler:
         else:
             pplan.freed_req_ids, part.freed_req_ids = part.freed_req_ids, []
         part.take_lease_fields(pplan)  # admissions only happen in a non-empty step
-        pplan.token_masks, failed = token_masks(pstep)
+        failed = []
+        if self.num_constrained:
+            pplan.token_masks, failed = token_masks(pstep)
         for req, message in failed:
             # NOTE: the row still runs (it is in the plan); update() skips a request that
             # is no longer running, and its pages are freed in the next plan.
@@ -290,7 +296,8 @@ class Scheduler:
         req.status = Status.FINISHED
         req.finish_reason = reason
         req.map_limit = 0
-        self.requests.pop(req.request_id, None)
+        if self.requests.pop(req.request_id, None) is not None and req.constraint is not None:
+            self.num_constrained -= 1
 
     def _fail(self, req: Request, message: str) -> None:
         self._finish(req, "error")

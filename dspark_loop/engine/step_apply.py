@@ -10,13 +10,15 @@ see docs/architecture.md "Host time per step" for the rules it follows.
 from __future__ import annotations
 
 from collections.abc import Callable
-from itertools import compress
+from itertools import compress, repeat
+
+import numpy as np
 
 from dspark_loop.engine.finish_rules import check_finish
 from dspark_loop.engine.outputs import RequestOutput
 from dspark_loop.engine.partition import Partition
 from dspark_loop.engine.prefix_cache import PrefixCache
-from dspark_loop.engine.request import Request, Status
+from dspark_loop.engine.request import Request
 from dspark_loop.engine.sampling_wire import delta_logprobs, note_prompt_logprobs
 from dspark_loop.engine.scheduled_step import ScheduledStep
 from dspark_loop.engine.spec_counters import SpecCounters
@@ -45,49 +47,47 @@ class StepApplier:
                 part.release_ring(req)
             else:
                 outputs.append(self.commit(part, step, req, row.tokens, now, entries))
-        decoded_ids = None
+        taken = False
         if update.decodes is not None:
-            decoded_ids = self._apply_decodes(part, step, update.decodes, now, lp, outputs)
-        if self.spec_k:
-            self._take_drafts(part, update, decoded_ids)
+            taken = self._apply_decodes(part, step, update.decodes, update.drafts, now, lp, outputs)
+        if update.drafts is not None and not taken:
+            self._take_drafts_by_id(part, update.drafts)
 
-    def _take_drafts(self, part: Partition, update, decoded_ids: list[int] | None) -> None:
-        """K=7: the drafts verified this step are spent; the ranks' next ones replace them
-        (none for a request near the position ceiling; stale for requests that finished)."""
-        decodes = update.decodes.reqs if update.decodes is not None else []
-        running = Status.RUNNING
-        if update.drafts is not None:
-            req_ids, drafts = update.drafts
-            if req_ids == decoded_ids:  # the steady state: one per decode request, in plan order
-                for req, d in zip(decodes, drafts.tolist()):
-                    if req.status == running:
-                        req.draft_ids = d
-                return
-        for req in decodes:
-            req.draft_ids = None
-        if update.drafts is None:
-            return
+    def _take_drafts_by_id(self, part: Partition, drafts: tuple[list[int], np.ndarray]) -> None:
+        """K=7, off the steady state (first drafts after a prefill, skipped anchors): the
+        ranks' next drafts by wire id; stale for requests that finished."""
         by_id = {r.req_id: r for r in part.running}
-        for req_id, d in zip(req_ids, drafts.tolist()):
+        for req_id, d in zip(drafts[0], drafts[1].tolist()):
             req = by_id.get(req_id)
             if req is not None and not req.is_prefilling:
                 req.draft_ids = d
 
-    def _apply_decodes(self, part: Partition, step: ScheduledStep, d: DecodeRows, now, lp, outputs) -> list[int]:
-        """Decode rows: counters (K=7), then commit each request's accepted tokens.
-        Returns the requests' wire ids, in plan order."""
+    def _apply_decodes(self, part: Partition, step: ScheduledStep, d: DecodeRows, drafts, now, lp, outputs) -> bool:
+        """Decode rows: K=7 counters, the spent drafts replaced, then each request's
+        accepted tokens committed -- one pass. Returns whether the ranks' next drafts were
+        all taken here (the steady state: one per decode request, in plan order)."""
         req_ids, lens = d.req_ids, d.lens
         step.accepted_req_ids.extend(req_ids)
         step.accepted_lens.extend(lens)
-        if d.verified is not None:
-            self._count_verifies(step, d, lens)
+        spec = self.spec
+        verified = d.verified
+        taken = drafts is not None and drafts[0] == req_ids
+        # NOTE: a draft list is for one anchor only: a decode spends it, the ranks sent the
+        # next ones with this result (None here unless taken; by id after this pass)
+        next_drafts = drafts[1].tolist() if taken else repeat(None)
         commit, emit = self.commit, outputs.append
         num_new = 0
-        for req, toks, a in zip(d.reqs, d.tokens, lens):
+        for req, toks, a, nd, v in zip(d.reqs, d.tokens, lens, next_drafts, verified or repeat(False)):
+            if v:
+                if req.num_verify_steps == 0:
+                    spec.num_requests += 1
+                req.num_verify_steps += 1
+                req.num_accepted += a
+            req.draft_ids = nd
             req.num_computed += a
             out_ids = req.output_ids
             if req.plain_commit and len(out_ids) + a < req.length_at and req.finish_ids.isdisjoint(toks):
-                # NOTE: the common case, _commit() without its per-token finish walk:
+                # NOTE: the common case, commit() without its per-token finish walk:
                 # nothing here can end the request (no finish id, short of the length
                 # limit, no stop strings, no logprobs); first_token_time is already set
                 out_ids.extend(toks)
@@ -115,20 +115,17 @@ class StepApplier:
             else:
                 emit(commit(part, step, req, toks, now, lp.get(req.req_id) if lp else None))
         step.num_new_tokens += num_new
-        return req_ids
+        if verified is not None:
+            self._count_totals(step, d)  # after the pass: the progress line counts its requests
+        return taken
 
-    def _count_verifies(self, step: ScheduledStep, d: DecodeRows, lens: list[int]) -> None:
-        """K=7 counters per request and in total."""
+    def _count_totals(self, step: ScheduledStep, d: DecodeRows) -> None:
+        """K=7 totals for the step (the per-request counters are kept in the commit pass)."""
         spec, verified = self.spec, d.verified
         step.accepted_num_drafts.extend([DSPARK_K if v else 0 for v in verified])
         num_verifies = sum(verified)
         if num_verifies:
-            for req, a in compress(zip(d.reqs, lens), verified):
-                if req.num_verify_steps == 0:
-                    spec.num_requests += 1
-                req.num_verify_steps += 1
-                req.num_accepted += a
-            spec.num_accepted += sum(compress(lens, verified))
+            spec.num_accepted += sum(compress(d.lens, verified))
         if num_verifies < len(verified):
             for req in compress(d.reqs, d.fallback):  # the 8-row window would pass the position ceiling
                 req.num_fallback_steps += 1
