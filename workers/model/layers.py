@@ -1,5 +1,6 @@
-"""Small building blocks: row-invariant projections, RMSNorm, interleaved rope, mHC mixing,
-the Walsh-Hadamard rotation. Norms, hc and softmaxes run in fp32 as transformers does.
+"""Small building blocks: row-invariant projections, RMSNorm, interleaved rope, the
+Walsh-Hadamard rotation (the mHC stream mixing is mhc.py). Norms, hc and softmaxes run in
+fp32 as transformers does.
 
 Row invariance (a row's bits never depend on the batch) rests on three measured rules:
   - GEMMs: a BLAS gemm picks its kernel by the row count, so every projection runs on
@@ -180,98 +181,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     rotated = torch.stack((-rope[..., 1::2], rope[..., 0::2]), dim=-1).flatten(-2)
     out = rope.float() * cos + rotated.float() * sin
     return torch.cat([nope, out.to(x.dtype)], dim=-1)
-
-
-def hc_pre(
-    h: torch.Tensor,
-    fn: torch.Tensor,
-    base: torch.Tensor,
-    scale: torch.Tensor,
-    sinkhorn_iters: int,
-    hc_eps: float,
-    norm_eps: float,
-):
-    """mHC weights for one sublayer. h [rows, hc, d] -> post [rows, hc], comb [rows, hc, hc]
-    (comb[j, k]: stream j into stream k), collapsed input [rows, d]. One pass over all rows:
-    only the mix projection is tiled; the Sinkhorn's 4x4 sums are per-row reductions."""
-    rows, hc = h.shape[0], h.shape[1]
-    flat = rms_unweighted(h.flatten(1).float(), norm_eps)  # [rows, hc*d]
-    mix = matmul_rows(flat, fn.float())  # [rows, (2+hc)*hc]
-    pre_w, post_w, comb_w = mix.split([hc, hc, hc * hc], dim=-1)
-    pre_b, post_b, comb_b = base.split([hc, hc, hc * hc])
-    pre = sigmoid(pre_w * scale[0] + pre_b) + hc_eps
-    post = 2 * sigmoid(post_w * scale[1] + post_b)
-    comb = comb_w.reshape(rows, hc, hc) * scale[2] + comb_b.view(hc, hc)
-    if comb.requires_grad:  # training (tools/train_demo): the same ops out of place, same bits
-        comb = torch.softmax(comb, dim=-1) + hc_eps
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
-        for _ in range(sinkhorn_iters - 1):
-            comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
-            comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
-        return post, comb, weighted_streams(pre, h)  # collapsed [rows, d]
-    comb = torch.softmax(comb, dim=-1).add_(hc_eps)
-    sinkhorn_(comb, sinkhorn_iters, hc_eps)
-    return post, comb, weighted_streams(pre, h)  # collapsed [rows, d]
-
-
-def sinkhorn_(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
-    """In place on comb [rows, hc, hc]: a column normalisation, then iters-1 rounds of
-    (rows, columns), each x / (sum + eps)."""
-    k = kernels.lib()
-    if k is not None and kernels.fits(comb):
-        k.sinkhorn(comb.data_ptr(), comb.shape[0], comb.shape[1], iters - 1, eps)
-        return comb
-    comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
-    for _ in range(iters - 1):  # in place: the same ops, fewer allocations
-        comb.div_(comb.sum(dim=-1, keepdim=True).add_(eps))
-        comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
-    return comb
-
-
-def weighted_streams(w: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """sum_k w[:, k] * h[:, k] in h's dtype: w [rows, hc] fp32, h [rows, hc, d] -> [rows, d]."""
-    k = kernels.lib()
-    if k is not None and kernels.fits(w, h):
-        out = h.new_empty(h.shape[0], h.shape[2])
-        k.weighted_sum(h.data_ptr(), w.data_ptr(), out.data_ptr(), h.shape[0], h.shape[1], h.shape[2])
-        return out
-    return (w.unsqueeze(-1) * h).sum(dim=1).to(h.dtype)
-
-
-def hc_post(h: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    """h'[k] = post[k]*out + sum_j comb[j, k]*h[j]. h [rows, hc, d], out [rows, d]."""
-    dtype = h.dtype
-    k = kernels.lib()
-    if k is not None and kernels.fits(h, out, post, comb):
-        res = torch.empty_like(h)
-        k.hc_post(
-            h.data_ptr(),
-            out.data_ptr(),
-            post.data_ptr(),
-            comb.data_ptr(),
-            res.data_ptr(),
-            h.shape[0],
-            h.shape[1],
-            h.shape[2],
-        )
-        return res
-    comb = comb.to(dtype)
-    # NOTE: elementwise in a fixed order, not a batched matmul over rows (its tail handling
-    # depends on the row count, see linear_rows).
-    mixed = comb[:, 0, :, None] * h[:, 0:1, :]  # [rows, hc, d]
-    for j in range(1, h.shape[1]):
-        mixed = mixed + comb[:, j, :, None] * h[:, j : j + 1, :]
-    return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + mixed
-
-
-def hc_head(
-    h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, hc_eps: float, norm_eps: float
-) -> torch.Tensor:
-    """Final collapse of the streams: h [rows, hc, d] -> [rows, d] (no Sinkhorn)."""
-    flat = rms_unweighted(h.flatten(1).float(), norm_eps)
-    mix = matmul_rows(flat, fn.float())  # [rows, hc]
-    pre = sigmoid(mix * scale.float() + base.float()) + hc_eps
-    return weighted_streams(pre, h)
 
 
 def hadamard_matrix(dim: int) -> torch.Tensor:

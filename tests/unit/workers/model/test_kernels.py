@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from workers.model import kernels, layers
+from workers.model import kernels, layers, mhc
 
 pytestmark = pytest.mark.skipif(kernels.lib() is None, reason="no C compiler: only the torch path runs")
 
@@ -28,7 +28,7 @@ def test_sinkhorn_kernel_must_equal_the_torch_rounds_bit_for_bit(rows, monkeypat
     """20 in-place rounds of row/column normalisation must give the torch loop's exact bits."""
     torch.manual_seed(rows)
     comb = torch.softmax(torch.randn(rows, 4, 4) * 4, dim=-1) + 1e-6
-    fast, slow = both(lambda c: layers.sinkhorn_(c, 20, 1e-6), monkeypatch, comb)
+    fast, slow = both(lambda c: mhc.sinkhorn_(c, 20, 1e-6), monkeypatch, comb)
     assert same_bits(fast, slow)
 
 
@@ -38,8 +38,8 @@ def test_hc_post_and_stream_sums_must_equal_torch_bit_for_bit(rows, monkeypatch)
     torch.manual_seed(rows)
     h, out = torch.randn(rows, 4, 64), torch.randn(rows, 64)
     post, comb = torch.rand(rows, 4) * 2, torch.softmax(torch.randn(rows, 4, 4), -1)
-    assert same_bits(*both(layers.hc_post, monkeypatch, h, out, post, comb))
-    assert same_bits(*both(layers.weighted_streams, monkeypatch, post, h))
+    assert same_bits(*both(mhc.hc_post, monkeypatch, h, out, post, comb))
+    assert same_bits(*both(mhc.weighted_streams, monkeypatch, post, h))
 
 
 @pytest.mark.parametrize("shape", [(1, 32), (5, 8, 32), (37, 4, 16), (512, 32), (3, 2, 2, 24)])
@@ -64,3 +64,14 @@ def test_kernels_must_stand_aside_for_autograd_and_other_dtypes():
         assert kernels.fits(x)
     assert not kernels.fits(torch.randn(2, 4, 4).bfloat16())
     assert not kernels.fits(torch.randn(4, 2).t())
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_hc_pre_kernels_must_equal_the_torch_composition_bit_for_bit(rows, monkeypatch):
+    """The fused mix, sigmoids, softmax + eps, Sinkhorn and collapse must give every output
+    (post, comb, collapsed input) the torch composition's bits."""
+    torch.manual_seed(rows)
+    h, fn = torch.randn(rows, 4, 64), torch.randn(24, 256) * 0.1
+    base, scale = torch.randn(24), torch.rand(3) + 0.5
+    fast, slow = both(lambda *a: mhc.hc_pre(*a, 20, 1e-6, 1e-6), monkeypatch, h, fn, base, scale)
+    assert all(same_bits(a, b) for a, b in zip(fast, slow))

@@ -7,8 +7,9 @@ import torch.nn.functional as F
 from tests.unit.workers.model.test_layers import tiny_cfg
 from workers.model import layers
 from workers.model.config import LocalDims
-from workers.model.layers import ROW_TILE, hc_pre, linear_rows, matmul_rows
+from workers.model.layers import ROW_TILE, linear_rows, matmul_rows
 from workers.model.linear import Linear, quantize_weight
+from workers.model.mhc import hc_pre
 from workers.model.moe import MoE
 
 SIZES = [(0, 1), (3, 1), (0, 8), (5, 9), (2, 64), (0, 200)]  # (start, rows) windows of one batch

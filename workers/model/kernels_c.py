@@ -1,0 +1,185 @@
+"""The C source of workers/model/kernels.py (see there for the rules every kernel follows)."""
+
+SOURCE = r"""
+/* comb [rows, n, n] in place: one column normalisation, then rounds x (rows, columns):
+   m /= (sum over the normalised dim + eps), sums in index order. */
+void sinkhorn(float *c, long rows, int n, int rounds, float eps) {
+    float s[64];
+    for (long r = 0; r < rows; ++r) {
+        float *m = c + r * n * n;
+        for (int it = 0; it <= rounds; ++it) {
+            if (it > 0) {
+                for (int i = 0; i < n; ++i) {
+                    float acc = 0.0f;
+                    for (int j = 0; j < n; ++j) acc += m[i * n + j];
+                    acc += eps;
+                    for (int j = 0; j < n; ++j) m[i * n + j] /= acc;
+                }
+            }
+            for (int j = 0; j < n; ++j) {
+                float acc = 0.0f;
+                for (int i = 0; i < n; ++i) acc += m[i * n + j];
+                s[j] = acc + eps;
+            }
+            for (int i = 0; i < n; ++i)
+                for (int j = 0; j < n; ++j) m[i * n + j] /= s[j];
+        }
+    }
+}
+
+/* res[r, k, :] = post[r, k] * out[r, :] + (comb[r, 0, k] * h[r, 0, :] + comb[r, 1, k] * h[r, 1, :] + ...)
+   h, res [rows, n, d]; out [rows, d]; post [rows, n]; comb [rows, n, n] */
+void hc_post(const float *h, const float *out, const float *post, const float *comb, float *res,
+             long rows, int n, long d) {
+    for (long r = 0; r < rows; ++r) {
+        const float *hr = h + r * n * d, *o = out + r * d, *cr = comb + r * n * n;
+        for (int k = 0; k < n; ++k) {
+            float *y = res + (r * n + k) * d;
+            float p = post[r * n + k], c0 = cr[k];
+            for (long e = 0; e < d; ++e) y[e] = c0 * hr[e];
+            for (int j = 1; j < n; ++j) {
+                const float *hj = hr + j * d;
+                float cj = cr[j * n + k];
+                for (long e = 0; e < d; ++e) y[e] = y[e] + cj * hj[e];
+            }
+            for (long e = 0; e < d; ++e) y[e] = p * o[e] + y[e];
+        }
+    }
+}
+
+/* res[r, :] = sum over k of (w[r, k] * h[r, k, :]) in k order; h [rows, n, d], w [rows, n] */
+void weighted_sum(const float *h, const float *w, float *res, long rows, int n, long d) {
+    for (long r = 0; r < rows; ++r) {
+        float *y = res + r * d;
+        const float *hr = h + r * n * d;
+        float w0 = w[r * n];
+        for (long e = 0; e < d; ++e) y[e] = w0 * hr[e];
+        for (int k = 1; k < n; ++k) {
+            float wk = w[r * n + k];
+            const float *hk = hr + k * d;
+            for (long e = 0; e < d; ++e) y[e] = y[e] + wk * hk[e];
+        }
+    }
+}
+
+/* interleaved rope on the last 2*half channels of x [rows, m, dim]; cos, sin [rows, half]:
+   (x0, x1) -> (x0*c + (-x1)*s, x1*c + x0*s); the other channels copied. */
+void rope(const float *x, const float *cos, const float *sin, float *res, long rows, long m,
+          long dim, long half) {
+    long nope = dim - 2 * half;
+    for (long r = 0; r < rows; ++r) {
+        const float *c = cos + r * half, *s = sin + r * half;
+        for (long h = 0; h < m; ++h) {
+            const float *xi = x + (r * m + h) * dim;
+            float *y = res + (r * m + h) * dim;
+            for (long e = 0; e < nope; ++e) y[e] = xi[e];
+            const float *xr = xi + nope;
+            float *yr = y + nope;
+            for (long i = 0; i < half; ++i) {
+                float a = xr[2 * i], b = xr[2 * i + 1];
+                yr[2 * i] = a * c[i] + (-b) * s[i];
+                yr[2 * i + 1] = b * c[i] + a * s[i];
+            }
+        }
+    }
+}
+
+/* mHC mix logits mix [rows, (2+n)*n] -> z [rows, 2n] = -(mix * scale[0|1] + base) (the pre and
+   post sigmoids' exp arguments) and comb [rows, n*n] = mix * scale[2] + base (softmax input). */
+void hc_mix(const float *mix, const float *scale, const float *base, float *z, float *comb, long rows, int n) {
+    long width = (long)(2 + n) * n;
+    for (long r = 0; r < rows; ++r) {
+        const float *m = mix + r * width;
+        float *zr = z + r * 2 * n, *cr = comb + r * n * n;
+        for (int i = 0; i < n; ++i) zr[i] = -(m[i] * scale[0] + base[i]);
+        for (int i = n; i < 2 * n; ++i) zr[i] = -(m[i] * scale[1] + base[i]);
+        for (int j = 0; j < n * n; ++j) cr[j] = m[2 * n + j] * scale[2] + base[2 * n + j];
+    }
+}
+
+/* After torch's exp(z) = e [rows, 2n] and softmax(comb): pre = 1/(e+1) + eps, post = 2 * (1/(e+1)),
+   comb + eps then the Sinkhorn rounds (in place), y [rows, d] = the pre-weighted stream sum of
+   h [rows, n, d]. */
+void hc_finish(const float *e, float *comb, const float *h, float *post, float *y, long rows, int n, long d,
+               int rounds, float eps) {
+    float pre[64];
+    for (long r = 0; r < rows; ++r) {
+        const float *er = e + r * 2 * n;
+        for (int i = 0; i < n; ++i) {
+            pre[i] = 1.0f / (er[i] + 1.0f) + eps;
+            post[r * n + i] = (1.0f / (er[n + i] + 1.0f)) * 2.0f;
+        }
+        float *cr = comb + r * n * n;
+        for (int j = 0; j < n * n; ++j) cr[j] = cr[j] + eps;
+        sinkhorn(cr, 1, n, rounds, eps);
+        weighted_sum(h + r * n * d, pre, y + r * d, 1, n, d);
+    }
+}
+
+/* MoE routing plan over assignments a = token*k + slot with expert ids flat [num]: this rank's
+   experts lo..hi-1 get whole 8-row tiles in ascending expert id, assignments ascending inside
+   an expert. pos[a] = the assignment's tile row (-1: another rank's expert), tile_src [tiles*8]
+   = its token (-1: a zero pad row), tile_expert [tiles] = local expert; counts [hi-lo] scratch.
+   Returns the number of tiles (tile arrays hold at least num/8 + hi-lo tiles). */
+long moe_plan(const long *flat, long num, int k, long lo, long hi, long *counts, long *pos, long *tile_src,
+              long *tile_expert) {
+    long ne = hi - lo, tiles = 0;
+    for (long e = 0; e < ne; ++e) counts[e] = 0;
+    for (long a = 0; a < num; ++a)
+        if (flat[a] >= lo && flat[a] < hi) counts[flat[a] - lo] += 1;
+    for (long e = 0; e < ne; ++e) { /* counts -> each expert's first tile row */
+        long c = counts[e], t = (c + 7) / 8;
+        for (long i = 0; i < t; ++i) tile_expert[tiles + i] = e;
+        counts[e] = tiles * 8;
+        tiles += t;
+    }
+    for (long i = 0; i < tiles * 8; ++i) tile_src[i] = -1;
+    for (long a = 0; a < num; ++a) {
+        long e = flat[a];
+        if (e >= lo && e < hi) {
+            long p = counts[e - lo]++;
+            pos[a] = p;
+            tile_src[p] = a / k;
+        } else {
+            pos[a] = -1;
+        }
+    }
+    return tiles;
+}
+
+/* out [n, d] rows of x [*, d] by src [n] (-1: zeros) */
+void gather_rows(const float *x, const long *src, float *out, long n, long d) {
+    for (long i = 0; i < n; ++i) {
+        float *o = out + i * d;
+        if (src[i] < 0)
+            for (long e = 0; e < d; ++e) o[e] = 0.0f;
+        else
+            for (long e = 0; e < d; ++e) o[e] = x[src[i] * d + e];
+    }
+}
+
+/* out[t] = ((0 + y_a0 * w_a0) + y_a1 * w_a1) + ... over the token's k slots in ascending expert
+   id (stable), y_a = yt[pos[a]] or 0 for another rank's expert; yt [tiles*8, d], w, flat [T*k] */
+void moe_combine(const float *yt, const long *pos, const float *w, const long *flat, float *out, long rows, int k,
+                 long d) {
+    int order[64];
+    for (long t = 0; t < rows; ++t) {
+        const long *ids = flat + t * k;
+        for (int j = 0; j < k; ++j) { /* stable insertion sort of the slots by expert id */
+            int i = j;
+            while (i > 0 && ids[order[i - 1]] > ids[j]) {
+                order[i] = order[i - 1];
+                --i;
+            }
+            order[i] = j;
+        }
+        float *o = out + t * d;
+        for (long e = 0; e < d; ++e) o[e] = 0.0f;
+        for (int j = 0; j < k; ++j) {
+            long a = t * k + order[j], p = pos[a];
+            float wa = w[a];
+            for (long e = 0; e < d; ++e) o[e] = o[e] + (p >= 0 ? yt[p * d + e] : 0.0f) * wa;
+        }
+    }
+}
+"""
