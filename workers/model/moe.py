@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from dspark_loop.model_config import ModelConfig
+from workers.model import kernels
 from workers.model.config import LocalDims
 from workers.model.layers import ROW_TILE, linear_rows, matmul_rows, silu, softplus
 from workers.model.linear import Linear, quantize_per_token
@@ -123,6 +124,9 @@ class MoE(nn.Module):
 
         Each token then sums its k outputs in ascending expert id (slots of other ranks'
         experts add zero): a fixed order per row."""
+        lib = kernels.lib()
+        if lib is not None and idx.shape[1] <= 64 and kernels.fits(x, w):
+            return self._routed_c(lib, x, idx, w)
         rows, k = idx.shape
         d, lo, hi = x.shape[1], self.expert_lo, self.expert_hi
         # NOTE: the index arithmetic (small integer arrays) runs in numpy: a stable sort is
@@ -152,6 +156,36 @@ class MoE(nn.Module):
         out = torch.zeros_like(x)
         for j in range(k):
             out = out + y.gather(1, by_id[:, j, None, None].expand(-1, 1, d)).squeeze(1)
+        return out
+
+    def _routed_c(self, lib, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """routed() with the tile plan, the row gather and the ordered combine in C (fp32 x, w);
+        the same tiles through the same expert bmms, so the same bits."""
+        rows, k = idx.shape
+        d, lo, hi = x.shape[1], self.expert_lo, self.expert_hi
+        flat = idx.reshape(-1).contiguous()  # [T*k] expert ids (int64)
+        num = flat.shape[0]
+        cap = num // ROW_TILE + (hi - lo)  # >= sum over experts of ceil(count / 8)
+        ints = torch.empty(hi - lo + num + cap * (ROW_TILE + 1), dtype=torch.long, device=x.device)
+        counts, pos, tile_src, tile_expert = ints.split([hi - lo, num, cap * ROW_TILE, cap])
+        num_tiles = lib.moe_plan(
+            flat.data_ptr(),
+            num,
+            k,
+            lo,
+            hi,
+            counts.data_ptr(),
+            pos.data_ptr(),
+            tile_src.data_ptr(),
+            tile_expert.data_ptr(),
+        )
+        yt = x  # [tiles*8, d] expert outputs per tile row (unread when no tile)
+        if num_tiles:
+            tiles = x.new_empty(num_tiles * ROW_TILE, d)
+            lib.gather_rows(x.data_ptr(), tile_src.data_ptr(), tiles.data_ptr(), num_tiles * ROW_TILE, d)
+            yt = self._experts_tiled(tiles.view(-1, ROW_TILE, d), tile_expert[:num_tiles]).contiguous()
+        out = torch.empty_like(x)  # [T, d]
+        lib.moe_combine(yt.data_ptr(), pos.data_ptr(), w.data_ptr(), flat.data_ptr(), out.data_ptr(), rows, k, d)
         return out
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor, comm) -> torch.Tensor:  # [T, d]

@@ -75,3 +75,17 @@ def test_hc_pre_kernels_must_equal_the_torch_composition_bit_for_bit(rows, monke
     base, scale = torch.randn(24), torch.rand(3) + 0.5
     fast, slow = both(lambda *a: mhc.hc_pre(*a, 20, 1e-6, 1e-6), monkeypatch, h, fn, base, scale)
     assert all(same_bits(a, b) for a, b in zip(fast, slow))
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("shard", [(0, 6), (2, 5)])
+def test_moe_routing_kernels_must_equal_the_numpy_plan_bit_for_bit(rows, shard, monkeypatch):
+    """The C tile plan, row gather and expert-ordered combine must give MoE.routed the numpy
+    path's bits, on a full expert range and on an EP shard, repeated ids in a row included."""
+    from tests.unit.workers.model.test_row_invariance import make_moe
+
+    moe = make_moe(*shard)
+    torch.manual_seed(rows)
+    x, idx, w = torch.randn(rows, 16), torch.randint(0, 6, (rows, 3)), torch.rand(rows, 3)
+    fast, slow = both(moe.routed, monkeypatch, x, idx, w)
+    assert same_bits(fast, slow)
