@@ -23,15 +23,16 @@ from workers.staging import RatioIndex
 
 def attend(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, sink: torch.Tensor, scale: float) -> torch.Tensor:
     """q [T, H, D], keys [T, K, D] (K = V), mask [T, K], sink [H] -> [T, H, D].
-    All rows at once: each row's einsums are its own [H, D] x [D, K] product and the softmax
-    is over the last dim, both row-invariant (measured; see layers)."""
-    logits = torch.einsum("thd,tkd->thk", q, keys) * scale  # [T, H, K]
+    All rows at once: each row's bmm is its own [H, D] x [D, K] product and the softmax is
+    over the last dim, both row-invariant (measured; see layers). An explicit bmm, not einsum:
+    the same kernel call (same bits) without einsum's parsing and permutes."""
+    logits = torch.bmm(q, keys.transpose(1, 2)) * scale  # [T, H, K]
     logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
     sinks = sink.to(logits.dtype)[None, :, None].expand(q.shape[0], -1, 1)  # [T, H, 1]
     combined = torch.cat([logits, sinks], dim=-1)
     combined = combined - combined.max(dim=-1, keepdim=True).values
     probs = torch.softmax(combined, dim=-1)[..., :-1]  # the sink carries no value
-    return torch.einsum("thk,tkd->thd", probs.to(keys.dtype), keys)
+    return torch.bmm(probs.to(keys.dtype), keys)  # [T, H, D]
 
 
 def emit_entries(
@@ -75,7 +76,7 @@ class Indexer(nn.Module):
         slots = ri.key_slots  # [T, N]
         gather, real = ri.key_gather
         keys = keys_cache[gather]  # [T, N, di]
-        scores = torch.einsum("thd,tnd->thn", q.float(), keys.float())  # [T, nh, N] per-row products
+        scores = torch.bmm(q.float(), keys.float().transpose(1, 2))  # [T, nh, N] per-row products
         scores = scores.relu() * self.dim**-0.5  # [T, nh, N]
         w = linear_rows(self.weights_proj, x).float() * self.num_heads**-0.5  # [T, nh]
         score = (scores * w[..., None]).sum(dim=1).masked_fill(~real, float("-inf"))  # [T, N]
