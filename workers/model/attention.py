@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from dspark_loop.model_config import ModelConfig
+from workers.model import kernels
 from workers.model.compressor import Compressor
 from workers.model.config import LocalDims
 from workers.model.layers import RMSNorm, apply_rope, linear_rows, matmul_groups, matmul_rows, rms_unweighted
@@ -49,6 +50,28 @@ def emit_entries(
     return apply_rope(entries, cos, sin)
 
 
+def choose_entries(score: torch.Tensor, slots: torch.Tensor, num_visible: torch.Tensor, topk: int) -> torch.Tensor:
+    """The indexer's top-k: score [T, N] fp32, slots [T, N] (-1: no entry), num_visible [T] ->
+    the slots [T, topk] of the best entries in descending score, -1 past num_visible.
+
+    NOTE: ties (relu zeros are common) go to the LOWEST entry: a stable descending sort (or the
+    C selection in the same order), never torch.topk, whose tie order changes with the shape."""
+    rows, n = score.shape
+    k = kernels.lib()
+    if k is not None and topk <= 1024 and kernels.fits(score) and kernels.fits_index(slots, num_visible):
+        chosen = torch.empty(rows, topk, dtype=torch.long, device=score.device)
+        k.topk_slots(score.data_ptr(), slots.data_ptr(), num_visible.data_ptr(), chosen.data_ptr(), rows, n, topk)
+        return chosen
+    score = score.masked_fill(slots < 0, float("-inf"))
+    order = torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :topk]
+    chosen = slots.gather(1, order)
+    rank = torch.arange(order.shape[1], device=order.device)[None, :]
+    chosen = torch.where(rank < num_visible[:, None], chosen, torch.full_like(chosen, -1))
+    if chosen.shape[1] < topk:
+        chosen = torch.cat([chosen, chosen.new_full((rows, topk - chosen.shape[1]), -1)], 1)
+    return chosen
+
+
 class Indexer(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, w8a8, prefix: str) -> None:
         super().__init__()
@@ -74,21 +97,13 @@ class Indexer(nn.Module):
         if hadamard is not None:
             q = matmul_rows(q, hadamard.t())  # [T, nh, di] @ H
         slots = ri.key_slots  # [T, N]
-        gather, real = ri.key_gather
+        gather, _ = ri.key_gather
         keys = keys_cache[gather]  # [T, N, di]
         scores = torch.bmm(q.float(), keys.float().transpose(1, 2))  # [T, nh, N] per-row products
         scores = scores.relu() * self.dim**-0.5  # [T, nh, N]
         w = linear_rows(self.weights_proj, x).float() * self.num_heads**-0.5  # [T, nh]
-        score = (scores * w[..., None]).sum(dim=1).masked_fill(~real, float("-inf"))  # [T, N]
-        # NOTE: ties (relu zeros are common) go to the LOWEST entry: a stable descending sort,
-        # never torch.topk, whose tie order changes with the tensor's shape.
-        order = torch.sort(score, dim=-1, descending=True, stable=True).indices[:, : self.topk]
-        chosen = slots.gather(1, order)
-        rank = torch.arange(order.shape[1], device=order.device)[None, :]
-        chosen = torch.where(rank < ri.num_visible[:, None], chosen, torch.full_like(chosen, -1))
-        if chosen.shape[1] < self.topk:
-            chosen = torch.cat([chosen, chosen.new_full((rows, self.topk - chosen.shape[1]), -1)], 1)
-        return chosen
+        score = (scores * w[..., None]).sum(dim=1)  # [T, N]
+        return choose_entries(score, slots, ri.num_visible, self.topk)
 
 
 class Attention(nn.Module):

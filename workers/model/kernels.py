@@ -46,6 +46,7 @@ _SIGNATURES = {
     "moe_plan": [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_long, ctypes.c_long] + [ctypes.c_void_p] * 4,
     "gather_rows": [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_long],
     "moe_combine": [ctypes.c_void_p] * 5 + [ctypes.c_long, ctypes.c_int, ctypes.c_long],
+    "topk_slots": [ctypes.c_void_p] * 4 + [ctypes.c_long, ctypes.c_long, ctypes.c_int],
 }
 _RESTYPES = {"moe_plan": ctypes.c_long}
 

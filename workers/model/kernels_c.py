@@ -182,4 +182,35 @@ void moe_combine(const float *yt, const long *pos, const float *w, const long *f
         }
     }
 }
+
+/* a beats b in a descending sort: greater, NaN above every number (torch's sort order) */
+static int beats(float a, float b) { return a > b || (a != a && b == b); }
+
+/* The indexer's choice: out [rows, topk] = the slots of each row's topk best entries in
+   descending score, ties to the lowest entry (a stable descending sort's first topk); an entry
+   with slot < 0 scores -inf; -1 at ranks >= the row's num_visible or >= n.
+   score, slots [rows, n]; num_visible [rows]. */
+void topk_slots(const float *score, const long *slots, const long *num_visible, long *out, long rows, long n,
+                int topk) {
+    long best[1024];
+    float val[1024];
+    for (long r = 0; r < rows; ++r) {
+        const float *sr = score + r * n;
+        const long *lr = slots + r * n;
+        int m = 0;
+        for (long c = 0; c < n; ++c) {
+            float v = lr[c] >= 0 ? sr[c] : -__builtin_inff();
+            if (m == topk && !beats(v, val[m - 1])) continue;
+            int i = m < topk ? m++ : topk - 1;
+            while (i > 0 && beats(v, val[i - 1])) {
+                best[i] = best[i - 1];
+                val[i] = val[i - 1];
+                --i;
+            }
+            best[i] = c;
+            val[i] = v;
+        }
+        for (int j = 0; j < topk; ++j) out[r * topk + j] = (j < m && j < num_visible[r]) ? lr[best[j]] : -1;
+    }
+}
 """

@@ -89,3 +89,21 @@ def test_moe_routing_kernels_must_equal_the_numpy_plan_bit_for_bit(rows, shard, 
     x, idx, w = torch.randn(rows, 16), torch.randint(0, 6, (rows, 3)), torch.rand(rows, 3)
     fast, slow = both(moe.routed, monkeypatch, x, idx, w)
     assert same_bits(fast, slow)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("n", [0, 5, 16, 130])
+def test_indexer_choice_must_equal_the_stable_sort_bit_for_bit(rows, n, monkeypatch):
+    """The C top-k must pick the stable descending sort's entries in its order: ties (many
+    zeros) to the lowest entry, NaN first, -inf for missing slots, -1 past num_visible."""
+    from workers.model.attention import choose_entries
+
+    torch.manual_seed(rows * 1000 + n)
+    score = (torch.randn(rows, n) * 2).relu().round()  # mostly ties
+    if n > 3:
+        score[0, 3] = float("nan")
+    num_visible = torch.randint(0, n + 1, (rows,))
+    col = torch.arange(n)[None, :]
+    slots = torch.where(col < num_visible[:, None], torch.randint(0, 999, (rows, n)), torch.full((rows, n), -1))
+    fast, slow = both(lambda *a: choose_entries(*a, 8), monkeypatch, score, slots, num_visible)
+    assert fast.shape == (rows, 8) and torch.equal(fast, slow)
