@@ -37,18 +37,22 @@ def matmul_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def _matmul_tiles(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    k, n_out = x.shape[-1], weight.shape[0]
-    flat = x.reshape(-1, k)  # [n, in]
+    # NOTE: written for few torch calls (each costs ~1 us; ~90 of these run per tiny step):
+    # no reshape of a 2-D x, one slice for a single tile.
+    shape = x.shape
+    k, n_out = shape[-1], weight.shape[0]
+    flat = x if len(shape) == 2 else x.reshape(-1, k)  # [n, in]
     n = flat.shape[0]
     pad = (-n) % ROW_TILE
     if pad:
         flat = torch.constant_pad_nd(flat, (0, 0, 0, pad))  # zero rows
-    num_tiles = flat.shape[0] // ROW_TILE
+    num_tiles = (n + pad) // ROW_TILE
     if weight.dtype != x.dtype:
         weight = weight.to(x.dtype)
     w = weight.t().expand(num_tiles, k, n_out)  # [tiles, in, out]
-    y = torch.bmm(flat.view(num_tiles, ROW_TILE, k), w).view(-1, n_out)  # [tiles*8, out]
-    return (y[:n] if pad else y).view(*x.shape[:-1], n_out)
+    y = torch.bmm(flat.view(num_tiles, ROW_TILE, k), w)  # [tiles, 8, out]
+    y = y[0, :n] if num_tiles == 1 else y.view(-1, n_out)[:n]  # [n, out]
+    return y if len(shape) == 2 else y.view(*shape[:-1], n_out)
 
 
 def matmul_groups(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -101,7 +105,7 @@ def linear_rows(lin, x: torch.Tensor) -> torch.Tensor:
     if not isinstance(lin, Linear):
         return row_tiles(lin, x)
     if not lin.w8a8:
-        return matmul_rows(x.to(lin.weight.dtype), lin.weight)
+        return matmul_rows(x if x.dtype == lin.weight.dtype else x.to(lin.weight.dtype), lin.weight)
     # the same arithmetic as Linear.forward (per-token quantisation is a per-row amax: exact)
     xq, xs = quantize_per_token(x)
     y = matmul_rows(xq.float(), lin.weight.float())  # int products in fp32
@@ -150,12 +154,25 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [rows, ..., dim]
         xf = x.float()
-        xf = xf * rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight * xf).to(x.dtype)
+        if xf.requires_grad:  # training: out of place for autograd, the same ops and bits
+            xf = xf * rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (self.weight * xf).to(x.dtype)
+        y = xf * _inv_rms_(xf.pow(2).mean(-1, keepdim=True), self.eps)  # [rows, ..., dim]
+        y = y.mul_(self.weight)  # weight * y, commuted
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
 def rms_unweighted(x: torch.Tensor, eps: float) -> torch.Tensor:  # [..., dim]
-    return x * rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
+    ms = x.float().square().mean(-1, keepdim=True)  # [..., 1]
+    if ms.requires_grad:
+        return x * rsqrt(ms + eps).to(x.dtype)
+    inv = _inv_rms_(ms, eps)
+    return x * (inv if x.dtype == torch.float32 else inv.to(x.dtype))
+
+
+def _inv_rms_(ms: torch.Tensor, eps: float) -> torch.Tensor:
+    """rsqrt(ms + eps) in place on the caller's own ms (fewer allocations, same ops)."""
+    return ms.add_(eps).sqrt_().reciprocal_()
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
