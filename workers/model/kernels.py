@@ -33,7 +33,9 @@ from workers.model.kernels_c import SOURCE
 
 log = logging.getLogger(__name__)
 
-FLAGS = ["-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math"]
+# -O3 vectorises the elementwise loops (hc_post 400 -> 103 us at 512 rows): lanes do the same
+# IEEE ops per element, and without -ffast-math no reduction is reassociated, so the bits stay.
+FLAGS = ["-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math"]
 
 
 _SIGNATURES = {
