@@ -49,6 +49,8 @@ _SIGNATURES = {
     "gather_rows": [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_long],
     "moe_combine": [ctypes.c_void_p] * 5 + [ctypes.c_long, ctypes.c_int, ctypes.c_long],
     "topk_slots": [ctypes.c_void_p] * 4 + [ctypes.c_long, ctypes.c_long, ctypes.c_int],
+    "swiglu_pre": [ctypes.c_void_p] * 2 + [ctypes.c_long, ctypes.c_float],
+    "swiglu_post": [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_float],
 }
 _RESTYPES = {"moe_plan": ctypes.c_long}
 

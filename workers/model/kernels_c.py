@@ -213,4 +213,21 @@ void topk_slots(const float *score, const long *slots, const long *num_visible, 
         for (int j = 0; j < topk; ++j) out[r * topk + j] = (j < m && j < num_visible[r]) ? lr[best[j]] : -1;
     }
 }
+
+/* SwiGLU around torch's exp, in place. pre: g = min(g, limit) (NaN kept), z = -g (exp's argument).
+   post: u = (g / (e + 1)) * clamp(u, -limit, limit) with e = exp(z); g, z, e, u [n]. */
+void swiglu_pre(float *g, float *z, long n, float limit) {
+    for (long i = 0; i < n; ++i) {
+        float v = g[i] > limit ? limit : g[i];
+        g[i] = v;
+        z[i] = -v;
+    }
+}
+
+void swiglu_post(const float *g, const float *e, float *u, long n, float limit) {
+    for (long i = 0; i < n; ++i) {
+        float v = u[i] < -limit ? -limit : (u[i] > limit ? limit : u[i]);
+        u[i] = (g[i] / (e[i] + 1.0f)) * v;
+    }
+}
 """

@@ -30,9 +30,21 @@ class Expert(nn.Module):
         self.w3 = Linear(hidden, inter, dtype, w8a8(prefix + "w3"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [rows, hidden]
-        gate = linear_rows(self.w1, x).clamp(max=self.limit)
-        up = linear_rows(self.w3, x).clamp(min=-self.limit, max=self.limit)
-        return linear_rows(self.w2, silu(gate) * up)
+        return linear_rows(self.w2, swiglu(linear_rows(self.w1, x), linear_rows(self.w3, x), self.limit))
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """silu(gate clamped above at limit) * (up clamped to +-limit); gate, up [..., inter] are the
+    caller's own (fp32: overwritten by the C path, which keeps only the exp in torch)."""
+    k = kernels.lib()
+    if k is not None and kernels.fits(gate, up) and not gate.requires_grad:
+        z = torch.empty_like(gate)
+        k.swiglu_pre(gate.data_ptr(), z.data_ptr(), gate.numel(), limit)
+        e = z.exp_()
+        k.swiglu_post(gate.data_ptr(), e.data_ptr(), up.data_ptr(), up.numel(), limit)
+        return up
+    gate = gate.clamp(max=limit)
+    return silu(gate) * up.clamp(min=-limit, max=limit)
 
 
 class Gate(nn.Module):
@@ -109,9 +121,8 @@ class MoE(nn.Module):
         """Every local expert at once: tiles [n, ROW_TILE, d], tile_expert [n] (local index) ->
         [n, ROW_TILE, d]; the Expert arithmetic, one bmm per projection."""
         (w1, s1), (w3, s3), (w2, s2) = self.stacked_weights()
-        gate = _tile_linear(tiles, w1, s1, tile_expert).clamp(max=self.limit)
-        up = _tile_linear(tiles, w3, s3, tile_expert).clamp(min=-self.limit, max=self.limit)
-        return _tile_linear(silu(gate) * up, w2, s2, tile_expert)
+        gate, up = _tile_linear(tiles, w1, s1, tile_expert), _tile_linear(tiles, w3, s3, tile_expert)
+        return _tile_linear(swiglu(gate, up, self.limit), w2, s2, tile_expert)
 
     def routed(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """This rank's experts' share of the routed sum: x [T, d], idx/w [T, k] -> [T, d].

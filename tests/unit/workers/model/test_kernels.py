@@ -107,3 +107,16 @@ def test_indexer_choice_must_equal_the_stable_sort_bit_for_bit(rows, n, monkeypa
     slots = torch.where(col < num_visible[:, None], torch.randint(0, 999, (rows, n)), torch.full((rows, n), -1))
     fast, slow = both(lambda *a: choose_entries(*a, 8), monkeypatch, score, slots, num_visible)
     assert fast.shape == (rows, 8) and torch.equal(fast, slow)
+
+
+@pytest.mark.parametrize("shape", [(1, 32), (37, 48), (5, 8, 16), (512, 32)])
+def test_swiglu_kernels_must_equal_the_clamped_silu_product_bit_for_bit(shape, monkeypatch):
+    """The clamps, silu and product around torch's exp must give the torch composition's bits,
+    values past the limit and a NaN included."""
+    from workers.model.moe import swiglu
+
+    torch.manual_seed(shape[0])
+    gate, up = torch.randn(*shape) * 4, torch.randn(*shape) * 4
+    gate.view(-1)[0] = float("nan")
+    fast, slow = both(lambda g, u: swiglu(g, u, 2.5), monkeypatch, gate, up)
+    assert same_bits(fast, slow)
