@@ -17,7 +17,15 @@ from dspark_loop.model_config import ModelConfig
 from workers.model import kernels
 from workers.model.compressor import Compressor
 from workers.model.config import LocalDims
-from workers.model.layers import RMSNorm, apply_rope, linear_rows, matmul_groups, matmul_rows, rms_unweighted
+from workers.model.layers import (
+    RMSNorm,
+    apply_rope,
+    linear_rows,
+    matmul_groups,
+    matmul_rows,
+    rms_unweighted,
+    take_rows,
+)
 from workers.model.linear import Linear
 from workers.staging import RatioIndex
 
@@ -46,7 +54,7 @@ def emit_entries(
 ) -> torch.Tensor:
     """Entries [E, dim] (normed, roped at j*r) pooled from the swa state rows by slot."""
     idx, valid = ri.state_gather  # [E, S]
-    entries = comp.pool(state_kv[idx], state_score[idx], valid)
+    entries = comp.pool(take_rows(state_kv, idx), take_rows(state_score, idx), valid)
     return apply_rope(entries, cos, sin)
 
 
@@ -98,7 +106,7 @@ class Indexer(nn.Module):
             q = matmul_rows(q, hadamard.t())  # [T, nh, di] @ H
         slots = ri.key_slots  # [T, N]
         gather, _ = ri.key_gather
-        keys = keys_cache[gather]  # [T, N, di]
+        keys = take_rows(keys_cache, gather)  # [T, N, di]
         scores = torch.bmm(q.float(), keys.float().transpose(1, 2))  # [T, nh, N] per-row products
         scores = scores.relu() * self.dim**-0.5  # [T, nh, N]
         w = linear_rows(self.weights_proj, x).float() * self.num_heads**-0.5  # [T, nh]
@@ -140,7 +148,7 @@ class Attention(nn.Module):
         kv = apply_rope(self.kv_norm(linear_rows(self.wkv, x)), cos, sin)  # [T, D]
         pool.raw_kv[L][b.write_slots] = kv.to(pool.dtype)
         gather, mask = b.raw_gather  # [T, W]
-        keys = pool.raw_kv[L][gather].to(q.dtype)  # [T, W, D]
+        keys = take_rows(pool.raw_kv[L], gather, q.dtype)  # [T, W, D]
         scale = self.head_dim**-0.5
         if not self.ratio:
             out = attend(q, keys, mask, self.attn_sink, scale)
@@ -176,7 +184,7 @@ class Attention(nn.Module):
         chosen = idx.select(
             x, qr, pool.index_keys[L], ri, ctx.rope_compress[0], ctx.rope_compress[1], ctx.hadamard
         )  # [T, topk]
-        ckeys = pool.comp_kv[L][chosen.clamp(min=0)].to(q.dtype)  # [T, topk, D]
+        ckeys = take_rows(pool.comp_kv[L], chosen.clamp(min=0), q.dtype)  # [T, topk, D]
         return attend(q, torch.cat([keys, ckeys], 1), torch.cat([mask, chosen >= 0], 1), self.attn_sink, scale)
 
     def _dense_compressed(self, q, keys, mask, ri: RatioIndex, comp_kv, scale):
@@ -184,11 +192,11 @@ class Attention(nn.Module):
         groups = ri.width_groups  # rows by their bucketed width (KEY_BUCKET)
         if len(groups) == 1:
             w = groups[0][0]
-            k = torch.cat([keys, comp_kv[gather[:, :w]].to(q.dtype)], 1)
+            k = torch.cat([keys, take_rows(comp_kv, gather[:, :w], q.dtype)], 1)
             return attend(q, k, torch.cat([mask, real[:, :w]], 1), self.attn_sink, scale)
         out = torch.empty_like(q)
         for w, rows in groups:
-            k = torch.cat([keys[rows], comp_kv[gather[rows, :w]].to(q.dtype)], 1)
+            k = torch.cat([keys[rows], take_rows(comp_kv, gather[rows, :w], q.dtype)], 1)
             m = torch.cat([mask[rows], real[rows, :w]], 1)
             out[rows] = attend(q[rows], k, m, self.attn_sink, scale)
         return out

@@ -60,7 +60,7 @@ class Embedding(nn.Module):
         self.weight = nn.Parameter(torch.zeros(vocab, hidden, dtype=dtype), requires_grad=False)
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
-        return self.weight[token_ids]
+        return self.weight.index_select(0, token_ids)
 
 
 class Block(nn.Module):

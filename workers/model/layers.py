@@ -112,6 +112,14 @@ def linear_rows(lin, x: torch.Tensor) -> torch.Tensor:
     return (y * xs * lin.scale).to(x.dtype if x.dtype != torch.int8 else torch.float32)
 
 
+def take_rows(t: torch.Tensor, idx: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """t[idx] (rows of t [N, ...] by an index tensor idx [...]) as one index_select, optionally
+    cast to dtype: the same copy as advanced indexing at a fraction of its per-call cost
+    (measured: [32, 16] row ids 15 -> 5 us)."""
+    out = t.index_select(0, idx.reshape(-1)).view(*idx.shape, *t.shape[1:])  # [..., *t.shape[1:]]
+    return out if dtype is None or out.dtype == dtype else out.to(dtype)
+
+
 def row_tiles(fn, *xs: torch.Tensor) -> torch.Tensor:
     """fn(*tile) over fixed ROW_TILE-row tiles of row-aligned tensors xs (zero-padded)."""
     rows = xs[0].shape[0]

@@ -225,12 +225,12 @@ def _tile_linear(
     -> [n, 8, out] (one bmm: each tile gets its own 8-row gemm's bits, see layers)."""
     if scale is None and (tiles.requires_grad or weight.requires_grad):
         return _TileLinear.apply(tiles, weight, tile_expert)  # training: same forward bits
-    w = weight[tile_expert]  # [n, out, in]
+    w = weight.index_select(0, tile_expert)  # [n, out, in] (one copy, as weight[tile_expert])
     if scale is None:
         return torch.bmm(tiles.to(weight.dtype), w.transpose(1, 2))
     xq, xs = quantize_per_token(tiles)  # [n, 8, in] int8, [n, 8, 1]
     y = torch.bmm(xq.float(), w.float().transpose(1, 2))  # int products in fp32
-    return (y * xs * scale[tile_expert][:, None, :]).to(tiles.dtype)
+    return (y * xs * scale.index_select(0, tile_expert)[:, None, :]).to(tiles.dtype)
 
 
 class _TileLinear(torch.autograd.Function):
