@@ -1,9 +1,49 @@
 """The C source of workers/model/kernels.py (see there for the rules every kernel follows)."""
 
 SOURCE = r"""
+#define LANES 16
+
+/* sinkhorn() on nb <= LANES rows at once, row l of the block in lane l of every temporary:
+   each lane performs exactly the scalar sequence below, so the loops over lanes vectorise
+   across rows without changing any row's arithmetic (n <= 8). */
+static void sinkhorn_block(float *c, long nb, int n, int rounds, float eps) {
+    float t[64][LANES], acc[LANES], s[8][LANES];
+    int nn = n * n;
+    for (int e = 0; e < nn; ++e)
+        for (int l = 0; l < LANES; ++l) t[e][l] = l < nb ? c[l * nn + e] : 1.0f;
+    for (int it = 0; it <= rounds; ++it) {
+        if (it > 0) {
+            for (int i = 0; i < n; ++i) {
+                for (int l = 0; l < LANES; ++l) acc[l] = 0.0f;
+                for (int j = 0; j < n; ++j)
+                    for (int l = 0; l < LANES; ++l) acc[l] += t[i * n + j][l];
+                for (int l = 0; l < LANES; ++l) acc[l] += eps;
+                for (int j = 0; j < n; ++j)
+                    for (int l = 0; l < LANES; ++l) t[i * n + j][l] /= acc[l];
+            }
+        }
+        for (int j = 0; j < n; ++j) {
+            for (int l = 0; l < LANES; ++l) acc[l] = 0.0f;
+            for (int i = 0; i < n; ++i)
+                for (int l = 0; l < LANES; ++l) acc[l] += t[i * n + j][l];
+            for (int l = 0; l < LANES; ++l) s[j][l] = acc[l] + eps;
+        }
+        for (int i = 0; i < n; ++i)
+            for (int j = 0; j < n; ++j)
+                for (int l = 0; l < LANES; ++l) t[i * n + j][l] /= s[j][l];
+    }
+    for (int e = 0; e < nn; ++e)
+        for (int l = 0; l < nb; ++l) c[l * nn + e] = t[e][l];
+}
+
 /* comb [rows, n, n] in place: one column normalisation, then rounds x (rows, columns):
    m /= (sum over the normalised dim + eps), sums in index order. */
 void sinkhorn(float *c, long rows, int n, int rounds, float eps) {
+    if (n <= 8) {
+        for (long r = 0; r < rows; r += LANES)
+            sinkhorn_block(c + r * n * n, rows - r < LANES ? rows - r : LANES, n, rounds, eps);
+        return;
+    }
     float s[64];
     for (long r = 0; r < rows; ++r) {
         float *m = c + r * n * n;
@@ -105,13 +145,13 @@ void hc_finish(const float *e, float *comb, const float *h, float *post, float *
     float pre[64];
     for (long r = 0; r < rows; ++r) {
         const float *er = e + r * 2 * n;
-        for (int i = 0; i < n; ++i) {
-            pre[i] = 1.0f / (er[i] + 1.0f) + eps;
-            post[r * n + i] = (1.0f / (er[n + i] + 1.0f)) * 2.0f;
-        }
-        float *cr = comb + r * n * n;
-        for (int j = 0; j < n * n; ++j) cr[j] = cr[j] + eps;
-        sinkhorn(cr, 1, n, rounds, eps);
+        for (int i = 0; i < n; ++i) post[r * n + i] = (1.0f / (er[n + i] + 1.0f)) * 2.0f;
+    }
+    for (long j = 0; j < rows * n * n; ++j) comb[j] = comb[j] + eps;
+    sinkhorn(comb, rows, n, rounds, eps);
+    for (long r = 0; r < rows; ++r) {
+        const float *er = e + r * 2 * n;
+        for (int i = 0; i < n; ++i) pre[i] = 1.0f / (er[i] + 1.0f) + eps;
         weighted_sum(h + r * n * d, pre, y + r * d, 1, n, d);
     }
 }
