@@ -35,11 +35,19 @@ def attend(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, sink: torch.
     All rows at once: each row's bmm is its own [H, D] x [D, K] product and the softmax is
     over the last dim, both row-invariant (measured; see layers). An explicit bmm, not einsum:
     the same kernel call (same bits) without einsum's parsing and permutes."""
-    logits = torch.bmm(q, keys.transpose(1, 2)) * scale  # [T, H, K]
-    logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
-    sinks = sink.to(logits.dtype)[None, :, None].expand(q.shape[0], -1, 1)  # [T, H, 1]
-    combined = torch.cat([logits, sinks], dim=-1)
-    combined = combined - combined.max(dim=-1, keepdim=True).values
+    logits = torch.bmm(q, keys.transpose(1, 2))  # [T, H, K]
+    k = kernels.lib()
+    if k is not None and kernels.fits(logits, sink) and mask.dtype == torch.bool and mask.is_contiguous():
+        rows, heads, num_keys = logits.shape
+        combined = logits.new_empty(rows, heads, num_keys + 1)  # scale, mask, sink, minus max: in C
+        k.attn_logits(
+            logits.data_ptr(), mask.data_ptr(), sink.data_ptr(), combined.data_ptr(), rows, heads, num_keys, scale
+        )
+    else:
+        logits = (logits * scale).masked_fill(~mask[:, None, :], float("-inf"))
+        sinks = sink.to(logits.dtype)[None, :, None].expand(q.shape[0], -1, 1)  # [T, H, 1]
+        combined = torch.cat([logits, sinks], dim=-1)  # [T, H, K+1]
+        combined = combined - combined.max(dim=-1, keepdim=True).values
     probs = torch.softmax(combined, dim=-1)[..., :-1]  # the sink carries no value
     return torch.bmm(probs.to(keys.dtype), keys)  # [T, H, D]
 

@@ -270,4 +270,26 @@ void swiglu_post(const float *g, const float *e, float *u, long n, float limit) 
         u[i] = (g[i] / (e[i] + 1.0f)) * v;
     }
 }
+
+/* attend's softmax input: out[t, h, k] = raw[t, h, k] * scale (-inf where !mask[t, k]), out[t, h, K] =
+   sink[h], then each row minus its max (a NaN anywhere makes the max NaN, as torch.max).
+   raw [T, H, K], mask [T, K] (bool bytes), sink [H], out [T, H, K+1] */
+void attn_logits(const float *raw, const unsigned char *mask, const float *sink, float *out, long rows, long heads,
+                 long keys, float scale) {
+    for (long t = 0; t < rows; ++t) {
+        const unsigned char *m = mask + t * keys;
+        for (long h = 0; h < heads; ++h) {
+            const float *x = raw + (t * heads + h) * keys;
+            float *y = out + (t * heads + h) * (keys + 1);
+            for (long k = 0; k < keys; ++k) y[k] = m[k] ? x[k] * scale : -__builtin_inff();
+            y[keys] = sink[h];
+            float mx = y[0];
+            for (long k = 1; k <= keys; ++k) {
+                float v = y[k];
+                if (v != v || (mx == mx && v > mx)) mx = v;
+            }
+            for (long k = 0; k <= keys; ++k) y[k] = y[k] - mx;
+        }
+    }
+}
 """

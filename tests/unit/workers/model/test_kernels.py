@@ -120,3 +120,17 @@ def test_swiglu_kernels_must_equal_the_clamped_silu_product_bit_for_bit(shape, m
     gate.view(-1)[0] = float("nan")
     fast, slow = both(lambda g, u: swiglu(g, u, 2.5), monkeypatch, gate, up)
     assert same_bits(fast, slow)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_attend_logits_kernel_must_equal_the_torch_composition_bit_for_bit(rows, monkeypatch):
+    """Scale, key mask (whole rows masked included), the sink column and the max subtraction
+    before the softmax must give attend() the torch composition's bits."""
+    from workers.model.attention import attend
+
+    torch.manual_seed(rows)
+    q, keys, sink = torch.randn(rows, 8, 32), torch.randn(rows, 24, 32), torch.randn(8)
+    mask = torch.rand(rows, 24) > 0.3
+    mask[0] = False
+    fast, slow = both(lambda *a: attend(*a, 32**-0.5), monkeypatch, q, keys, mask, sink)
+    assert same_bits(fast, slow)
