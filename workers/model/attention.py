@@ -20,6 +20,7 @@ from workers.model.config import LocalDims
 from workers.model.layers import (
     RMSNorm,
     apply_rope,
+    cast,
     linear_rows,
     matmul_groups,
     matmul_rows,
@@ -49,7 +50,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, sink: torch.
         combined = torch.cat([logits, sinks], dim=-1)  # [T, H, K+1]
         combined = combined - combined.max(dim=-1, keepdim=True).values
     probs = torch.softmax(combined, dim=-1)[..., :-1]  # the sink carries no value
-    return torch.bmm(probs.to(keys.dtype), keys)  # [T, H, D]
+    return torch.bmm(cast(probs, keys.dtype), keys)  # [T, H, D]
 
 
 def emit_entries(
@@ -154,7 +155,7 @@ class Attention(nn.Module):
         q = linear_rows(self.wq_b, qr).view(rows, self.num_heads, self.head_dim)
         q = apply_rope(rms_unweighted(q, self.eps), cos, sin)  # [T, H, D]
         kv = apply_rope(self.kv_norm(linear_rows(self.wkv, x)), cos, sin)  # [T, D]
-        pool.raw_kv[L][b.write_slots] = kv.to(pool.dtype)
+        pool.raw_kv[L][b.write_slots] = cast(kv, pool.dtype)
         gather, mask = b.raw_gather  # [T, W]
         keys = take_rows(pool.raw_kv[L], gather, q.dtype)  # [T, W, D]
         scale = self.head_dim**-0.5
@@ -163,12 +164,12 @@ class Attention(nn.Module):
         else:
             ri = b.ratios[self.ratio]
             ckv, cscore = self.compressor.project(x)
-            pool.state_kv[L][b.write_slots] = ckv.to(pool.dtype)
-            pool.state_score[L][b.write_slots] = cscore.to(pool.dtype)
+            pool.state_kv[L][b.write_slots] = cast(ckv, pool.dtype)
+            pool.state_score[L][b.write_slots] = cast(cscore, pool.dtype)
             ecos, esin = ctx.rope_emit[self.ratio]
             if ri.emit_rows.numel():
                 entries = emit_entries(self.compressor, pool.state_kv[L], pool.state_score[L], ri, ecos, esin)
-                pool.comp_kv[L][ri.write_slots] = entries.to(pool.dtype)
+                pool.comp_kv[L][ri.write_slots] = cast(entries, pool.dtype)
             if self.is_csa:
                 out = self._sparse(x, qr, q, keys, mask, ri, ctx, cos, sin, ecos, esin, scale)
             else:
@@ -182,13 +183,13 @@ class Attention(nn.Module):
     def _sparse(self, x, qr, q, keys, mask, ri, ctx, cos, sin, ecos, esin, scale):
         L, pool, b, idx = self.layer, ctx.pool, ctx.batch, self.indexer
         ikv, iscore = idx.compressor.project(x)
-        pool.index_state_kv[L][b.write_slots] = ikv.to(pool.dtype)
-        pool.index_state_score[L][b.write_slots] = iscore.to(pool.dtype)
+        pool.index_state_kv[L][b.write_slots] = cast(ikv, pool.dtype)
+        pool.index_state_score[L][b.write_slots] = cast(iscore, pool.dtype)
         if ri.emit_rows.numel():
             ikeys = emit_entries(idx.compressor, pool.index_state_kv[L], pool.index_state_score[L], ri, ecos, esin)
             if ctx.hadamard is not None:
                 ikeys = matmul_rows(ikeys, ctx.hadamard.t())  # [E, di] @ H
-            pool.index_keys[L][ri.write_slots] = ikeys.to(pool.dtype)
+            pool.index_keys[L][ri.write_slots] = cast(ikeys, pool.dtype)
         chosen = idx.select(
             x, qr, pool.index_keys[L], ri, ctx.rope_compress[0], ctx.rope_compress[1], ctx.hadamard
         )  # [T, topk]

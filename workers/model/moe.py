@@ -17,7 +17,7 @@ from torch import nn
 from dspark_loop.model_config import ModelConfig
 from workers.model import kernels
 from workers.model.config import LocalDims
-from workers.model.layers import ROW_TILE, linear_rows, matmul_rows, silu, softplus
+from workers.model.layers import ROW_TILE, cast, linear_rows, matmul_rows, silu, softplus
 from workers.model.linear import Linear, quantize_per_token
 
 
@@ -227,7 +227,7 @@ def _tile_linear(
         return _TileLinear.apply(tiles, weight, tile_expert)  # training: same forward bits
     w = weight.index_select(0, tile_expert)  # [n, out, in] (one copy, as weight[tile_expert])
     if scale is None:
-        return torch.bmm(tiles.to(weight.dtype), w.transpose(1, 2))
+        return torch.bmm(cast(tiles, weight.dtype), w.transpose(1, 2))
     xq, xs = quantize_per_token(tiles)  # [n, 8, in] int8, [n, 8, 1]
     y = torch.bmm(xq.float(), w.float().transpose(1, 2))  # int products in fp32
     return (y * xs * scale.index_select(0, tile_expert)[:, None, :]).to(tiles.dtype)
