@@ -52,6 +52,7 @@ _SIGNATURES = {
     "swiglu_pre": [ctypes.c_void_p] * 2 + [ctypes.c_long, ctypes.c_float],
     "swiglu_post": [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_float],
     "attn_logits": [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_float],
+    "route_topk": [ctypes.c_void_p] * 4 + [ctypes.c_long, ctypes.c_long, ctypes.c_int],
 }
 _RESTYPES = {"moe_plan": ctypes.c_long}
 

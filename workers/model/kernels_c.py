@@ -292,4 +292,31 @@ void attn_logits(const float *raw, const unsigned char *mask, const float *sink,
         }
     }
 }
+
+/* The router's choice: with bias, idx [rows, k] = each row's k best experts by scores + bias in
+   descending order, ties to the lowest id (a stable descending sort's first k, NaN first);
+   without, idx is given (hash routing). Then w [rows, k] = scores at idx. scores [rows, e]. */
+void route_topk(const float *scores, const float *bias, long *idx, float *w, long rows, long e, int k) {
+    float val[64];
+    for (long r = 0; r < rows; ++r) {
+        const float *s = scores + r * e;
+        long *ir = idx + r * k;
+        if (bias) {
+            int m = 0;
+            for (long c = 0; c < e; ++c) {
+                float v = s[c] + bias[c];
+                if (m == k && !beats(v, val[m - 1])) continue;
+                int i = m < k ? m++ : k - 1;
+                while (i > 0 && beats(v, val[i - 1])) {
+                    ir[i] = ir[i - 1];
+                    val[i] = val[i - 1];
+                    --i;
+                }
+                ir[i] = c;
+                val[i] = v;
+            }
+        }
+        for (int j = 0; j < k; ++j) w[r * k + j] = s[ir[j]];
+    }
+}
 """

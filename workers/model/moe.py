@@ -64,6 +64,18 @@ class Gate(nn.Module):
         # bits must not depend on the batch. The sort and the sums are per row.
         logits = matmul_rows(x.float(), self.weight.float())  # [T, E]
         scores = softplus(logits).sqrt()
+        lib = kernels.lib()
+        if lib is not None and self.topk <= 64 and kernels.fits(scores) and scores.shape[1] >= self.topk:
+            rows, num_experts = scores.shape
+            if self.is_hash:
+                idx = self.tid2eid.index_select(0, token_ids).long()  # [T, k]
+            else:
+                idx = torch.empty(rows, self.topk, dtype=torch.long, device=scores.device)
+            w = scores.new_empty(rows, self.topk)  # the stable top-k of scores + bias and the gather in C
+            bias = None if self.is_hash else self.bias.float()  # held: its pointer goes to C
+            bias_ptr = None if bias is None else bias.data_ptr()
+            lib.route_topk(scores.data_ptr(), bias_ptr, idx.data_ptr(), w.data_ptr(), rows, num_experts, self.topk)
+            return idx, w / (w.sum(dim=-1, keepdim=True) + 1e-20) * self.scale
         if self.is_hash:
             idx = self.tid2eid[token_ids].long()
         else:

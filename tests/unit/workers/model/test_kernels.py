@@ -134,3 +134,25 @@ def test_attend_logits_kernel_must_equal_the_torch_composition_bit_for_bit(rows,
     mask[0] = False
     fast, slow = both(lambda *a: attend(*a, 32**-0.5), monkeypatch, q, keys, mask, sink)
     assert same_bits(fast, slow)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("is_hash", [False, True])
+def test_router_choice_must_equal_the_stable_sort_bit_for_bit(rows, is_hash, monkeypatch):
+    """The C top-k of scores + bias (ties to the lowest expert id) and the weight gather must
+    give Gate the stable sort's experts and weights; hash routing keeps its table's ids."""
+    from tests.unit.workers.model.test_layers import tiny_cfg
+    from workers.model.moe import Gate
+
+    cfg = tiny_cfg(hidden_size=16, n_routed_experts=6, num_experts_per_tok=2)
+    gate = Gate(cfg, is_hash)
+    torch.manual_seed(rows)
+    gate.weight.data.normal_()
+    if is_hash:
+        gate.tid2eid.copy_(torch.randint(0, 6, gate.tid2eid.shape))
+    else:
+        gate.bias.data.copy_(torch.tensor([0.0, 0.5, 0.5, 0.0, -1.0, 0.5]))  # ties after the add
+    x = torch.randn(rows, 16).round()  # repeated scores
+    tokens = torch.randint(0, cfg.vocab_size, (rows,))
+    fast, slow = both(lambda a, t: gate(a, t), monkeypatch, x, tokens)
+    assert torch.equal(fast[0], slow[0]) and same_bits(fast[1], slow[1])
