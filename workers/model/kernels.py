@@ -1,6 +1,6 @@
 """Fused CPU kernels for the small exact compositions that cost hundreds of torch calls a step
 (the Sinkhorn's 20 rounds, the hc stream mixes and weights, rope, the MoE routing plan and
-combine), as plain C (kernels_c.py) loaded with ctypes.
+combine), as plain C (kernels_c.py, kernels_c_select.py) loaded with ctypes.
 
 Each kernel performs the SAME IEEE float32 operations in the SAME order as the torch code it
 replaces (layers.py), so its bits are identical: only + - * / (correctly rounded), products
@@ -29,9 +29,11 @@ import tempfile
 
 import torch
 
-from workers.model.kernels_c import SOURCE
+from workers.model import kernels_c, kernels_c_select
 
 log = logging.getLogger(__name__)
+
+SOURCE = kernels_c.SOURCE + kernels_c_select.SOURCE
 
 # -O3 vectorises the elementwise loops (hc_post 400 -> 103 us at 512 rows): lanes do the same
 # IEEE ops per element, and without -ffast-math no reduction is reassociated, so the bits stay.
