@@ -148,7 +148,7 @@ class MoE(nn.Module):
         Each token then sums its k outputs in ascending expert id (slots of other ranks'
         experts add zero): a fixed order per row."""
         lib = kernels.lib()
-        if lib is not None and idx.shape[1] <= 64 and kernels.fits(x, w):
+        if lib is not None and idx.shape[1] <= 64 and idx.dtype == torch.long and kernels.fits(x, w):
             return self._routed_c(lib, x, idx, w)
         rows, k = idx.shape
         d, lo, hi = x.shape[1], self.expert_lo, self.expert_hi
