@@ -148,16 +148,22 @@ class ModelRunner:
         small = num_rows * self.cfg.hidden_size**2 < SERIAL_STEP_MACS
         return 1 if small and self.device.type == "cpu" else torch.get_num_threads()
 
+    # NOTE: a step runs under inference_mode, not only no_grad: torch then skips the autograd
+    # and version-counter bookkeeping of every op, which on the tiny model's ~2,000 small ops
+    # a step is a fifth of its CPU time (measured: a 1-row decode step 8.5 -> 6.6 ms). Same
+    # kernels, same bits. Tensors made here are inference tensors: the caches and rings are
+    # made at load and only written in place here; results leave as numpy or are only read.
     def forward(self, segments: list[Segment], tap_layers: tuple[int, ...] = ()) -> ForwardOutput:
-        batch = stage(segments, self.tables, self.layout, self.cfg, self.pool, self.device)
-        with intra_op_threads(self.step_threads(batch.num_rows)):
-            return self.model(batch, self.pool, self.comm, tap_layers)
+        with torch.inference_mode():
+            batch = stage(segments, self.tables, self.layout, self.cfg, self.pool, self.device)
+            with intra_op_threads(self.step_threads(batch.num_rows)):
+                return self.model(batch, self.pool, self.comm, tap_layers)
 
     def execute(self, part: PartitionPlan) -> np.ndarray:
         rows = sum(len(as_i32(c.token_ids)) for c in part.prefills)
         if part.decode is not None:
             rows += int(as_i8(part.decode.num_rows).sum())
-        with intra_op_threads(self.step_threads(rows)):
+        with torch.inference_mode(), intra_op_threads(self.step_threads(rows)):
             return self._execute(part)
 
     def _execute(self, part: PartitionPlan) -> np.ndarray:

@@ -243,8 +243,11 @@ def stage(
     seen = q >= 0
     raw[seen] = slots.swa(np.broadcast_to(seg[:, None], q.shape)[seen], q[seen])
 
+    on_cpu = torch.device(device).type == "cpu"
+
     def t(a):
-        return torch.from_numpy(np.ascontiguousarray(a, np.int64)).to(device)
+        out = torch.from_numpy(np.ascontiguousarray(a, np.int64))
+        return out if on_cpu else out.to(device)
 
     ratios = {}
     for r, fam in comp_fams.items():

@@ -14,24 +14,43 @@ import torch
 from torch import nn
 
 from dspark_loop.model_config import ModelConfig
+from workers.model import kernels
 from workers.model.compressor import Compressor
 from workers.model.config import LocalDims
-from workers.model.layers import RMSNorm, apply_rope, linear_rows, matmul_groups, matmul_rows, rms_unweighted
+from workers.model.layers import (
+    RMSNorm,
+    apply_rope,
+    cast,
+    linear_rows,
+    matmul_groups,
+    matmul_rows,
+    rms_unweighted,
+    take_rows,
+)
 from workers.model.linear import Linear
 from workers.staging import RatioIndex
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, sink: torch.Tensor, scale: float) -> torch.Tensor:
     """q [T, H, D], keys [T, K, D] (K = V), mask [T, K], sink [H] -> [T, H, D].
-    All rows at once: each row's einsums are its own [H, D] x [D, K] product and the softmax
-    is over the last dim, both row-invariant (measured; see layers)."""
-    logits = torch.einsum("thd,tkd->thk", q, keys) * scale  # [T, H, K]
-    logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
-    sinks = sink.to(logits.dtype)[None, :, None].expand(q.shape[0], -1, 1)  # [T, H, 1]
-    combined = torch.cat([logits, sinks], dim=-1)
-    combined = combined - combined.max(dim=-1, keepdim=True).values
+    All rows at once: each row's bmm is its own [H, D] x [D, K] product and the softmax is
+    over the last dim, both row-invariant (measured; see layers). An explicit bmm, not einsum:
+    the same kernel call (same bits) without einsum's parsing and permutes."""
+    logits = torch.bmm(q, keys.transpose(1, 2))  # [T, H, K]
+    k = kernels.lib()
+    if k is not None and kernels.fits(logits, sink) and mask.dtype == torch.bool and mask.is_contiguous():
+        rows, heads, num_keys = logits.shape
+        combined = logits.new_empty(rows, heads, num_keys + 1)  # scale, mask, sink, minus max: in C
+        k.attn_logits(
+            logits.data_ptr(), mask.data_ptr(), sink.data_ptr(), combined.data_ptr(), rows, heads, num_keys, scale
+        )
+    else:
+        logits = (logits * scale).masked_fill(~mask[:, None, :], float("-inf"))
+        sinks = sink.to(logits.dtype)[None, :, None].expand(q.shape[0], -1, 1)  # [T, H, 1]
+        combined = torch.cat([logits, sinks], dim=-1)  # [T, H, K+1]
+        combined = combined - combined.max(dim=-1, keepdim=True).values
     probs = torch.softmax(combined, dim=-1)[..., :-1]  # the sink carries no value
-    return torch.einsum("thk,tkd->thd", probs.to(keys.dtype), keys)
+    return torch.bmm(cast(probs, keys.dtype), keys)  # [T, H, D]
 
 
 def emit_entries(
@@ -44,8 +63,30 @@ def emit_entries(
 ) -> torch.Tensor:
     """Entries [E, dim] (normed, roped at j*r) pooled from the swa state rows by slot."""
     idx, valid = ri.state_gather  # [E, S]
-    entries = comp.pool(state_kv[idx], state_score[idx], valid)
+    entries = comp.pool(take_rows(state_kv, idx), take_rows(state_score, idx), valid)
     return apply_rope(entries, cos, sin)
+
+
+def choose_entries(score: torch.Tensor, slots: torch.Tensor, num_visible: torch.Tensor, topk: int) -> torch.Tensor:
+    """The indexer's top-k: score [T, N] fp32, slots [T, N] (-1: no entry), num_visible [T] ->
+    the slots [T, topk] of the best entries in descending score, -1 past num_visible.
+
+    NOTE: ties (relu zeros are common) go to the LOWEST entry: a stable descending sort (or the
+    C selection in the same order), never torch.topk, whose tie order changes with the shape."""
+    rows, n = score.shape
+    k = kernels.lib()
+    if k is not None and topk <= 1024 and kernels.fits(score) and kernels.fits_index(slots, num_visible):
+        chosen = torch.empty(rows, topk, dtype=torch.long, device=score.device)
+        k.topk_slots(score.data_ptr(), slots.data_ptr(), num_visible.data_ptr(), chosen.data_ptr(), rows, n, topk)
+        return chosen
+    score = score.masked_fill(slots < 0, float("-inf"))
+    order = torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :topk]
+    chosen = slots.gather(1, order)
+    rank = torch.arange(order.shape[1], device=order.device)[None, :]
+    chosen = torch.where(rank < num_visible[:, None], chosen, torch.full_like(chosen, -1))
+    if chosen.shape[1] < topk:
+        chosen = torch.cat([chosen, chosen.new_full((rows, topk - chosen.shape[1]), -1)], 1)
+    return chosen
 
 
 class Indexer(nn.Module):
@@ -73,21 +114,13 @@ class Indexer(nn.Module):
         if hadamard is not None:
             q = matmul_rows(q, hadamard.t())  # [T, nh, di] @ H
         slots = ri.key_slots  # [T, N]
-        gather, real = ri.key_gather
-        keys = keys_cache[gather]  # [T, N, di]
-        scores = torch.einsum("thd,tnd->thn", q.float(), keys.float())  # [T, nh, N] per-row products
+        gather, _ = ri.key_gather
+        keys = take_rows(keys_cache, gather)  # [T, N, di]
+        scores = torch.bmm(q.float(), keys.float().transpose(1, 2))  # [T, nh, N] per-row products
         scores = scores.relu() * self.dim**-0.5  # [T, nh, N]
         w = linear_rows(self.weights_proj, x).float() * self.num_heads**-0.5  # [T, nh]
-        score = (scores * w[..., None]).sum(dim=1).masked_fill(~real, float("-inf"))  # [T, N]
-        # NOTE: ties (relu zeros are common) go to the LOWEST entry: a stable descending sort,
-        # never torch.topk, whose tie order changes with the tensor's shape.
-        order = torch.sort(score, dim=-1, descending=True, stable=True).indices[:, : self.topk]
-        chosen = slots.gather(1, order)
-        rank = torch.arange(order.shape[1], device=order.device)[None, :]
-        chosen = torch.where(rank < ri.num_visible[:, None], chosen, torch.full_like(chosen, -1))
-        if chosen.shape[1] < self.topk:
-            chosen = torch.cat([chosen, chosen.new_full((rows, self.topk - chosen.shape[1]), -1)], 1)
-        return chosen
+        score = (scores * w[..., None]).sum(dim=1)  # [T, N]
+        return choose_entries(score, slots, ri.num_visible, self.topk)
 
 
 class Attention(nn.Module):
@@ -122,21 +155,21 @@ class Attention(nn.Module):
         q = linear_rows(self.wq_b, qr).view(rows, self.num_heads, self.head_dim)
         q = apply_rope(rms_unweighted(q, self.eps), cos, sin)  # [T, H, D]
         kv = apply_rope(self.kv_norm(linear_rows(self.wkv, x)), cos, sin)  # [T, D]
-        pool.raw_kv[L][b.write_slots] = kv.to(pool.dtype)
+        pool.raw_kv[L][b.write_slots] = cast(kv, pool.dtype)
         gather, mask = b.raw_gather  # [T, W]
-        keys = pool.raw_kv[L][gather].to(q.dtype)  # [T, W, D]
+        keys = take_rows(pool.raw_kv[L], gather, q.dtype)  # [T, W, D]
         scale = self.head_dim**-0.5
         if not self.ratio:
             out = attend(q, keys, mask, self.attn_sink, scale)
         else:
             ri = b.ratios[self.ratio]
             ckv, cscore = self.compressor.project(x)
-            pool.state_kv[L][b.write_slots] = ckv.to(pool.dtype)
-            pool.state_score[L][b.write_slots] = cscore.to(pool.dtype)
+            pool.state_kv[L][b.write_slots] = cast(ckv, pool.dtype)
+            pool.state_score[L][b.write_slots] = cast(cscore, pool.dtype)
             ecos, esin = ctx.rope_emit[self.ratio]
             if ri.emit_rows.numel():
                 entries = emit_entries(self.compressor, pool.state_kv[L], pool.state_score[L], ri, ecos, esin)
-                pool.comp_kv[L][ri.write_slots] = entries.to(pool.dtype)
+                pool.comp_kv[L][ri.write_slots] = cast(entries, pool.dtype)
             if self.is_csa:
                 out = self._sparse(x, qr, q, keys, mask, ri, ctx, cos, sin, ecos, esin, scale)
             else:
@@ -150,17 +183,17 @@ class Attention(nn.Module):
     def _sparse(self, x, qr, q, keys, mask, ri, ctx, cos, sin, ecos, esin, scale):
         L, pool, b, idx = self.layer, ctx.pool, ctx.batch, self.indexer
         ikv, iscore = idx.compressor.project(x)
-        pool.index_state_kv[L][b.write_slots] = ikv.to(pool.dtype)
-        pool.index_state_score[L][b.write_slots] = iscore.to(pool.dtype)
+        pool.index_state_kv[L][b.write_slots] = cast(ikv, pool.dtype)
+        pool.index_state_score[L][b.write_slots] = cast(iscore, pool.dtype)
         if ri.emit_rows.numel():
             ikeys = emit_entries(idx.compressor, pool.index_state_kv[L], pool.index_state_score[L], ri, ecos, esin)
             if ctx.hadamard is not None:
                 ikeys = matmul_rows(ikeys, ctx.hadamard.t())  # [E, di] @ H
-            pool.index_keys[L][ri.write_slots] = ikeys.to(pool.dtype)
+            pool.index_keys[L][ri.write_slots] = cast(ikeys, pool.dtype)
         chosen = idx.select(
             x, qr, pool.index_keys[L], ri, ctx.rope_compress[0], ctx.rope_compress[1], ctx.hadamard
         )  # [T, topk]
-        ckeys = pool.comp_kv[L][chosen.clamp(min=0)].to(q.dtype)  # [T, topk, D]
+        ckeys = take_rows(pool.comp_kv[L], chosen.clamp(min=0), q.dtype)  # [T, topk, D]
         return attend(q, torch.cat([keys, ckeys], 1), torch.cat([mask, chosen >= 0], 1), self.attn_sink, scale)
 
     def _dense_compressed(self, q, keys, mask, ri: RatioIndex, comp_kv, scale):
@@ -168,11 +201,11 @@ class Attention(nn.Module):
         groups = ri.width_groups  # rows by their bucketed width (KEY_BUCKET)
         if len(groups) == 1:
             w = groups[0][0]
-            k = torch.cat([keys, comp_kv[gather[:, :w]].to(q.dtype)], 1)
+            k = torch.cat([keys, take_rows(comp_kv, gather[:, :w], q.dtype)], 1)
             return attend(q, k, torch.cat([mask, real[:, :w]], 1), self.attn_sink, scale)
         out = torch.empty_like(q)
         for w, rows in groups:
-            k = torch.cat([keys[rows], comp_kv[gather[rows, :w]].to(q.dtype)], 1)
+            k = torch.cat([keys[rows], take_rows(comp_kv, gather[rows, :w], q.dtype)], 1)
             m = torch.cat([mask[rows], real[rows, :w]], 1)
             out[rows] = attend(q[rows], k, m, self.attn_sink, scale)
         return out

@@ -29,18 +29,9 @@ from workers.comm import Comm
 from workers.model.attention import attend
 from workers.model.config import LocalDims
 from workers.model.dsv4 import Block, Embedding, _hc_params
-from workers.model.layers import (
-    RMSNorm,
-    apply_rope,
-    hc_head,
-    hc_post,
-    hc_pre,
-    linear_rows,
-    rms_unweighted,
-    rope_cos_sin,
-    row_tiles,
-)
+from workers.model.layers import RMSNorm, apply_rope, linear_rows, rms_unweighted, rope_cos_sin, row_tiles
 from workers.model.linear import Linear
+from workers.model.mhc import hc_head, hc_post, hc_pre
 
 RING_ROWS = 32  # rows per ring block
 RING_BLOCKS = 6  # blocks per lease and stage

@@ -19,8 +19,9 @@ from workers.comm import Comm
 from workers.kv_pool import KVPool
 from workers.model.attention import Attention
 from workers.model.config import LocalDims, compress_inv_freq, main_inv_freq
-from workers.model.layers import RMSNorm, hadamard_matrix, hc_head, hc_post, hc_pre, linear_rows
+from workers.model.layers import RMSNorm, hadamard_matrix, linear_rows
 from workers.model.linear import Linear
+from workers.model.mhc import hc_head, hc_post, hc_pre
 from workers.model.moe import MoE
 from workers.staging import StagedBatch
 
@@ -59,7 +60,7 @@ class Embedding(nn.Module):
         self.weight = nn.Parameter(torch.zeros(vocab, hidden, dtype=dtype), requires_grad=False)
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
-        return self.weight[token_ids]
+        return self.weight.index_select(0, token_ids)
 
 
 class Block(nn.Module):

@@ -1,12 +1,15 @@
 """Fused CPU kernels for the small exact compositions that cost hundreds of torch calls a step
-(the Sinkhorn's 20 rounds, the hc stream mixes, rope), as plain C loaded with ctypes.
+(the Sinkhorn's 20 rounds, the hc stream mixes and weights, rope, the MoE routing plan and
+combine), as plain C (kernels_c.py, kernels_c_select.py) loaded with ctypes.
 
 Each kernel performs the SAME IEEE float32 operations in the SAME order as the torch code it
 replaces (layers.py), so its bits are identical: only + - * / (correctly rounded), products
 rounded before they are added (-ffp-contract=off: no fused multiply-add), sums in torch's
 order for a 4-long reduction (((a0 + a1) + a2) + a3), never reassociated (no -ffast-math).
-Nothing with exp/sqrt goes here: torch's vector exp and a libm exp differ in the last bit.
-tests/unit/model/test_kernels.py holds every kernel to its torch composition bit for bit.
+Nothing with exp, log or sqrt goes here (torch's float sqrt is not even correctly rounded:
+it differs from IEEE sqrtf in ~15% of values), nor a reduction longer than 4 (torch sums in
+a vector order): those stay torch calls between the kernels.
+tests/unit/workers/model/test_kernels.py holds every kernel to its torch composition bit for bit.
 
 The source is compiled once per machine with the system C compiler into a cache folder
 (DSPARK_KERNEL_CACHE, default ~/.cache/dspark_loop); without a compiler, or with
@@ -26,101 +29,34 @@ import tempfile
 
 import torch
 
+from workers.model import kernels_c, kernels_c_select
+
 log = logging.getLogger(__name__)
 
-FLAGS = ["-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math"]
+SOURCE = kernels_c.SOURCE + kernels_c_select.SOURCE
 
-SOURCE = r"""
-/* comb [rows, n, n] in place: one column normalisation, then rounds x (rows, columns):
-   m /= (sum over the normalised dim + eps), sums in index order. */
-void sinkhorn(float *c, long rows, int n, int rounds, float eps) {
-    float s[64];
-    for (long r = 0; r < rows; ++r) {
-        float *m = c + r * n * n;
-        for (int it = 0; it <= rounds; ++it) {
-            if (it > 0) {
-                for (int i = 0; i < n; ++i) {
-                    float acc = 0.0f;
-                    for (int j = 0; j < n; ++j) acc += m[i * n + j];
-                    acc += eps;
-                    for (int j = 0; j < n; ++j) m[i * n + j] /= acc;
-                }
-            }
-            for (int j = 0; j < n; ++j) {
-                float acc = 0.0f;
-                for (int i = 0; i < n; ++i) acc += m[i * n + j];
-                s[j] = acc + eps;
-            }
-            for (int i = 0; i < n; ++i)
-                for (int j = 0; j < n; ++j) m[i * n + j] /= s[j];
-        }
-    }
-}
+# -O3 vectorises the elementwise loops (hc_post 400 -> 103 us at 512 rows): lanes do the same
+# IEEE ops per element, and without -ffast-math no reduction is reassociated, so the bits stay.
+FLAGS = ["-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math"]
 
-/* res[r, k, :] = post[r, k] * out[r, :] + (comb[r, 0, k] * h[r, 0, :] + comb[r, 1, k] * h[r, 1, :] + ...)
-   h, res [rows, n, d]; out [rows, d]; post [rows, n]; comb [rows, n, n] */
-void hc_post(const float *h, const float *out, const float *post, const float *comb, float *res,
-             long rows, int n, long d) {
-    for (long r = 0; r < rows; ++r) {
-        const float *hr = h + r * n * d, *o = out + r * d, *cr = comb + r * n * n;
-        for (int k = 0; k < n; ++k) {
-            float *y = res + (r * n + k) * d;
-            float p = post[r * n + k], c0 = cr[k];
-            for (long e = 0; e < d; ++e) y[e] = c0 * hr[e];
-            for (int j = 1; j < n; ++j) {
-                const float *hj = hr + j * d;
-                float cj = cr[j * n + k];
-                for (long e = 0; e < d; ++e) y[e] = y[e] + cj * hj[e];
-            }
-            for (long e = 0; e < d; ++e) y[e] = p * o[e] + y[e];
-        }
-    }
-}
-
-/* res[r, :] = sum over k of (w[r, k] * h[r, k, :]) in k order; h [rows, n, d], w [rows, n] */
-void weighted_sum(const float *h, const float *w, float *res, long rows, int n, long d) {
-    for (long r = 0; r < rows; ++r) {
-        float *y = res + r * d;
-        const float *hr = h + r * n * d;
-        float w0 = w[r * n];
-        for (long e = 0; e < d; ++e) y[e] = w0 * hr[e];
-        for (int k = 1; k < n; ++k) {
-            float wk = w[r * n + k];
-            const float *hk = hr + k * d;
-            for (long e = 0; e < d; ++e) y[e] = y[e] + wk * hk[e];
-        }
-    }
-}
-
-/* interleaved rope on the last 2*half channels of x [rows, m, dim]; cos, sin [rows, half]:
-   (x0, x1) -> (x0*c + (-x1)*s, x1*c + x0*s); the other channels copied. */
-void rope(const float *x, const float *cos, const float *sin, float *res, long rows, long m,
-          long dim, long half) {
-    long nope = dim - 2 * half;
-    for (long r = 0; r < rows; ++r) {
-        const float *c = cos + r * half, *s = sin + r * half;
-        for (long h = 0; h < m; ++h) {
-            const float *xi = x + (r * m + h) * dim;
-            float *y = res + (r * m + h) * dim;
-            for (long e = 0; e < nope; ++e) y[e] = xi[e];
-            const float *xr = xi + nope;
-            float *yr = y + nope;
-            for (long i = 0; i < half; ++i) {
-                float a = xr[2 * i], b = xr[2 * i + 1];
-                yr[2 * i] = a * c[i] + (-b) * s[i];
-                yr[2 * i + 1] = b * c[i] + a * s[i];
-            }
-        }
-    }
-}
-"""
 
 _SIGNATURES = {
     "sinkhorn": [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_float],
     "hc_post": [ctypes.c_void_p] * 5 + [ctypes.c_long, ctypes.c_int, ctypes.c_long],
     "weighted_sum": [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_int, ctypes.c_long],
     "rope": [ctypes.c_void_p] * 4 + [ctypes.c_long] * 4,
+    "hc_mix": [ctypes.c_void_p] * 5 + [ctypes.c_long, ctypes.c_int],
+    "hc_finish": [ctypes.c_void_p] * 5 + [ctypes.c_long, ctypes.c_int, ctypes.c_long, ctypes.c_int, ctypes.c_float],
+    "moe_plan": [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_long, ctypes.c_long] + [ctypes.c_void_p] * 4,
+    "gather_rows": [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_long],
+    "moe_combine": [ctypes.c_void_p] * 5 + [ctypes.c_long, ctypes.c_int, ctypes.c_long],
+    "topk_slots": [ctypes.c_void_p] * 4 + [ctypes.c_long, ctypes.c_long, ctypes.c_int],
+    "swiglu_pre": [ctypes.c_void_p] * 2 + [ctypes.c_long, ctypes.c_float],
+    "swiglu_post": [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_float],
+    "attn_logits": [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_float],
+    "route_topk": [ctypes.c_void_p] * 4 + [ctypes.c_long, ctypes.c_long, ctypes.c_int],
 }
+_RESTYPES = {"moe_plan": ctypes.c_long}
 
 _lib: ctypes.CDLL | None = None
 _tried = False
@@ -154,7 +90,7 @@ def _build() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(path)
     for name, args in _SIGNATURES.items():
         fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, None
+        fn.argtypes, fn.restype = args, _RESTYPES.get(name)
     return lib
 
 
@@ -169,6 +105,11 @@ def lib() -> ctypes.CDLL | None:
             except OSError as e:
                 log.warning("C kernels unavailable (%s): the model runs its torch compositions", e)
     return _lib
+
+
+def fits_index(*ts: torch.Tensor) -> bool:
+    """Every tensor int64, contiguous, on the CPU (index arrays for the kernels)."""
+    return all(t.dtype == torch.int64 and t.device.type == "cpu" and t.is_contiguous() for t in ts)
 
 
 def fits(*ts: torch.Tensor) -> bool:

@@ -1,5 +1,6 @@
-"""Small building blocks: row-invariant projections, RMSNorm, interleaved rope, mHC mixing,
-the Walsh-Hadamard rotation. Norms, hc and softmaxes run in fp32 as transformers does.
+"""Small building blocks: row-invariant projections, RMSNorm, interleaved rope, the
+Walsh-Hadamard rotation (the mHC stream mixing is mhc.py). Norms, hc and softmaxes run in
+fp32 as transformers does.
 
 Row invariance (a row's bits never depend on the batch) rests on three measured rules:
   - GEMMs: a BLAS gemm picks its kernel by the row count, so every projection runs on
@@ -16,6 +17,7 @@ Row invariance (a row's bits never depend on the batch) rests on three measured 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from workers.model import kernels
@@ -36,18 +38,28 @@ def matmul_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def _matmul_tiles(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    k, n_out = x.shape[-1], weight.shape[0]
-    flat = x.reshape(-1, k)  # [n, in]
+    # NOTE: written for few torch calls (each costs ~1 us; ~90 of these run per tiny step):
+    # no reshape of a 2-D x, and a single tile as one F.linear (a plain 8-row gemm, 2 us less
+    # than a 1-batch bmm). Measured: bmm gives each tile exactly the 8-row F.linear's bits
+    # except where bmm takes its own naive loop (8*in*out < 400) or out == 1 (gemv), which
+    # the guard leaves on bmm; tests/unit/workers/model/test_row_invariance.py holds it.
+    shape = x.shape
+    k, n_out = shape[-1], weight.shape[0]
+    flat = x if len(shape) == 2 else x.reshape(-1, k)  # [n, in]
     n = flat.shape[0]
     pad = (-n) % ROW_TILE
     if pad:
         flat = torch.constant_pad_nd(flat, (0, 0, 0, pad))  # zero rows
-    num_tiles = flat.shape[0] // ROW_TILE
+    num_tiles = (n + pad) // ROW_TILE
     if weight.dtype != x.dtype:
         weight = weight.to(x.dtype)
-    w = weight.t().expand(num_tiles, k, n_out)  # [tiles, in, out]
-    y = torch.bmm(flat.view(num_tiles, ROW_TILE, k), w).view(-1, n_out)  # [tiles*8, out]
-    return (y[:n] if pad else y).view(*x.shape[:-1], n_out)
+    if num_tiles == 1 and n_out >= 4 and k * n_out >= 64:
+        y = F.linear(flat, weight)[:n]  # [n, out]: one 8-row gemm, the bits of bmm's tile (see below)
+    else:
+        w = weight.t().expand(num_tiles, k, n_out)  # [tiles, in, out]
+        y = torch.bmm(flat.view(num_tiles, ROW_TILE, k), w)  # [tiles, 8, out]
+        y = y[0, :n] if num_tiles == 1 else y.view(-1, n_out)[:n]  # [n, out]
+    return y if len(shape) == 2 else y.view(*shape[:-1], n_out)
 
 
 def matmul_groups(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -62,7 +74,8 @@ def matmul_groups(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         xg = torch.constant_pad_nd(xg, (0, 0, 0, pad))
     num_tiles = (rows + pad) // ROW_TILE
     tiles = xg.reshape(groups * num_tiles, ROW_TILE, k)  # [G*tiles, 8, in]
-    w = weight.to(x.dtype).repeat_interleave(num_tiles, dim=0).transpose(1, 2)  # [G*tiles, in, out]
+    w = cast(weight, x.dtype)
+    w = (w if num_tiles == 1 else w.repeat_interleave(num_tiles, dim=0)).transpose(1, 2)  # [G*tiles, in, out]
     y = torch.bmm(tiles, w).view(groups, num_tiles * ROW_TILE, weight.shape[1])  # [G, tiles*8, out]
     return y[:, :rows].transpose(0, 1)  # [rows, G, out]
 
@@ -100,11 +113,24 @@ def linear_rows(lin, x: torch.Tensor) -> torch.Tensor:
     if not isinstance(lin, Linear):
         return row_tiles(lin, x)
     if not lin.w8a8:
-        return matmul_rows(x.to(lin.weight.dtype), lin.weight)
+        return matmul_rows(x if x.dtype == lin.weight.dtype else x.to(lin.weight.dtype), lin.weight)
     # the same arithmetic as Linear.forward (per-token quantisation is a per-row amax: exact)
     xq, xs = quantize_per_token(x)
     y = matmul_rows(xq.float(), lin.weight.float())  # int products in fp32
     return (y * xs * lin.scale).to(x.dtype if x.dtype != torch.int8 else torch.float32)
+
+
+def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t in dtype; t itself when it already is (a no-op .to() still costs ~1 us a call)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def take_rows(t: torch.Tensor, idx: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """t[idx] (rows of t [N, ...] by an index tensor idx [...]) as one index_select, optionally
+    cast to dtype: the same copy as advanced indexing at a fraction of its per-call cost
+    (measured: [32, 16] row ids 15 -> 5 us)."""
+    out = t.index_select(0, idx.reshape(-1)).view(*idx.shape, *t.shape[1:])  # [..., *t.shape[1:]]
+    return out if dtype is None else cast(out, dtype)
 
 
 def row_tiles(fn, *xs: torch.Tensor) -> torch.Tensor:
@@ -149,12 +175,25 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [rows, ..., dim]
         xf = x.float()
-        xf = xf * rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight * xf).to(x.dtype)
+        if xf.requires_grad:  # training: out of place for autograd, the same ops and bits
+            xf = xf * rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (self.weight * xf).to(x.dtype)
+        y = xf * _inv_rms_(xf.pow(2).mean(-1, keepdim=True), self.eps)  # [rows, ..., dim]
+        y = y.mul_(self.weight)  # weight * y, commuted
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
 def rms_unweighted(x: torch.Tensor, eps: float) -> torch.Tensor:  # [..., dim]
-    return x * rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
+    ms = x.float().square().mean(-1, keepdim=True)  # [..., 1]
+    if ms.requires_grad:
+        return x * rsqrt(ms + eps).to(x.dtype)
+    inv = _inv_rms_(ms, eps)
+    return x * (inv if x.dtype == torch.float32 else inv.to(x.dtype))
+
+
+def _inv_rms_(ms: torch.Tensor, eps: float) -> torch.Tensor:
+    """rsqrt(ms + eps) in place on the caller's own ms (fewer allocations, same ops)."""
+    return ms.add_(eps).sqrt_().reciprocal_()
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
@@ -180,98 +219,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     rotated = torch.stack((-rope[..., 1::2], rope[..., 0::2]), dim=-1).flatten(-2)
     out = rope.float() * cos + rotated.float() * sin
     return torch.cat([nope, out.to(x.dtype)], dim=-1)
-
-
-def hc_pre(
-    h: torch.Tensor,
-    fn: torch.Tensor,
-    base: torch.Tensor,
-    scale: torch.Tensor,
-    sinkhorn_iters: int,
-    hc_eps: float,
-    norm_eps: float,
-):
-    """mHC weights for one sublayer. h [rows, hc, d] -> post [rows, hc], comb [rows, hc, hc]
-    (comb[j, k]: stream j into stream k), collapsed input [rows, d]. One pass over all rows:
-    only the mix projection is tiled; the Sinkhorn's 4x4 sums are per-row reductions."""
-    rows, hc = h.shape[0], h.shape[1]
-    flat = rms_unweighted(h.flatten(1).float(), norm_eps)  # [rows, hc*d]
-    mix = matmul_rows(flat, fn.float())  # [rows, (2+hc)*hc]
-    pre_w, post_w, comb_w = mix.split([hc, hc, hc * hc], dim=-1)
-    pre_b, post_b, comb_b = base.split([hc, hc, hc * hc])
-    pre = sigmoid(pre_w * scale[0] + pre_b) + hc_eps
-    post = 2 * sigmoid(post_w * scale[1] + post_b)
-    comb = comb_w.reshape(rows, hc, hc) * scale[2] + comb_b.view(hc, hc)
-    if comb.requires_grad:  # training (tools/train_demo): the same ops out of place, same bits
-        comb = torch.softmax(comb, dim=-1) + hc_eps
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
-        for _ in range(sinkhorn_iters - 1):
-            comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
-            comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
-        return post, comb, weighted_streams(pre, h)  # collapsed [rows, d]
-    comb = torch.softmax(comb, dim=-1).add_(hc_eps)
-    sinkhorn_(comb, sinkhorn_iters, hc_eps)
-    return post, comb, weighted_streams(pre, h)  # collapsed [rows, d]
-
-
-def sinkhorn_(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
-    """In place on comb [rows, hc, hc]: a column normalisation, then iters-1 rounds of
-    (rows, columns), each x / (sum + eps)."""
-    k = kernels.lib()
-    if k is not None and kernels.fits(comb):
-        k.sinkhorn(comb.data_ptr(), comb.shape[0], comb.shape[1], iters - 1, eps)
-        return comb
-    comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
-    for _ in range(iters - 1):  # in place: the same ops, fewer allocations
-        comb.div_(comb.sum(dim=-1, keepdim=True).add_(eps))
-        comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
-    return comb
-
-
-def weighted_streams(w: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """sum_k w[:, k] * h[:, k] in h's dtype: w [rows, hc] fp32, h [rows, hc, d] -> [rows, d]."""
-    k = kernels.lib()
-    if k is not None and kernels.fits(w, h):
-        out = h.new_empty(h.shape[0], h.shape[2])
-        k.weighted_sum(h.data_ptr(), w.data_ptr(), out.data_ptr(), h.shape[0], h.shape[1], h.shape[2])
-        return out
-    return (w.unsqueeze(-1) * h).sum(dim=1).to(h.dtype)
-
-
-def hc_post(h: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    """h'[k] = post[k]*out + sum_j comb[j, k]*h[j]. h [rows, hc, d], out [rows, d]."""
-    dtype = h.dtype
-    k = kernels.lib()
-    if k is not None and kernels.fits(h, out, post, comb):
-        res = torch.empty_like(h)
-        k.hc_post(
-            h.data_ptr(),
-            out.data_ptr(),
-            post.data_ptr(),
-            comb.data_ptr(),
-            res.data_ptr(),
-            h.shape[0],
-            h.shape[1],
-            h.shape[2],
-        )
-        return res
-    comb = comb.to(dtype)
-    # NOTE: elementwise in a fixed order, not a batched matmul over rows (its tail handling
-    # depends on the row count, see linear_rows).
-    mixed = comb[:, 0, :, None] * h[:, 0:1, :]  # [rows, hc, d]
-    for j in range(1, h.shape[1]):
-        mixed = mixed + comb[:, j, :, None] * h[:, j : j + 1, :]
-    return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + mixed
-
-
-def hc_head(
-    h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, hc_eps: float, norm_eps: float
-) -> torch.Tensor:
-    """Final collapse of the streams: h [rows, hc, d] -> [rows, d] (no Sinkhorn)."""
-    flat = rms_unweighted(h.flatten(1).float(), norm_eps)
-    mix = matmul_rows(flat, fn.float())  # [rows, hc]
-    pre = sigmoid(mix * scale.float() + base.float()) + hc_eps
-    return weighted_streams(pre, h)
 
 
 def hadamard_matrix(dim: int) -> torch.Tensor:

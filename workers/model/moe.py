@@ -15,8 +15,9 @@ import torch
 from torch import nn
 
 from dspark_loop.model_config import ModelConfig
+from workers.model import kernels
 from workers.model.config import LocalDims
-from workers.model.layers import ROW_TILE, linear_rows, matmul_rows, silu, softplus
+from workers.model.layers import ROW_TILE, cast, linear_rows, matmul_rows, silu, softplus
 from workers.model.linear import Linear, quantize_per_token
 
 
@@ -29,9 +30,21 @@ class Expert(nn.Module):
         self.w3 = Linear(hidden, inter, dtype, w8a8(prefix + "w3"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [rows, hidden]
-        gate = linear_rows(self.w1, x).clamp(max=self.limit)
-        up = linear_rows(self.w3, x).clamp(min=-self.limit, max=self.limit)
-        return linear_rows(self.w2, silu(gate) * up)
+        return linear_rows(self.w2, swiglu(linear_rows(self.w1, x), linear_rows(self.w3, x), self.limit))
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """silu(gate clamped above at limit) * (up clamped to +-limit); gate, up [..., inter] are the
+    caller's own (fp32: overwritten by the C path, which keeps only the exp in torch)."""
+    k = kernels.lib()
+    if k is not None and kernels.fits(gate, up) and not gate.requires_grad:
+        z = torch.empty_like(gate)
+        k.swiglu_pre(gate.data_ptr(), z.data_ptr(), gate.numel(), limit)
+        e = z.exp_()
+        k.swiglu_post(gate.data_ptr(), e.data_ptr(), up.data_ptr(), up.numel(), limit)
+        return up
+    gate = gate.clamp(max=limit)
+    return silu(gate) * up.clamp(min=-limit, max=limit)
 
 
 class Gate(nn.Module):
@@ -51,6 +64,18 @@ class Gate(nn.Module):
         # bits must not depend on the batch. The sort and the sums are per row.
         logits = matmul_rows(x.float(), self.weight.float())  # [T, E]
         scores = softplus(logits).sqrt()
+        lib = kernels.lib()
+        if lib is not None and self.topk <= 64 and kernels.fits(scores) and scores.shape[1] >= self.topk:
+            rows, num_experts = scores.shape
+            if self.is_hash:
+                idx = self.tid2eid.index_select(0, token_ids).long()  # [T, k]
+            else:
+                idx = torch.empty(rows, self.topk, dtype=torch.long, device=scores.device)
+            w = scores.new_empty(rows, self.topk)  # the stable top-k of scores + bias and the gather in C
+            bias = None if self.is_hash else self.bias.float()  # held: its pointer goes to C
+            bias_ptr = None if bias is None else bias.data_ptr()
+            lib.route_topk(scores.data_ptr(), bias_ptr, idx.data_ptr(), w.data_ptr(), rows, num_experts, self.topk)
+            return idx, w / (w.sum(dim=-1, keepdim=True) + 1e-20) * self.scale
         if self.is_hash:
             idx = self.tid2eid[token_ids].long()
         else:
@@ -108,9 +133,8 @@ class MoE(nn.Module):
         """Every local expert at once: tiles [n, ROW_TILE, d], tile_expert [n] (local index) ->
         [n, ROW_TILE, d]; the Expert arithmetic, one bmm per projection."""
         (w1, s1), (w3, s3), (w2, s2) = self.stacked_weights()
-        gate = _tile_linear(tiles, w1, s1, tile_expert).clamp(max=self.limit)
-        up = _tile_linear(tiles, w3, s3, tile_expert).clamp(min=-self.limit, max=self.limit)
-        return _tile_linear(silu(gate) * up, w2, s2, tile_expert)
+        gate, up = _tile_linear(tiles, w1, s1, tile_expert), _tile_linear(tiles, w3, s3, tile_expert)
+        return _tile_linear(swiglu(gate, up, self.limit), w2, s2, tile_expert)
 
     def routed(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """This rank's experts' share of the routed sum: x [T, d], idx/w [T, k] -> [T, d].
@@ -123,6 +147,9 @@ class MoE(nn.Module):
 
         Each token then sums its k outputs in ascending expert id (slots of other ranks'
         experts add zero): a fixed order per row."""
+        lib = kernels.lib()
+        if lib is not None and idx.shape[1] <= 64 and idx.dtype == torch.long and kernels.fits(x, w):
+            return self._routed_c(lib, x, idx, w)
         rows, k = idx.shape
         d, lo, hi = x.shape[1], self.expert_lo, self.expert_hi
         # NOTE: the index arithmetic (small integer arrays) runs in numpy: a stable sort is
@@ -154,6 +181,36 @@ class MoE(nn.Module):
             out = out + y.gather(1, by_id[:, j, None, None].expand(-1, 1, d)).squeeze(1)
         return out
 
+    def _routed_c(self, lib, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """routed() with the tile plan, the row gather and the ordered combine in C (fp32 x, w);
+        the same tiles through the same expert bmms, so the same bits."""
+        rows, k = idx.shape
+        d, lo, hi = x.shape[1], self.expert_lo, self.expert_hi
+        flat = idx.reshape(-1).contiguous()  # [T*k] expert ids (int64)
+        num = flat.shape[0]
+        cap = num // ROW_TILE + (hi - lo)  # >= sum over experts of ceil(count / 8)
+        ints = torch.empty(hi - lo + num + cap * (ROW_TILE + 1), dtype=torch.long, device=x.device)
+        counts, pos, tile_src, tile_expert = ints.split([hi - lo, num, cap * ROW_TILE, cap])
+        num_tiles = lib.moe_plan(
+            flat.data_ptr(),
+            num,
+            k,
+            lo,
+            hi,
+            counts.data_ptr(),
+            pos.data_ptr(),
+            tile_src.data_ptr(),
+            tile_expert.data_ptr(),
+        )
+        yt = x  # [tiles*8, d] expert outputs per tile row (unread when no tile)
+        if num_tiles:
+            tiles = x.new_empty(num_tiles * ROW_TILE, d)
+            lib.gather_rows(x.data_ptr(), tile_src.data_ptr(), tiles.data_ptr(), num_tiles * ROW_TILE, d)
+            yt = self._experts_tiled(tiles.view(-1, ROW_TILE, d), tile_expert[:num_tiles]).contiguous()
+        out = torch.empty_like(x)  # [T, d]
+        lib.moe_combine(yt.data_ptr(), pos.data_ptr(), w.data_ptr(), flat.data_ptr(), out.data_ptr(), rows, k, d)
+        return out
+
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor, comm) -> torch.Tensor:  # [T, d]
         idx, w = self.gate(x, token_ids)
         shard = comm.shard
@@ -180,12 +237,12 @@ def _tile_linear(
     -> [n, 8, out] (one bmm: each tile gets its own 8-row gemm's bits, see layers)."""
     if scale is None and (tiles.requires_grad or weight.requires_grad):
         return _TileLinear.apply(tiles, weight, tile_expert)  # training: same forward bits
-    w = weight[tile_expert]  # [n, out, in]
+    w = weight.index_select(0, tile_expert)  # [n, out, in] (one copy, as weight[tile_expert])
     if scale is None:
-        return torch.bmm(tiles.to(weight.dtype), w.transpose(1, 2))
+        return torch.bmm(cast(tiles, weight.dtype), w.transpose(1, 2))
     xq, xs = quantize_per_token(tiles)  # [n, 8, in] int8, [n, 8, 1]
     y = torch.bmm(xq.float(), w.float().transpose(1, 2))  # int products in fp32
-    return (y * xs * scale[tile_expert][:, None, :]).to(tiles.dtype)
+    return (y * xs * scale.index_select(0, tile_expert)[:, None, :]).to(tiles.dtype)
 
 
 class _TileLinear(torch.autograd.Function):

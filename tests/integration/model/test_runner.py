@@ -5,7 +5,8 @@ import torch
 
 from dspark_loop.protocol import BlockUpdate, DecodeBatch, PartitionPlan, PrefillChunk, RankConfig, i8, i32
 from tests.integration.model.conftest import BLOCK_SIZE, Driver, new_runner, prompt
-from workers.model.layers import hc_head, linear_rows
+from workers.model.layers import linear_rows
+from workers.model.mhc import hc_head
 from workers.runner import ModelRunner
 
 

@@ -1,14 +1,16 @@
 """Row invariance of the fast paths: one bmm over 8-row tiles, whole-batch mHC / norms /
 pointwise ops, and the grouped MoE. Each row's bits must not depend on its neighbours."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from tests.unit.workers.model.test_layers import tiny_cfg
 from workers.model import layers
 from workers.model.config import LocalDims
-from workers.model.layers import ROW_TILE, hc_pre, linear_rows, matmul_rows
+from workers.model.layers import ROW_TILE, linear_rows, matmul_rows
 from workers.model.linear import Linear, quantize_weight
+from workers.model.mhc import hc_pre
 from workers.model.moe import MoE
 
 SIZES = [(0, 1), (3, 1), (0, 8), (5, 9), (2, 64), (0, 200)]  # (start, rows) windows of one batch
@@ -31,6 +33,17 @@ def test_matmul_rows_gives_every_row_its_own_eight_row_gemm_bits():
     per_tile = torch.cat([F.linear(padded[i : i + ROW_TILE], w) for i in range(0, 32, ROW_TILE)])[:27]
     assert torch.equal(matmul_rows(x, w), per_tile)
     assert_rows_invariant(lambda t: matmul_rows(t, w), torch.randn(210, 256))
+
+
+@pytest.mark.parametrize("k, out", [(64, 32), (32, 256), (64, 4), (256, 24), (256, 4), (16, 8), (4096, 1024)])
+def test_one_tile_rows_must_have_the_bits_they_get_in_a_many_tile_batch(k, out):
+    """matmul_rows on up to 8 rows (one tile: a plain gemm) must give each row the bits the
+    same row gets among many tiles (one bmm), for the model's projection shapes."""
+    torch.manual_seed(k + out)
+    w, x = torch.randn(out, k), torch.randn(40, k)
+    full = matmul_rows(x, w)
+    for start, n in ((0, 1), (3, 1), (0, 8), (5, 3), (32, 8)):
+        assert torch.equal(matmul_rows(x[start : start + n], w), full[start : start + n]), (start, n)
 
 
 def test_w8a8_linear_rows_matches_linear_forward_on_each_tile():
