@@ -210,11 +210,14 @@ class Scheduler:
         updates: list[BlockUpdate] = []
         cache = part.cache
         did_preempt = False
-        i = 0
-        while i < len(part.running):
-            req = part.running[i]
-            end = req.num_computed + req.sched_n
-            if req.sched_n and end > req.map_limit:
+        decodes = []
+        # NOTE: iterating while preempting is safe: victims leave from the tail, behind req
+        for req in part.running:
+            n = req.sched_n
+            if not n:
+                continue
+            end = req.num_computed + n
+            if end > req.map_limit:
                 grown = cache.grow(req.pages, end)
                 if grown is None:  # a pool is short: preempt from the tail
                     counts = cache.num_new_pages(req.pages, end)
@@ -233,10 +236,10 @@ class Scheduler:
                     for fam, first_page, ids in grown[0]:
                         updates.append(BlockUpdate(req.req_id, fam, first_page, i32(ids)))
                     req.map_limit = grown[1]
-            i += 1
+            if req.num_computed >= req.prefill_target:
+                decodes.append(req)
         pstep = PartitionStep()
         prefills = [(r, r.sched_n) for r in prefilling if r.sched_n and r.status == Status.RUNNING]
-        decodes = [r for r in part.running if r.sched_n and r.num_computed >= r.prefill_target]
         # 3. admissions
         if not did_preempt:
             for req, message in self.admission.admit(part, budget, prefills, updates):
