@@ -137,18 +137,8 @@ class StepApplier:
         self, part: Partition, step: ScheduledStep, req: Request, accepted: list[int], now: float, entries=None
     ) -> RequestOutput:
         """Append what the finish rules keep, finish the request or give back ring pages."""
-        detok = req.detokenizer
-        if (
-            req.plain_commit
-            and len(req.output_ids) + len(accepted) < req.length_at
-            and req.rules.finish_ids.isdisjoint(accepted)
-        ):
-            # NOTE: the common case, without a per-token walk: nothing here can end the
-            # request (no finish id, short of the length limit, no stop strings)
-            kept, text, reason, stop_reason = accepted, detok.feed(accepted) if detok is not None else "", None, None
-        else:
-            f = check_finish(accepted, len(req.output_ids), req.prompt_len, req.rules, req.params, detok)
-            kept, text, reason, stop_reason = f.kept, f.text, f.reason, f.stop_reason
+        f = check_finish(accepted, len(req.output_ids), req.prompt_len, req.rules, req.params, req.detokenizer)
+        kept, text, reason, stop_reason = f.kept, f.text, f.reason, f.stop_reason
         logprobs = prompt_logprobs = None
         if req.wants_logprobs:
             logprobs, prompt_logprobs = delta_logprobs(req, req.num_tokens, kept, entries)
