@@ -23,7 +23,7 @@ from dspark_loop.engine.capacity import capacity_problem
 from dspark_loop.engine.detokenize import Detokenizer, TokenText
 from dspark_loop.engine.interfaces import MeshClient
 from dspark_loop.engine.observer import EngineObserver
-from dspark_loop.engine.output_channel import OutputChannel
+from dspark_loop.engine.output_channel import OutputChannel, deliver
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.request import Request
 from dspark_loop.engine.scheduled_step import ScheduledStep
@@ -340,14 +340,7 @@ class EngineLoop:
         asyncio.get_running_loop().create_task(self.on_mesh_dead(reason, len(running)), name="mesh-restart")
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
-        channels = self._channels
-        for out in outputs:
-            channel = channels.get(out.request_id)
-            if channel is None:
-                continue  # aborted by its consumer meanwhile
-            if out.finished:
-                del channels[out.request_id]
-            channel.put(out)
+        deliver(self._channels, outputs)
 
     def _fail_all(self, reason: str) -> None:
         for request_id, channel in list(self._channels.items()):

@@ -41,6 +41,25 @@ class OutputChannel:
         return items[0] if len(items) == 1 else merge_outputs(items)
 
 
+def deliver(channels: dict[str, OutputChannel], outputs: list[RequestOutput]) -> None:
+    """Each output to its request's channel (gone: its consumer aborted meanwhile); a
+    finished request's channel is closed. put() inlined: this runs for every request every
+    step."""
+    get = channels.get
+    for out in outputs:
+        channel = get(out.request_id)
+        if channel is None:
+            continue
+        if out.finished:
+            del channels[out.request_id]
+        channel._items.append(out)
+        waiter = channel._waiter
+        if waiter is not None:
+            channel._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+
 def merge_outputs(items: list[RequestOutput]) -> RequestOutput:
     """Consecutive deltas of one request as one: tokens, text and logprobs concatenated;
     the totals and the finish from the last; prompt logprobs from the first that has them."""
