@@ -210,17 +210,12 @@ class PartitionCache:
             if n and n > len(pool._free) + len(pool._lru):
                 return None
         grown = []
-        limit = 1 << 62
-        for f, ((ratio, tokens, rows), fp, n) in enumerate(zip(self._spans, pages, counts)):
+        for f, (fp, n) in enumerate(zip(pages, counts)):
             if n:
                 ids = pools[f].allocate(n)
                 grown.append((f, fp.first_page + len(fp.block_ids), ids))
                 fp.block_ids.extend(ids)
-            end_page = fp.first_page + len(fp.block_ids)
-            end = end_page * tokens if ratio == 0 else (end_page * rows + 1) * ratio - 1  # map_limit()
-            if end < limit:
-                limit = end
-        return grown, limit
+        return grown, self.map_limit(pages)
 
     def can_allocate(self, counts: list[int], shared: list[FamilyPages] | None = None) -> bool:
         """Room for counts new pages per family, after taking the `shared` (hit) pages."""
@@ -275,17 +270,8 @@ class PartitionCache:
         return released
 
     def release_behind(self, pages: list[FamilyPages], next_pos: int) -> int:
-        """release_ring(pages, next_pos), then release_pos(pages), in one call (a decoding
-        request's step, ~40 per step at 256 requests x 8 rows)."""
-        for f, fam in self._rings:
-            fp = pages[f]
-            live = max(0, next_pos - fam.window + 1) // fam.tokens_per_page  # fam.first_live_page(next_pos)
-            n = min(live - fp.first_page, len(fp.block_ids))
-            if n > 0:
-                ids = fp.block_ids[:n]
-                del fp.block_ids[:n]
-                fp.first_page += n
-                self.pools[f].free(ids)
+        """release_ring(pages, next_pos), then the next position at which it would free more."""
+        self.release_ring(pages, next_pos)
         return self.release_pos(pages)
 
     def release_pos(self, pages: list[FamilyPages]) -> int:
