@@ -17,7 +17,7 @@ from dspark_loop.engine.detokenize import Detokenizer
 from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.kv_cache import FamilyPages
 from dspark_loop.engine.outputs import SamplingParams
-from dspark_loop.protocol import DSPARK_K
+from dspark_loop.engine.spec_counters import VerifyCounts
 
 NEVER = 1 << 62  # a position no request reaches
 
@@ -28,7 +28,7 @@ class Status(enum.IntEnum):
     FINISHED = 2
 
 
-class Request:
+class Request(VerifyCounts):
     # NOTE: slots: the scheduler reads and writes these for every request every step
     __slots__ = (
         "req_id",
@@ -130,15 +130,6 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
-
-    @property
-    def num_proposed(self) -> int:
-        return DSPARK_K * self.num_verify_steps
-
-    @property
-    def num_matched(self) -> int:
-        """Drafts that matched: every verify accepts its matched drafts + 1 token."""
-        return self.num_accepted - self.num_verify_steps
 
     @property
     def last_token(self) -> int:

@@ -14,14 +14,12 @@ log = logging.getLogger("dspark_loop.engine.dspark")
 LOG_INTERVAL_S = 10.0  # seconds between progress lines (and one at the first verify)
 
 
-@dataclass
-class SpecCounters:
-    num_requests: int = 0  # requests that verified at least once
-    num_verify_steps: int = 0  # per request: one 8-row verify of DSPARK_K drafts
-    num_accepted: int = 0  # tokens accepted by the chain (before finish truncation)
-    num_fallback_steps: int = 0  # 1-row steps forced by the position ceiling
-    num_lease_scrubs: int = 0
-    last_log_time: float = -LOG_INTERVAL_S
+class VerifyCounts:
+    """What follows from num_verify_steps and num_accepted (a request's or the engine's)."""
+
+    __slots__ = ()
+    num_verify_steps: int
+    num_accepted: int
 
     @property
     def num_proposed(self) -> int:
@@ -32,6 +30,16 @@ class SpecCounters:
     def num_matched(self) -> int:
         """Drafts that matched the target's prediction: a verify accepts them + 1 token."""
         return self.num_accepted - self.num_verify_steps
+
+
+@dataclass
+class SpecCounters(VerifyCounts):
+    num_requests: int = 0  # requests that verified at least once
+    num_verify_steps: int = 0  # per request: one 8-row verify of DSPARK_K drafts
+    num_accepted: int = 0  # tokens accepted by the chain (before finish truncation)
+    num_fallback_steps: int = 0  # 1-row steps forced by the position ceiling
+    num_lease_scrubs: int = 0
+    last_log_time: float = -LOG_INTERVAL_S
 
     @property
     def mean_accepted_len(self) -> float:
