@@ -73,7 +73,7 @@ def bench(num_requests: int, num_partitions: int, num_steps: int, spec_k: int, s
                         for j in range(spec_k):
                             d[j] = prev % 500 + 3 if j < s % 8 else 2
                             prev = int(d[j])
-                        r.draft_ids = d
+                        sched.partitions[r.partition].set_drafts(r, d)
         if s >= 20:  # skip the prefill steps
             times.append(dt)
             k += step.num_new_tokens

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
+
 from dspark_loop.engine.kv_cache import PartitionCache
 from dspark_loop.engine.leases import LeasePool
 from dspark_loop.engine.prefix_cache import stop_registering
 from dspark_loop.engine.request import Request, Status
-from dspark_loop.protocol import PartitionPlan, SamplingSpec, i32
+from dspark_loop.protocol import DSPARK_K, PartitionPlan, SamplingSpec, i32
 
 
 class Partition:
@@ -22,6 +24,9 @@ class Partition:
         self.waiting: deque[Request] = deque()
         self.freed_req_ids: list[int] = []  # for the next plan
         self.leases = LeasePool(num_leases) if num_leases else None  # K=7 drafter leases
+        # K=7: each lease holder's pending drafts (valid while its has_drafts is set); a
+        # table, not a list per request: a step stores and reads them with one numpy call
+        self.drafts = np.zeros((num_leases, DSPARK_K), np.int32) if num_leases else None  # [L, K]
         self.new_leases: list[tuple[int, int]] = []  # (req_id, lease) for the next plan
         self.scrub_lease_ids: list[int] = []
         self.new_sampling: list[SamplingSpec] = []  # specs of requests admitted since the last plan
@@ -41,11 +46,16 @@ class Partition:
             return True
         return False
 
+    def set_drafts(self, req: Request, drafts) -> None:
+        """The ranks' (or a test's) drafts [K] for req's next anchor."""
+        self.drafts[req.lease] = drafts
+        req.has_drafts = True
+
     def free_lease(self, req: Request) -> None:
         if req.lease >= 0:
             self.leases.free(req.lease)
             req.lease = -1
-        req.draft_ids = None
+        req.has_drafts = False
 
     def take_lease_fields(self, pplan: PartitionPlan) -> None:
         """Move the leases and sampling specs given since the last plan into pplan (a

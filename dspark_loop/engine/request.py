@@ -51,7 +51,7 @@ class Request(VerifyCounts):
         "prefix_hashes",
         "registered_len",
         "register_pos",
-        "draft_ids",
+        "has_drafts",
         "constraint",
         "finish_reason",
         "stop_reason",
@@ -103,7 +103,7 @@ class Request(VerifyCounts):
         self.prefix_hashes: list[int] = []  # chained hashes of whole chunks of tokens
         self.registered_len = 0  # full pages below this position are keyed in the cache
         self.register_pos = NEVER  # at num_computed >= this, another page is full
-        self.draft_ids: list[int] | None = None  # [K] pending drafts (K=7), else None
+        self.has_drafts = False  # K=7: drafts for the next anchor wait in Partition.drafts[lease]
         self.constraint = None  # GenerateRequest.constraint: masks this request's rows (K=0)
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None

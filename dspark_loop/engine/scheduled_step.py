@@ -53,28 +53,34 @@ class ScheduledStep:
         return all(p.is_empty for p in self.partitions)
 
 
-def decode_batch(decodes: list[Request], pstep: PartitionStep) -> DecodeBatch:
-    """The wire DecodeBatch: row 0 = last token, rows 1.. = drafts when verifying."""
+def decode_batch(decodes: list[Request], pstep: PartitionStep, drafts: np.ndarray | None = None) -> DecodeBatch:
+    """The wire DecodeBatch: row 0 = last token, rows 1.. = drafts when verifying.
+    drafts: the partition's draft table [L, K] (K=7), read at each verifying request's lease."""
     n = len(decodes)
     rows = np.fromiter([r.sched_n for r in decodes], np.int8, n)  # [R]
     start = np.fromiter([r.num_computed for r in decodes], np.int64, n)  # [R]
     req_ids = np.fromiter([r.req_id for r in decodes], np.int32, n)  # [R]
+    last = np.fromiter([r.output_ids[-1] for r in decodes], np.int32, n)  # [R] row 0
     if rows.max() == 1:
-        tokens = np.fromiter([r.output_ids[-1] for r in decodes], np.int32, n)  # [R]
+        tokens = last
     else:
-        flat = []
-        for r in decodes:
-            flat.append(r.output_ids[-1])
-            if r.sched_n > 1:
-                flat.extend(r.draft_ids)
-        tokens = np.array(flat, np.int32)  # [sum(rows)]
         k = DSPARK_K
+        leases = np.fromiter([r.lease for r in decodes], np.int64, n)  # [R]
         if rows.min() > 1:  # every request verifies: [R, K+1] rows
-            pstep.verify_drafts = tokens.reshape(n, k + 1)[:, 1:]  # [R, K]
+            tile = np.empty((n, k + 1), np.int32)
+            tile[:, 0] = last
+            tile[:, 1:] = drafts[leases]
+            tokens = tile.reshape(-1)  # [R * (K+1)]
+            pstep.verify_drafts = tile[:, 1:]  # [R, K]
         else:
+            verify = rows > 1  # [R]
             rows64 = rows.astype(np.int64)
             first = np.cumsum(rows64) - rows64  # [R] each request's first row
-            pstep.verify_drafts = tokens[first[rows > 1, None] + np.arange(1, k + 1)]  # [V, K]
+            tokens = np.empty(int(rows64.sum()), np.int32)  # [sum(rows)]
+            tokens[first] = last
+            vd = drafts[leases[verify]]  # [V, K]
+            tokens[first[verify, None] + np.arange(1, k + 1)] = vd
+            pstep.verify_drafts = vd
     pstep.decode_rows = rows
     pstep.decode_start = start
     pstep.decode_req_ids = req_ids

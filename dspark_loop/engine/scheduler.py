@@ -191,7 +191,7 @@ class Scheduler:
             if req.num_computed < req.prefill_target:
                 req.sched_n = 0
                 prefilling.append(req)
-            elif spec_k and req.draft_ids is not None and req.constraint is None and req.num_computed <= verify_limit:
+            elif spec_k and req.has_drafts and req.constraint is None and req.num_computed <= verify_limit:
                 if verify_n <= budget:
                     req.sched_n = verify_n
                     budget -= verify_n
@@ -260,7 +260,7 @@ class Scheduler:
         ]
         if decodes:
             pstep.decode_reqs = decodes
-            pplan.decode = decode_batch(decodes, pstep)
+            pplan.decode = decode_batch(decodes, pstep, part.drafts)
         if pstep.is_empty:
             pplan.freed_req_ids = []  # keep them for a plan that is actually sent
         else:

@@ -57,10 +57,15 @@ class StepApplier:
         """K=7, off the steady state (first drafts after a prefill, skipped anchors): the
         ranks' next drafts by wire id; stale for requests that finished."""
         by_id = {r.req_id: r for r in part.running}
-        for req_id, d in zip(drafts[0], drafts[1].tolist()):
+        rows, leases = [], []
+        for j, req_id in enumerate(drafts[0]):
             req = by_id.get(req_id)
             if req is not None and not req.is_prefilling:
-                req.draft_ids = d
+                req.has_drafts = True
+                rows.append(j)
+                leases.append(req.lease)
+        if rows:
+            part.drafts[leases] = drafts[1][rows]
 
     def _apply_decodes(self, part: Partition, step: ScheduledStep, d: DecodeRows, drafts, now, lp, outputs) -> bool:
         """Decode rows: K=7 counters, the spent drafts replaced, then each request's
@@ -72,18 +77,19 @@ class StepApplier:
         spec = self.spec
         verified = d.verified
         taken = drafts is not None and drafts[0] == req_ids
-        # NOTE: a draft list is for one anchor only: a decode spends it, the ranks sent the
-        # next ones with this result (None here unless taken; by id after this pass)
-        next_drafts = drafts[1].tolist() if taken else repeat(None)
+        # NOTE: drafts are for one anchor only: a decode spends them, the ranks sent the
+        # next ones with this result (stored here when taken, else by id after this pass)
+        if taken:
+            part.drafts[d.leases()] = drafts[1]
         commit, emit = self.commit, outputs.append
         num_new = 0
-        for req, toks, a, nd, v in zip(d.reqs, d.tokens, lens, next_drafts, verified or repeat(False)):
+        for req, toks, a, v in zip(d.reqs, d.tokens, lens, verified or repeat(False)):
             if v:
                 if req.num_verify_steps == 0:
                     spec.num_requests += 1
                 req.num_verify_steps += 1
                 req.num_accepted += a
-            req.draft_ids = nd
+            req.has_drafts = taken
             req.num_computed += a
             out_ids = req.output_ids
             if req.plain_commit and len(out_ids) + a < req.length_at and req.finish_ids.isdisjoint(toks):

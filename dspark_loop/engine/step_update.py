@@ -41,6 +41,10 @@ class DecodeRows:
     verified: list[bool] | None = None  # K=7: the request verified K drafts this step
     fallback: list[bool] | None = None  # K=7: a 1-row decode forced by the position ceiling
 
+    def leases(self) -> np.ndarray:
+        """[R] the requests' drafter leases (K=7), as table rows."""
+        return np.fromiter([r.lease for r in self.reqs], np.int64, len(self.reqs))
+
 
 @dataclass
 class PartitionUpdate:
@@ -88,35 +92,36 @@ def _read_decode(
     """tokens: [sum(rows)] the decode rows' predictions, row-major per request."""
     reqs = pstep.decode_reqs
     live = [r.status == Status.RUNNING for r in reqs] if check_live else None  # False: ended meanwhile
-    all_live = live is None or all(live)
     ids = pstep.decode_req_ids.tolist()
+    n = len(reqs)
     if not spec_k:  # K=0: one token per request, in order
-        toks = [[t] for t in tokens.tolist()]
-        if all_live:
-            return DecodeRows(reqs, ids, toks, [1] * len(reqs))
-        keep = [j for j, ok in enumerate(live) if ok]
-        return DecodeRows([reqs[j] for j in keep], [ids[j] for j in keep], [toks[j] for j in keep], [1] * len(keep))
-    rows = pstep.decode_rows.astype(np.int64)  # [R]
-    starts = np.cumsum(rows) - rows  # [R]
-    num_accepted = np.ones(len(reqs), np.int64)  # [R]
-    verify = rows > 1  # [R]
-    if verify.any():
-        # NOTE: a request aborted while the step ran gets a chain too (its drafts were
-        # copied into the plan); it is dropped below with the other dead rows.
-        preds = tokens[starts[verify, None] + np.arange(spec_k + 1)]  # [V, K+1]
-        num_accepted[verify] = accept_chain(pstep.verify_drafts, preds)
-    fallback = ~verify & (pstep.decode_start + 1 + spec_k > max_model_len)  # [R]
-    flat, lens = tokens.tolist(), num_accepted.tolist()
-    toks = [flat[s : s + a] for s, a in zip(starts.tolist(), lens)]
-    verified, fell_back = verify.tolist(), fallback.tolist()
-    if all_live:
-        return DecodeRows(reqs, ids, toks, lens, verified, fell_back)
+        return _live_rows(live, reqs, ids, [[t] for t in tokens.tolist()], [1] * n)
+    # NOTE: a request aborted while the step ran gets a chain too (its drafts were copied
+    # into the plan); it is dropped with the other dead rows.
+    k1 = spec_k + 1
+    if pstep.verify_drafts is not None and len(pstep.verify_drafts) == n:  # the steady state: all verify
+        lens = accept_chain(pstep.verify_drafts, tokens.reshape(n, k1)).tolist()
+        starts = range(0, n * k1, k1)
+        verified, fell_back = [True] * n, [False] * n
+    else:
+        rows = pstep.decode_rows.astype(np.int64)  # [R]
+        first = np.cumsum(rows) - rows  # [R]
+        num_accepted = np.ones(n, np.int64)  # [R]
+        verify = rows > 1  # [R]
+        if verify.any():
+            preds = tokens[first[verify, None] + np.arange(k1)]  # [V, K+1]
+            num_accepted[verify] = accept_chain(pstep.verify_drafts, preds)
+        fallback = ~verify & (pstep.decode_start + 1 + spec_k > max_model_len)  # [R]
+        lens, starts = num_accepted.tolist(), first.tolist()
+        verified, fell_back = verify.tolist(), fallback.tolist()
+    flat = tokens.tolist()
+    toks = [flat[s : s + a] for s, a in zip(starts, lens)]
+    return _live_rows(live, reqs, ids, toks, lens, verified, fell_back)
+
+
+def _live_rows(live: list[bool] | None, *columns) -> DecodeRows:
+    """DecodeRows of the requests still running (live None: all are), columns in field order."""
+    if live is None or all(live):
+        return DecodeRows(*columns)
     keep = [j for j, ok in enumerate(live) if ok]
-    return DecodeRows(
-        [reqs[j] for j in keep],
-        [ids[j] for j in keep],
-        [toks[j] for j in keep],
-        [lens[j] for j in keep],
-        [verified[j] for j in keep],
-        [fell_back[j] for j in keep],
-    )
+    return DecodeRows(*[[c[j] for j in keep] for c in columns])

@@ -40,7 +40,7 @@ def run(sched, mesh, *reqs, ref=None):
                 c = (step_no + i) % 8  # the first c drafts are right
                 if c < 7:
                     drafts[c] = drafts[c] % 300 + 3
-                r.draft_ids = drafts
+                sched.partitions[r.partition].set_drafts(r, drafts)
     raise AssertionError("requests did not finish")
 
 
@@ -201,6 +201,6 @@ def test_k7_verify_rows_past_the_committed_length_are_never_keyed():
             fp = r.pages[0]
             keyed = [n for n, b in enumerate(fp.block_ids, fp.first_page) if b in swa.block_to_key]
             assert keyed == [n for n in range(fp.first_page, fp.end_page) if (n + 1) * 4 <= r.num_computed]
-            r.draft_ids = np.full(7, 2, np.int32)  # the fake model never predicts all 2s
+            sched.partitions[r.partition].set_drafts(r, np.full(7, 2, np.int32))  # the fake model never predicts all 2s
     assert seen_verify and r.num_verify_steps > 0 and r.num_matched == 0
     assert_pools_full(sched)

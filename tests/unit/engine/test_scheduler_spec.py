@@ -43,7 +43,7 @@ def test_k7_output_is_token_for_token_identical_to_k0():
                 c = (step_no + i) % 8  # 0..7 correct drafts
                 if c < 7:
                     drafts[c] = (drafts[c] + 1) % 300 + 2
-                r.draft_ids = drafts
+                sched.partitions[r.partition].set_drafts(r, drafts)
         sched.check_integrity()
     assert got == ref
     assert max(lens) == 8 and min(lens) == 1
@@ -64,7 +64,7 @@ def test_a_request_aborted_during_a_verify_step_does_not_break_the_others():
     while any(r.is_prefilling or not r.output_ids for r in reqs):
         run_step(sched, mesh)
     for r in reqs:
-        r.draft_ids = np.zeros(7, np.int32) + 5  # any drafts: the step verifies 8 rows
+        sched.partitions[r.partition].set_drafts(r, np.zeros(7, np.int32) + 5)  # any drafts: the step verifies 8 rows
     step = sched.schedule()
     assert as_i8(step.plan.partitions[0].decode.num_rows).tolist() == [8, 8]
     results = mesh.run(step.plan)

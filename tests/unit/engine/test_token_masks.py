@@ -83,7 +83,8 @@ def test_constrained_requests_decode_one_row_even_with_drafts():
     sched.add(bound)
     mesh = make_mesh(sched)
     run_step(sched, mesh)  # prefill both
-    free.draft_ids = bound.draft_ids = np.full(7, allowed_tokens()[0], np.int32)
+    for r in (free, bound):
+        sched.partitions[r.partition].set_drafts(r, np.full(7, allowed_tokens()[0], np.int32))
     step, _ = run_step(sched, mesh)
     decode = step.plan.partitions[0].decode
     rows = dict(zip(np.frombuffer(decode.req_ids, np.int32).tolist(), as_i8(decode.num_rows).tolist()))
