@@ -73,3 +73,32 @@ def test_a_request_aborted_during_a_verify_step_does_not_break_the_others():
     assert [o.request_id for o in outs if o.new_token_ids] == [reqs[1].request_id]
     assert step.accepted_req_ids == [reqs[1].req_id]
     sched.check_integrity()
+
+
+def test_the_verify_tile_is_each_requests_last_token_then_its_drafts_from_its_lease():
+    """Drafts live in the partition's table at the request's lease: a verifying request's
+    rows are its last token then those drafts; one without drafts sends one row; the
+    acceptance reads the same drafts back; a finished request's lease forgets them."""
+    sched = make_scheduler(spec_k=7)
+    mesh = make_mesh(sched)
+    reqs = make_requests(sched, 3, prompt_len=8, max_tokens=40)
+    for r in reqs:
+        sched.add(r)
+    while any(r.is_prefilling or not r.output_ids for r in reqs):
+        run_step(sched, mesh)
+    a, b, c = reqs
+    part = sched.partitions[0]
+    assert len({a.lease, b.lease, c.lease}) == 3 and not any(r.has_drafts for r in reqs)
+    da, dc = np.arange(10, 17, dtype=np.int32), np.arange(20, 27, dtype=np.int32)
+    part.set_drafts(c, dc)  # out of admission order: rows must follow each request's lease
+    part.set_drafts(a, da)
+    step = sched.schedule()
+    d = step.plan.partitions[0].decode
+    assert as_i8(d.num_rows).tolist() == [8, 1, 8]
+    want = [a.output_ids[-1], *da, b.output_ids[-1], c.output_ids[-1], *dc]
+    assert np.frombuffer(d.token_ids, np.int32).tolist() == want
+    assert step.partitions[0].verify_drafts.tolist() == [da.tolist(), dc.tolist()]
+    sched.update(step, mesh.run(step.plan))
+    assert not any(r.has_drafts for r in reqs)  # spent; this mesh proposes none
+    part.set_drafts(a, da)
+    assert sched.abort(a.request_id) and not a.has_drafts and a.lease == -1
