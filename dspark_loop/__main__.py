@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sys
@@ -11,6 +10,7 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     from dspark_loop.cli import load_config
     from dspark_loop.cli_ops import API_KEY_ENV
+    from dspark_loop.event_loop import run
     from dspark_loop.launch import run_offline_mode, run_server
 
     cfg, model = load_config(argv)
@@ -21,10 +21,10 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.node_rank > 0:
         from dspark_loop.node_agent import run_node
 
-        return asyncio.run(run_node(cfg))
+        return run(run_node(cfg), cfg.event_loop)
     if cfg.prompts:
-        return asyncio.run(run_offline_mode(cfg, model))
-    return asyncio.run(run_server(cfg, model))
+        return run(run_offline_mode(cfg, model), cfg.event_loop)
+    return run(run_server(cfg, model), cfg.event_loop)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from dspark_loop.config import (
     fill_defaults,
     validate,
 )
+from dspark_loop.event_loop import EVENT_LOOPS, loop_factory
 from dspark_loop.mesh_auth import SecretError, resolve_secret
 from dspark_loop.model_config import ModelConfig
 from dspark_loop.nodes import parse_host_port
@@ -278,6 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-tokens", type=positive_int, default=16, help="offline mode: tokens per prompt")
     a("--log-level", type=str.lower, choices=LOG_LEVELS, default="info")
     a(
+        "--loop",
+        choices=EVENT_LOOPS,
+        default="auto",
+        help="the server's event loop: auto = uvloop when installed (a dependency on Linux), else asyncio",
+    )
+    a(
         "--kv-cache-memory",
         type=byte_size,
         default=None,
@@ -338,6 +345,10 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         parser.error(f"argument --model: {ns.model!r} is not a checkpoint directory (no config.json)")
     if ns.served_model_name is not None and not ns.served_model_name.strip():
         parser.error("argument --served-model-name: must not be empty")
+    try:
+        loop_factory(ns.loop)
+    except ValueError as e:
+        parser.error(f"argument --loop: {e}")
     cfg = ServerConfig(
         model=ns.model,
         served_model_name=ns.served_model_name,
@@ -362,6 +373,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         prompts=tuple(ns.prompt),
         max_tokens=ns.max_tokens,
         log_level=ns.log_level,
+        event_loop=ns.loop,
         kv_cache_memory=ns.kv_cache_memory,
         num_blocks=ns.num_blocks,
         debug_tap=ns.debug_tap,

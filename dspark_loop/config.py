@@ -107,6 +107,7 @@ class ServerConfig:
     prompts: tuple[str, ...] = ()  # --prompt: offline mode
     max_tokens: int = 16  # offline mode's max_tokens per prompt
     log_level: str = "info"
+    event_loop: str = "auto"  # --loop: dspark_loop.event_loop.EVENT_LOOPS
     kv_cache_memory: int | None = None  # bytes per rank for KV pages
     num_blocks: int | None = None
     debug_tap: str | None = None

@@ -23,6 +23,7 @@ from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.errors import MeshStartError
+from dspark_loop.event_loop import loop_name
 from dspark_loop.mesh import Mesh
 from dspark_loop.mesh_auth import resolve_secret
 from dspark_loop.metrics import Metrics
@@ -175,7 +176,7 @@ def load_tokenizer(model_dir: str) -> Tokenizer:
 
 def log_starting(cfg: ServerConfig) -> None:
     log.info(
-        "starting %d rank(s): dp=%d tp=%d ep=%d backend=%s dtype=%s model=%s",
+        "starting %d rank(s): dp=%d tp=%d ep=%d backend=%s dtype=%s model=%s (event loop: %s)",
         cfg.world_size,
         cfg.dp,
         cfg.tp,
@@ -183,6 +184,7 @@ def log_starting(cfg: ServerConfig) -> None:
         cfg.backend,
         cfg.dtype,
         cfg.model,
+        loop_name(asyncio.get_running_loop()),
     )
 
 

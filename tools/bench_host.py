@@ -1,6 +1,6 @@
 """The engine's host work per step at the production tile, from the engine's StepTraces.
 
-    python -m tools.bench_host [--requests 256] [--partitions 4] [--steps 300] [--aligned]
+    python -m tools.bench_host [--requests 256] [--partitions 4] [--steps 300] [--aligned] [--loop asyncio]
 
 A real EngineLoop (scheduler, acceptance, delivery to per-request channels, the Metrics
 observer and a TapPublisher) drives an instant scripted mesh: every row predicts
@@ -10,6 +10,8 @@ every StepTrace; the host cost is schedule + update + deliver from the traces pl
 msgpack encode (timed inside the mesh, where a real mesh encodes it). Prompts are 64..95
 tokens, so requests cross page boundaries in different steps as in real traffic; --aligned
 gives every request 64 (all map and release pages in the same steps: the p99 worst case).
+The event loop is the server's (--loop auto: uvloop when installed); --loop asyncio measures
+the standard one.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.scheduler import Scheduler
+from dspark_loop.event_loop import EVENT_LOOPS, loop_factory, loop_name
 from dspark_loop.metrics import Metrics
 from dspark_loop.protocol import DSPARK_K, ENCODER, StepResult, as_i8, as_i32, f32, i32
 from dspark_loop.tap_publisher import TapPublisher
@@ -175,16 +178,20 @@ def main() -> None:
         action="store_true",
         help="every prompt 64 tokens: all requests cross a page boundary in the same step (the p99 worst case)",
     )
+    ap.add_argument("--loop", choices=EVENT_LOOPS, default="auto", help="the event loop, as the server's --loop")
     args = ap.parse_args()
+    new_loop = loop_factory(args.loop)
+    print(f"event loop: {loop_name(new_loop())}")
     sampling = (
         {}
         if not args.temperature
         else dict(temperature=args.temperature, top_p=0.9, top_k=50, presence_penalty=0.3, repetition_penalty=1.1)
     )
     for name, k in (("K=0 (1 row)", 0), ("K=7 (8 rows)", DSPARK_K)):
-        host, steady, traces = asyncio.run(
-            run(args.requests, args.partitions, args.steps, k, args.tap, sampling, args.aligned)
-        )
+        with asyncio.Runner(loop_factory=new_loop) as runner:
+            host, steady, traces = runner.run(
+                run(args.requests, args.partitions, args.steps, k, args.tap, sampling, args.aligned)
+            )
         if not steady:
             print(f"{name}: no steady-state traces recorded ({len(traces)} traces)")
             continue

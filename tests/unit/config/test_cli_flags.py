@@ -38,6 +38,7 @@ BAD_FLAGS = [
     (["--generate-config", "not json"], "--generate-config"),
     (["--max-tokens", "0"], "--max-tokens"),
     (["--log-level", "loud"], "--log-level"),
+    (["--loop", "tokio"], "--loop"),
     (["--kv-cache-memory", "lots"], "--kv-cache-memory"),
     (["--kv-cache-memory", "2XB"], "--kv-cache-memory"),
     (["--num-blocks", "0"], "--num-blocks"),
@@ -67,6 +68,7 @@ def test_no_flags_mean_the_embedded_default_on_one_cpu_rank():
     assert (cfg.max_num_batched_tokens, cfg.long_prefill_token_threshold) == (8192, 8192)
     assert cfg.num_speculative_tokens == 0 and cfg.enable_prefix_caching
     assert cfg.kv_cache_memory == CPU_KV_CACHE_MEMORY
+    assert cfg.event_loop == "auto"
 
 
 def test_the_seeds_command_line_parses_as_written(tmp_path):
