@@ -1,0 +1,28 @@
+"""tools/bench_host runs the real EngineLoop on its instant mesh and measures the steady state
+(numbers are benchmarks, never asserted here)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from dspark_loop.protocol import DSPARK_K
+from tools import bench_host
+
+
+def test_the_k7_steady_state_decodes_every_request_and_accepts_drafts():
+    host, steady, traces = asyncio.run(bench_host.run(32, 2, 30, DSPARK_K, "tcp://127.0.0.1:0"))
+    assert steady and len(host) == len(steady) and all(h > 0 for h in host)
+    assert all(sum(p.decode_num_rows for p in t.partitions) >= 32 for t in steady)
+    assert sum(t.num_new_tokens for t in steady) > 32 * len(steady)  # drafts were accepted
+
+
+def test_main_prints_every_run_and_the_summary_per_k(monkeypatch, capsys):
+    argv = ["bench_host", "--requests", "16", "--partitions", "2", "--steps", "20", "--repeats", "2"]
+    monkeypatch.setattr(sys, "argv", argv + ["--loop", "asyncio"])
+    bench_host.main()
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "event loop: asyncio"
+    assert sum(line.startswith("K=0 (1 row)   16 req") for line in out) == 2
+    assert sum(line.startswith("K=7 (8 rows)  16 req") for line in out) == 2
+    assert [line.split(" over ")[1][:6] for line in out if " over " in line] == ["2 runs", "2 runs"]
