@@ -1,7 +1,7 @@
 """The engine's host work per step at the production tile, from the engine's StepTraces.
 
     python -m tools.bench_host [--requests 256] [--partitions 4] [--steps 300] [--repeats 3]
-                               [--aligned] [--loop asyncio]
+                               [--aligned] [--prefix-caching] [--loop asyncio]
 
 A real EngineLoop (scheduler, acceptance, delivery to per-request channels, the Metrics
 observer and a TapPublisher) drives an instant scripted mesh: every row predicts
@@ -11,7 +11,8 @@ every StepTrace; the host cost is schedule + update + deliver from the traces pl
 msgpack encode (timed inside the mesh, where a real mesh encodes it). Prompts are 64..95
 tokens, so requests cross page boundaries in different steps as in real traffic; --aligned
 gives every request 64 (all map and release pages in the same steps: the p99 worst case).
-The event loop is the server's (--loop auto: uvloop when installed); --loop asyncio measures
+Prefix caching is off unless --prefix-caching (the server's default is on: each page that
+fills is hashed and keyed). The event loop is the server's (--loop auto: uvloop when installed); --loop asyncio measures
 the standard one. K=0 and K=7 runs alternate --repeats times; the summary is the median of
 the runs' medians and p99s, with their range (one run on a shared machine swings ~10-20%).
 """
@@ -119,6 +120,7 @@ async def run(
     tap_addr: str,
     sampling: dict | None = None,
     aligned: bool = False,
+    prefix_caching: bool = False,
 ):
     sampling = sampling or {}
     sched = Scheduler(
@@ -131,7 +133,7 @@ async def run(
         max_model_len=1 << 20,
         eos_token_ids=[1],
         spec_k=spec_k,
-        enable_prefix_caching=False,
+        enable_prefix_caching=prefix_caching,
     )
     tap = TapPublisher(tap_addr)
     mesh = InstantMesh(spec_k)
@@ -181,6 +183,11 @@ def main() -> None:
         help="every prompt 64 tokens: all requests cross a page boundary in the same step (the p99 worst case)",
     )
     ap.add_argument("--repeats", type=int, default=3, help="runs per K, alternating K=0 and K=7")
+    ap.add_argument(
+        "--prefix-caching",
+        action="store_true",
+        help="register every full page in the prefix cache, as the server does by default (off: the issue-14 workload)",
+    )
     ap.add_argument("--loop", choices=EVENT_LOOPS, default="auto", help="the event loop, as the server's --loop")
     args = ap.parse_args()
     new_loop = loop_factory(args.loop)
@@ -196,7 +203,16 @@ def main() -> None:
         for k, name in names.items():
             with asyncio.Runner(loop_factory=new_loop) as runner:
                 host, steady, traces = runner.run(
-                    run(args.requests, args.partitions, args.steps, k, args.tap, sampling, args.aligned)
+                    run(
+                        args.requests,
+                        args.partitions,
+                        args.steps,
+                        k,
+                        args.tap,
+                        sampling,
+                        args.aligned,
+                        args.prefix_caching,
+                    )
                 )
             if not steady:
                 print(f"{name}: no steady-state traces recorded ({len(traces)} traces)")

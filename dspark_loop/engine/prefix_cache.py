@@ -49,6 +49,7 @@ class PrefixCache:
         self.align = layout.prefix_align
         self.chunk = math.gcd(*(f.tokens_per_page for f in self.families))
         self.replay = DRAFTER_REPLAY if spec_k else 1
+        self._page_spans = sorted({f.tokens_per_page for f in self.families})
 
     def max_hit(self, num_tokens: int) -> int:
         return max(0, num_tokens - self.replay) // self.align * self.align
@@ -58,11 +59,12 @@ class PrefixCache:
         hashes = req.prefix_hashes
         g, have, want = self.chunk, len(req.prefix_hashes), num_tokens // self.chunk
         if want > have:
-            tokens = req.token_slice(have * g, want * g)  # [(want - have) * g] int32
+            data = req.token_bytes(have * g, want * g)  # [(want - have) * g] int32
+            span = 4 * g
             parent = hashes[-1] if hashes else 0
             for i in range(want - have):
                 d = blake2b(parent.to_bytes(8, "little"), digest_size=8)
-                d.update(tokens[i * g : (i + 1) * g].tobytes())
+                d.update(data[i * span : (i + 1) * span])
                 parent = int.from_bytes(d.digest(), "little")
                 hashes.append(parent)
         return hashes
@@ -135,7 +137,12 @@ class PrefixCache:
         req.register_pos = self._next_page_end(req.registered_len)
 
     def _next_page_end(self, pos: int) -> int:
-        return min((pos // f.tokens_per_page + 1) * f.tokens_per_page for f in self.families)
+        end = NEVER
+        for t in self._page_spans:
+            e = (pos // t + 1) * t
+            if e < end:
+                end = e
+        return end
 
 
 def stop_registering(req: Request) -> None:

@@ -47,7 +47,7 @@ def next_prompt_token(req: Request, end: int, sample: bool) -> int:
     prompt-logprob requests (the chunk's last row is about it); -1 otherwise."""
     if sample or req.params.prompt_logprobs < 0:
         return -1
-    return int(req.token_slice(end, end + 1)[0])
+    return req.token_at(end)
 
 
 def read_logprobs(res) -> dict[int, dict[int, TokenLogprob]]:

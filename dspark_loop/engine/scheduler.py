@@ -188,6 +188,14 @@ class Scheduler:
         verify_limit = self.max_model_len - verify_n  # a verify needs num_computed <= this
         prefilling = []
         for req in part.running:
+            if req.num_computed >= req.release_pos:
+                # NOTE: ring pages behind the window go back here, before any page is mapped
+                # (the pools are as if update() had released them), not in update(): a K=7
+                # request maps its next ring page 6 positions before its oldest one leaves
+                # the window (Flash: 32-token pages, window 128), so a release in update()
+                # mostly fell in the same step as the mapping; from here the two meet only
+                # when one step accepts 7-8 tokens across both positions.
+                part.release_ring(req)
             if req.num_computed < req.prefill_target:
                 req.sched_n = 0
                 prefilling.append(req)
@@ -252,7 +260,7 @@ class Scheduler:
             PrefillChunk(
                 r.req_id,
                 r.num_computed,
-                i32(r.token_slice(r.num_computed, r.num_computed + n)),
+                r.token_bytes(r.num_computed, r.num_computed + n),
                 s,
                 next_prompt_token(r, r.num_computed + n, s),
             )

@@ -44,7 +44,6 @@ class StepApplier:
                 note_prompt_logprobs(req, entries)
             if row.tokens is None:  # a chunk that samples nothing
                 self._register_pages(part, req)
-                part.release_ring(req)
             else:
                 outputs.append(self.commit(part, step, req, row.tokens, now, entries))
         taken = False
@@ -100,8 +99,6 @@ class StepApplier:
                 num_new += a
                 if req.num_computed >= req.register_pos:  # a page became full
                     self.prefix.register(part.cache, req)
-                if req.num_computed >= req.release_pos:
-                    part.release_ring(req)
                 req.inter_token_s.append(now - req.last_token_time)
                 req.last_token_time = now
                 det = req.detokenizer
@@ -142,7 +139,7 @@ class StepApplier:
     def commit(
         self, part: Partition, step: ScheduledStep, req: Request, accepted: list[int], now: float, entries=None
     ) -> RequestOutput:
-        """Append what the finish rules keep, finish the request or give back ring pages."""
+        """Append what the finish rules keep; finish the request if a rule says so."""
         f = check_finish(accepted, len(req.output_ids), req.prompt_len, req.rules, req.params, req.detokenizer)
         kept, text, reason, stop_reason = f.kept, f.text, f.reason, f.stop_reason
         logprobs = prompt_logprobs = None
@@ -150,7 +147,7 @@ class StepApplier:
             logprobs, prompt_logprobs = delta_logprobs(req, req.num_tokens, kept, entries)
         req.output_ids.extend(kept)
         step.num_new_tokens += len(kept)
-        self._register_pages(part, req)  # before finish or ring release gives pages away
+        self._register_pages(part, req)  # before finish (or the next schedule's ring release) gives pages away
         if req.first_token_time is None:
             req.first_token_time = now
         elif kept:
@@ -162,8 +159,6 @@ class StepApplier:
             req.stop_reason = stop_reason
             req.finish_time = now
             step.finished.append(req)
-        elif req.num_computed >= req.release_pos:
-            part.release_ring(req)
         return RequestOutput(
             req.request_id,
             kept,

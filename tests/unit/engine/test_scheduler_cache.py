@@ -11,8 +11,9 @@ def block_updates(step, p=0):
 
 
 def test_ring_pages_leave_the_window_and_are_reused():
-    """With window 8 and 4-token swa pages, page 0 must be released right after position
-    10 is computed, and its block must be the one that maps page 4 later on."""
+    """With window 8 and 4-token swa pages, page 0 must be released by the first schedule
+    after position 10 is computed, before it maps anything, and its block must be the one
+    that maps page 4 later on."""
     sched = make_scheduler(num_blocks=[4, 4], enable_prefix_caching=False)  # no LRU
     mesh = make_mesh(sched)
     (r,) = make_requests(sched, 1, prompt_len=8, max_tokens=12)
@@ -26,8 +27,10 @@ def test_ring_pages_leave_the_window_and_are_reused():
     run_step(sched, mesh)  # position 9
     assert r.pages[0].first_page == 0 and free.num_free == 1
     run_step(sched, mesh)  # position 10 -> next write 11 reads back to 4: page 0 is dead
+    assert r.pages[0].first_page == 0  # ...and goes back with the next schedule
+    step = sched.schedule()  # position 11
     assert r.pages[0].first_page == 1 and free.free_ids() == [3, 0]
-    run_step(sched, mesh)  # position 11
+    sched.update(step, mesh.run(step.plan))
     step, _ = run_step(sched, mesh)  # position 12: page 3 -> block 3
     assert block_updates(step) == [(0, 0, 3, [3])]
     for _ in range(4):
