@@ -49,7 +49,6 @@ class PrefixCache:
         self.align = layout.prefix_align
         self.chunk = math.gcd(*(f.tokens_per_page for f in self.families))
         self.replay = DRAFTER_REPLAY if spec_k else 1
-        self._page_spans = sorted({f.tokens_per_page for f in self.families})
 
     def max_hit(self, num_tokens: int) -> int:
         return max(0, num_tokens - self.replay) // self.align * self.align
@@ -117,14 +116,17 @@ class PrefixCache:
     def start(self, req: Request, num_computed: int) -> None:
         """req was admitted with positions < num_computed already cached (a hit or 0)."""
         req.registered_len = num_computed
-        req.register_pos = self._next_page_end(num_computed)
+        req.register_pos = self._next_aligned(num_computed)
 
     def register(self, cache: PartitionCache, req: Request) -> None:
-        """Key every page that became full since the last call (call when num_computed
-        >= req.register_pos). Only committed positions count: K=7 verify rows past
-        num_computed are written eagerly but may be rejected and rewritten."""
-        g = self.chunk
-        end = min(req.num_computed, req.num_tokens) // g * g
+        """Key every page below the last aligned position reached since the last call (call
+        when num_computed >= req.register_pos). Only committed positions count: K=7 verify
+        rows past num_computed are written eagerly but may be rejected and rewritten.
+        NOTE: per prefix_align, not per page: a hit's length is a multiple of the alignment
+        and needs no page past it, so pages are keyed in batches (Flash: the 4 swa pages and
+        the c4 and c128 pages of each 128 tokens in one call, not one call per 32)."""
+        a = self.align
+        end = min(req.num_computed, req.num_tokens) // a * a
         done = req.registered_len
         if end > done:
             hashes = self.hashes(req, end)
@@ -134,15 +136,11 @@ class PrefixCache:
                 for n in range(max(done // tpp, fp.first_page), end // tpp):
                     pool.register(fp.block_ids[n - fp.first_page], self._key(hashes, (n + 1) * tpp))
             req.registered_len = end
-        req.register_pos = self._next_page_end(req.registered_len)
+        req.register_pos = self._next_aligned(req.registered_len)
 
-    def _next_page_end(self, pos: int) -> int:
-        end = NEVER
-        for t in self._page_spans:
-            e = (pos // t + 1) * t
-            if e < end:
-                end = e
-        return end
+    def _next_aligned(self, pos: int) -> int:
+        """The next aligned position: where register() has new pages to key."""
+        return (pos // self.align + 1) * self.align
 
 
 def stop_registering(req: Request) -> None:

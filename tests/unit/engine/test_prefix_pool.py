@@ -93,9 +93,10 @@ def test_chunk_hashes_name_the_whole_prefix_and_are_computed_once():
     assert prefix.hashes(make_req(toks), 22) == again
 
 
-def test_only_full_pages_of_committed_positions_are_registered():
-    """register() must key the pages wholly below num_computed (swa pages of 4, c4 pages
-    of 16 tokens), and nothing for positions written but not committed."""
+def test_only_pages_below_the_last_aligned_committed_position_are_registered():
+    """register() must key the pages wholly below num_computed rounded down to the prefix
+    alignment (16: swa pages of 4, c4 pages of 16 tokens; a hit is never longer), and
+    nothing for positions written but not committed."""
     layout = make_layout()
     prefix = PrefixCache(layout, spec_k=0)
     cache = PartitionCache(layout, [16, 4])
@@ -103,16 +104,16 @@ def test_only_full_pages_of_committed_positions_are_registered():
     req.pages = cache.new_pages()
     cache.allocate(req.pages, cache.num_new_pages(req.pages, 23))  # positions 0..22 written
     prefix.start(req, 0)
-    assert req.register_pos == 4
+    assert req.register_pos == 16
     req.num_computed = 15  # the rest is (say) rejected verify rows
     prefix.register(cache, req)
     swa, c4 = cache.pools
-    assert sorted(swa.block_to_key) == [0, 1, 2] and c4.block_to_key == {}
-    assert req.register_pos == 16
+    assert swa.block_to_key == {} and c4.block_to_key == {} and req.register_pos == 16
     req.num_computed = 23
     prefix.register(cache, req)
-    assert sorted(swa.block_to_key) == [0, 1, 2, 3, 4] and sorted(c4.block_to_key) == [0]
-    assert len(req.prefix_hashes) == 5  # one hash per whole chunk of 4, never per token
+    assert sorted(swa.block_to_key) == [0, 1, 2, 3] and sorted(c4.block_to_key) == [0]
+    assert req.register_pos == 32
+    assert len(req.prefix_hashes) == 4  # one hash per whole chunk of 4, never per token
 
 
 def test_lookup_needs_the_c4_run_and_the_window_tail_and_caps_by_replay():

@@ -20,8 +20,10 @@ def updates_of(mesh, req_id, p=0):
 def test_eviction_takes_free_pages_first_then_the_oldest_cached_tail():
     """With 10 swa blocks: A (33 tokens) keys swa pages 0-7 (blocks 0-7) and frees them
     tail first, so the LRU is [7..0]. B (13 tokens) takes free blocks 9, 8, then evicts 7
-    and 6. A's prompt again then misses the window tail at 32 (pages 6-7 are gone) and
-    must hit at 16 on blocks 2-3 and c4 block 0, with the cold run's tokens."""
+    and 6; it reaches no 16-token alignment, so it keys nothing and its blocks go back to
+    the free list, not the LRU. A's prompt again then misses the window tail at 32 (pages
+    6-7 are gone) and must hit at 16 on blocks 2-3 and c4 block 0, with the cold run's
+    tokens."""
     sched = make_scheduler(num_blocks=[10, 4])
     mesh = make_mesh(sched)
     swa, c4 = sched.partitions[0].cache.pools
@@ -34,14 +36,15 @@ def test_eviction_takes_free_pages_first_then_the_oldest_cached_tail():
     run(sched, mesh, b)
     assert updates_of(mesh, b.req_id) == [(0, 0, [9, 8, 7, 6]), (1, 0, [2])]
     assert swa.num_evicted == 2 and c4.num_evicted == 0
+    assert swa.free_ids() == [9, 8, 7, 6] and swa.lru_ids() == [5, 4, 3, 2, 1, 0]
     c = make_req(sched, "c", prompt_ids(0, 33), 4)
     got = run(sched, mesh, c)
     assert c.num_cached_tokens == 16
-    # the hit's pages, then new pages: free block 6, then LRU 5, 4, 1, 0 (2, 3 are shared)
+    # the hit's pages, then new pages: free blocks 9-6, then LRU 5 (2, 3 are shared)
     assert updates_of(mesh, c.req_id) == [
         (0, 2, [2, 3]),
         (1, 0, [0]),
-        (0, 4, [6, 5, 4, 1, 0]),
+        (0, 4, [9, 8, 7, 6, 5]),
         (1, 1, [3]),
         (1, 2, [2]),
     ]  # decoding reaches c4 row 8
