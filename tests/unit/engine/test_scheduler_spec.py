@@ -53,16 +53,22 @@ def test_k7_output_is_token_for_token_identical_to_k0():
     assert sum(r.num_matched for r in reqs) == sum(n - 1 for n in lens)
 
 
-def test_a_request_aborted_during_a_verify_step_does_not_break_the_others():
-    """A client that leaves while its 8-row verify runs loses its drafts with its lease;
-    the step's update must skip it and still accept the other requests' drafts."""
-    sched = make_scheduler(spec_k=7, max_model_len=60)
+def decoding(n: int, **kw):
+    """A K=7 scheduler, its mesh and n requests (prompts of 8) past their prefill."""
+    sched = make_scheduler(spec_k=7, **kw)
     mesh = make_mesh(sched)
-    reqs = make_requests(sched, 2, prompt_len=8, max_tokens=40)
+    reqs = make_requests(sched, n, prompt_len=8, max_tokens=40)
     for r in reqs:
         sched.add(r)
     while any(r.is_prefilling or not r.output_ids for r in reqs):
         run_step(sched, mesh)
+    return sched, mesh, reqs
+
+
+def test_a_request_aborted_during_a_verify_step_does_not_break_the_others():
+    """A client that leaves while its 8-row verify runs loses its drafts with its lease;
+    the step's update must skip it and still accept the other requests' drafts."""
+    sched, mesh, reqs = decoding(2, max_model_len=60)
     for r in reqs:
         sched.partitions[r.partition].set_drafts(r, np.zeros(7, np.int32) + 5)  # any drafts: the step verifies 8 rows
     step = sched.schedule()
@@ -79,13 +85,7 @@ def test_the_verify_tile_is_each_requests_last_token_then_its_drafts_from_its_le
     """Drafts live in the partition's table at the request's lease: a verifying request's
     rows are its last token then those drafts; one without drafts sends one row; the
     acceptance reads the same drafts back; a finished request's lease forgets them."""
-    sched = make_scheduler(spec_k=7)
-    mesh = make_mesh(sched)
-    reqs = make_requests(sched, 3, prompt_len=8, max_tokens=40)
-    for r in reqs:
-        sched.add(r)
-    while any(r.is_prefilling or not r.output_ids for r in reqs):
-        run_step(sched, mesh)
+    sched, mesh, reqs = decoding(3)
     a, b, c = reqs
     part = sched.partitions[0]
     assert len({a.lease, b.lease, c.lease}) == 3 and not any(r.has_drafts for r in reqs)
