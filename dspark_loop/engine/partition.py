@@ -48,6 +48,8 @@ class Partition:
 
     def set_drafts(self, req: Request, drafts) -> None:
         """The ranks' (or a test's) drafts [K] for req's next anchor."""
+        if req.lease < 0:
+            raise ValueError(f"{req} holds no drafter lease (K=7 running requests only)")
         self.drafts[req.lease] = drafts
         req.has_drafts = True
 

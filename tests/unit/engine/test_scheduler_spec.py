@@ -1,6 +1,7 @@
 """K=7 verify rows: the scheduler side of DSpark (drafts in, linear-chain acceptance out)."""
 
 import numpy as np
+import pytest
 
 from dspark_loop.protocol import as_i8
 from tests.unit.engine.factories import make_mesh, make_requests, make_scheduler, run_step, run_to_completion, tokens_of
@@ -102,3 +103,14 @@ def test_the_verify_tile_is_each_requests_last_token_then_its_drafts_from_its_le
     assert not any(r.has_drafts for r in reqs)  # spent; this mesh proposes none
     part.set_drafts(a, da)
     assert sched.abort(a.request_id) and not a.has_drafts and a.lease == -1
+
+
+def test_drafts_need_a_lease():
+    """A request without a drafter lease (waiting, or K=0) has no table row: storing drafts
+    for it is an error, not a write into another request's row."""
+    sched = make_scheduler(spec_k=7)
+    (r,) = make_requests(sched, 1, prompt_len=8)
+    sched.add(r)  # waiting: the lease comes with admission
+    with pytest.raises(ValueError, match="no drafter lease"):
+        sched.partitions[0].set_drafts(r, np.zeros(7, np.int32))
+    assert not r.has_drafts and not sched.partitions[0].drafts.any()
