@@ -19,6 +19,7 @@ class PartitionStep:
     decode_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))  # [R]
     decode_start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [R] row 0's position
     decode_req_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [R]
+    decode_leases: np.ndarray | None = None  # [R] K=7: the requests' drafter leases (draft table rows)
     verify_drafts: np.ndarray | None = None  # [V, K] the drafts of the requests with rows > 1
 
     @property
@@ -61,11 +62,11 @@ def decode_batch(decodes: list[Request], pstep: PartitionStep, drafts: np.ndarra
     start = np.fromiter([r.num_computed for r in decodes], np.int64, n)  # [R]
     req_ids = np.fromiter([r.req_id for r in decodes], np.int32, n)  # [R]
     last = np.fromiter([r.output_ids[-1] for r in decodes], np.int32, n)  # [R] row 0
+    leases = None if drafts is None else np.fromiter([r.lease for r in decodes], np.int64, n)  # [R]
     if rows.max() == 1:
         tokens = last
     else:
         k = DSPARK_K
-        leases = np.fromiter([r.lease for r in decodes], np.int64, n)  # [R]
         if rows.min() > 1:  # every request verifies: [R, K+1] rows
             tile = np.empty((n, k + 1), np.int32)
             tile[:, 0] = last
@@ -84,6 +85,7 @@ def decode_batch(decodes: list[Request], pstep: PartitionStep, drafts: np.ndarra
     pstep.decode_rows = rows
     pstep.decode_start = start
     pstep.decode_req_ids = req_ids
+    pstep.decode_leases = leases
     return DecodeBatch(
         req_ids=req_ids.tobytes(),
         start_pos=start.astype(np.int32).tobytes(),

@@ -79,7 +79,7 @@ class StepApplier:
         # NOTE: drafts are for one anchor only: a decode spends them, the ranks sent the
         # next ones with this result (stored here when taken, else by id after this pass)
         if taken:
-            part.drafts[d.leases()] = drafts[1]
+            part.drafts[d.leases] = drafts[1]
         commit, emit = self.commit, outputs.append
         num_new = 0
         for req, toks, a, v in zip(d.reqs, d.tokens, lens, verified or repeat(False)):

@@ -40,10 +40,7 @@ class DecodeRows:
     lens: list[int]  # len(tokens[j])
     verified: list[bool] | None = None  # K=7: the request verified K drafts this step
     fallback: list[bool] | None = None  # K=7: a 1-row decode forced by the position ceiling
-
-    def leases(self) -> np.ndarray:
-        """[R] the requests' drafter leases (K=7), as table rows."""
-        return np.fromiter([r.lease for r in self.reqs], np.int64, len(self.reqs))
+    leases: np.ndarray | list[int] | None = None  # K=7: their drafter leases (draft table rows)
 
 
 @dataclass
@@ -116,7 +113,7 @@ def _read_decode(
         verified, fell_back = verify.tolist(), fallback.tolist()
     flat = tokens.tolist()
     toks = [flat[s : s + a] for s, a in zip(starts, lens)]
-    return _live_rows(live, reqs, ids, toks, lens, verified, fell_back)
+    return _live_rows(live, reqs, ids, toks, lens, verified, fell_back, pstep.decode_leases)
 
 
 def _live_rows(live: list[bool] | None, *columns) -> DecodeRows:
