@@ -11,7 +11,8 @@ A request's pages in one family are a contiguous run of page numbers
            first_page = 3
 
 Ring pages wholly before Family.first_live_page(next write position) are released
-after each step; the ranks never read them again, so no message says so.
+(release_behind) at the top of the next schedule, before it maps anything; the ranks never
+read them again, so no message says so.
 
 Prefix caching (prefix_cache.py) shares full pages: a block has one reference per request
 that maps it. A block whose ref count drops to 0 goes to the free list, or, if it holds a
@@ -184,9 +185,9 @@ class PartitionCache:
         self.layout = layout
         self.families = layout.families
         self.pools = [BlockPool(n) for n in num_blocks]
-        self._rings = [(f, fam) for f, fam in enumerate(self.families) if fam.ring]  # (index, family)
         self._spans = [(f.ratio, f.tokens_per_page, f.rows_per_page) for f in self.families]
-        self._ring_spans = [(f, fam.window, fam.tokens_per_page) for f, fam in self._rings]
+        # (index, window, tokens per page) of each ring family
+        self._ring_spans = [(f, fam.window, fam.tokens_per_page) for f, fam in enumerate(self.families) if fam.ring]
 
     def new_pages(self) -> list[FamilyPages]:
         return [FamilyPages() for _ in self.families]
@@ -272,25 +273,12 @@ class PartitionCache:
                 limit = end
         return limit
 
-    def release_ring(self, pages: list[FamilyPages], next_pos: int) -> list[tuple[int, list[int]]]:
-        """Free ring pages wholly behind the window of a step writing from next_pos."""
-        released = []
-        for f, fam in self._rings:
-            fp = pages[f]
-            live = max(0, next_pos - fam.window + 1) // fam.tokens_per_page  # fam.first_live_page(next_pos)
-            n = min(live - fp.first_page, len(fp.block_ids))
-            if n <= 0:
-                continue
-            ids = fp.block_ids[:n]
-            del fp.block_ids[:n]
-            fp.first_page += n
-            self.pools[f].free(ids)
-            released.append((f, ids))
-        return released
-
     def release_behind(self, pages: list[FamilyPages], next_pos: int) -> int:
-        """release_ring(pages, next_pos), then release_pos(): one pass over the ring families
-        (a request moving past a ring page, ~35 per step at 256 requests x 8 rows)."""
+        """Free ring pages wholly behind the window of a step writing from next_pos (below
+        Family.first_live_page(next_pos)); returns the next write position at which it would
+        free more (0: a ring family holds no page, so ask again next step). One pass over
+        the ring families (a request moving past a ring page, ~35 per step at 256 requests
+        x 8 rows)."""
         pos = 1 << 62
         for f, window, tokens in self._ring_spans:
             fp = pages[f]
@@ -305,18 +293,7 @@ class PartitionCache:
             if not ids:
                 pos = 0
             elif pos:
-                pos = min(pos, (first + 1) * tokens + window - 1)  # release_pos(), inlined
-        return pos
-
-    def release_pos(self, pages: list[FamilyPages]) -> int:
-        """The next write position at which release_ring() would free something."""
-        pos = 1 << 62
-        for f, fam in self._rings:
-            fp = pages[f]
-            if not fp.block_ids:
-                return 0
-            # first_live_page(next_pos) > first_page  <=>  next_pos >= this
-            pos = min(pos, (fp.first_page + 1) * fam.tokens_per_page + fam.window - 1)
+                pos = min(pos, (first + 1) * tokens + window - 1)  # first_live_page(p) > first  <=>  p >= this
         return pos
 
     def free(self, pages: list[FamilyPages]) -> None:

@@ -46,9 +46,9 @@ def test_ring_pages_are_released_exactly_when_they_leave_the_window():
     # c4 rows 0..2 (boundaries at positions 3, 7, 11) all live on c4 page 0
     assert pages[0].block_ids == [0, 1, 2] and pages[1].block_ids == [0]
     # next write at 11: reads reach back to 4 -> page 0 (positions 0..3) is dead
-    assert cache.release_pos(pages) == 11
-    assert cache.release_ring(pages, 10) == []
-    assert cache.release_ring(pages, 11) == [(0, [0])]
+    assert cache.release_behind(pages, 10) == 11  # nothing released yet; page 0 goes at 11
+    assert (pages[0].first_page, pages[0].block_ids) == (0, [0, 1, 2]) and cache.num_free() == [5, 3]
+    assert cache.release_behind(pages, 11) == 15  # page 0 released; page 1 goes at 15
     assert (pages[0].first_page, pages[0].block_ids) == (1, [1, 2])
     assert cache.num_free() == [6, 3]
     cache.check_integrity([pages])
@@ -98,17 +98,24 @@ def test_grow_maps_what_num_new_pages_asks_or_changes_nothing():
     assert before == ([p.num_free for p in a.pools], [(fp.first_page, list(fp.block_ids)) for fp in pa])
 
 
-def test_release_behind_is_release_ring_then_release_pos():
-    """release_behind() must free what release_ring() frees and return release_pos()."""
+def test_release_behind_frees_what_left_the_window_and_names_the_next_release():
+    """release_behind() must free exactly the ring pages below Family.first_live_page(next
+    write position), to the back of the free list, keep every other page, and return the
+    smallest later position whose first live page passes the ring's new first page."""
     from tools.bench_engine import flash_layout
 
-    a, b = PartitionCache(flash_layout(), [64, 16, 16]), PartitionCache(flash_layout(), [64, 16, 16])
-    pa, pb = a.new_pages(), b.new_pages()
+    cache = PartitionCache(flash_layout(), [64, 16, 16])
+    pages = cache.new_pages()
+    swa = cache.families[0]
+    assert swa.ring and not any(f.ring for f in cache.families[1:])
     for end in range(1, 1500, 37):
-        a.grow(pa, end)
-        b.grow(pb, end)
-        pos = a.release_behind(pa, end)
-        b.release_ring(pb, end)
-        assert pos == b.release_pos(pb)
-        assert [(fp.first_page, fp.block_ids) for fp in pa] == [(fp.first_page, fp.block_ids) for fp in pb]
-        assert [p.free_ids() for p in a.pools] == [p.free_ids() for p in b.pools]
+        cache.grow(pages, end)
+        before = [(fp.first_page, list(fp.block_ids)) for fp in pages]
+        free_before = [p.free_ids() for p in cache.pools]
+        pos = cache.release_behind(pages, end)
+        first, ids = before[0]
+        n = max(0, min(swa.first_live_page(end) - first, len(ids)))
+        assert (pages[0].first_page, pages[0].block_ids) == (first + n, ids[n:])
+        assert [(fp.first_page, fp.block_ids) for fp in pages[1:]] == before[1:]
+        assert [p.free_ids() for p in cache.pools] == [free_before[0] + ids[:n]] + free_before[1:]
+        assert pos == next(p for p in range(end, end + 1000) if swa.first_live_page(p) > first + n)
