@@ -1,7 +1,8 @@
 """Step 5b: apply what read_results() found to the requests, one partition at a time --
-positions computed, tokens committed (finish rules), pages registered and released, K=7
-counters, the next drafts. A manager of the Scheduler: it changes the requests of the
-partition it is given and tells the Scheduler (finish) which ones ended.
+positions computed, tokens committed (finish rules), pages registered (ring pages are
+released by the next schedule), K=7 counters, the next drafts. A manager of the
+Scheduler: it changes the requests of the partition it is given and tells the Scheduler
+(finish) which ones ended.
 
 The decode loop is the host's hottest code at the production tile (256 requests x 8 rows):
 see docs/architecture.md "Host time per step" for the rules it follows.
