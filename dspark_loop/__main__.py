@@ -8,8 +8,8 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dspark_loop.cli import load_config
-    from dspark_loop.cli_ops import API_KEY_ENV
+    from dspark_loop.config.cli import load_config
+    from dspark_loop.config.cli_ops import API_KEY_ENV
     from dspark_loop.event_loop import run
     from dspark_loop.launch import run_offline_mode, run_server
 
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
         level=cfg.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if cfg.node_rank > 0:
-        from dspark_loop.node_agent import run_node
+        from dspark_loop.mesh.node_agent import run_node
 
         return run(run_node(cfg), cfg.event_loop)
     if cfg.prompts:

@@ -16,23 +16,23 @@ import time
 
 from tokenizers import Tokenizer
 
-from dspark_loop.cache_layout import CacheLayout
-from dspark_loop.config import ServerConfig
+from dspark_loop.config.server_config import ServerConfig
+from dspark_loop.contract.cache_layout import CacheLayout
+from dspark_loop.contract.errors import MeshStartError
+from dspark_loop.contract.model_config import ModelConfig
+from dspark_loop.contract.protocol import RankConfig
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.scheduler import Scheduler
-from dspark_loop.errors import MeshStartError
 from dspark_loop.event_loop import loop_name
-from dspark_loop.mesh import Mesh
-from dspark_loop.mesh_auth import resolve_secret
-from dspark_loop.metrics import Metrics
-from dspark_loop.model_config import ModelConfig
-from dspark_loop.nodes import MESH_PORT_OFFSET, NodeLayout, parse_host_port
-from dspark_loop.protocol import RankConfig
-from dspark_loop.restart_budget import RestartBudget
-from dspark_loop.supervisor import MeshSupervisor
-from dspark_loop.tap_publisher import TapPublisher
+from dspark_loop.mesh.auth import resolve_secret
+from dspark_loop.mesh.mesh import Mesh
+from dspark_loop.mesh.nodes import MESH_PORT_OFFSET, NodeLayout, parse_host_port
+from dspark_loop.mesh.restart_budget import RestartBudget
+from dspark_loop.mesh.supervisor import MeshSupervisor
+from dspark_loop.observe.metrics import Metrics
+from dspark_loop.observe.tap_publisher import TapPublisher
 
 log = logging.getLogger("dspark_loop")
 

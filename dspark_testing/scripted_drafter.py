@@ -18,7 +18,7 @@ import json
 
 import numpy as np
 
-from dspark_loop.protocol import DSPARK_K
+from dspark_loop.contract.protocol import DSPARK_K
 
 
 class ScriptedDrafter:

@@ -23,7 +23,7 @@ import os
 import numpy as np
 from tokenizers import Tokenizer
 
-from dspark_loop.protocol import PartitionPlan, RankConfig, as_i8, as_i32
+from dspark_loop.contract.protocol import PartitionPlan, RankConfig, as_i8, as_i32
 from workers.runner import ModelRunner
 
 SCRIPT_ENV = "DSPARK_TEST_SCRIPT"

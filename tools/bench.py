@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             from tools.make_checkpoint import make_checkpoint
 
             ckpt = make_checkpoint(os.path.join(tmp, "tiny"), size="tiny", seed=0, quiet=True)
-        from dspark_loop.model_config import ModelConfig
+        from dspark_loop.contract.model_config import ModelConfig
 
         vocab_size = ModelConfig.from_dir(ckpt).vocab_size
         if args.mixed:

@@ -18,12 +18,12 @@ import time
 import numpy as np
 from tokenizers import Tokenizer
 
-from dspark_loop.cache_layout import CacheLayout
+from dspark_loop.contract.cache_layout import CacheLayout
+from dspark_loop.contract.model_config import ModelConfig
+from dspark_loop.contract.protocol import DSPARK_K, RankConfig, StepResult, f32, i32
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.scheduler import Scheduler
-from dspark_loop.model_config import ModelConfig
-from dspark_loop.protocol import DSPARK_K, RankConfig, StepResult, f32, i32
 from dspark_testing.scripted_drafter import ScriptedDrafter
 from workers.runner import ModelRunner
 

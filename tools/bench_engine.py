@@ -15,11 +15,11 @@ import time
 
 import numpy as np
 
-from dspark_loop.cache_layout import CacheLayout, Family
+from dspark_loop.contract.cache_layout import CacheLayout, Family
+from dspark_loop.contract.protocol import StepResult, as_i32, i32
 from dspark_loop.engine.detokenize import Detokenizer, TokenText
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.scheduler import Scheduler
-from dspark_loop.protocol import StepResult, as_i32, i32
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
 
 

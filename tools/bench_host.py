@@ -26,15 +26,15 @@ import time
 
 import numpy as np
 
-from dspark_loop.acceptance import accept_chain
+from dspark_loop.contract.acceptance import accept_chain
+from dspark_loop.contract.protocol import DSPARK_K, ENCODER, StepResult, as_i8, as_i32, f32, i32
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.event_loop import EVENT_LOOPS, loop_factory, loop_name
-from dspark_loop.metrics import Metrics
-from dspark_loop.protocol import DSPARK_K, ENCODER, StepResult, as_i8, as_i32, f32, i32
-from dspark_loop.tap_publisher import TapPublisher
+from dspark_loop.observe.metrics import Metrics
+from dspark_loop.observe.tap_publisher import TapPublisher
 from tools.bench_engine import flash_layout, tiny_tokenizer
 
 

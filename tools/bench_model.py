@@ -21,7 +21,7 @@ import time
 import numpy as np
 import torch
 
-from dspark_loop.protocol import BlockUpdate, RankConfig, i32
+from dspark_loop.contract.protocol import BlockUpdate, RankConfig, i32
 from workers.runner import ModelRunner
 from workers.staging import Segment
 

@@ -23,12 +23,12 @@ import time
 import numpy as np
 from tokenizers import Tokenizer
 
-from dspark_loop.cache_layout import CacheLayout
+from dspark_loop.contract.cache_layout import CacheLayout
+from dspark_loop.contract.model_config import ModelConfig
+from dspark_loop.contract.protocol import DSPARK_K, RankConfig
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.scheduler import Scheduler
-from dspark_loop.model_config import ModelConfig
-from dspark_loop.protocol import DSPARK_K, RankConfig
 from tools.bench_dspark import InProcessMesh
 from workers.runner import ModelRunner
 
@@ -79,7 +79,7 @@ def bench(
 
 def default_model() -> str:
     try:
-        from dspark_loop.default_model import DEMO_DIR, demo_is_complete
+        from dspark_loop.config.default_model import DEMO_DIR, demo_is_complete
 
         if demo_is_complete():
             return DEMO_DIR

@@ -3,7 +3,7 @@
 The file carries DeepSeek's own keys (compress_ratios, num_hash_layers, qk_rope_head_dim,
 rope_scaling, compress_rope_theta) plus `layer_types`, because transformers' legacy
 `compress_ratios` path only knows the ratios 0/4/128 and our small models use other HCA
-ratios. Both readers (dspark_loop.model_config and transformers) take the same file.
+ratios. Both readers (dspark_loop.contract.model_config and transformers) take the same file.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Viewer for the engine's debug tap (dspark_loop.tap_publisher.TapPublisher, --debug-tap ADDR).
+"""Viewer for the engine's debug tap (dspark_loop.observe.tap_publisher.TapPublisher, --debug-tap ADDR).
 
     python -m tools.tap --connect tcp://127.0.0.1:5599             live table, every second
     python -m tools.tap --connect ADDR --jsonl run.jsonl --count N  record N traces
@@ -18,8 +18,8 @@ import msgspec
 import numpy as np
 import zmq
 
-from dspark_loop.protocol import TRACE_DECODER, PartitionTrace, StepTrace
-from dspark_loop.tap_publisher import tap_address
+from dspark_loop.contract.protocol import TRACE_DECODER, PartitionTrace, StepTrace
+from dspark_loop.observe.tap_publisher import tap_address
 
 PHASES = ("schedule_s", "send_s", "compute_max_s", "compute_min_s", "gather_s", "update_s", "deliver_s")
 WINDOW_S = 10.0  # the live view's percentiles cover this many seconds of traces

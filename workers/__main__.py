@@ -16,7 +16,7 @@ import sys
 
 import msgspec
 
-from dspark_loop.protocol import RankConfig
+from dspark_loop.contract.protocol import RankConfig
 from workers.rank import run
 
 

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from dspark_loop.acceptance import accept_chain
-from dspark_loop.model_config import ModelConfig
-from dspark_loop.protocol import PartitionPlan, RankConfig, as_i8, as_i32
+from dspark_loop.contract.acceptance import accept_chain
+from dspark_loop.contract.model_config import ModelConfig
+from dspark_loop.contract.protocol import PartitionPlan, RankConfig, as_i8, as_i32
 from workers.comm import Comm, ShardSpec
 from workers.model.drafter import QUERY_ROWS, RING_BLOCKS, RING_ROWS, Drafter
 from workers.model.dsv4 import ForwardOutput

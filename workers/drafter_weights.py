@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from dspark_loop.model_config import ModelConfig
+from dspark_loop.contract.model_config import ModelConfig
 from workers.comm import ShardSpec
 from workers.model.config import LocalDims
 from workers.model.drafter import Drafter

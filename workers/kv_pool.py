@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dspark_loop.cache_layout import CacheLayout, Family
-from dspark_loop.model_config import ModelConfig
+from dspark_loop.contract.cache_layout import CacheLayout, Family
+from dspark_loop.contract.model_config import ModelConfig
 
 SCRATCH_ROWS = 512  # unpublished rows per step (64 requests x 8 rows)
 

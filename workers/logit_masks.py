@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dspark_loop.protocol import PartitionPlan, as_i8, unpack_mask
+from dspark_loop.contract.protocol import PartitionPlan, as_i8, unpack_mask
 from workers.comm import Comm
 
 

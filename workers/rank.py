@@ -25,10 +25,7 @@ import msgspec
 import numpy as np
 import zmq
 
-from dspark_loop.checkpoint_fingerprint import checkpoint_fingerprint
-from dspark_loop.mesh_auth import SecretError, secret_from_env
-from dspark_loop.mesh_join import JoinError, Knocker, knock_sync
-from dspark_loop.protocol import (
+from dspark_loop.contract.protocol import (
     ENCODER,
     PROTOCOL_VERSION,
     RANK_DECODER,
@@ -41,6 +38,9 @@ from dspark_loop.protocol import (
     i32,
     identity,
 )
+from dspark_loop.mesh.auth import SecretError, secret_from_env
+from dspark_loop.mesh.checkpoint_fingerprint import checkpoint_fingerprint
+from dspark_loop.mesh.join import JoinError, Knocker, knock_sync
 from workers.runner_interface import Runner
 
 log = logging.getLogger("workers.rank")

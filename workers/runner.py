@@ -18,9 +18,9 @@ import os
 import numpy as np
 import torch
 
-from dspark_loop.cache_layout import CacheLayout
-from dspark_loop.model_config import ModelConfig
-from dspark_loop.protocol import DSPARK_K, PartitionPlan, RankConfig, as_i8, as_i32
+from dspark_loop.contract.cache_layout import CacheLayout
+from dspark_loop.contract.model_config import ModelConfig
+from dspark_loop.contract.protocol import DSPARK_K, PartitionPlan, RankConfig, as_i8, as_i32
 from workers.backend import torch_dtype
 from workers.comm import Comm, LocalComm, ShardSpec
 from workers.drafter_runner import SpecRunner

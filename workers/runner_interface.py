@@ -8,7 +8,7 @@ from typing import Protocol
 
 import numpy as np
 
-from dspark_loop.protocol import PartitionPlan
+from dspark_loop.contract.protocol import PartitionPlan
 
 
 class Runner(Protocol):

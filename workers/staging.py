@@ -23,9 +23,9 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from dspark_loop.cache_layout import CacheLayout
-from dspark_loop.model_config import ModelConfig
-from dspark_loop.protocol import BlockUpdate, as_i32
+from dspark_loop.contract.cache_layout import CacheLayout
+from dspark_loop.contract.model_config import ModelConfig
+from dspark_loop.contract.protocol import BlockUpdate, as_i32
 from workers.kv_pool import KVPool
 
 KEY_BUCKET = 16  # compressed-key widths are padded to multiples of this (per row)

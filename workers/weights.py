@@ -19,8 +19,8 @@ import time
 import torch
 from safetensors import safe_open
 
-from dspark_loop.checkpoint_names import native_name
-from dspark_loop.model_config import ModelConfig
+from dspark_loop.contract.checkpoint_names import native_name
+from dspark_loop.contract.model_config import ModelConfig
 from workers.comm import ShardSpec
 from workers.model.config import LocalDims
 from workers.model.dsv4 import Transformer

@@ -20,18 +20,18 @@ import time
 from aiohttp import web
 
 from dspark_loop.api.auth import api_key_middleware
-from dspark_loop.api.chat_completions import ChatCompletionsRoute
-from dspark_loop.api.completions import CompletionsRoute
+from dspark_loop.api.chat.completions import ChatCompletionsRoute
 from dspark_loop.api.context import ServingContext
 from dspark_loop.api.errors import error_middleware
 from dspark_loop.api.gate import AdmissionGate
+from dspark_loop.api.generation.completions import CompletionsRoute
 from dspark_loop.api.openapi import openapi_document
 from dspark_loop.api.prompt import PromptEncoder
 from dspark_loop.api.sse import WRITE_TIMEOUT_KEY
 from dspark_loop.api.tokenize import TokenizeRoutes
-from dspark_loop.config import ServerConfig, served_name_for
+from dspark_loop.config.server_config import ServerConfig, served_name_for
+from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.engine.interfaces import EngineClient
-from dspark_loop.model_config import ModelConfig
 
 MAX_BODY_BYTES = 64 * 2**20  # a 1M-token prompt as ids fits
 CONTEXT_KEY = web.AppKey("ctx", ServingContext)
@@ -100,7 +100,7 @@ def create_app(
 
 
 def add_metrics_routes(app: web.Application, metrics, engine: EngineClient | None = None) -> None:
-    """metrics: render_prometheus() -> str and snapshot() -> dict (dspark_loop.metrics);
+    """metrics: render_prometheus() -> str and snapshot() -> dict (dspark_loop.observe.metrics);
     engine (optional): cache_stats() -> dict, served as the snapshot's "engine" key."""
 
     async def prometheus(request: web.Request) -> web.Response:

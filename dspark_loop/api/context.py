@@ -6,9 +6,9 @@ import itertools
 import uuid
 
 from dspark_loop.api.errors import ApiError, model_not_found
-from dspark_loop.api.generation_defaults import sampling_defaults
+from dspark_loop.api.generation.defaults import sampling_defaults
 from dspark_loop.api.prompt import PromptEncoder
-from dspark_loop.config import GenerateDefaults
+from dspark_loop.config.server_config import GenerateDefaults
 from dspark_loop.engine.interfaces import EngineClient
 
 

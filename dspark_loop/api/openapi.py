@@ -10,7 +10,7 @@ import msgspec
 
 from dspark_loop.api import responses as r
 from dspark_loop.api.auth import needs_key
-from dspark_loop.api.chat_schemas import ChatCompletionRequest
+from dspark_loop.api.chat.schemas import ChatCompletionRequest
 from dspark_loop.api.schemas import CompletionRequest, DetokenizeRequest, TokenizeRequest
 
 REF = "#/components/schemas/{name}"

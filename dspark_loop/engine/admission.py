@@ -5,13 +5,13 @@ Scheduler: it changes the requests it admits and their partition, nothing else.
 
 from __future__ import annotations
 
+from dspark_loop.contract.protocol import BlockUpdate, i32
 from dspark_loop.engine.kv_cache import PartitionCache
 from dspark_loop.engine.partition import Partition
 from dspark_loop.engine.prefix_cache import PrefixCache
 from dspark_loop.engine.request import Request, Status
 from dspark_loop.engine.sampling_wire import sampling_spec
 from dspark_loop.engine.spec_counters import SpecCounters
-from dspark_loop.protocol import BlockUpdate, i32
 
 
 def map_pages(cache: PartitionCache, req: Request, counts: list[int], updates: list) -> None:

@@ -13,7 +13,7 @@ is alone; one past it never could (the scheduler would fail it after waiting).
 
 from __future__ import annotations
 
-from dspark_loop.cache_layout import CacheLayout, Family
+from dspark_loop.contract.cache_layout import CacheLayout, Family
 from dspark_loop.engine.kv_cache import pages_needed
 
 

@@ -1,7 +1,7 @@
 """Finish rules: where a request's accepted tokens end it -- EOS, stop ids, max_tokens,
 the context end (truncate_at_finish) and stop strings on the detokenised text
 (check_finish) -- which may cut an accepted list short. The acceptance chain itself is
-dspark_loop/acceptance.py (the ranks share it)."""
+dspark_loop/contract/acceptance.py (the ranks share it)."""
 
 from __future__ import annotations
 

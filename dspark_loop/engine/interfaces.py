@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from dspark_loop.contract.protocol import StepPlan, StepResult
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
-from dspark_loop.protocol import StepPlan, StepResult
 
 
 class EngineClient(Protocol):

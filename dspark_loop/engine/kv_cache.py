@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
-from dspark_loop.cache_layout import CacheLayout, Family
+from dspark_loop.contract.cache_layout import CacheLayout, Family
 
 
 class BlockPool:

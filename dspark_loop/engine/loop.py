@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from dspark_loop.contract.errors import EngineDead
 from dspark_loop.engine.capacity import capacity_problem
 from dspark_loop.engine.detokenize import Detokenizer, TokenText
 from dspark_loop.engine.interfaces import MeshClient
@@ -29,7 +30,6 @@ from dspark_loop.engine.request import Request
 from dspark_loop.engine.scheduled_step import ScheduledStep
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.engine.step_trace import request_stats, step_trace
-from dspark_loop.errors import EngineDead
 
 log = logging.getLogger(__name__)
 IDLE_CHECK_S = 0.5  # an idle loop looks this often whether its mesh died

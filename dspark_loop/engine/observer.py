@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dspark_loop.protocol import MeshRestart, StepTrace
+from dspark_loop.contract.protocol import MeshRestart, StepTrace
 
 
 @dataclass

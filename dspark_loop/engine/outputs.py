@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from dspark_loop.protocol import GREEDY_BELOW
+from dspark_loop.contract.protocol import GREEDY_BELOW
 
 
 @dataclass

@@ -9,11 +9,11 @@ from collections import deque
 
 import numpy as np
 
+from dspark_loop.contract.protocol import DSPARK_K, PartitionPlan, SamplingSpec, i32
 from dspark_loop.engine.kv_cache import PartitionCache
 from dspark_loop.engine.leases import LeasePool
 from dspark_loop.engine.prefix_cache import stop_registering
 from dspark_loop.engine.request import Request, Status
-from dspark_loop.protocol import DSPARK_K, PartitionPlan, SamplingSpec, i32
 
 
 class Partition:

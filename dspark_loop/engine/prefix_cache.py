@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 from hashlib import blake2b
 
-from dspark_loop.cache_layout import CacheLayout
+from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.engine.kv_cache import FamilyPages, PartitionCache
 from dspark_loop.engine.request import NEVER, Request
 

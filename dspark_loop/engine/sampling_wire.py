@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from dspark_loop.contract.protocol import SamplingSpec, as_f32, as_i32, i32
 from dspark_loop.engine.outputs import TokenLogprob
 from dspark_loop.engine.request import Request
-from dspark_loop.protocol import SamplingSpec, as_f32, as_i32, i32
 
 
 def sampling_spec(req: Request) -> SamplingSpec:

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dspark_loop.contract.protocol import DSPARK_K, DecodeBatch, StepPlan
 from dspark_loop.engine.request import Request
-from dspark_loop.protocol import DSPARK_K, DecodeBatch, StepPlan
 
 
 @dataclass

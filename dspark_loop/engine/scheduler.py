@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 
-from dspark_loop.cache_layout import CacheLayout
-from dspark_loop.config import MAX_CHUNK
+from dspark_loop.config.server_config import MAX_CHUNK
+from dspark_loop.contract.cache_layout import CacheLayout
+from dspark_loop.contract.protocol import DSPARK_K, BlockUpdate, PartitionPlan, PrefillChunk, StepPlan, i32
 from dspark_loop.engine.admission import Admission, map_pages
 from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.kv_cache import PartitionCache
@@ -24,7 +25,6 @@ from dspark_loop.engine.spec_counters import SpecCounters
 from dspark_loop.engine.step_apply import StepApplier
 from dspark_loop.engine.step_update import read_results
 from dspark_loop.engine.token_masks import token_masks
-from dspark_loop.protocol import DSPARK_K, BlockUpdate, PartitionPlan, PrefillChunk, StepPlan, i32
 
 
 class Scheduler:

@@ -7,7 +7,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from dspark_loop.protocol import DSPARK_K
+from dspark_loop.contract.protocol import DSPARK_K
 
 log = logging.getLogger("dspark_loop.engine.dspark")
 

@@ -15,6 +15,7 @@ from itertools import compress, repeat
 
 import numpy as np
 
+from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.finish_rules import check_finish
 from dspark_loop.engine.outputs import RequestOutput
 from dspark_loop.engine.partition import Partition
@@ -24,7 +25,6 @@ from dspark_loop.engine.sampling_wire import delta_logprobs, note_prompt_logprob
 from dspark_loop.engine.scheduled_step import ScheduledStep
 from dspark_loop.engine.spec_counters import SpecCounters
 from dspark_loop.engine.step_update import DecodeRows, PartitionUpdate
-from dspark_loop.protocol import DSPARK_K
 
 
 class StepApplier:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 
+from dspark_loop.contract.protocol import PartitionTrace, StepTrace
 from dspark_loop.engine.observer import RequestStats
 from dspark_loop.engine.request import Request
 from dspark_loop.engine.scheduled_step import ScheduledStep
 from dspark_loop.engine.scheduler import Scheduler
-from dspark_loop.protocol import PartitionTrace, StepTrace
 
 
 def step_trace(sched: Scheduler, step: ScheduledStep, results, num_waiting: int, wall, t0, t1, t2, t3, t4) -> StepTrace:

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dspark_loop.acceptance import accept_chain
+from dspark_loop.contract.acceptance import accept_chain
+from dspark_loop.contract.errors import EngineDead
+from dspark_loop.contract.protocol import as_i32
 from dspark_loop.engine.outputs import TokenLogprob
 from dspark_loop.engine.request import Request, Status
 from dspark_loop.engine.sampling_wire import read_logprobs
 from dspark_loop.engine.scheduled_step import PartitionStep, ScheduledStep
-from dspark_loop.errors import EngineDead
-from dspark_loop.protocol import as_i32
 
 
 @dataclass

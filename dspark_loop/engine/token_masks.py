@@ -12,9 +12,9 @@ import logging
 
 import numpy as np
 
+from dspark_loop.contract.protocol import TokenMask, pack_mask
 from dspark_loop.engine.request import Request
 from dspark_loop.engine.scheduled_step import PartitionStep
-from dspark_loop.protocol import TokenMask, pack_mask
 
 log = logging.getLogger(__name__)
 

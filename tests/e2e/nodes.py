@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from dspark_loop.mesh_auth import SECRET_ENV
+from dspark_loop.mesh.auth import SECRET_ENV
 from tests.e2e.server import REPO, children_of
 
 SECRET = "two-node-test-secret-0123456789"

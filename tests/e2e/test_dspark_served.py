@@ -13,7 +13,7 @@ import msgspec
 import pytest
 import zmq
 
-from dspark_loop.protocol import TRACE_DECODER
+from dspark_loop.contract.protocol import TRACE_DECODER
 from tests.e2e.conftest import E2E_SEED
 from tests.e2e.prompts import token_prompt
 from tests.e2e.server import ServerProcess, free_port

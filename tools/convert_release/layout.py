@@ -8,7 +8,7 @@ are expected when config.json carries the dspark_* keys; without them, mtp.* ten
 
 from __future__ import annotations
 
-from dspark_loop.model_config import ModelConfig
+from dspark_loop.contract.model_config import ModelConfig
 from tools.checkpoint_tensors import drafter_tensors, trunk_tensors
 from tools.convert_release.errors import ReleaseError
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from dspark_loop.checkpoint_names import native_name
+from dspark_loop.contract.checkpoint_names import native_name
 
 FP8_WEIGHT = re.compile(
     r"(^|\.)(attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)|"

@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from dspark_loop.model_config import ModelConfig
+from dspark_loop.contract.model_config import ModelConfig
 from tools import checkpoint_w8a8 as w8a8_rules
 from tools.convert_release.errors import ReleaseError
 from tools.convert_release.layout import expected_shapes, is_checked, read_model_config

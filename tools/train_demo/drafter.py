@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dspark_loop.model_config import ModelConfig
+from dspark_loop.contract.model_config import ModelConfig
 from tools.make_checkpoint import make_checkpoint
 from tools.train_demo import calibration, rollout, state, trunk
 from tools.train_demo.shape import shape

@@ -5,7 +5,7 @@
 manifest.json: how the checkpoint was made (the train.log commands, seed, threads, corpus
 hash, stage figures: held-out loss, ECE, offline acceptance, times), the held-out prompts
 the tests and tools/bench_demo use, the benchmark figures when given, and every file's
-size and sha256 (dspark_loop.default_model checks the sizes at start-up, the tests the hashes).
+size and sha256 (dspark_loop.config.default_model checks the sizes at start-up, the tests the hashes).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 import platform
 import shutil
 
-from dspark_loop.default_model import DEMO_DIR, DEMO_MANIFEST
+from dspark_loop.config.default_model import DEMO_DIR, DEMO_MANIFEST
 from tools.train_demo.corpus import stdlib_root
 
 PROMPTS = 8

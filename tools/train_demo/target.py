@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dspark_loop.model_config import ModelConfig
+from dspark_loop.contract.model_config import ModelConfig
 from tools.checkpoint_config import build_config, resolve_size
 from tools.checkpoint_tensors import HEAD_LOGIT_STD
 from tools.make_checkpoint import make_checkpoint

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from dspark_loop.cache_layout import CacheLayout
-from dspark_loop.model_config import ModelConfig
-from dspark_loop.protocol import BlockUpdate, i32
+from dspark_loop.contract.cache_layout import CacheLayout
+from dspark_loop.contract.model_config import ModelConfig
+from dspark_loop.contract.protocol import BlockUpdate, i32
 from workers.comm import LocalComm
 from workers.kv_pool import KVPool
 from workers.model.layers import linear_rows

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dspark_loop.model_config import ModelConfig
+from dspark_loop.contract.model_config import ModelConfig
 from workers.model import kernels
 from workers.model.compressor import Compressor
 from workers.model.config import LocalDims

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dspark_loop.model_config import ModelConfig
+from dspark_loop.contract.model_config import ModelConfig
 from workers.comm import ShardSpec
 
 

@@ -24,7 +24,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from dspark_loop.model_config import ModelConfig
+from dspark_loop.contract.model_config import ModelConfig
 from workers.comm import Comm
 from workers.model.attention import attend
 from workers.model.config import LocalDims

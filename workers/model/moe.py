@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dspark_loop.model_config import ModelConfig
+from dspark_loop.contract.model_config import ModelConfig
 from workers.model import kernels
 from workers.model.config import LocalDims
 from workers.model.layers import ROW_TILE, cast, linear_rows, matmul_rows, silu, softplus

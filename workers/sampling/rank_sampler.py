@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dspark_loop.protocol import GREEDY_BELOW, PartitionPlan, as_i32
+from dspark_loop.contract.protocol import GREEDY_BELOW, PartitionPlan, as_i32
 from workers.comm import Comm
 from workers.sampling.draft_pick import DraftPicker
 from workers.sampling.logprobs import log_softmax_sharded, token_logprobs, top_logprobs

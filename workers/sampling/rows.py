@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from dspark_loop.protocol import GREEDY_BELOW
+from dspark_loop.contract.protocol import GREEDY_BELOW
 
 
 @dataclass

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dspark_loop.protocol import PartitionPlan, as_i8, as_i32
+from dspark_loop.contract.protocol import PartitionPlan, as_i8, as_i32
 
 
 @dataclass

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from dspark_loop.protocol import BlockUpdate, PartitionPlan, PrefillChunk, RankConfig, i32
+from dspark_loop.contract.protocol import BlockUpdate, PartitionPlan, PrefillChunk, RankConfig, i32
 from tests.integration.dspark.harness import prompt
 from workers.runner import ModelRunner
 

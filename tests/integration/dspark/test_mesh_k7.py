@@ -13,11 +13,11 @@ import pytest
 from tokenizers import Tokenizer
 
 from dspark_loop.api.offline import generate_all
-from dspark_loop.cache_layout import CacheLayout
+from dspark_loop.contract.cache_layout import CacheLayout
+from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.scheduler import Scheduler
-from dspark_loop.model_config import ModelConfig
 from tests.integration.dspark.harness import prompt, run
 from tests.integration.mesh.conftest import make_mesh
 

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch
 
-from dspark_loop.protocol import PartitionPlan, RankConfig, as_i8, as_i32
+from dspark_loop.contract.protocol import PartitionPlan, RankConfig, as_i8, as_i32
 from workers.comm import Comm, ShardSpec
 
 VOCAB = 64

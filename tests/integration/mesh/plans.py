@@ -1,6 +1,6 @@
 """Hand-built StepPlans for the mesh tests: one prefill then decode rows per group."""
 
-from dspark_loop.protocol import DecodeBatch, PartitionPlan, PrefillChunk, StepPlan, i8, i32
+from dspark_loop.contract.protocol import DecodeBatch, PartitionPlan, PrefillChunk, StepPlan, i8, i32
 
 PROMPT_LEN = 5
 

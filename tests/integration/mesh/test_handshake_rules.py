@@ -3,10 +3,10 @@
 import msgspec
 import pytest
 
-from dspark_loop.errors import MeshStartError
-from dspark_loop.mesh_handshake import RollCall, hello_problem, min_num_blocks, node_problem
-from dspark_loop.nodes import NodeLayout
-from dspark_loop.protocol import PROTOCOL_VERSION, Hello, NodeHello, RankConfig, Refused, Welcome, identity
+from dspark_loop.contract.errors import MeshStartError
+from dspark_loop.contract.protocol import PROTOCOL_VERSION, Hello, NodeHello, RankConfig, Refused, Welcome, identity
+from dspark_loop.mesh.handshake import RollCall, hello_problem, min_num_blocks, node_problem
+from dspark_loop.mesh.nodes import NodeLayout
 
 
 def hello(rank=0, world_size=2, version=PROTOCOL_VERSION, num_blocks=(8, 4), error=""):

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from dspark_loop.errors import EngineDead
+from dspark_loop.contract.errors import EngineDead
 from tests.integration.mesh.conftest import alive, make_mesh, wait_until
 from tests.integration.mesh.fake_runner import FAIL_REQ, HANG_REQ
 from tests.integration.mesh.plans import decode_plan, prefill_plan

@@ -10,11 +10,11 @@ import signal
 import numpy as np
 import pytest
 
-from dspark_loop.config import ServerConfig
-from dspark_loop.errors import EngineDead, MeshStartError
-from dspark_loop.node_agent import NodeAgent
-from dspark_loop.nodes import NodeLayout
-from dspark_loop.protocol import RankConfig, as_i32
+from dspark_loop.config.server_config import ServerConfig
+from dspark_loop.contract.errors import EngineDead, MeshStartError
+from dspark_loop.contract.protocol import RankConfig, as_i32
+from dspark_loop.mesh.node_agent import NodeAgent
+from dspark_loop.mesh.nodes import NodeLayout
 from tests.e2e.nodes import free_port_pair
 from tests.integration.mesh.conftest import FAKE_RUNNER, alive, fake_env, make_mesh, wait_until
 from tests.integration.mesh.fake_runner import expected_token

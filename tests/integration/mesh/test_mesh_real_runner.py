@@ -6,9 +6,9 @@ import importlib.util
 import numpy as np
 import pytest
 
-from dspark_loop.cache_layout import CacheLayout
-from dspark_loop.model_config import ModelConfig
-from dspark_loop.protocol import (
+from dspark_loop.contract.cache_layout import CacheLayout
+from dspark_loop.contract.model_config import ModelConfig
+from dspark_loop.contract.protocol import (
     BlockUpdate,
     DecodeBatch,
     PartitionPlan,

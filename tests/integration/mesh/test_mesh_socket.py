@@ -7,9 +7,17 @@ import asyncio
 import zmq
 import zmq.asyncio
 
-from dspark_loop.mesh_join import Knocker
-from dspark_loop.mesh_socket import MeshSocket
-from dspark_loop.protocol import ENCODER, PROTOCOL_VERSION, RANK_DECODER, Challenge, Hello, StepResult, identity
+from dspark_loop.contract.protocol import (
+    ENCODER,
+    PROTOCOL_VERSION,
+    RANK_DECODER,
+    Challenge,
+    Hello,
+    StepResult,
+    identity,
+)
+from dspark_loop.mesh.join import Knocker
+from dspark_loop.mesh.router_socket import MeshSocket
 
 SECRET = "the-mesh-secret-for-tests"
 

@@ -2,10 +2,10 @@ import asyncio
 
 import pytest
 
-from dspark_loop.checkpoint_fingerprint import checkpoint_fingerprint
-from dspark_loop.errors import MeshStartError
-from dspark_loop.mesh import Mesh
-from dspark_loop.protocol import PROTOCOL_VERSION, Hello, RankConfig
+from dspark_loop.contract.errors import MeshStartError
+from dspark_loop.contract.protocol import PROTOCOL_VERSION, Hello, RankConfig
+from dspark_loop.mesh.checkpoint_fingerprint import checkpoint_fingerprint
+from dspark_loop.mesh.mesh import Mesh
 from tests.integration.mesh.conftest import alive, hand_rank, make_mesh
 
 

@@ -1,6 +1,6 @@
 import numpy as np
 
-from dspark_loop.protocol import as_i32
+from dspark_loop.contract.protocol import as_i32
 from tests.integration.mesh.conftest import alive, make_mesh, wait_until
 from tests.integration.mesh.fake_runner import expected_token
 from tests.integration.mesh.plans import decode_plan, expected_rows, prefill_plan

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from dspark_loop.mesh import free_port
-from dspark_loop.mesh_auth import SECRET_ENV
-from dspark_loop.mesh_socket import MeshSocket
-from dspark_loop.protocol import ENCODER, Hello, RankConfig, Shutdown, StepResult, identity
+from dspark_loop.contract.protocol import ENCODER, Hello, RankConfig, Shutdown, StepResult, identity
+from dspark_loop.mesh.auth import SECRET_ENV
+from dspark_loop.mesh.mesh import free_port
+from dspark_loop.mesh.router_socket import MeshSocket
 from tests.integration.mesh.conftest import FAKE_RUNNER, REPO, alive, fake_env, wait_until
 from tests.integration.mesh.plans import prefill_plan
 

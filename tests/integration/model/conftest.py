@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from dspark_loop.protocol import BlockUpdate, RankConfig, i32
+from dspark_loop.contract.protocol import BlockUpdate, RankConfig, i32
 from tests.tie_rule import lowest_index_ties
 from workers.runner import ModelRunner
 from workers.staging import Segment

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from dspark_loop.protocol import BlockUpdate, DecodeBatch, PartitionPlan, PrefillChunk, RankConfig, i8, i32
+from dspark_loop.contract.protocol import BlockUpdate, DecodeBatch, PartitionPlan, PrefillChunk, RankConfig, i8, i32
 from tests.integration.model.conftest import BLOCK_SIZE, Driver, new_runner, prompt
 from workers.model.layers import linear_rows
 from workers.model.mhc import hc_head

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from dspark_loop.protocol import BlockUpdate, PartitionPlan, PrefillChunk, RankConfig, i32
+from dspark_loop.contract.protocol import BlockUpdate, PartitionPlan, PrefillChunk, RankConfig, i32
 from tools.train_demo import rollout
 from tools.train_demo.drafter import block_outputs
 from workers.runner import ModelRunner

@@ -12,7 +12,7 @@ import sys
 import pytest
 from tokenizers import Tokenizer
 
-from dspark_loop.default_model import (
+from dspark_loop.config.default_model import (
     DEMO_DIR,
     DEMO_MANIFEST,
     default_model_dir,
@@ -61,7 +61,7 @@ def test_the_server_default_is_the_shipped_demo_without_torch():
     """Without --model the server must pick the shipped demo, and choosing it must not
     import torch (nothing is built at start-up)."""
     code = (
-        "import sys; from dspark_loop.default_model import default_model_dir;"
+        "import sys; from dspark_loop.config.default_model import default_model_dir;"
         "print(default_model_dir()); assert 'torch' not in sys.modules"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True)

@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 
+from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.engine.outputs import SamplingParams
-from dspark_loop.model_config import ModelConfig
 from tests.integration.dspark.harness import run
 from tests.integration.train_demo.conftest import load, stage_info
 

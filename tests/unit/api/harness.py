@@ -9,7 +9,7 @@ from dataclasses import replace
 from aiohttp.test_utils import TestClient, TestServer
 
 from dspark_loop.api.app import create_app
-from dspark_loop.config import ServerConfig, fill_defaults
+from dspark_loop.config.server_config import ServerConfig, fill_defaults
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.api.fake_engine import FakeEngine, tiny_model_config
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dspark_loop.api.chat_output import ChatOutput
-from dspark_loop.api.chat_parse import new_call_id
+from dspark_loop.api.chat.output import ChatOutput
+from dspark_loop.api.chat.parse import new_call_id
 
 
 def parse_completion(text: str, *, start_in_reasoning: bool, call_id=new_call_id) -> ChatOutput:

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from dspark_loop.api import auth
-from dspark_loop.cli import parse_args
+from dspark_loop.config.cli import parse_args
 from tests.unit.api.harness import MODEL, serving
 
 KEYS = ("sk-first-0123456789", "sk-second-abcdefghij")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dspark_loop.api.chat_constraint import MISSING_XGRAMMAR, needs_constraint
+from dspark_loop.api.chat.constraint import MISSING_XGRAMMAR, needs_constraint
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.api.harness import serving
 from tests.unit.api.scripted import chat_engine
@@ -91,7 +91,7 @@ async def test_without_xgrammar_constrained_requests_get_a_400_naming_the_extra(
     """With xgrammar not installed a constrained request must answer 400 telling the user
     to install dspark-loop[tools]; unconstrained requests keep working."""
     monkeypatch.setitem(sys.modules, "xgrammar", None)  # import xgrammar -> ImportError
-    monkeypatch.delitem(sys.modules, "dspark_loop.api.tool_constraint", raising=False)
+    monkeypatch.delitem(sys.modules, "dspark_loop.api.chat.tool_constraint", raising=False)
     async with serving(chat_engine()) as client:
         r = await client.post(
             "/v1/chat/completions", json={"messages": HI, "tools": [WEATHER], "tool_choice": "required"}
@@ -106,7 +106,7 @@ def test_starting_the_server_imports_neither_torch_nor_xgrammar():
     """The HTTP app and the launcher must not import torch or xgrammar (they come only with
     a constrained request)."""
     code = (
-        "import sys, dspark_loop.api.app, dspark_loop.launch, dspark_loop.cli; "
+        "import sys, dspark_loop.api.app, dspark_loop.launch, dspark_loop.config.cli; "
         "print(sorted(m for m in ('torch', 'xgrammar') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dspark_loop.api.chat_output import ChatOutput
+from dspark_loop.api.chat.output import ChatOutput
 from dspark_loop.engine.detokenize import Detokenizer, TokenText
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from dspark_loop.api.chat_parse import ToolParseError, new_call_id
+from dspark_loop.api.chat.parse import ToolParseError, new_call_id
 from tests.unit.api.parse import parse_completion
 from tests.unit.api.vectors import PARSE
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dspark_loop.api.chat_render import ASSISTANT, BOS, EOS, USER, chat_options, render_messages
+from dspark_loop.api.chat.render import ASSISTANT, BOS, EOS, USER, chat_options, render_messages
 from tests.unit.api.vectors import RENDER
 
 WEATHER = RENDER[6]["messages"][0]["tools"]

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from dspark_loop.api.chat_output import ChatOutput
-from dspark_loop.api.chat_parse import StreamingChatParser, ToolParseError
+from dspark_loop.api.chat.output import ChatOutput
+from dspark_loop.api.chat.parse import StreamingChatParser, ToolParseError
 from tests.unit.api.parse import parse_completion
 from tests.unit.api.vectors import PARSE
 

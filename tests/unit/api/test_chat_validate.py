@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from dspark_loop.api.chat_validate import ChatRequestError, validate_chat_request
+from dspark_loop.api.chat.validate import ChatRequestError, validate_chat_request
 from tests.unit.api.vectors import RENDER
 
 TOOL = {

@@ -113,7 +113,7 @@ async def test_sampling_fields_reach_the_engine():
 
 async def test_generate_config_supplies_defaults_a_request_can_override():
     """--generate-config's max_new_tokens/stop/ignore_eos must apply when a request omits them."""
-    from dspark_loop.config import GenerateDefaults
+    from dspark_loop.config.server_config import GenerateDefaults
 
     defaults = GenerateDefaults(max_new_tokens=5, stop=("STOP",), ignore_eos=True, seed=3)
     async with serving(generate=defaults) as client:

@@ -2,7 +2,7 @@
 
 import json
 
-from dspark_loop.api.generation_defaults import sampling_defaults
+from dspark_loop.api.generation.defaults import sampling_defaults
 
 
 def write(tmp_path, obj):

@@ -1,6 +1,6 @@
 """Logprobs in the completions and chat response shapes."""
 
-from dspark_loop.api.logprobs_format import FLOOR, LogprobsFormatter
+from dspark_loop.api.generation.logprobs_format import FLOOR, LogprobsFormatter
 from dspark_loop.engine.outputs import TokenLogprob
 
 TEXT = {1: "Hel", 2: "lo", 3: " world", 4: "!"}

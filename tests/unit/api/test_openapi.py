@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from dspark_loop.api.chat_schemas import ChatCompletionRequest
+from dspark_loop.api.chat.schemas import ChatCompletionRequest
 from dspark_loop.api.schemas import CompletionRequest
 from tests.unit.api.harness import serving
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from dspark_loop.api.errors import ApiError
-from dspark_loop.api.sampling_ranges import NO_LOGPROBS, SamplingDefaults, sampling_fields
+from dspark_loop.api.generation.sampling_ranges import NO_LOGPROBS, SamplingDefaults, sampling_fields
 
 
 def req(**fields):

@@ -9,8 +9,8 @@ import pytest
 import xgrammar as xg
 from tokenizers import Tokenizer
 
-from dspark_loop.api.tool_constraint import ToolConstraint
-from dspark_loop.api.tool_grammar import UnsupportedToolSchema, tool_call_grammar
+from dspark_loop.api.chat.tool_constraint import ToolConstraint
+from dspark_loop.api.chat.tool_grammar import UnsupportedToolSchema, tool_call_grammar
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.api.parse import parse_completion
 
@@ -184,7 +184,7 @@ def test_schemas_the_grammar_cannot_enforce_are_refused(schema):
 
 def test_every_grammar_compiles_and_admits_the_rendered_form():
     """The EBNF must compile, and the encoder's own rendering of a call must match it."""
-    from dspark_loop.api.chat_render import EOS, render_tool_block
+    from dspark_loop.api.chat.render import EOS, render_tool_block
 
     call = {"function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 1, "tags": ["a", "b"]}}}
     text = render_tool_block([call])

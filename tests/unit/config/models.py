@@ -6,7 +6,7 @@ import json
 import os
 import struct
 
-from dspark_loop.model_config import ModelConfig
+from dspark_loop.contract.model_config import ModelConfig
 from tools.checkpoint_config import build_config, resolve_size
 
 FLASH = dict(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dspark_loop.cli import build_parser, parse_args
-from dspark_loop.config import CPU_KV_CACHE_MEMORY
+from dspark_loop.config.cli import build_parser, parse_args
+from dspark_loop.config.server_config import CPU_KV_CACHE_MEMORY
 
 BAD_FLAGS = [
     (["--port", "70000"], "--port"),

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dspark_loop.cli import parse_args
+from dspark_loop.config.cli import parse_args
 from dspark_loop.event_loop import loop_factory, loop_name, run
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dspark_loop.cli import parse_args
+from dspark_loop.config.cli import parse_args
 
 BAD = [
     (["--max-queued-requests", "0"], "--max-queued-requests"),

@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from dspark_loop.cli import build_parser as server_parser
+from dspark_loop.config.cli import build_parser as server_parser
 from tools.tap import build_parser as tap_parser
 
 README = pathlib.Path(__file__).resolve().parents[3] / "README.md"

@@ -1,6 +1,6 @@
 """RestartBudget: N restarts per sliding window, then no more until the oldest ages out."""
 
-from dspark_loop.restart_budget import RestartBudget
+from dspark_loop.mesh.restart_budget import RestartBudget
 
 
 def test_n_restarts_fit_in_the_window_and_the_next_is_refused():

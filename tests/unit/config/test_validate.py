@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from dspark_loop.cli import load_config
-from dspark_loop.config import (
+from dspark_loop.config.cli import load_config
+from dspark_loop.config.server_config import (
     ConfigError,
     GenerateDefaults,
     ServerConfig,

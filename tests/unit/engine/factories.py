@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from dspark_loop.cache_layout import CacheLayout
+from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.engine.detokenize import Detokenizer, TokenText
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.scheduler import Scheduler

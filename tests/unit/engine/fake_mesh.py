@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 
-from dspark_loop.cache_layout import CacheLayout
-from dspark_loop.errors import EngineDead
-from dspark_loop.protocol import StepPlan, StepResult, as_i8, as_i32, i32
+from dspark_loop.contract.cache_layout import CacheLayout
+from dspark_loop.contract.errors import EngineDead
+from dspark_loop.contract.protocol import StepPlan, StepResult, as_i8, as_i32, i32
 
 
 class FakeRank:

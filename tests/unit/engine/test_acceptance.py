@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from dspark_loop.acceptance import accept_chain
+from dspark_loop.contract.acceptance import accept_chain
 from dspark_loop.engine.finish_rules import FinishRules, truncate_at_finish
 from tests.unit.engine.acceptance_cases import CASES, EOS_ID
 

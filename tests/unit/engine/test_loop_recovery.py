@@ -7,8 +7,8 @@ from dspark_loop.api.offline import collect
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
-from dspark_loop.restart_budget import RestartBudget
-from dspark_loop.supervisor import MeshSupervisor
+from dspark_loop.mesh.restart_budget import RestartBudget
+from dspark_loop.mesh.supervisor import MeshSupervisor
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.engine.factories import allowed_tokens, make_mesh, make_scheduler, prompt_ids
 from tests.unit.engine.fake_mesh import FakeMesh

@@ -8,9 +8,9 @@ and need prompt_len >= 16 + max(1, replay): 17 tokens at K=0, 144 at K=7.
 import numpy as np
 import pytest
 
+from dspark_loop.contract.protocol import as_i8, as_i32
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.step_trace import request_stats
-from dspark_loop.protocol import as_i8, as_i32
 from tests.unit.engine.factories import make_mesh, make_scheduler, prompt_ids, run_step, tokens_of
 
 

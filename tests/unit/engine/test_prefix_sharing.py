@@ -3,7 +3,7 @@ partition, reference counts of concurrent sharers, preemption."""
 
 import pytest
 
-from dspark_loop.protocol import as_i32
+from dspark_loop.contract.protocol import as_i32
 from tests.unit.engine.factories import make_mesh, make_scheduler, prompt_ids, tokens_of
 from tests.unit.engine.test_prefix_scheduler import SHARED, A, B, assert_pools_full, cold_tokens, make_req, run
 

@@ -2,8 +2,8 @@
 
 import pytest
 
+from dspark_loop.contract.protocol import as_i8, as_i32
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
-from dspark_loop.protocol import as_i8, as_i32
 from tests.unit.engine.factories import make_mesh, make_requests, make_scheduler, run_step, run_to_completion, tokens_of
 
 

@@ -1,6 +1,6 @@
 """Pages: exact ids, ring release, preemption by recompute, abort."""
 
-from dspark_loop.protocol import as_i32
+from dspark_loop.contract.protocol import as_i32
 from tests.unit.engine.factories import make_mesh, make_requests, make_scheduler, run_step, run_to_completion
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dspark_loop.protocol import as_i8
+from dspark_loop.contract.protocol import as_i8
 from tests.unit.engine.factories import make_mesh, make_requests, make_scheduler, run_step, run_to_completion, tokens_of
 
 

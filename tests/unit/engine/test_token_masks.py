@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dspark_loop.protocol import as_i8, pack_mask, unpack_mask
+from dspark_loop.contract.protocol import as_i8, pack_mask, unpack_mask
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.engine.factories import (
     allowed_tokens,

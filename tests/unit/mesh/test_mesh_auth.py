@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dspark_loop.mesh_auth import (
+from dspark_loop.mesh.auth import (
     MIN_SECRET_LEN,
     SECRET_ENV,
     SecretError,

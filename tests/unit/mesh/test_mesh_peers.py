@@ -5,10 +5,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from dspark_loop.mesh_join import JoinError, Knocker
-from dspark_loop.mesh_peers import Peers, peer_name, remote_loss
-from dspark_loop.nodes import NodeLayout
-from dspark_loop.protocol import PROTOCOL_VERSION, Hello, NodeHello, RankExited
+from dspark_loop.contract.protocol import PROTOCOL_VERSION, Hello, NodeHello, RankExited
+from dspark_loop.mesh.join import JoinError, Knocker
+from dspark_loop.mesh.nodes import NodeLayout
+from dspark_loop.mesh.peers import Peers, peer_name, remote_loss
 
 SECRET = "a-secret-of-some-length"
 RANK1 = b"rank1"

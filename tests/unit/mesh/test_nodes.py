@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dspark_loop.nodes import NodeLayout, mesh_endpoints, missing_message, parse_host_port
+from dspark_loop.mesh.nodes import NodeLayout, mesh_endpoints, missing_message, parse_host_port
 
 COMMAND = "python -m dspark_loop --nnodes 2 --node-rank {node} --dist-init-addr 10.0.0.1:5000"
 

@@ -1,6 +1,6 @@
 """The environment a rank process starts with (mesh_procs.rank_env)."""
 
-from dspark_loop.mesh_procs import rank_env
+from dspark_loop.mesh.procs import rank_env
 
 
 def test_a_rank_gets_its_thread_share_and_sleeping_openmp_waits():

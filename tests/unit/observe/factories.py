@@ -1,7 +1,7 @@
 """Hand-built StepTraces and RequestStats for the observability tests."""
 
+from dspark_loop.contract.protocol import PartitionTrace, StepTrace
 from dspark_loop.engine.observer import RequestStats
-from dspark_loop.protocol import PartitionTrace, StepTrace
 
 
 def make_trace(step_id: int = 0, free_blocks=((10, 4),), **overrides) -> StepTrace:

@@ -6,12 +6,12 @@ import threading
 
 import zmq
 
+from dspark_loop.contract.protocol import TRACE_DECODER
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
-from dspark_loop.metrics import Metrics
-from dspark_loop.protocol import TRACE_DECODER
-from dspark_loop.tap_publisher import TapPublisher
+from dspark_loop.observe.metrics import Metrics
+from dspark_loop.observe.tap_publisher import TapPublisher
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.engine.factories import make_mesh, make_scheduler, prompt_ids
 from tests.unit.observe.factories import prom_samples

@@ -1,9 +1,9 @@
 """A mesh restart is visible: a Prometheus counter, a /metrics/json figure, and one trace
 on the debug tap."""
 
-from dspark_loop.metrics import Metrics
-from dspark_loop.protocol import TRACE_DECODER, MeshRestart
-from dspark_loop.tap_publisher import TapPublisher
+from dspark_loop.contract.protocol import TRACE_DECODER, MeshRestart
+from dspark_loop.observe.metrics import Metrics
+from dspark_loop.observe.tap_publisher import TapPublisher
 from tests.unit.observe.test_tap_publisher import subscribe
 
 EVENT = MeshRestart("rank 3 (pid 7) exited with signal SIGKILL", 5.25, 1, 2, 3)

@@ -7,8 +7,8 @@ import msgspec
 import pytest
 import zmq
 
-from dspark_loop.protocol import TRACE_DECODER, PartitionTrace
-from dspark_loop.tap_publisher import TapPublisher, tap_address
+from dspark_loop.contract.protocol import TRACE_DECODER, PartitionTrace
+from dspark_loop.observe.tap_publisher import TapPublisher, tap_address
 from tests.unit.observe.factories import make_trace
 
 THREAD_LIMIT_S = 30.0  # far above any healthy run; a blocked send would never return

@@ -9,8 +9,8 @@ import time
 import msgspec
 import pytest
 
-from dspark_loop.protocol import PartitionTrace
-from dspark_loop.tap_publisher import TapPublisher
+from dspark_loop.contract.protocol import PartitionTrace
+from dspark_loop.observe.tap_publisher import TapPublisher
 from tests.unit.observe.factories import make_trace
 from tools import tap
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from dspark_loop.protocol import DSPARK_K
+from dspark_loop.contract.protocol import DSPARK_K
 from tools import bench_host
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from safetensors.numpy import load_file
 
-from dspark_loop.model_config import ModelConfig
+from dspark_loop.contract.model_config import ModelConfig
 
 from .conftest import read_config
 

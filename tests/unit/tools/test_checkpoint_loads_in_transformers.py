@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import DeepseekV4ForCausalLM
 
-from dspark_loop.model_config import ModelConfig
+from dspark_loop.contract.model_config import ModelConfig
 
 from .conftest import read_config
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from tokenizers import Tokenizer
 
-from dspark_loop.model_config import ModelConfig
+from dspark_loop.contract.model_config import ModelConfig
 
 SPECIALS = {
     "<｜begin▁of▁sentence｜>": 0,

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 from safetensors.numpy import load_file
 
-from dspark_loop.model_config import ModelConfig
+from dspark_loop.contract.model_config import ModelConfig
 
 FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"]
 

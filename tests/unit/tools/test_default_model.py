@@ -6,8 +6,8 @@ import os
 import subprocess
 import sys
 
-from dspark_loop.default_model import DEFAULT_NAME, MARKER, ensure_default_model, is_complete
-from dspark_loop.model_config import ModelConfig
+from dspark_loop.config.default_model import DEFAULT_NAME, MARKER, ensure_default_model, is_complete
+from dspark_loop.contract.model_config import ModelConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -40,7 +40,7 @@ def test_cache_dir_follows_the_environment(tmp_path):
     """Without an argument the cache must live under $DSPARK_CACHE_DIR, else under
     $XDG_CACHE_HOME/dspark_loop; building it must never import torch."""
     code = (
-        "import sys; from dspark_loop.default_model import ensure_default_model;"
+        "import sys; from dspark_loop.config.default_model import ensure_default_model;"
         "print(ensure_default_model()); assert 'torch' not in sys.modules"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("DSPARK_CACHE_DIR", "XDG_CACHE_HOME")}
@@ -66,7 +66,7 @@ def test_cache_dir_follows_the_environment(tmp_path):
 
 def test_racing_processes_agree_on_one_complete_model(tmp_path):
     """Several processes starting together must all return the same complete directory."""
-    code = "from dspark_loop.default_model import ensure_default_model as e; import sys; print(e(sys.argv[1]))"
+    code = "from dspark_loop.config.default_model import ensure_default_model as e; import sys; print(e(sys.argv[1]))"
     procs = [
         subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
         for _ in range(3)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dspark_loop.protocol import DecodeBatch, PartitionPlan, PrefillChunk, TokenMask, i8, i32, pack_mask
+from dspark_loop.contract.protocol import DecodeBatch, PartitionPlan, PrefillChunk, TokenMask, i8, i32, pack_mask
 from tests.thread_comm import run_ranks
 from workers.comm import LocalComm
 from workers.logit_masks import logit_row_of, masked_argmax

@@ -5,8 +5,8 @@ the last accepted token one past them."""
 import numpy as np
 import pytest
 
-from dspark_loop.acceptance import accept_chain
-from dspark_loop.protocol import DecodeBatch, PartitionPlan, PrefillChunk, i8, i32
+from dspark_loop.contract.acceptance import accept_chain
+from dspark_loop.contract.protocol import DecodeBatch, PartitionPlan, PrefillChunk, i8, i32
 from tests.unit.engine.acceptance_cases import CASES
 from workers.drafter_runner import plan_drafts
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from dspark_loop.cache_layout import CacheLayout
-from dspark_loop.model_config import ModelConfig
-from dspark_loop.protocol import BlockUpdate, i32
+from dspark_loop.contract.cache_layout import CacheLayout
+from dspark_loop.contract.model_config import ModelConfig
+from dspark_loop.contract.protocol import BlockUpdate, i32
 from workers.kv_pool import KVPool, blocks_for_budget, bytes_per_block
 from workers.staging import BlockTables, Segment, stage
 

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from dspark_loop.model_config import ModelConfig
+from dspark_loop.contract.model_config import ModelConfig
 from workers.model.layers import hadamard_matrix, linear_rows, matmul_groups, matmul_rows
 from workers.model.linear import Linear
 from workers.model.moe import Gate

@@ -2,7 +2,7 @@
 
 import torch
 
-from dspark_loop.model_config import ModelConfig
+from dspark_loop.contract.model_config import ModelConfig
 from workers.model.config import compress_inv_freq, main_inv_freq
 from workers.model.layers import apply_rope, rope_cos_sin
 

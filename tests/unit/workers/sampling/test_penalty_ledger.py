@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from dspark_loop.acceptance import accept_chain
+from dspark_loop.contract.acceptance import accept_chain
 from workers.sampling.penalty_ledger import PenaltyLedger
 
 V = 32

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from dspark_loop.acceptance import accept_chain
-from dspark_loop.protocol import DecodeBatch, PrefillChunk, i8, i32
+from dspark_loop.contract.acceptance import accept_chain
+from dspark_loop.contract.protocol import DecodeBatch, PrefillChunk, i8, i32
 from tests.unit.workers.sampling.sharded import run_sharded
 from workers.comm import LocalComm
 from workers.sampling.logprobs import log_softmax_sharded

@@ -1,0 +1,375 @@
+"""Prometheus metrics under vLLM's names (so its dashboards read them), fed by the engine's
+observer hooks: gauges and token/speculation counters from each StepTrace, latencies and
+finish reasons from each finished request's RequestStats.
+
+    Metrics(model_name, num_blocks_total).on_step(trace) / .on_request_finished(stats)
+    render_prometheus() -> text exposition 0.0.4 (GET /metrics)
+    snapshot() -> dict, the same figures plus a "dspark" summary (GET /metrics/json)
+
+No prometheus_client at run time: the exposition is a few lines of text written here.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import math
+
+import numpy as np
+
+from dspark_loop.contract.protocol import DSPARK_K, MeshRestart, StepTrace
+from dspark_loop.engine.observer import EngineObserver, RequestStats
+
+# vLLM v1's buckets (vllm/v1/metrics/loggers.py), so its Grafana panels line up.
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+TOKEN_BUCKETS = tuple(m * 10**e for e in range(7) for m in (1, 2, 5))  # 1, 2, 5 ... 5e6
+
+FINISH_REASONS = ("stop", "length", "abort", "error")  # always exported, zero until seen
+
+
+class Histogram:
+    """Cumulative-bucket histogram as Prometheus wants it (le = upper bound, inclusive)."""
+
+    def __init__(self, buckets: tuple[float, ...]):
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)  # last slot: above every bound (+Inf only)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def observe_many(self, values) -> None:
+        """observe() for each value, in numpy: a finished 100k-token request's gaps must
+        not stall the event loop for 100k Python calls."""
+        if not len(values):
+            return
+        arr = np.asarray(values, dtype=np.float64)  # [n]
+        where = np.searchsorted(np.asarray(self.buckets, dtype=np.float64), arr, side="left")  # bisect_left
+        for slot, n in zip(*np.unique(where, return_counts=True)):
+            self.counts[int(slot)] += int(n)
+        total = self.sum
+        for v in arr.tolist():  # in order, as observe() would add them
+            total += v
+        self.sum = total
+        self.count += len(arr)
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out, acc = [], 0
+        for bound, n in zip(self.buckets, self.counts):
+            acc += n
+            out.append((_num(bound), acc))
+        out.append(("+Inf", self.count))
+        return out
+
+    def as_dict(self) -> dict:
+        return {
+            "count": self.count,
+            "sum": self.sum,
+            "mean": self.sum / self.count if self.count else 0.0,
+            "buckets": dict(self.cumulative()),
+        }
+
+
+class Metrics(EngineObserver):
+    def __init__(self, model_name: str, num_blocks_total: list[int] | None = None, num_speculative_tokens: int = 0):
+        self.model_name = model_name
+        self.num_blocks_total = list(num_blocks_total) if num_blocks_total else None  # per family
+        self.num_speculative_tokens = num_speculative_tokens
+        # gauges (latest trace)
+        self.num_requests_running = 0
+        self.num_requests_waiting = 0
+        self.kv_cache_usage_perc = 0.0
+        self.kv_cache_usage_per_family: list[float] = []
+        # counters
+        self.num_steps = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.num_preemptions = 0
+        self.request_success = dict.fromkeys(FINISH_REASONS, 0)
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.num_drafts = 0  # verify steps (one per request per step that checked drafts)
+        self.num_draft_tokens = 0  # drafts proposed
+        self.num_accepted_tokens = 0  # drafts matched (the bonus token is not counted)
+        self.accepted_per_pos = [0] * num_speculative_tokens
+        self.num_fallbacks = 0  # decode steps of a speculating engine run as K=0
+        self.dropped_traces = 0
+        self.mesh_restarts = 0
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.e2e = Histogram(E2E_BUCKETS)
+        self.request_prompt_tokens = Histogram(TOKEN_BUCKETS)
+        self.request_generation_tokens = Histogram(TOKEN_BUCKETS)
+
+    def set_num_blocks_total(self, num_blocks_total: list[int]) -> None:
+        """Pool sizes per cache family, known once the mesh has said hello."""
+        self.num_blocks_total = list(num_blocks_total)
+
+    # ---- observer hooks ----
+
+    def on_step(self, trace: StepTrace) -> None:
+        self.num_steps += 1
+        self.num_requests_running = trace.num_running
+        self.num_requests_waiting = trace.num_waiting
+        self.generation_tokens += trace.num_new_tokens
+        self.num_preemptions += len(trace.preempted_req_ids)
+        self.dropped_traces = max(self.dropped_traces, trace.dropped_traces)
+        self._observe_cache(trace)
+        self._observe_drafts(trace)
+
+    def on_request_finished(self, stats: RequestStats) -> None:
+        reason = stats.finish_reason or "abort"
+        self.request_success[reason] = self.request_success.get(reason, 0) + 1
+        self.prompt_tokens += stats.num_prompt_tokens
+        self.prefix_cache_queries += stats.num_prompt_tokens
+        self.prefix_cache_hits += stats.num_cached_tokens
+        self.request_prompt_tokens.observe(stats.num_prompt_tokens)
+        self.request_generation_tokens.observe(stats.num_output_tokens)
+        if stats.first_token_time is not None:
+            self.ttft.observe(max(0.0, stats.first_token_time - stats.arrival_time))
+        self.itl.observe_many(stats.inter_token_s)
+        self.e2e.observe(max(0.0, stats.finish_time - stats.arrival_time))
+
+    def on_mesh_restart(self, event: MeshRestart) -> None:
+        self.mesh_restarts += 1
+
+    def _observe_cache(self, trace: StepTrace) -> None:
+        totals = self.num_blocks_total
+        if not totals or not trace.partitions:
+            return
+        num_parts = len(trace.partitions)
+        free = [0] * len(totals)  # per family, summed over partitions
+        for part in trace.partitions:
+            for f, n in enumerate(part.free_blocks[: len(totals)]):
+                free[f] += n
+        self.kv_cache_usage_per_family = [1.0 - fr / (t * num_parts) if t else 0.0 for fr, t in zip(free, totals)]
+        capacity = sum(totals) * num_parts
+        self.kv_cache_usage_perc = 1.0 - sum(free) / capacity if capacity else 0.0
+
+    def _observe_drafts(self, trace: StepTrace) -> None:
+        """A decode request that ran 8 rows verified 7 drafts; accepted length a (1..8, the
+        bonus token included) means its first a-1 drafts matched. One that ran 1 row verified
+        nothing (K=0, or a DSpark fallback) and always has a = 1."""
+        lens = trace.accepted_lens
+        if not lens:
+            return
+        # NOTE: counted per distinct length (at most 8), not per request: this runs every step.
+        for a, n in collections.Counter(lens).items():
+            if a > 1:
+                self._count_accepted(a - 1, n)
+        drafts = trace.accepted_num_drafts
+        if len(drafts) == len(lens):
+            num_verifies = len(drafts) - drafts.count(0)
+            num_draft_tokens = sum(drafts)
+        else:
+            # NOTE: a producer that does not fill accepted_num_drafts still reports rows per
+            # partition; rows beyond one per request are drafts, K of them per verify.
+            num_draft_tokens = sum(max(0, p.decode_num_rows - len(p.decode_req_ids)) for p in trace.partitions)
+            num_verifies = num_draft_tokens // (self.num_speculative_tokens or DSPARK_K)
+        self.num_drafts += num_verifies
+        self.num_draft_tokens += num_draft_tokens
+        if self.num_speculative_tokens:
+            self.num_fallbacks += max(0, len(lens) - num_verifies)
+
+    def _count_accepted(self, num_matched: int, num_requests: int) -> None:
+        """num_requests requests each matched their first num_matched drafts."""
+        self.num_accepted_tokens += num_matched * num_requests
+        per_pos = self.accepted_per_pos
+        if num_matched > len(per_pos):
+            per_pos.extend([0] * (num_matched - len(per_pos)))
+        for pos in range(num_matched):
+            per_pos[pos] += num_requests
+
+    # ---- renderers ----
+
+    def snapshot(self) -> dict:
+        return {
+            "model_name": self.model_name,
+            "num_steps": self.num_steps,
+            "num_requests_running": self.num_requests_running,
+            "num_requests_waiting": self.num_requests_waiting,
+            "kv_cache_usage_perc": self.kv_cache_usage_perc,
+            "kv_cache_usage_per_family": list(self.kv_cache_usage_per_family),
+            "prompt_tokens_total": self.prompt_tokens,
+            "generation_tokens_total": self.generation_tokens,
+            "request_success_total": dict(self.request_success),
+            "num_preemptions_total": self.num_preemptions,
+            "prefix_cache_queries_total": self.prefix_cache_queries,
+            "prefix_cache_hits_total": self.prefix_cache_hits,
+            "spec_decode_num_drafts_total": self.num_drafts,
+            "spec_decode_num_draft_tokens_total": self.num_draft_tokens,
+            "spec_decode_num_accepted_tokens_total": self.num_accepted_tokens,
+            "spec_decode_num_accepted_tokens_per_pos_total": list(self.accepted_per_pos),
+            "time_to_first_token_seconds": self.ttft.as_dict(),
+            "inter_token_latency_seconds": self.itl.as_dict(),
+            "e2e_request_latency_seconds": self.e2e.as_dict(),
+            "request_prompt_tokens": self.request_prompt_tokens.as_dict(),
+            "request_generation_tokens": self.request_generation_tokens.as_dict(),
+            "dropped_traces": self.dropped_traces,
+            # NOTE: the DSpark summary of /metrics/json is the engine's (under "engine"),
+            # counted by the scheduler itself; these are the Prometheus counters.
+            "spec_decode_num_fallbacks_total": self.num_fallbacks,
+            "mesh_restarts_total": self.mesh_restarts,
+        }
+
+    def render_prometheus(self) -> str:
+        w = _Writer(self.model_name)
+        w.gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", self.num_requests_running
+        )
+        w.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", self.num_requests_waiting)
+        w.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", self.kv_cache_usage_perc)
+        w.counter("vllm:prompt_tokens", "Number of prefill tokens processed.", [({}, self.prompt_tokens)])
+        w.counter("vllm:generation_tokens", "Number of generation tokens processed.", [({}, self.generation_tokens)])
+        w.counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [({"finished_reason": r}, n) for r, n in self.request_success.items()],
+        )
+        w.counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", [({}, self.num_preemptions)]
+        )
+        w.counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            [({}, self.prefix_cache_queries)],
+        )
+        w.counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            [({}, self.prefix_cache_hits)],
+        )
+        w.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", self.ttft)
+        w.histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", self.itl)
+        w.histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", self.e2e)
+        w.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", self.request_prompt_tokens)
+        w.histogram(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", self.request_generation_tokens
+        )
+        w.counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", [({}, self.num_drafts)])
+        w.counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", [({}, self.num_draft_tokens)])
+        w.counter(
+            "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", [({}, self.num_accepted_tokens)]
+        )
+        w.counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            [({"position": str(p)}, n) for p, n in enumerate(self.accepted_per_pos)],
+        )
+        w.counter("dspark:mesh_restarts", "Times the rank mesh died and was restarted.", [({}, self.mesh_restarts)])
+        return w.text()
+
+
+class _Writer:
+    """Prometheus text exposition 0.0.4; every sample carries the model_name label."""
+
+    def __init__(self, model_name: str):
+        self.base = {"model_name": model_name}
+        self.lines: list[str] = []
+
+    def gauge(self, name: str, help_: str, value: float) -> None:
+        self._head(name, help_, "gauge")
+        self._sample(name, {}, value)
+
+    def counter(self, name: str, help_: str, samples: list[tuple[dict, float]]) -> None:
+        self._head(name + "_total", help_, "counter")
+        for labels, value in samples:
+            self._sample(name + "_total", labels, value)
+
+    def histogram(self, name: str, help_: str, hist: Histogram) -> None:
+        self._head(name, help_, "histogram")
+        for le, n in hist.cumulative():
+            self._sample(name + "_bucket", {"le": le}, n)
+        self._sample(name + "_sum", {}, hist.sum)
+        self._sample(name + "_count", {}, hist.count)
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+    def _head(self, name: str, help_: str, kind: str) -> None:
+        self.lines.append(f"# HELP {name} {help_}")
+        self.lines.append(f"# TYPE {name} {kind}")
+
+    def _sample(self, name: str, labels: dict, value: float) -> None:
+        pairs = ",".join(f'{k}="{_escape(v)}"' for k, v in {**self.base, **labels}.items())
+        self.lines.append(f"{name}{{{pairs}}} {_num(value)}")
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _num(value: float) -> str:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+    return repr(float(value))
