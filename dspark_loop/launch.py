@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 from dspark_loop.config.server_config import ServerConfig
 from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.errors import MeshStartError
+from dspark_loop.contract.mesh_auth import resolve_secret
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import RankConfig
 from dspark_loop.engine.loop import EngineLoop
@@ -26,7 +27,6 @@ from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.event_loop import loop_name
-from dspark_loop.mesh.auth import resolve_secret
 from dspark_loop.mesh.mesh import Mesh
 from dspark_loop.mesh.nodes import MESH_PORT_OFFSET, NodeLayout, parse_host_port
 from dspark_loop.mesh.restart_budget import RestartBudget

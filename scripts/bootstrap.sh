@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
-# Creates .venv and installs dspark-loop with its test extras; idempotent and quick when
-# nothing changed. torch: the CPU build is installed first (DSPARK_TORCH overrides the
-# requirement, e.g. DSPARK_TORCH=skip on an NPU host where torch + torch_npu are already
-# installed in the interpreter given by PYTHON).
+# Creates .venv and installs dspark-loop into it; idempotent and quick when nothing changed.
+#   scripts/bootstrap.sh serve   the runtime and the optional tools extra (xgrammar), nothing else
+#   scripts/bootstrap.sh test    the runtime plus the test extras (pytest, transformers, ...)
+# torch: the CPU build is installed first (DSPARK_TORCH overrides the requirement, e.g.
+# DSPARK_TORCH=skip on an NPU host where torch + torch_npu are already installed in the
+# interpreter given by PYTHON).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+what=${1:-test}
+case "$what" in
+  serve) extras="tools" ;;
+  test) extras="test" ;;
+  *) echo "bootstrap: unknown target '$what' (serve or test)" >&2; exit 2 ;;
+esac
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 . .venv/bin/activate
-stamp=.venv/.dspark-installed
+stamp=.venv/.dspark-installed-$what
 want=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
@@ -19,7 +27,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "bootstrap: installing $torch_req (CPU build)" >&2
     python -m pip install -q "$torch_req"
   fi
-  echo "bootstrap: installing dspark-loop[test]" >&2
-  python -m pip install -q -e ".[test]"
+  echo "bootstrap: installing dspark-loop[$extras]" >&2
+  python -m pip install -q -e ".[$extras]"
   echo "$want" > "$stamp"
 fi

@@ -46,7 +46,7 @@ async def serve_round(url: str, prompts: list[list[int]], max_tokens: int) -> di
     """All prompts streamed at once: output tokens/s over the wall time, TTFTs."""
     import aiohttp
 
-    from tests.e2e.client import stream_completion
+    from dspark_testing.stream_client import stream_completion
 
     bodies = [{"prompt": p, "max_tokens": max_tokens, "ignore_eos": True, "return_token_ids": True} for p in prompts]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as s:
@@ -66,7 +66,7 @@ async def serve_round(url: str, prompts: list[list[int]], max_tokens: int) -> di
 
 
 def bench_server(ckpt: str, ranks: int, topology: list[str], args, vocab_size: int, serve: bool) -> dict:
-    from tests.e2e.server import ServerProcess
+    from dspark_testing.server_process import ServerProcess
 
     row: dict = {"ranks": ranks, "topology": " ".join(topology) or "1 rank"}
     server = ServerProcess(["--model", ckpt, "--log-level", "warning", *topology], timeout_s=900)
@@ -93,7 +93,7 @@ def bench_server(ckpt: str, ranks: int, topology: list[str], args, vocab_size: i
 
 
 def bench_transformers(ckpt: str, args, vocab_size: int) -> dict:
-    from tests.e2e.reference import GreedyReference
+    from dspark_testing.greedy_reference import GreedyReference
 
     ref = GreedyReference(ckpt)
     one = prompt_ids(args.prompt_len, 0, vocab_size)

@@ -38,7 +38,7 @@ def mixed_workload(n: int, vocab_size: int, seed: int = 14, round_: int = 0) -> 
 async def _serve(url: str, prompts: list[list[int]], max_tokens: list[int]) -> dict:
     import aiohttp
 
-    from tests.e2e.client import stream_completion
+    from dspark_testing.stream_client import stream_completion
 
     bodies = [
         {"prompt": p, "max_tokens": m, "ignore_eos": True, "return_token_ids": True}
@@ -62,14 +62,14 @@ class Reference:
     """transformers' DeepseekV4ForCausalLM on the same checkpoint: each goal's baseline."""
 
     def __init__(self, ckpt: str) -> None:
-        from tests.e2e.reference import GreedyReference
+        from dspark_testing.greedy_reference import GreedyReference
 
         self.ref = GreedyReference(ckpt)
 
     def generate(self, batch: list[list[int]], num_new: int) -> float:
         import torch
 
-        from tests.tie_rule import lowest_index_ties
+        from dspark_testing.tie_rule import lowest_index_ties
 
         width = max(len(p) for p in batch)
         ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])  # left-padded
@@ -92,7 +92,7 @@ def measure(ckpt: str, args, vocab_size: int) -> tuple[dict, dict]:
     """Served and transformers figures, alternating (served round, transformers round) x
     repeats so both sides see the same machine; the best round of each. Every round sends
     fresh prompts: a repeated prompt would hit the server's prefix cache."""
-    from tests.e2e.server import ServerProcess
+    from dspark_testing.server_process import ServerProcess
     from tools.bench import prompt_ids
 
     ref = Reference(ckpt)

@@ -83,7 +83,7 @@ def run_conversation(url: str, turns: int, system_repeat: int, reply_tokens: int
 
 
 def bench(ckpt: str, flags: list[str], args) -> list[dict]:
-    from tests.e2e.server import ServerProcess
+    from dspark_testing.server_process import ServerProcess
 
     server = ServerProcess(["--model", ckpt, "--log-level", "warning", *flags], timeout_s=900)
     try:

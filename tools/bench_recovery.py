@@ -29,7 +29,7 @@ import aiohttp
 
 
 async def one_round(server, sig: int, running: int, waiting: int, seed: int) -> dict:
-    from tests.e2e.prompts import token_prompt
+    from dspark_testing.prompts import token_prompt
 
     short = [token_prompt(16 + i, seed=seed + i) for i in range(waiting)]
     solo = [server.complete(p, 16)["choices"][0]["token_ids"] for p in short]
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--running", type=int, default=1, help="long streams at the death")
     p.add_argument("--waiting", type=int, default=2, help="requests queued at the death")
     args = p.parse_args(argv)
-    from tests.e2e.server import ServerProcess
+    from dspark_testing.server_process import ServerProcess
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = args.model

@@ -137,7 +137,7 @@ async def soak(
 
 
 def run_one(ckpt: str, k: int, topology: list[str], args) -> Report:
-    from tests.e2e.server import ServerProcess, pools_full
+    from dspark_testing.server_process import ServerProcess, pools_full
 
     flags = ["--model", ckpt, "--log-level", "warning", *topology]
     if k:

@@ -25,6 +25,9 @@ import msgspec
 import numpy as np
 import zmq
 
+from dspark_loop.contract.checkpoint_fingerprint import checkpoint_fingerprint
+from dspark_loop.contract.mesh_auth import SecretError, secret_from_env
+from dspark_loop.contract.mesh_join import JoinError, Knocker, knock_sync
 from dspark_loop.contract.protocol import (
     ENCODER,
     PROTOCOL_VERSION,
@@ -38,9 +41,6 @@ from dspark_loop.contract.protocol import (
     i32,
     identity,
 )
-from dspark_loop.mesh.auth import SecretError, secret_from_env
-from dspark_loop.mesh.checkpoint_fingerprint import checkpoint_fingerprint
-from dspark_loop.mesh.join import JoinError, Knocker, knock_sync
 from workers.runner_interface import Runner
 
 log = logging.getLogger("workers.rank")

@@ -25,9 +25,9 @@ from dspark_loop.config.server_config import (
     fill_defaults,
     validate,
 )
+from dspark_loop.contract.mesh_auth import SecretError, resolve_secret
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.event_loop import EVENT_LOOPS, loop_factory
-from dspark_loop.mesh.auth import SecretError, resolve_secret
 from dspark_loop.mesh.nodes import parse_host_port
 from dspark_loop.observe.tap_publisher import tap_address
 

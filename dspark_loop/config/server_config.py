@@ -11,19 +11,17 @@ exactly the seeds' rules (tp 4, ep 8/16, dp = ep/4, block 32, ...); any other ch
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 from dataclasses import dataclass, field, replace
 
 from dspark_loop.config.node_rules import devices_rule, node_rules
 from dspark_loop.contract.cache_layout import CacheLayout
+from dspark_loop.contract.checkpoint_names import checkpoint_tensor_names
 from dspark_loop.contract.model_config import ModelConfig
-from dspark_loop.contract.protocol import DSPARK_K
+from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK
 
 FLASH_SHAPE = dict(hidden_size=4096, num_hidden_layers=43, n_routed_experts=256)
 MAX_CONTEXT = 1048576
-MAX_CHUNK = 8192  # the seeds' prefill dispatch bound
 SEQS_PER_GROUP = 64  # requests per TP group in the decode tile
 CPU_KV_CACHE_MEMORY = 256 * 2**20  # bytes per rank when --backend cpu and no flag
 DEFAULT_RING_HEAP = (2 * 2**30, 2 * 2**30, 4 * 2**30, 8 * 2**30)  # the seeds' profile
@@ -292,22 +290,3 @@ def missing_drafter_parts(model: ModelConfig, model_dir: str | None) -> list[str
         if stages:
             missing.append(f"drafter stage tensors {', '.join(stages)}")
     return missing
-
-
-def checkpoint_tensor_names(model_dir: str) -> set[str] | None:
-    """Tensor names from the safetensors headers (no tensor data read); None if unreadable."""
-    index = os.path.join(model_dir, "model.safetensors.index.json")
-    try:
-        if os.path.exists(index):
-            with open(index, encoding="utf-8") as f:
-                return set(json.load(f)["weight_map"])
-        names: set[str] = set()
-        files = [n for n in os.listdir(model_dir) if n.endswith(".safetensors")]
-        for name in files:
-            with open(os.path.join(model_dir, name), "rb") as f:
-                (header_len,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(header_len))
-            names.update(k for k in header if k != "__metadata__")
-        return names if files else None
-    except (OSError, ValueError, KeyError, struct.error):
-        return None

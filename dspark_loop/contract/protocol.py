@@ -40,6 +40,7 @@ import numpy as np
 PROTOCOL_VERSION = 3  # 2: the authenticated handshake (Knock, Challenge), node agents; 3: sampling
 DSPARK_K = 7  # the speculative width: drafts per verify (a verify is DSPARK_K + 1 rows)
 DEFAULT_RUNNER = "workers.runner:ModelRunner"
+MAX_CHUNK = 8192  # the seeds' prefill dispatch bound: tokens of one prefill chunk
 GREEDY_BELOW = 1e-5  # a temperature below this is greedy (vLLM's _SAMPLING_EPS: x/T would overflow)
 
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import time
 
-from dspark_loop.config.server_config import MAX_CHUNK
 from dspark_loop.contract.cache_layout import CacheLayout
-from dspark_loop.contract.protocol import DSPARK_K, BlockUpdate, PartitionPlan, PrefillChunk, StepPlan, i32
+from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK, BlockUpdate, PartitionPlan, PrefillChunk, StepPlan, i32
 from dspark_loop.engine.admission import Admission, map_pages
 from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.kv_cache import PartitionCache

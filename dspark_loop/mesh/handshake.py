@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import msgspec
 
+from dspark_loop.contract.checkpoint_fingerprint import short
 from dspark_loop.contract.errors import MeshStartError
 from dspark_loop.contract.protocol import PROTOCOL_VERSION, Hello, NodeHello, RankConfig, Refused, Welcome, identity
-from dspark_loop.mesh.checkpoint_fingerprint import short
 from dspark_loop.mesh.nodes import NODE_LOCAL_FIELDS, NodeLayout, missing_message
 
 

@@ -34,8 +34,8 @@ import msgspec
 import zmq
 
 from dspark_loop.contract.errors import EngineDead, MeshStartError
+from dspark_loop.contract.mesh_auth import SECRET_ENV
 from dspark_loop.contract.protocol import ENCODER, RankConfig, RankExited, Shutdown, StepPlan, StepResult, identity
-from dspark_loop.mesh.auth import SECRET_ENV
 from dspark_loop.mesh.handshake import min_num_blocks
 from dspark_loop.mesh.nodes import NodeLayout
 from dspark_loop.mesh.peers import remote_loss

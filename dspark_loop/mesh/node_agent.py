@@ -28,6 +28,9 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from dspark_loop.config.server_config import ServerConfig
+from dspark_loop.contract.checkpoint_fingerprint import checkpoint_fingerprint
+from dspark_loop.contract.mesh_auth import SECRET_ENV, resolve_secret
+from dspark_loop.contract.mesh_join import KNOCK_RETRY_S, JoinError, Knocker
 from dspark_loop.contract.protocol import (
     AGENT_DECODER,
     ENCODER,
@@ -40,9 +43,6 @@ from dspark_loop.contract.protocol import (
     Shutdown,
     Welcome,
 )
-from dspark_loop.mesh.auth import SECRET_ENV, resolve_secret
-from dspark_loop.mesh.checkpoint_fingerprint import checkpoint_fingerprint
-from dspark_loop.mesh.join import KNOCK_RETRY_S, JoinError, Knocker
 from dspark_loop.mesh.nodes import NodeLayout, mesh_endpoints, parse_host_port
 from dspark_loop.mesh.procs import RankProcs, describe_exit, rank_env
 

@@ -14,8 +14,8 @@ one), not when a collective times out. Torch-free.
 
 from __future__ import annotations
 
+from dspark_loop.contract.mesh_auth import SECRET_ENV, is_signed, new_nonce, server_proof
 from dspark_loop.contract.protocol import Challenge, Knock, RankExited
-from dspark_loop.mesh.auth import SECRET_ENV, is_signed, new_nonce, server_proof
 from dspark_loop.mesh.nodes import NodeLayout
 
 

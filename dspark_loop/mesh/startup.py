@@ -15,9 +15,9 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from dspark_loop.contract.checkpoint_fingerprint import checkpoint_fingerprint
 from dspark_loop.contract.errors import MeshStartError
 from dspark_loop.contract.protocol import Hello, NodeHello, RankExited, Refused
-from dspark_loop.mesh.checkpoint_fingerprint import checkpoint_fingerprint
 from dspark_loop.mesh.handshake import RollCall
 from dspark_loop.mesh.nodes import node_command
 

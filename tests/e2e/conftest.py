@@ -9,7 +9,7 @@ import os
 import aiohttp
 import pytest
 
-from tests.e2e.server import ServerProcess, pools_full
+from dspark_testing.server_process import ServerProcess, pools_full
 
 E2E_SEED = 7
 # DSPARK_E2E_TOPOLOGY="--dp 1 --tp 4 --ep 4" runs the suite on another 4-rank shape.
@@ -66,7 +66,7 @@ def solo1(server1) -> SoloResults:
 
 @pytest.fixture(scope="session")
 def reference(tiny_ckpt):
-    from tests.e2e.reference import GreedyReference
+    from dspark_testing.greedy_reference import GreedyReference
 
     return GreedyReference(tiny_ckpt)
 

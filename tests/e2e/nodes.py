@@ -15,8 +15,8 @@ import subprocess
 import sys
 import time
 
-from dspark_loop.mesh.auth import SECRET_ENV
-from tests.e2e.server import REPO, children_of
+from dspark_loop.contract.mesh_auth import SECRET_ENV
+from dspark_testing.server_process import REPO, children_of
 
 SECRET = "two-node-test-secret-0123456789"
 SECRET_ENV_VARS = {SECRET_ENV: SECRET}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.e2e.prompts import token_prompt
+from dspark_testing.prompts import token_prompt
 
 
 def test_seeds_accuracy_request_runs_to_length(server4):

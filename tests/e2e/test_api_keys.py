@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.server import ServerProcess
+from dspark_testing.server_process import ServerProcess
 
 FLAG_KEY = "sk-flag-5a1c2f9e"
 ENV_KEYS = ("sk-env-one-77d3", "sk-env-two-e81b")

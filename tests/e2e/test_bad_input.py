@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.prompts import token_prompt
+from dspark_testing.prompts import token_prompt
 
 MAX_MODEL_LEN = 1024  # the server's default --max-model-len
 

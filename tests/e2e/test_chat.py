@@ -12,8 +12,8 @@ import urllib.request
 import openai
 import pytest
 
+from dspark_testing.server_process import ServerProcess
 from tests.e2e.chat_script import WEATHER, scripted_env
-from tests.e2e.server import ServerProcess
 
 SAY_HI = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}]
 TWO_CITIES = [{"role": "user", "content": "Paris and Rome?"}]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.e2e.server import ServerProcess
+from dspark_testing.server_process import ServerProcess
 
 # NOTE: 8-token pages make the tiny model's prefix-hit unit 128 tokens (the LCM of the
 # families' page spans: c16 pages hold 8 rows of 16 tokens), so short turns already hit.

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.e2e.server import REPO
+from dspark_testing.server_process import REPO
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.e2e.client import open_stream, stream_completion
-from tests.e2e.prompts import mixed_prompts, token_prompt
-from tests.e2e.server import pools_full
+from dspark_testing.prompts import mixed_prompts, token_prompt
+from dspark_testing.server_process import pools_full
+from dspark_testing.stream_client import open_stream, stream_completion
 
 NUM_STREAMS = 32
 PROMPTS = mixed_prompts(8)  # lengths 1, 38, 75, ... 260 -> pages, windows, ratios

@@ -14,9 +14,9 @@ import pytest
 import zmq
 
 from dspark_loop.contract.protocol import TRACE_DECODER
+from dspark_testing.prompts import token_prompt
+from dspark_testing.server_process import ServerProcess, free_port
 from tests.e2e.conftest import E2E_SEED
-from tests.e2e.prompts import token_prompt
-from tests.e2e.server import ServerProcess, free_port
 
 MAX_TOKENS = 25  # 1 token from prefill + 8 verifies of exactly 3 at error_at=2
 ERROR_AT = 2
@@ -154,8 +154,8 @@ def test_metrics_and_tap_traces_agree_with_the_served_workload(k7_server, k0_out
 async def test_32_concurrent_k7_streams_each_equal_k0(k7_server, solo1, http):
     """32 streams at K=7 (mixed prompt lengths, every request speculating beside the others)
     must each stream exactly the K=0 tokens, and the leases must all be free afterwards."""
-    from tests.e2e.client import stream_completion
-    from tests.e2e.prompts import mixed_prompts
+    from dspark_testing.prompts import mixed_prompts
+    from dspark_testing.stream_client import stream_completion
 
     prompts = mixed_prompts(32, seed=300)
     want = [await asyncio.to_thread(solo1, p, 8) for p in prompts]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.prompts import TEXTS, token_prompt
-from tests.e2e.server import ServerProcess, pools_full, wait_gone
+from dspark_testing.prompts import TEXTS, token_prompt
+from dspark_testing.server_process import ServerProcess, pools_full, wait_gone
 
 PROMPTS = [TEXTS[1], token_prompt(45, seed=16), [0]]
 MAX_TOKENS = 6

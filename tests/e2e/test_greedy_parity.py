@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.prompts import TEXTS, token_prompt
+from dspark_testing.prompts import TEXTS, token_prompt
 
 TEXT_CASES = [(TEXTS[0], 12), (TEXTS[3], 10)]
 # 1 token; crossing the 16-token window and ratio-16 boundaries; crossing a 32-token page

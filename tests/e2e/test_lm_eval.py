@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from tests.tie_rule import lowest_index_ties
+from dspark_testing.tie_rule import lowest_index_ties
 
 lm_eval = pytest.importorskip("lm_eval")
 

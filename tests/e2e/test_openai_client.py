@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import openai
 
-from tests.e2e.prompts import TEXTS
+from dspark_testing.prompts import TEXTS
 
 
 def client(server) -> openai.OpenAI:

@@ -27,7 +27,7 @@ from schemathesis.checks import (
 )
 
 from dspark_loop.api.openapi import ROUTES
-from tests.e2e.server import ServerProcess
+from dspark_testing.server_process import ServerProcess
 
 MAX_EXAMPLES = 20  # per route
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from tests.e2e.client import StreamResult
-from tests.e2e.prompts import token_prompt
-from tests.e2e.server import ServerProcess, pools_full
+from dspark_testing.prompts import token_prompt
+from dspark_testing.server_process import ServerProcess, pools_full
+from dspark_testing.stream_client import StreamResult
 
 NUM_FLOOD = 16
 MAX_TOKENS = 24

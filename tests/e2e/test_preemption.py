@@ -6,8 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.e2e.prompts import token_prompt
-from tests.e2e.server import ServerProcess, pools_full
+from dspark_testing.prompts import token_prompt
+from dspark_testing.server_process import ServerProcess, pools_full
 
 # 118-token prompts hold one c4 page (128 tokens) each; the 11th new token needs a second
 # one, and with 4 pages for 3 requests somebody must be preempted. Small prefill chunks

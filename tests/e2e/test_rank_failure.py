@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from tests.e2e.client import open_stream
-from tests.e2e.prompts import token_prompt
-from tests.e2e.server import ServerProcess, wait_gone
+from dspark_testing.prompts import token_prompt
+from dspark_testing.server_process import ServerProcess, wait_gone
+from dspark_testing.stream_client import open_stream
 
 
 @pytest.fixture

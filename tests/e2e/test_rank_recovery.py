@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from tests.e2e.client import open_stream, stream_completion
-from tests.e2e.prompts import token_prompt
-from tests.e2e.server import ServerProcess, pools_full, wait_gone
+from dspark_testing.prompts import token_prompt
+from dspark_testing.server_process import ServerProcess, pools_full, wait_gone
+from dspark_testing.stream_client import open_stream, stream_completion
 
 RUNNING_TOKENS = 600  # long enough to be mid-stream at the kill
 WAITING_TOKENS = 24

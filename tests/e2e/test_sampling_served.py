@@ -8,9 +8,9 @@ import asyncio
 
 import torch
 
-from tests.e2e.client import stream_completion
-from tests.e2e.prompts import mixed_prompts, token_prompt
-from tests.tie_rule import lowest_index_ties
+from dspark_testing.prompts import mixed_prompts, token_prompt
+from dspark_testing.stream_client import stream_completion
+from dspark_testing.tie_rule import lowest_index_ties
 
 SEEDED = {
     "max_tokens": 20,

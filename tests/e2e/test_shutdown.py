@@ -7,9 +7,9 @@ import asyncio
 import signal
 import time
 
-from tests.e2e.client import open_stream
-from tests.e2e.prompts import token_prompt
-from tests.e2e.server import ServerProcess, wait_gone
+from dspark_testing.prompts import token_prompt
+from dspark_testing.server_process import ServerProcess, wait_gone
+from dspark_testing.stream_client import open_stream
 
 MAX_TOKENS = 160
 
@@ -95,7 +95,7 @@ def test_sigterm_while_the_ranks_load_cancels_the_start_up(tiny_ckpt):
     import subprocess
     import sys
 
-    from tests.e2e.server import REPO, children_of, free_port
+    from dspark_testing.server_process import REPO, children_of, free_port
 
     proc = subprocess.Popen(
         [

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
+from dspark_testing.prompts import TEXTS, token_prompt
+from dspark_testing.server_process import ServerProcess, wait_gone
 from tests.e2e.nodes import SECRET_ENV_VARS, NodeProcess, free_port_pair, node_args
-from tests.e2e.prompts import TEXTS, token_prompt
-from tests.e2e.server import ServerProcess, wait_gone
 
 PROMPTS = [TEXTS[0], token_prompt(40, seed=3)]
 MAX_TOKENS = 8

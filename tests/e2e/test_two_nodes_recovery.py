@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from tests.e2e.client import open_stream
+from dspark_testing.prompts import token_prompt
+from dspark_testing.server_process import ServerProcess, pools_full, wait_gone
+from dspark_testing.stream_client import open_stream
 from tests.e2e.nodes import SECRET_ENV_VARS, NodeProcess, free_port_pair, node_args
-from tests.e2e.prompts import token_prompt
-from tests.e2e.server import ServerProcess, pools_full, wait_gone
 from tests.e2e.test_rank_recovery import read_all, wait_health
 
 PROBES = [[5, 6, 7], token_prompt(30, seed=11)]

@@ -10,8 +10,8 @@ import torch
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import SamplingParams
 from dspark_testing.scripted_drafter import ScriptedDrafter
+from dspark_testing.tie_rule import lowest_index_ties
 from tests.integration.dspark.harness import prompt, run
-from tests.tie_rule import lowest_index_ties
 
 VOCAB = 1024
 MAX_MODEL_LEN = 96

@@ -6,8 +6,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from dspark_loop.contract.mesh_join import Knocker
 from dspark_loop.contract.protocol import DEFAULT_RUNNER, ENCODER, RANK_DECODER, RankConfig, identity
-from dspark_loop.mesh.join import Knocker
 from dspark_loop.mesh.mesh import Mesh
 
 REPO = pathlib.Path(__file__).resolve().parents[3]

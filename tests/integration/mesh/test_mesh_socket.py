@@ -7,6 +7,7 @@ import asyncio
 import zmq
 import zmq.asyncio
 
+from dspark_loop.contract.mesh_join import Knocker
 from dspark_loop.contract.protocol import (
     ENCODER,
     PROTOCOL_VERSION,
@@ -16,7 +17,6 @@ from dspark_loop.contract.protocol import (
     StepResult,
     identity,
 )
-from dspark_loop.mesh.join import Knocker
 from dspark_loop.mesh.router_socket import MeshSocket
 
 SECRET = "the-mesh-secret-for-tests"

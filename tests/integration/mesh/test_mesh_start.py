@@ -2,9 +2,9 @@ import asyncio
 
 import pytest
 
+from dspark_loop.contract.checkpoint_fingerprint import checkpoint_fingerprint
 from dspark_loop.contract.errors import MeshStartError
 from dspark_loop.contract.protocol import PROTOCOL_VERSION, Hello, RankConfig
-from dspark_loop.mesh.checkpoint_fingerprint import checkpoint_fingerprint
 from dspark_loop.mesh.mesh import Mesh
 from tests.integration.mesh.conftest import alive, hand_rank, make_mesh
 

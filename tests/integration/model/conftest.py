@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dspark_loop.contract.protocol import BlockUpdate, RankConfig, i32
-from tests.tie_rule import lowest_index_ties
+from dspark_testing.tie_rule import lowest_index_ties
 from workers.runner import ModelRunner
 from workers.staging import Segment
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dspark_loop.config.cli import load_config, parse_args
-from dspark_loop.mesh.auth import SECRET_ENV
+from dspark_loop.contract.mesh_auth import SECRET_ENV
 from tests.unit.config.models import flash_model, tiny_config_dict, write_checkpoint_stub
 from tests.unit.config.test_validate import FLASH_16, problems
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from dspark_loop.mesh.checkpoint_fingerprint import checkpoint_fingerprint, short
+from dspark_loop.contract.checkpoint_fingerprint import checkpoint_fingerprint, short
 from tests.unit.config.models import write_checkpoint_stub
 
 NAMES = ["embed.weight", "layers.0.attn.wq_b.weight", "head.weight"]

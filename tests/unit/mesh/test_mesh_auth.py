@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dspark_loop.mesh.auth import (
+from dspark_loop.contract.mesh_auth import (
     MIN_SECRET_LEN,
     SECRET_ENV,
     SecretError,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from dspark_loop.contract.mesh_join import JoinError, Knocker
 from dspark_loop.contract.protocol import PROTOCOL_VERSION, Hello, NodeHello, RankExited
-from dspark_loop.mesh.join import JoinError, Knocker
 from dspark_loop.mesh.nodes import NodeLayout
 from dspark_loop.mesh.peers import Peers, peer_name, remote_loss
 

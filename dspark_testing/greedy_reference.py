@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 
-from tests.tie_rule import lowest_index_ties
+from dspark_testing.tie_rule import lowest_index_ties
 
 
 class GreedyReference:

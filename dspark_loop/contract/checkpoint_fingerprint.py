@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 
-from dspark_loop.config.server_config import checkpoint_tensor_names
+from dspark_loop.contract.checkpoint_names import checkpoint_tensor_names
 
 SHORT_LEN = 12  # hex digits shown in messages
 

@@ -18,8 +18,8 @@ import time
 import msgspec
 import zmq
 
+from dspark_loop.contract.mesh_auth import SECRET_ENV, new_nonce, same, server_proof, sign
 from dspark_loop.contract.protocol import ENCODER, Challenge, Knock
-from dspark_loop.mesh.auth import SECRET_ENV, new_nonce, same, server_proof, sign
 
 log = logging.getLogger("dspark_loop.mesh.mesh")
 
