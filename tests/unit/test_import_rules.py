@@ -1,10 +1,10 @@
 """The package boundaries, as a rule the suite enforces (docs/architecture.md, "The map").
 
-    workers/            -> dspark_loop.contract only (the facts both sides agree on)
-    dspark_loop/contract -> nothing else of ours; no torch, aiohttp, zmq
-    dspark_loop/engine   -> dspark_loop.engine, dspark_loop.contract; no torch, aiohttp, zmq
-    dspark_loop/ (server) -> never torch at module level (the server process stays torch-free)
-    anything shipped     -> never tests/ (the wheel does not ship it)
+workers/            -> dspark_loop.contract only (the facts both sides agree on)
+dspark_loop/contract -> nothing else of ours; no torch, aiohttp, zmq
+dspark_loop/engine   -> dspark_loop.engine, dspark_loop.contract; no torch, aiohttp, zmq
+dspark_loop/ (server) -> never torch at module level (the server process stays torch-free)
+anything shipped     -> never tests/ (the wheel does not ship it)
 """
 
 from __future__ import annotations
@@ -66,7 +66,9 @@ def test_the_contract_depends_on_nothing_else_of_ours_and_no_heavy_library():
         return top(m) not in OURS or within(m, "dspark_loop.contract")
 
     # NOTE: mesh_join is the peers' half of the handshake and needs zmq's socket constants.
-    bad = [v for v in violations("dspark_loop/contract", allowed) if not v.startswith("dspark_loop/contract/mesh_join.py")]
+    bad = [
+        v for v in violations("dspark_loop/contract", allowed) if not v.startswith("dspark_loop/contract/mesh_join.py")
+    ]
     assert bad == []
 
 
