@@ -31,10 +31,10 @@ from dspark_loop.contract.protocol import DSPARK_K, ENCODER, StepResult, as_i8, 
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
-from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.event_loop import EVENT_LOOPS, loop_factory, loop_name
 from dspark_loop.observe.metrics import Metrics
 from dspark_loop.observe.tap_publisher import TapPublisher
+from dspark_testing.schedulers import make_scheduler
 from tools.bench_engine import flash_layout, tiny_tokenizer
 
 
@@ -123,13 +123,12 @@ async def run(
     prefix_caching: bool = False,
 ):
     sampling = sampling or {}
-    sched = Scheduler(
-        flash_layout(),
-        num_partitions,
-        [8192, 4096, 4096],
+    sched = make_scheduler(
+        layout=flash_layout(),
+        num_partitions=num_partitions,
+        num_blocks=[8192, 4096, 4096],
         max_num_seqs=num_requests,
         max_num_batched_tokens=8192,
-        long_prefill_token_threshold=0,
         max_model_len=1 << 20,
         eos_token_ids=[1],
         spec_k=spec_k,

@@ -11,12 +11,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from tokenizers import Tokenizer
 
-from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import RankConfig, StepResult, f32, i32
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
-from dspark_loop.engine.scheduler import Scheduler
+from dspark_testing.schedulers import model_scheduler
 from workers.runner import ModelRunner
 
 BLOCK_SIZE = 8
@@ -91,15 +90,15 @@ def make_engine(
         ModelRunner(rank_cfg, quiet=True, test_drafter=test_drafter() if callable(test_drafter) else test_drafter)
         for _ in range(dp)
     ]
-    sched = Scheduler(
-        CacheLayout.for_model(cfg, BLOCK_SIZE),
-        dp,
+    sched = model_scheduler(
+        cfg,
+        BLOCK_SIZE,
         runners[0].num_blocks,
-        max_num_seqs,
-        max_num_batched_tokens,
-        long_prefill_token_threshold,
-        max_model_len,
-        cfg.eos_token_ids,
+        num_partitions=dp,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        long_prefill_token_threshold=long_prefill_token_threshold,
+        max_model_len=max_model_len,
         spec_k=spec_k,
         enable_prefix_caching=enable_prefix_caching,
     )
