@@ -13,6 +13,7 @@ from tokenizers import Tokenizer
 
 from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.model_config import ModelConfig
+from dspark_loop.contract.placeholders import LastSamples
 from dspark_loop.contract.protocol import RankConfig, StepResult, f32, i32
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
@@ -29,11 +30,12 @@ class LocalMesh:
         self.runners = runners
         self.num_blocks = runners[0].num_blocks
         self.dead: str | None = None
+        self.samples = [LastSamples() for _ in runners]  # the ranks' placeholder resolution
 
     async def step(self, plan) -> list[StepResult]:
         out = []
         for g, (runner, part) in enumerate(zip(self.runners, plan.partitions)):
-            tokens = runner.execute(part)
+            _, tokens = self.samples[g].run(part, runner.execute)
             res = StepResult(plan.step_id, g, i32(tokens))
             drafts = runner.take_drafts()
             if drafts is not None:
