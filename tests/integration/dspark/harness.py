@@ -79,6 +79,7 @@ def make_engine(
     test_drafter=None,
     enable_prefix_caching: bool = False,
     observers=None,
+    async_scheduling: bool = False,
 ) -> tuple[EngineLoop, list[ModelRunner]]:
     cfg = ModelConfig.from_dir(path)
     rank_cfg = RankConfig(
@@ -106,7 +107,8 @@ def make_engine(
         enable_prefix_caching=enable_prefix_caching,
     )
     tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
-    return EngineLoop(sched, LocalMesh(runners), tok, observers=observers), runners
+    engine = EngineLoop(sched, LocalMesh(runners), tok, observers=observers, async_scheduling=async_scheduling)
+    return engine, runners
 
 
 async def _run(engine: EngineLoop, reqs: list[GenerateRequest], abort_after: dict[str, int]):
