@@ -176,7 +176,10 @@ class DeviceMesh(InstantMesh):
             sent, loop, fut, results = item
             free_at = max(free_at, sent) + self.device_s
             time.sleep(max(0.0, free_at - time.perf_counter()))
-            loop.call_soon_threadsafe(_resolve, fut, results)
+            try:
+                loop.call_soon_threadsafe(_resolve, fut, results)
+            except RuntimeError:  # the run ended (its loop closed) with this step unanswered
+                pass
 
 
 def _resolve(fut: asyncio.Future, results) -> None:
