@@ -12,6 +12,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from dspark_loop.contract.model_config import ModelConfig
+from dspark_loop.contract.placeholders import LastSamples
 from dspark_loop.contract.protocol import RankConfig, StepResult, f32, i32
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
@@ -28,11 +29,12 @@ class LocalMesh:
         self.runners = runners
         self.num_blocks = runners[0].num_blocks
         self.dead: str | None = None
+        self.samples = [LastSamples() for _ in runners]  # the ranks' placeholder resolution
 
     async def step(self, plan) -> list[StepResult]:
         out = []
         for g, (runner, part) in enumerate(zip(self.runners, plan.partitions)):
-            tokens = runner.execute(part)
+            _, tokens = self.samples[g].run(part, runner.execute)
             res = StepResult(plan.step_id, g, i32(tokens))
             drafts = runner.take_drafts()
             if drafts is not None:
@@ -76,6 +78,7 @@ def make_engine(
     test_drafter=None,
     enable_prefix_caching: bool = False,
     observers=None,
+    async_scheduling: bool = False,
 ) -> tuple[EngineLoop, list[ModelRunner]]:
     cfg = ModelConfig.from_dir(path)
     rank_cfg = RankConfig(
@@ -103,7 +106,8 @@ def make_engine(
         enable_prefix_caching=enable_prefix_caching,
     )
     tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
-    return EngineLoop(sched, LocalMesh(runners), tok, observers=observers), runners
+    engine = EngineLoop(sched, LocalMesh(runners), tok, observers=observers, async_scheduling=async_scheduling)
+    return engine, runners
 
 
 async def _run(engine: EngineLoop, reqs: list[GenerateRequest], abort_after: dict[str, int]):
