@@ -137,11 +137,12 @@ class Rank:
                 f"plan has {len(plan.partitions)} partitions, the mesh has {self.cfg.num_groups} TP groups"
             )
         t0 = time.perf_counter()
-        _, tokens = self.samples.run(plan.partitions[self.group], self.runner.execute)
+        part, tokens = self.samples.run(plan.partitions[self.group], self.runner.execute)
+        drafts = self.runner.take_drafts()
+        self.samples.record_drafts(part, drafts)  # K=7: the next step's placeholder drafts
         compute_s = time.perf_counter() - t0
         token_ids = np.ascontiguousarray(tokens, dtype=np.int32).tobytes() if self.is_leader else b""
         result = StepResult(plan.step_id, self.rank, token_ids, compute_s)
-        drafts = self.runner.take_drafts()
         if drafts is not None and self.is_leader:
             req_ids, tokens7, conf = drafts
             result.draft_req_ids = i32(req_ids)

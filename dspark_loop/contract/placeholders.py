@@ -1,38 +1,50 @@
 """Placeholders: plan inputs the host does not know yet, resolved by the ranks (overlap).
 
 With `--async-scheduling` the host plans step N+1 while the ranks still run step N, so a
-request whose step-N rows sample a token has a next decode row whose input is that token.
-The plan carries PLACEHOLDER there (DecodeBatch.token_ids, row 0 of the request); every
-rank of the TP group replaces it with its own last sample for that request before the
-step runs (every rank of a group holds the group's tokens: the argmax is reduced over the
-group). The host's own update of step N stays the authority for what is delivered: it
-commits the same token, so the rank's input equals what lockstep would have sent.
+request whose step-N rows sample has next rows whose inputs step N decides. The plan
+carries PLACEHOLDER there and every rank of the TP group fills it from its own record of
+step N (every rank of a group holds the group's tokens and drafts: argmaxes are reduced
+over the group) before the step runs:
 
-`LastSamples` is that record; ranks and in-process test meshes share it. K=0 only: a verify
-(8 rows) records nothing, so a K=7 request never has a placeholder (the host plans it in
-lockstep, see docs/architecture.md "Overlap").
+    DecodeBatch.token_ids row 0   the request's last sample (K=0 and K=7)
+    DecodeBatch.token_ids 1..7    K=7: the drafts the group's drafter proposed in step N
+    DecodeBatch.start_pos         K=7 after a verify: L + a, a = accept_chain of step N
+                                  (the same function the host runs on the same rows)
+
+The host's own update of step N stays the authority for what is delivered: it commits
+the same tokens and stores the same drafts, so a resolved input equals what lockstep would
+have sent, and the host rebuilds the step's verify drafts and start from its own state
+before it reads step N+1 (scheduled_step.reconcile).
+
+`LastSamples` is that record; ranks and in-process test meshes share it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from dspark_loop.contract.acceptance import accept_chain
 from dspark_loop.contract.protocol import PartitionPlan, as_i8, as_i32
 
-PLACEHOLDER = -1  # a decode row's input token: "the last token you sampled for this request"
+PLACEHOLDER = -1  # an input the ranks fill: "what your last step left for this request"
 
 
 class LastSamples:
-    """req_id -> the token the group last sampled for it (one prefill-final chunk or 1-row decode)."""
+    """Per req_id, what the group's last step left: the sampled token (last), the next
+    start after a verify (next_pos) and the drafter's next drafts (drafts, K=7)."""
 
     def __init__(self) -> None:
         self.last: dict[int, int] = {}
+        self.next_pos: dict[int, int] = {}
+        self.drafts: dict[int, np.ndarray] = {}  # req_id -> [K] int32
 
     def resolve(self, part: PartitionPlan) -> PartitionPlan:
         """part with every PLACEHOLDER input replaced (part itself when it has none).
         Call before running the step (after the plan's freed_req_ids were forgotten)."""
         for rid in part.freed_req_ids:
             self.last.pop(rid, None)
+            self.next_pos.pop(rid, None)
+            self.drafts.pop(rid, None)
         d = part.decode
         if d is None:
             return part
@@ -40,24 +52,35 @@ class LastSamples:
         holes = np.flatnonzero(tokens == PLACEHOLDER)  # [H] row indices
         if not len(holes):
             return part
+        req_ids = as_i32(d.req_ids)  # [R]
         rows = as_i8(d.num_rows).astype(np.int64)  # [R]
         first = np.cumsum(rows) - rows  # [R] each request's first row
         owner = np.searchsorted(first, holes, side="right") - 1  # [H] request index per hole
-        rids = as_i32(d.req_ids)[owner].tolist()  # [H]
-        try:
-            found = np.fromiter(map(self.last.__getitem__, rids), np.int32, len(rids))  # [H]
-        except KeyError as e:
-            raise ValueError(f"req {e.args[0]}: a placeholder input with no sample to resolve it") from None
+        offset = holes - first[owner]  # [H] 0: row 0, 1..K: draft offset-1
+        rids = req_ids[owner].tolist()  # [H]
         filled = tokens.copy()
-        filled[holes] = found
-        d2 = type(d)(d.req_ids, d.start_pos, d.num_rows, filled.tobytes())
+        try:
+            filled[holes] = [
+                self.last[r] if o == 0 else int(self.drafts[r][o - 1]) for r, o in zip(rids, offset.tolist())
+            ]
+        except KeyError as e:
+            raise ValueError(f"req {e.args[0]}: a placeholder input with nothing to resolve it") from None
+        start = as_i32(d.start_pos)  # [R]
+        open_ = np.flatnonzero(start == PLACEHOLDER)  # [O] requests whose start follows a verify
+        if len(open_):
+            start = start.copy()
+            try:
+                start[open_] = [self.next_pos[r] for r in req_ids[open_].tolist()]
+            except KeyError as e:
+                raise ValueError(f"req {e.args[0]}: a placeholder start with no verify to resolve it") from None
+        d2 = type(d)(d.req_ids, start.tobytes(), d.num_rows, filled.tobytes())
         out = type(part)(*[getattr(part, f) for f in part.__struct_fields__])
         out.decode = d2
         return out
 
     def run(self, part: PartitionPlan, execute) -> tuple[PartitionPlan, object]:
         """(the resolved part, execute(resolved part)) with the samples recorded: a rank's
-        or an in-process mesh's step."""
+        or an in-process mesh's step. At K=7 call record_drafts() after it."""
         part = self.resolve(part)
         tokens = execute(part)
         self.record(part, tokens)
@@ -65,7 +88,8 @@ class LastSamples:
 
     def record(self, part: PartitionPlan, tokens) -> None:
         """The step's sampled tokens (protocol order: sampling prefill chunks, then decode
-        rows); remembers each sampling chunk's token and each 1-row decode's token."""
+        rows) of the resolved part: each sampling chunk's and 1-row decode's token; a
+        verify's last accepted token and where the next window starts."""
         toks = np.asarray(tokens).reshape(-1)  # [num_sampled]
         d = part.decode
         rows = as_i8(d.num_rows) if d is not None else np.zeros(0, np.int8)  # [R]
@@ -79,12 +103,30 @@ class LastSamples:
                 i += 1
         if d is None or not len(rows):
             return
+        req_ids = as_i32(d.req_ids)  # [R]
         if rows.max() == 1:  # every decode is one row: the common K=0 step
-            last.update(zip(as_i32(d.req_ids).tolist(), toks[i:].tolist()))
+            last.update(zip(req_ids.tolist(), toks[i:].tolist()))
             return
-        for rid, n in zip(as_i32(d.req_ids).tolist(), rows.tolist()):
-            if n == 1:
-                last[rid] = int(toks[i])
-            else:  # a verify: its next input is not a single sample (no placeholder for it)
-                last.pop(rid, None)
-            i += n
+        preds = toks[i:]  # [sum(rows)]
+        rows64 = rows.astype(np.int64)
+        first = np.cumsum(rows64) - rows64  # [R]
+        a = np.ones(len(rows64), np.int64)  # [R] accepted rows (1 for a 1-row decode)
+        verify = rows64 > 1  # [R]
+        k1 = int(rows64[verify][0])
+        r = first[verify, None] + np.arange(k1)  # [V, K+1]
+        a[verify] = accept_chain(as_i32(d.token_ids)[r[:, 1:]], preds[r])
+        last.update(zip(req_ids.tolist(), preds[first + a - 1].tolist()))
+        vids = req_ids[verify]
+        self.next_pos.update(zip(vids.tolist(), (as_i32(d.start_pos)[verify] + a[verify]).tolist()))
+
+    def record_drafts(self, part: PartitionPlan, drafts) -> None:
+        """K=7: the drafter's next drafts of this step, (req_ids [n], drafts [n, K], ...) or
+        None; a request that ran but drafted nothing keeps none (so a placeholder for it
+        fails loudly instead of reading stale drafts)."""
+        if drafts is None:
+            return
+        if self.drafts and part.decode is not None:
+            for rid in as_i32(part.decode.req_ids).tolist():
+                self.drafts.pop(rid, None)
+        ids, toks = drafts[0], np.asarray(drafts[1])
+        self.drafts.update(zip(np.asarray(ids).tolist(), toks))

@@ -76,8 +76,8 @@ class EngineLoop:
         observers: list[EngineObserver] | None = None,
         async_scheduling: bool = False,
     ):
-        # async_scheduling: plan step N+1 while the ranks run step N (K=0; at K=7 the loop
-        # stays in lockstep: docs/architecture.md "Overlap")
+        # async_scheduling: plan step N+1 while the ranks run step N (docs/architecture.md
+        # "Overlap")
         self.async_scheduling = async_scheduling
         self.scheduler = scheduler
         self.mesh = mesh
@@ -252,8 +252,8 @@ class EngineLoop:
     # ---- the loop ------------------------------------------------------------------------
     @property
     def overlaps(self) -> bool:
-        """Whether steps are planned one ahead (async scheduling, and K=0)."""
-        return self.async_scheduling and self.scheduler.spec_k == 0
+        """Whether steps are planned one ahead (async scheduling)."""
+        return self.async_scheduling
 
     def _drain_inbox(self) -> None:
         """Step 1: new requests join the scheduler (aborts were applied when they happened)."""

@@ -73,6 +73,9 @@ class Request(VerifyCounts):
         "plain_commit",
         "plan_pos",
         "plan_pending",
+        "plan_open",
+        "plan_drafts",
+        "inflight_verify",
         "inflight_step",
         "inflight_end",
         "inflight_samples",
@@ -133,9 +136,15 @@ class Request(VerifyCounts):
         self.plain_commit = (detokenizer is None or detokenizer.plain) and not self.wants_logprobs
         # async scheduling (docs/architecture.md "Overlap"): the step being planned starts at
         # plan_pos, num_computed or where the step sent before it (not answered yet) leaves
-        # the request; plan_pending: its row-0 input is that step's sample (a placeholder)
+        # the request; plan_pending: its row-0 input is that step's sample (a placeholder).
+        # K=7 after a verify in flight: plan_open (the start is the ranks' L + a: a
+        # placeholder; plan_pos is the longest outcome's start, mapped for) and plan_drafts
+        # (the ranks draft after that step: a verify's rows 1..7 are placeholders too)
         self.plan_pos = 0
         self.plan_pending = False
+        self.plan_open = False
+        self.plan_drafts = False
+        self.inflight_verify = False  # those rows are a K=7 verify (up to K+1 tokens)
         self.inflight_step = -1  # the last sent step with rows of this request (-1: none)
         self.inflight_end = 0  # the position after those rows
         self.inflight_samples = False  # whether they sample a token (decode, or a prompt's last chunk)

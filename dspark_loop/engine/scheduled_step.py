@@ -9,7 +9,7 @@ import numpy as np
 
 from dspark_loop.contract.placeholders import PLACEHOLDER
 from dspark_loop.contract.protocol import DSPARK_K, DecodeBatch, StepPlan
-from dspark_loop.engine.request import Request
+from dspark_loop.engine.request import Request, Status
 
 
 @dataclass
@@ -22,6 +22,9 @@ class PartitionStep:
     decode_req_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [R]
     decode_leases: np.ndarray | None = None  # [R] K=7: the requests' drafter leases (draft table rows)
     verify_drafts: np.ndarray | None = None  # [V, K] the drafts of the requests with rows > 1
+    # async scheduling, K=7: decode requests (indices into decode_reqs) whose start and
+    # verify drafts the ranks filled (placeholders); reconcile() rebuilds them before reading
+    filled: np.ndarray | None = None  # [F]
 
     @property
     def num_sampled(self) -> int:
@@ -58,7 +61,9 @@ class ScheduledStep:
 
 def decode_batch(decodes: list[Request], pstep: PartitionStep, drafts: np.ndarray | None = None) -> DecodeBatch:
     """The wire DecodeBatch: row 0 = last token, rows 1.. = drafts when verifying.
-    drafts: the partition's draft table [L, K] (K=7), read at each verifying request's lease."""
+    drafts: the partition's draft table [L, K] (K=7), read at each verifying request's lease.
+    A request planned after an unanswered step (plan_pending) gets placeholders for what
+    that step decides: row 0, and at K=7 its drafts and, after a verify, its start."""
     n = len(decodes)
     rows = np.fromiter([r.sched_n for r in decodes], np.int8, n)  # [R]
     start = np.fromiter([r.plan_pos for r in decodes], np.int64, n)  # [R]
@@ -74,8 +79,11 @@ def decode_batch(decodes: list[Request], pstep: PartitionStep, drafts: np.ndarra
             tile = np.empty((n, k + 1), np.int32)
             tile[:, 0] = last
             tile[:, 1:] = drafts[leases]
+            pstep.verify_drafts = tile[:, 1:]  # [R, K] (a view: reconcile() writes the filled rows)
+            pending = last == PLACEHOLDER  # [R]
+            if pending.any():
+                tile[pending, 1:] = PLACEHOLDER
             tokens = tile.reshape(-1)  # [R * (K+1)]
-            pstep.verify_drafts = tile[:, 1:]  # [R, K]
         else:
             verify = rows > 1  # [R]
             rows64 = rows.astype(np.int64)
@@ -83,8 +91,17 @@ def decode_batch(decodes: list[Request], pstep: PartitionStep, drafts: np.ndarra
             tokens = np.empty(int(rows64.sum()), np.int32)  # [sum(rows)]
             tokens[first] = last
             vd = drafts[leases[verify]]  # [V, K]
-            tokens[first[verify, None] + np.arange(1, k + 1)] = vd
+            pending = last[verify] == PLACEHOLDER  # [V]
+            window = first[verify, None] + np.arange(1, k + 1)  # [V, K]
+            tokens[window] = vd
+            tokens[window[pending]] = PLACEHOLDER
             pstep.verify_drafts = vd
+            pending = verify & (last == PLACEHOLDER)  # [R]
+        if pending.any():  # K=7 with a step unanswered: the ranks fill these requests
+            pstep.filled = np.flatnonzero(pending)
+            start[pstep.filled] = [
+                PLACEHOLDER if decodes[j].plan_open else decodes[j].plan_pos for j in pstep.filled.tolist()
+            ]
     pstep.decode_rows = rows
     pstep.decode_start = start
     pstep.decode_req_ids = req_ids
@@ -97,22 +114,51 @@ def decode_batch(decodes: list[Request], pstep: PartitionStep, drafts: np.ndarra
     )
 
 
-def plan_positions(running: list[Request], inflight: int, spec_k: int) -> None:
+def reconcile(pstep: PartitionStep, draft_table: np.ndarray) -> None:
+    """K=7, before reading a step planned while the one before it flew: the verify drafts
+    and starts the ranks filled, rebuilt from the host's own state, which the earlier
+    step's update has brought to exactly what the ranks used (the same acceptance, the
+    same drafts). A request that ended meanwhile gets any row (its results are dropped)."""
+    j = pstep.filled
+    verify = pstep.decode_rows > 1  # [R]
+    vidx = (np.cumsum(verify) - 1)[j]  # [F] rows of verify_drafts
+    reqs = pstep.decode_reqs
+    live = [reqs[i].status == Status.RUNNING for i in j.tolist()]
+    for i, ok in zip(j.tolist(), live):
+        if ok and not reqs[i].has_drafts:
+            raise RuntimeError(f"{reqs[i]} verified drafts the host never received")
+    pstep.decode_start[j] = [reqs[i].num_computed for i in j.tolist()]
+    pstep.verify_drafts[vidx] = draft_table[pstep.decode_leases[j]]
+    pstep.filled = None
+
+
+def plan_positions(running: list[Request], inflight: int, spec_k: int, max_model_len: int) -> None:
     """Async scheduling, while step `inflight` is unanswered: where each running request's
     next rows start (plan_pos) and whether row 0's input is that step's sample
     (plan_pending: a PLACEHOLDER the ranks resolve); plan_pos -1: the request sits out.
+    K=7: after a verify the start is the ranks' (plan_open; plan_pos is the latest it can
+    be, so pages are mapped for the longest outcome) and the drafts are (plan_drafts).
     NOTE: a request sits out one step when its next rows need what the unanswered step
-    returns: K=7 (the accepted length and the drafts), a grammar mask over the new token,
-    or a token that may be its last (the length limit)."""
+    returns: a grammar mask over the new token, a token that may be its last (the length
+    limit), or at K=7 a verify window the ranks might have no drafts for (the ceiling)."""
+    k1 = spec_k + 1
     for req in running:
+        req.plan_open = req.plan_drafts = False
         if req.inflight_step != inflight:
             req.plan_pos, req.plan_pending = req.num_computed, False
         elif not req.inflight_samples:  # a prompt chunk that samples nothing: the next follows it
             req.plan_pos, req.plan_pending = req.inflight_end, False
-        elif spec_k or req.constraint is not None or len(req.output_ids) + 1 >= req.length_at:
+        elif req.constraint is not None or len(req.output_ids) + (k1 if req.inflight_verify else 1) >= req.length_at:
+            req.plan_pos, req.plan_pending = -1, False
+        elif spec_k and req.inflight_end + k1 > max_model_len and req.inflight_verify:
             req.plan_pos, req.plan_pending = -1, False
         else:
             req.plan_pos, req.plan_pending = req.inflight_end, True
+            if spec_k:
+                # NOTE: the ranks draft from an anchor at P iff P + K + 1 <= max_model_len;
+                # the anchor is at most inflight_end, so then the drafts surely exist
+                req.plan_open = req.inflight_verify
+                req.plan_drafts = req.inflight_end + k1 <= max_model_len
 
 
 def note_inflight(step: ScheduledStep) -> None:
@@ -121,5 +167,7 @@ def note_inflight(step: ScheduledStep) -> None:
     for pstep in step.partitions:
         for req, n, sample in pstep.prefills:
             req.inflight_step, req.inflight_end, req.inflight_samples = sid, req.plan_pos + n, sample
+            req.inflight_verify = False
         for req in pstep.decode_reqs:
             req.inflight_step, req.inflight_end, req.inflight_samples = sid, req.plan_pos + req.sched_n, True
+            req.inflight_verify = req.sched_n > 1

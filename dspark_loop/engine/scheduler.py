@@ -25,6 +25,7 @@ from dspark_loop.engine.scheduled_step import (
     decode_batch,
     note_inflight,
     plan_positions,
+    reconcile,
 )
 from dspark_loop.engine.spec_counters import SpecCounters
 from dspark_loop.engine.step_apply import StepApplier
@@ -202,7 +203,7 @@ class Scheduler:
     ) -> tuple[PartitionStep, PartitionPlan]:
         """One partition's share of the step, phase by phase."""
         if inflight >= 0:
-            plan_positions(part.running, inflight, self.spec_k)
+            plan_positions(part.running, inflight, self.spec_k, self.max_model_len)
         budget, prefilling = self._budget(part, inflight)
         updates: list[BlockUpdate] = []
         decodes, did_preempt = self._map(part, updates, preempted)
@@ -241,7 +242,12 @@ class Scheduler:
             if req.plan_pos < req.prefill_target:
                 req.sched_n = 0
                 prefilling.append(req)
-            elif spec_k and req.has_drafts and req.constraint is None and req.plan_pos <= verify_limit:
+            elif (
+                spec_k
+                and (req.plan_drafts if req.plan_pending else req.has_drafts)
+                and req.constraint is None
+                and req.plan_pos <= verify_limit
+            ):
                 if verify_n <= budget:
                     req.sched_n = verify_n
                     budget -= verify_n
@@ -272,6 +278,14 @@ class Scheduler:
             end = req.plan_pos + n
             if end > req.map_limit:
                 short = part.map(req, end, updates)
+                if short is not None and req.plan_pending:
+                    # NOTE: planned ahead, req maps for its longest outcome while its ring
+                    # pages behind the window are still held (released from num_computed):
+                    # it sits this step out rather than preempting anyone (or itself,
+                    # again and again, when alone at its capacity peak); the next plan, from
+                    # known positions, maps what lockstep would
+                    req.sched_n = 0
+                    continue
                 if short is not None:  # a pool is short: preempt from the tail
                     if not self._preempt_for(part, req, short, preempted):
                         break
@@ -343,6 +357,9 @@ class Scheduler:
         if step.step_id in self._unanswered:
             self._unanswered.remove(step.step_id)
         check_live = self._ended_in_step or step.overlapped or bool(self._unanswered)
+        for part, pstep in zip(self.partitions, step.partitions):
+            if pstep.filled is not None:
+                reconcile(pstep, part.drafts)
         updates = read_results(step, results, self.spec_k, self.max_model_len, check_live)
         for part, update in zip(self.partitions, updates):
             self.applier.apply(part, step, update, now, outputs)

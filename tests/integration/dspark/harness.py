@@ -34,9 +34,10 @@ class LocalMesh:
     async def step(self, plan) -> list[StepResult]:
         out = []
         for g, (runner, part) in enumerate(zip(self.runners, plan.partitions)):
-            _, tokens = self.samples[g].run(part, runner.execute)
+            part, tokens = self.samples[g].run(part, runner.execute)
             res = StepResult(plan.step_id, g, i32(tokens))
             drafts = runner.take_drafts()
+            self.samples[g].record_drafts(part, drafts)
             if drafts is not None:
                 res.draft_req_ids, res.draft_token_ids, res.draft_confidence = (
                     i32(drafts[0]),
@@ -78,7 +79,7 @@ def make_engine(
     test_drafter=None,
     enable_prefix_caching: bool = False,
     observers=None,
-    async_scheduling: bool = False,
+    async_scheduling: bool = True,
 ) -> tuple[EngineLoop, list[ModelRunner]]:
     cfg = ModelConfig.from_dir(path)
     rank_cfg = RankConfig(

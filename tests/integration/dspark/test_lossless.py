@@ -60,11 +60,14 @@ class Traces(EngineObserver):
 
 @pytest.fixture(scope="module")
 def reference(ckpt):
+    # NOTE: the reference is K=0 in lockstep (--no-async-scheduling); every other run of
+    # this suite plans one step ahead (the harness's default, as the server's)
     prompts, params = table()
-    first = run(ckpt, 0, prompts, params, max_model_len=MAX_MODEL_LEN, long_prefill_token_threshold=16)
+    kw = dict(max_model_len=MAX_MODEL_LEN, long_prefill_token_threshold=16, async_scheduling=False)
+    first = run(ckpt, 0, prompts, params, **kw)
     tok = Tokenizer.from_file(f"{ckpt}/tokenizer.json")
     prompts, params = table(first.tokens, tok)
-    ref = run(ckpt, 0, prompts, params, max_model_len=MAX_MODEL_LEN, long_prefill_token_threshold=16)
+    ref = run(ckpt, 0, prompts, params, **kw)
     return prompts, params, ref
 
 

@@ -26,8 +26,9 @@ def allowed_tokens() -> list[int]:
     return [i for i in range(2, tiny_tokenizer().get_vocab_size()) if i not in special]
 
 
-def make_mesh(sched: Scheduler, script=None) -> FakeMesh:
-    return FakeMesh(sched.layout, len(sched.partitions), allowed_tokens(), script)
+def make_mesh(sched: Scheduler, script=None, drafts: bool = False) -> FakeMesh:
+    """drafts: the ranks propose drafts (K=7) up to the scheduler's context ceiling."""
+    return FakeMesh(sched.layout, len(sched.partitions), allowed_tokens(), script, sched.max_model_len if drafts else 0)
 
 
 def prompt_ids(i: int, prompt_len: int) -> list[int]:

@@ -18,18 +18,25 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
+
+from dspark_loop.contract.acceptance import accept_chain
 from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.errors import EngineDead
 from dspark_loop.contract.placeholders import LastSamples
-from dspark_loop.contract.protocol import StepPlan, StepResult, as_i8, as_i32, i32
+from dspark_loop.contract.protocol import DSPARK_K, StepPlan, StepResult, as_i8, as_i32, f32, i32
 
 
 class FakeRank:
-    """One partition's TP leader."""
+    """One partition's TP leader. draft_len: K=7, a drafter that proposes the model's own
+    continuation of each anchor at P (with P + 8 <= draft_len, the context ceiling) with one
+    planted error at index (P + req_id) % 8 (7: none); 0: no drafter."""
 
-    def __init__(self, layout: CacheLayout, model):
+    def __init__(self, layout: CacheLayout, model, draft_len: int = 0):
         self.layout = layout
         self.model = model
+        self.draft_len = draft_len
+        self.drafts: tuple[list[int], np.ndarray] | None = None  # the last step's (req ids, [n, K])
         self.tables: dict[int, list[dict[int, int]]] = {}  # req_id -> family -> page -> block
         self.next_pos: dict[int, int] = {}  # req_id -> position after its committed rows
         self.store: list[dict[int, tuple]] = [{} for _ in layout.families]  # slot -> tag
@@ -38,7 +45,9 @@ class FakeRank:
         self.samples = LastSamples()  # placeholder inputs (async scheduling), as a rank
 
     def run(self, part) -> list[int]:
-        return self.samples.run(part, self._run)[1]
+        part, out = self.samples.run(part, self._run)
+        self.samples.record_drafts(part, self.drafts)
+        return out
 
     def _run(self, part) -> list[int]:
         for rid in part.freed_req_ids:
@@ -68,16 +77,39 @@ class FakeRank:
         for rid, start, toks, _ in segments:  # write first, as the real ranks do
             self.next_pos[rid] = start  # reads of this step reach back from here
             self._write(rid, start, toks, live)
-        out = []
+        out, anchors = [], []
         for rid, start, toks, sampled in segments:
             self._check_reads(rid, start)
+            preds = []
             for i in sampled:
                 p = start + i
                 prev = self._check_reads(rid, p)
-                out.append(self.model(toks[i], prev, p))
+                preds.append(self.model(toks[i], prev, p))
+            out += preds
             # NOTE: exact for prefill and 1-row decode; an upper bound for verify rows
             self.next_pos[rid] = start + len(toks)
+            if preds and self.draft_len:
+                a = 1 if len(preds) == 1 else int(accept_chain(np.array([toks[1:]]), np.array([preds]))[0])
+                end = start + len(toks) if len(preds) == 1 else start + a
+                anchors.append((rid, end, preds[a - 1], toks[-1] if len(preds) == 1 else toks[a - 1]))
+        if self.draft_len:
+            self.drafts = self._propose(anchors)
         return out
+
+    def _propose(self, anchors) -> tuple[list[int], np.ndarray]:
+        """The drafts [n, K] of anchors (req_id, position P, token at P, token at P - 1)."""
+        ids, rows = [], []
+        for rid, pos, tok, prev in anchors:
+            if pos + DSPARK_K + 1 > self.draft_len:
+                continue
+            chain = []
+            for j in range(DSPARK_K):
+                nxt = self.model(tok, prev, pos + j)
+                chain.append(nxt if j != (pos + rid) % 8 else (nxt + 1) % 50 + 2)
+                prev, tok = tok, chain[-1]
+            ids.append(rid)
+            rows.append(chain)
+        return ids, np.array(rows, np.int32).reshape(len(ids), DSPARK_K)
 
     def _slot(self, rid: int, fam, pos_or_row: int) -> tuple[int, int]:
         per = fam.rows_per_page
@@ -173,7 +205,7 @@ def default_model(allowed: list[int]):
 class FakeMesh:
     """`step(plan)` as the real mesh: one leader StepResult per partition."""
 
-    def __init__(self, layout: CacheLayout, num_partitions: int, allowed: list[int], script=None):
+    def __init__(self, layout: CacheLayout, num_partitions: int, allowed: list[int], script=None, draft_len: int = 0):
         base = default_model(allowed)
         self.script = script  # script(tok, prev, pos) -> token or None (use the model)
 
@@ -181,7 +213,7 @@ class FakeMesh:
             forced = self.script(tok, prev, pos) if self.script else None
             return base(tok, prev, pos) if forced is None else forced
 
-        self.ranks = [FakeRank(layout, model) for _ in range(num_partitions)]
+        self.ranks = [FakeRank(layout, model, draft_len) for _ in range(num_partitions)]
         self.dead: str | None = None
         self.fail_at_step: int | None = None  # raise EngineDead on this step id
         self.delay_s = 0.0
@@ -190,10 +222,15 @@ class FakeMesh:
     def run(self, plan: StepPlan) -> list[StepResult]:
         self.plans.append(plan)
         assert len(plan.partitions) == len(self.ranks)
-        return [
-            StepResult(plan.step_id, p, i32(rank.run(part)))
-            for p, (rank, part) in enumerate(zip(self.ranks, plan.partitions))
-        ]
+        results = []
+        for p, (rank, part) in enumerate(zip(self.ranks, plan.partitions)):
+            res = StepResult(plan.step_id, p, i32(rank.run(part)))
+            if rank.drafts is not None and rank.drafts[0]:
+                ids, drafts = rank.drafts
+                res.draft_req_ids, res.draft_token_ids = i32(ids), i32(drafts)
+                res.draft_confidence = f32(np.ones(drafts.shape, np.float32))
+            results.append(res)
+        return results
 
     async def step(self, plan: StepPlan) -> list[StepResult]:
         if self.fail_at_step is not None and plan.step_id >= self.fail_at_step:

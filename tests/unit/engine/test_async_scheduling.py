@@ -38,10 +38,17 @@ def eos_script(seed: int):
     return script
 
 
-async def run(seed: int, overlap: bool, abort_after: dict[str, int]):
+async def run(seed: int, overlap: bool, abort_after: dict[str, int], spec_k: int = 0, max_model_len: int = 256):
     # NOTE: few pages for 14 requests: partitions run dry and preempt while steps fly
-    sched = make_scheduler(num_partitions=2, max_num_seqs=8, num_blocks=[16, 8], max_num_batched_tokens=32)
-    mesh = make_mesh(sched, eos_script(seed))
+    sched = make_scheduler(
+        num_partitions=2,
+        max_num_seqs=8,
+        num_blocks=[16, 8],
+        max_num_batched_tokens=32,
+        spec_k=spec_k,
+        max_model_len=max_model_len,
+    )
+    mesh = make_mesh(sched, eos_script(seed), drafts=bool(spec_k))
     engine = EngineLoop(sched, mesh, tiny_tokenizer(), async_scheduling=overlap)
     engine.start()
     reqs, _ = workload(seed)
@@ -91,6 +98,30 @@ async def test_async_scheduling_gives_lockstep_tokens_under_random_finishes_abor
     assert placeholders > 0  # the overlap was exercised
     if seed == 0:
         assert num_preemptions > 0  # the workload preempts (checked once: it is deterministic per seed)
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_k7_overlap_gives_k0_tokens_under_random_finishes_aborts_and_preemptions(seed):
+    """K=7 with two steps in flight: the ranks run their own acceptance of step N and fill
+    the next window's start, row 0 and drafts; every request must still get exactly the
+    K=0 lockstep tokens (an aborted one a prefix), with verifies accepting 1..8 tokens
+    and windows that must start at a placeholder. A short context puts requests at the
+    position ceiling (fallback rows, sitting out) too."""
+    reqs, abort_after = workload(seed)
+    want, want_reasons, _, _ = await run(seed, False, {}, max_model_len=64)
+    lock, lock_reasons, _, _ = await run(seed, False, {}, spec_k=7, max_model_len=64)
+    assert (lock, lock_reasons) == (want, want_reasons)
+    got, reasons, num_preemptions, plans = await run(seed, True, abort_after, spec_k=7, max_model_len=64)
+    for g in reqs:
+        rid = g.request_id
+        if rid in abort_after and rid not in reasons:
+            assert got[rid] == want[rid][: len(got[rid])], rid
+        else:
+            assert (got[rid], reasons[rid]) == (want[rid], want_reasons[rid]), rid
+    open_starts = sum(
+        int((as_i32(p.decode.start_pos) == PLACEHOLDER).sum()) for plan in plans for p in plan.partitions if p.decode
+    )
+    assert open_starts > 0  # windows after an unanswered verify were planned
 
 
 async def test_a_request_with_a_grammar_constraint_sits_out_the_overlapped_step():
