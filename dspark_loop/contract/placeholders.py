@@ -57,22 +57,25 @@ class LastSamples:
         first = np.cumsum(rows) - rows  # [R] each request's first row
         owner = np.searchsorted(first, holes, side="right") - 1  # [H] request index per hole
         offset = holes - first[owner]  # [H] 0: row 0, 1..K: draft offset-1
-        rids = req_ids[owner].tolist()  # [H]
         filled = tokens.copy()
+        row0 = offset == 0  # [H] holes at row 0: the last sample
+        drafted = ~row0  # [H] holes at rows 1..K: the drafts
         try:
-            filled[holes] = [
-                self.last[r] if o == 0 else int(self.drafts[r][o - 1]) for r, o in zip(rids, offset.tolist())
-            ]
+            rids = req_ids[owner[row0]].tolist()
+            filled[holes[row0]] = np.fromiter(map(self.last.__getitem__, rids), np.int32, len(rids))
+            if drafted.any():
+                # one drafts row per request, not a lookup per hole (256 x 7 at the tile)
+                uniq, which = np.unique(owner[drafted], return_inverse=True)  # [U], [H']
+                table = np.stack(list(map(self.drafts.__getitem__, req_ids[uniq].tolist())))  # [U, K]
+                filled[holes[drafted]] = table[which, offset[drafted] - 1]
+            start = as_i32(d.start_pos)  # [R]
+            open_ = np.flatnonzero(start == PLACEHOLDER)  # [O] requests whose start follows a verify
+            if len(open_):
+                rids = req_ids[open_].tolist()
+                start = start.copy()
+                start[open_] = np.fromiter(map(self.next_pos.__getitem__, rids), np.int32, len(rids))
         except KeyError as e:
-            raise ValueError(f"req {e.args[0]}: a placeholder input with nothing to resolve it") from None
-        start = as_i32(d.start_pos)  # [R]
-        open_ = np.flatnonzero(start == PLACEHOLDER)  # [O] requests whose start follows a verify
-        if len(open_):
-            start = start.copy()
-            try:
-                start[open_] = [self.next_pos[r] for r in req_ids[open_].tolist()]
-            except KeyError as e:
-                raise ValueError(f"req {e.args[0]}: a placeholder start with no verify to resolve it") from None
+            raise ValueError(f"req {e.args[0]}: a placeholder with nothing to resolve it") from None
         d2 = type(d)(d.req_ids, start.tobytes(), d.num_rows, filled.tobytes())
         out = type(part)(*[getattr(part, f) for f in part.__struct_fields__])
         out.decode = d2

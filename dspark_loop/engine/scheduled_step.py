@@ -122,12 +122,11 @@ def reconcile(pstep: PartitionStep, draft_table: np.ndarray) -> None:
     j = pstep.filled
     verify = pstep.decode_rows > 1  # [R]
     vidx = (np.cumsum(verify) - 1)[j]  # [F] rows of verify_drafts
-    reqs = pstep.decode_reqs
-    live = [reqs[i].status == Status.RUNNING for i in j.tolist()]
-    for i, ok in zip(j.tolist(), live):
-        if ok and not reqs[i].has_drafts:
-            raise RuntimeError(f"{reqs[i]} verified drafts the host never received")
-    pstep.decode_start[j] = [reqs[i].num_computed for i in j.tolist()]
+    reqs = [pstep.decode_reqs[i] for i in j.tolist()]
+    for req in reqs:
+        if not req.has_drafts and req.status == Status.RUNNING:
+            raise RuntimeError(f"{req} verified drafts the host never received")
+    pstep.decode_start[j] = [r.num_computed for r in reqs]
     pstep.verify_drafts[vidx] = draft_table[pstep.decode_leases[j]]
     pstep.filled = None
 
@@ -142,23 +141,27 @@ def plan_positions(running: list[Request], inflight: int, spec_k: int, max_model
     returns: a grammar mask over the new token, a token that may be its last (the length
     limit), or at K=7 a verify window the ranks might have no drafts for (the ceiling)."""
     k1 = spec_k + 1
+    # NOTE: plan_open and plan_drafts are read only when plan_pending is set
     for req in running:
-        req.plan_open = req.plan_drafts = False
         if req.inflight_step != inflight:
             req.plan_pos, req.plan_pending = req.num_computed, False
         elif not req.inflight_samples:  # a prompt chunk that samples nothing: the next follows it
             req.plan_pos, req.plan_pending = req.inflight_end, False
         elif req.constraint is not None or len(req.output_ids) + (k1 if req.inflight_verify else 1) >= req.length_at:
             req.plan_pos, req.plan_pending = -1, False
-        elif spec_k and req.inflight_end + k1 > max_model_len and req.inflight_verify:
-            req.plan_pos, req.plan_pending = -1, False
+        elif not req.inflight_verify:
+            req.plan_pos, req.plan_pending, req.plan_open = req.inflight_end, True, False
+            # NOTE: the ranks draft from an anchor at P iff P + K + 1 <= max_model_len
+            req.plan_drafts = spec_k and req.inflight_end + k1 <= max_model_len
         else:
-            req.plan_pos, req.plan_pending = req.inflight_end, True
-            if spec_k:
-                # NOTE: the ranks draft from an anchor at P iff P + K + 1 <= max_model_len;
-                # the anchor is at most inflight_end, so then the drafts surely exist
-                req.plan_open = req.inflight_verify
-                req.plan_drafts = req.inflight_end + k1 <= max_model_len
+            # NOTE: every step before the unanswered one is applied, so that verify started
+            # at num_computed (its planned start may have been a placeholder); the longest
+            # outcome accepts all K+1 rows, and an anchor there still gets drafts
+            end = req.num_computed + k1
+            if end + k1 > max_model_len:
+                req.plan_pos, req.plan_pending = -1, False
+            else:
+                req.plan_pos, req.plan_pending, req.plan_open, req.plan_drafts = end, True, True, True
 
 
 def note_inflight(step: ScheduledStep) -> None:

@@ -160,3 +160,37 @@ async def test_a_request_with_a_grammar_constraint_sits_out_the_overlapped_step(
         if part.decode is not None and masked:
             ids, toks = as_i32(part.decode.req_ids), as_i32(part.decode.token_ids)
             assert not any(t == PLACEHOLDER for r, t in zip(ids, toks) if r in masked)
+
+
+async def test_k7_overlap_maps_pages_for_the_longest_outcome_and_no_further():
+    """A verify planned while the previous one flies must map pages up to its longest
+    outcome (the previous verify accepting all 8, then 8 rows): never more than 16
+    positions past where the ranks actually start it, and the request must never sit out
+    (one request, far from its limits)."""
+    sched = make_scheduler(spec_k=7, max_model_len=512, num_blocks=[64, 32])
+    mesh = make_mesh(sched, drafts=True)
+    rank = mesh.ranks[0]
+    swa = sched.layout.families[0]
+    mapped, reach, runs = [0], [], []
+    run_resolved = rank._run
+
+    def spy(part):
+        for u in part.block_updates:
+            if u.family == 0:
+                mapped[0] = max(mapped[0], (u.first_page + len(as_i32(u.block_ids))) * swa.tokens_per_page)
+        if part.decode is not None:
+            start = int(as_i32(part.decode.start_pos)[0])
+            reach.append(mapped[0] - start)
+        runs.append(part.decode is not None)
+        return run_resolved(part)
+
+    rank._run = spy
+    engine = EngineLoop(sched, mesh, tiny_tokenizer(), async_scheduling=True)
+    engine.start()
+    g = GenerateRequest("r", prompt_ids(1, 20), SamplingParams(max_tokens=120, ignore_eos=True))
+    got = [t async for o in engine.generate(g) for t in o.new_token_ids]
+    await engine.stop()
+    assert len(got) == 120
+    assert max(reach) <= 16 + swa.tokens_per_page  # pages are whole: up to one page of slack
+    first_decode = runs.index(True)
+    assert all(runs[first_decode : len(runs) - 3])  # no step without it until its last tokens
