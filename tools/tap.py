@@ -118,10 +118,30 @@ def summary(traces: list[StepTrace]) -> str:
     for a in range(1, max(hist, default=0) + 1):
         share = hist[a] / total
         lines.append(f"{a:>4} {hist[a]:>8} {100 * share:6.1f}%  {'#' * round(40 * share)}")
+    lines += overlap_lines(traces)
     lines += ["", "partition  prefill_tokens  decode_rows  free_blocks(last)"]
     for p, (prefill, rows, free) in enumerate(partition_load(traces)):
         lines.append(f"{p:>9}  {prefill:>14}  {rows:>11}  {free}")
     return "\n".join(lines) + "\n"
+
+
+def overlap_lines(traces: list[StepTrace]) -> list[str]:
+    """Async scheduling: steps planned ahead, the rows the ranks filled (placeholders),
+    the windows they started, and the rows wasted on requests that ended meanwhile."""
+    ahead = [t for t in traces if t.overlapped]
+    if not ahead:
+        return []
+    parts = [p for t in ahead for p in t.partitions]
+    rows = sum(p.decode_num_rows for p in parts)
+    wasted = sum(p.num_wasted_rows for p in parts)
+    return [
+        "",
+        f"overlap  steps planned ahead {len(ahead)}/{len(traces)}  "
+        f"placeholder rows {sum(p.num_placeholder_rows for p in parts)}/{rows}  "
+        f"open starts {sum(p.num_open_starts for p in parts)}  "
+        f"wasted rows {wasted} ({sum(len(p.wasted_req_ids) for p in parts)} requests, "
+        f"{100 * wasted / max(1, rows):.2f}%)",
+    ]
 
 
 # ---- live view ----

@@ -330,6 +330,11 @@ class PartitionTrace(msgspec.Struct, array_like=True):
     decode_num_rows: int = 0  # rows computed (sum over requests)
     free_blocks: list[int] = []  # per cache family
     leases_in_use: int = 0
+    # async scheduling: what the plan left to the ranks, and what the results showed
+    num_placeholder_rows: int = 0  # decode rows whose input the ranks filled (row 0, drafts)
+    num_open_starts: int = 0  # K=7 windows the ranks started at their own L + a
+    wasted_req_ids: list[int] = []  # decode requests that had ended (or were preempted) by the read
+    num_wasted_rows: int = 0  # their rows: computed, dropped
 
 
 class MeshRestart(msgspec.Struct, array_like=True):
@@ -367,6 +372,7 @@ class StepTrace(msgspec.Struct, array_like=True, tag=5):
     dropped_traces: int = 0  # traces the publisher dropped so far (full queue)
     accepted_num_drafts: list[int] = []  # per accepted_lens entry: drafts it verified (0 or 7)
     mesh_restart: MeshRestart | None = None  # set on the one trace published after a restart
+    overlapped: bool = False  # planned while the step before it was unanswered (async scheduling)
 
 
 TRACE_DECODER = msgspec.msgpack.Decoder(StepTrace)

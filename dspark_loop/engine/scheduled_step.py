@@ -25,6 +25,9 @@ class PartitionStep:
     # async scheduling, K=7: decode requests (indices into decode_reqs) whose start and
     # verify drafts the ranks filled (placeholders); reconcile() rebuilds them before reading
     filled: np.ndarray | None = None  # [F]
+    num_placeholder_rows: int = 0  # decode rows whose input is a PLACEHOLDER (the tap's view)
+    num_open_starts: int = 0  # K=7 windows whose start is a PLACEHOLDER
+    live: list[bool] | None = None  # per decode request, at the read: still running (None: all)
 
     @property
     def num_sampled(self) -> int:
@@ -73,6 +76,7 @@ def decode_batch(decodes: list[Request], pstep: PartitionStep, drafts: np.ndarra
     leases = None if drafts is None else np.fromiter([r.lease for r in decodes], np.int64, n)  # [R]
     if rows.max() == 1:
         tokens = last
+        pstep.num_placeholder_rows = int((last == PLACEHOLDER).sum())
     else:
         k = DSPARK_K
         if rows.min() > 1:  # every request verifies: [R, K+1] rows
@@ -97,11 +101,13 @@ def decode_batch(decodes: list[Request], pstep: PartitionStep, drafts: np.ndarra
             tokens[window[pending]] = PLACEHOLDER
             pstep.verify_drafts = vd
             pending = verify & (last == PLACEHOLDER)  # [R]
+        pstep.num_placeholder_rows = int((last == PLACEHOLDER).sum()) + k * int(pending.sum())
         if pending.any():  # K=7 with a step unanswered: the ranks fill these requests
             pstep.filled = np.flatnonzero(pending)
             start[pstep.filled] = [
                 PLACEHOLDER if decodes[j].plan_open else decodes[j].plan_pos for j in pstep.filled.tolist()
             ]
+            pstep.num_open_starts = int((start == PLACEHOLDER).sum())
     pstep.decode_rows = rows
     pstep.decode_start = start
     pstep.decode_req_ids = req_ids

@@ -16,6 +16,7 @@ def step_trace(sched: Scheduler, step: ScheduledStep, results, num_waiting: int,
     """wall: time.time() at the step's start; t0..t4: perf_counter() at its phase edges."""
     parts = []
     for p, ps in enumerate(step.partitions):
+        wasted = [] if ps.live is None or all(ps.live) else [j for j, ok in enumerate(ps.live) if not ok]
         parts.append(
             PartitionTrace(
                 prefill_req_ids=[r.req_id for r, _, _ in ps.prefills],
@@ -24,6 +25,10 @@ def step_trace(sched: Scheduler, step: ScheduledStep, results, num_waiting: int,
                 decode_num_rows=int(ps.decode_rows.sum()),
                 free_blocks=sched.num_free_blocks(p),
                 leases_in_use=sched.partitions[p].leases.num_in_use if sched.partitions[p].leases else 0,
+                num_placeholder_rows=ps.num_placeholder_rows,
+                num_open_starts=ps.num_open_starts,
+                wasted_req_ids=[ps.decode_reqs[j].req_id for j in wasted],
+                num_wasted_rows=int(ps.decode_rows[wasted].sum()) if wasted else 0,
             )
         )
     compute = [r.compute_s for r in results] or [0.0]
@@ -47,6 +52,7 @@ def step_trace(sched: Scheduler, step: ScheduledStep, results, num_waiting: int,
         finished_reasons=[r.finish_reason or "" for r in step.finished],
         num_running=sched.num_running,
         num_waiting=num_waiting,
+        overlapped=step.overlapped,
     )
 
 

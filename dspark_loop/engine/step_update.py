@@ -89,6 +89,7 @@ def _read_decode(
     """tokens: [sum(rows)] the decode rows' predictions, row-major per request."""
     reqs = pstep.decode_reqs
     live = [r.status == Status.RUNNING for r in reqs] if check_live else None  # False: ended meanwhile
+    pstep.live = live
     ids = pstep.decode_req_ids.tolist()
     n = len(reqs)
     if not spec_k:  # K=0: one token per request, in order

@@ -194,3 +194,44 @@ async def test_k7_overlap_maps_pages_for_the_longest_outcome_and_no_further():
     assert max(reach) <= 16 + swa.tokens_per_page  # pages are whole: up to one page of slack
     first_decode = runs.index(True)
     assert all(runs[first_decode : len(runs) - 3])  # no step without it until its last tokens
+
+
+async def test_the_tap_shows_the_planned_and_the_reconciled_k7_step():
+    """Each trace of a step planned ahead must say so and count what the plan left to the
+    ranks (placeholder rows, open window starts); once read, the rows of requests that had
+    ended meanwhile must be reported as wasted, only for requests that finished before;
+    the replay summary must report them."""
+    from dspark_loop.engine.observer import EngineObserver
+    from tools.tap import summary
+
+    class Recorder(EngineObserver):
+        def __init__(self):
+            self.traces = []
+
+        def on_step(self, trace):
+            self.traces.append(trace)
+
+    sched = make_scheduler(spec_k=7, num_partitions=2, max_num_seqs=8, num_blocks=[64, 32])
+    rec = Recorder()
+    engine = EngineLoop(sched, make_mesh(sched, eos_script(3), drafts=True), tiny_tokenizer(), [rec], True)
+    engine.start()
+
+    async def one(i: int) -> None:
+        g = GenerateRequest(f"r{i}", prompt_ids(i, 12), SamplingParams(max_tokens=100))
+        async for _ in engine.generate(g):
+            pass
+
+    await asyncio.gather(*(one(i) for i in range(8)))
+    await engine.stop()
+    await asyncio.sleep(0)
+    ahead = [t for t in rec.traces if t.overlapped]
+    parts = [p for t in ahead for p in t.partitions]
+    assert sum(p.num_placeholder_rows for p in parts) > 0 and sum(p.num_open_starts for p in parts) > 0
+    finished_by: dict[int, int] = {}
+    for t in rec.traces:
+        for rid in t.finished_req_ids:
+            finished_by.setdefault(rid, t.step_id)
+    wasted = [(t.step_id, rid) for t in ahead for p in t.partitions for rid in p.wasted_req_ids]
+    assert wasted and all(finished_by[rid] < sid for sid, rid in wasted)
+    assert sum(p.num_wasted_rows for p in parts) >= len(wasted)
+    assert "wasted rows" in summary(rec.traces)
