@@ -2,13 +2,17 @@
 process (one runner, LocalComm), greedy, on the manifest's held-out Python prompts.
 
     python -m tools.bench_demo [--streams 1 4 16] [--max-tokens 64] [--model DIR] [--json FILE]
+                               [--async-scheduling off|on|both]
 
 Per stream count (all held-out prompts, in rounds of that many streams): per-user tok/s
 (output tokens / (finish - arrival), mean over users), total tok/s (all output tokens /
 wall), mean accepted length per verify, acceptance per draft position (P(draft s and all
 before it match)), and step costs: a K=0 decode step (1 row per request), a K=7 step
 (8-row verify + the drafter pass) and the drafter pass alone. K=7 tokens are checked
-against K=0 (speculation must never change them).
+against K=0 (speculation must never change them). --async-scheduling both runs every
+round with the engine planning one step ahead and in lockstep, checks the tokens are the
+same and reports tok/s on / off per K (one in-process runner shares the engine's thread
+and cores, so no gain is expected here: the figure to watch is "no loss").
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from tokenizers import Tokenizer
 from dspark_loop.config.default_model import DEMO_DIR, DEMO_MANIFEST
 from dspark_loop.contract.acceptance import accept_chain
 from dspark_loop.contract.model_config import ModelConfig
+from dspark_loop.contract.placeholders import LastSamples
 from dspark_loop.contract.protocol import RankConfig, StepResult, as_i8, as_i32, f32, i32
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
@@ -38,10 +43,12 @@ K = 7
 
 class TimedMesh:
     """mesh.step() over one in-process runner; times every step and tallies each verify's
-    matched drafts (the host's accept_chain on the plan's drafts and the step's tokens)."""
+    matched drafts (the host's accept_chain on the plan's drafts and the step's tokens).
+    Placeholder inputs (async scheduling) are filled as a rank fills them."""
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
+        self.samples = LastSamples()
         self.dead: str | None = None  # EngineLoop reads it (an in-process mesh never dies)
         self.step_s: list[tuple[int, float]] = []  # (rows per decode request, seconds) of decode-only steps
         self.drafter_s: list[float] = []
@@ -57,9 +64,10 @@ class TimedMesh:
             runner.spec.after_forward = timed
 
     async def step(self, plan):
-        part = plan.partitions[0]
         t0 = time.perf_counter()
-        tokens = self.runner.execute(part)
+        part, tokens = self.samples.run(plan.partitions[0], self.runner.execute)
+        drafts = self.runner.take_drafts()
+        self.samples.record_drafts(part, drafts)
         dt = time.perf_counter() - t0
         d = part.decode
         if d is not None and not part.prefills:
@@ -72,14 +80,13 @@ class TimedMesh:
                     self.matched[int(a) - 1] += 1
                 li, cu = li + k, cu + k
         res = StepResult(plan.step_id, 0, i32(tokens))
-        drafts = self.runner.take_drafts()
         if drafts is not None:
             res.draft_req_ids, res.draft_token_ids = i32(drafts[0]), i32(drafts[1])
             res.draft_confidence = f32(drafts[2])
         return [res]
 
 
-def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int) -> dict:
+def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, async_scheduling: bool = False) -> dict:
     cfg = ModelConfig.from_dir(path)
     n = len(prompts)
     longest = max(map(len, prompts)) + max_tokens + 8
@@ -96,7 +103,8 @@ def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int) -> 
     )
     mesh = TimedMesh(runner)
     sched = model_scheduler(cfg, BLOCK, runner.num_blocks, max_num_seqs=n, spec_k=spec_k)
-    engine = EngineLoop(sched, mesh, Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
+    tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+    engine = EngineLoop(sched, mesh, tok, async_scheduling=async_scheduling)
 
     async def main():
         engine.start()
@@ -166,7 +174,14 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=DEMO_DIR, help="a demo checkpoint directory with manifest.json")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None, help="also write the figures here")
+    ap.add_argument(
+        "--async-scheduling",
+        choices=("off", "on", "both"),
+        default="off",
+        help="plan each step while the previous one runs; both: lockstep and ahead, compared",
+    )
     args = ap.parse_args(argv)
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.async_scheduling]
     torch.set_num_threads(args.threads)
     tok = Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
     pool = heldout_prompts(args.model, tok)
@@ -174,15 +189,18 @@ def main(argv=None) -> int:
     rows = []
     for n in args.streams:
         # NOTE: every count sees all the held-out prompts: len(pool) // n rounds of n streams
-        k0, k7 = [], []
+        runs = {(k, a): [] for k in (0, K) for a in modes}
         for r in range(max(1, len(pool) // n)):
             prompts = [pool[(r * n + i) % len(pool)] for i in range(n)]
-            k0.append(bench(args.model, 0, prompts, args.max_tokens))
-            k7.append(bench(args.model, K, prompts, args.max_tokens))
-        k0, k7 = merge(k0), merge(k7)
+            for a in modes:  # NOTE: interleaved, so a load change on a shared box hits both
+                for k in (0, K):
+                    runs[k, a].append(bench(args.model, k, prompts, args.max_tokens, a))
+        merged = {key: merge(v) for key, v in runs.items()}
+        k0, k7 = merged[0, modes[0]], merged[K, modes[0]]
         same = k7["outputs"] == k0["outputs"]
         row = {
             "streams": n,
+            "async_scheduling": modes[0],
             "k0_per_user_tok_s": k0["per_user_tok_s"],
             "k0_total_tok_s": k0["total_tok_s"],
             "k7_per_user_tok_s": k7["per_user_tok_s"],
@@ -197,6 +215,12 @@ def main(argv=None) -> int:
             "verify_step_cost_vs_1row": k7["step_ms"] / k0["step_ms"] if k0["step_ms"] else None,
             "tokens_equal": same,
         }
+        if len(modes) == 2:  # on vs off, per K
+            for k in (0, K):
+                on, off = merged[k, True], merged[k, False]
+                row[f"k{k}_on_total_tok_s"] = on["total_tok_s"]
+                row[f"k{k}_on_over_off"] = on["total_tok_s"] / off["total_tok_s"]
+                row["tokens_equal"] = row["tokens_equal"] and on["outputs"] == k0["outputs"]
         rows.append(row)
         print(
             f"{n:2d} streams  K=0 per-user {row['k0_per_user_tok_s']:6.1f} "
@@ -208,6 +232,13 @@ def main(argv=None) -> int:
             flush=True,
         )
         print(f"           acceptance per position {row['acceptance_per_position']}", flush=True)
+        if len(modes) == 2:
+            print(
+                f"           async scheduling on/off: K=0 {row['k0_on_over_off']:.3f}x "
+                f"({row['k0_on_total_tok_s']:.1f} tok/s)  K=7 {row['k7_on_over_off']:.3f}x "
+                f"({row['k7_on_total_tok_s']:.1f} tok/s)  | tokens on == off: {row['tokens_equal']}",
+                flush=True,
+            )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"max_tokens": args.max_tokens, "threads": args.threads, "rows": rows}, f, indent=1)

@@ -251,9 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     a(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="plan step N+1 while the ranks run step N (pipeline depth 2; K=0 only, K=7 "
-        "stays in lockstep); off by default",
+        default=True,
+        help="plan step N+1 while the ranks run step N (pipeline depth 2: inputs the plan "
+        "does not know yet are placeholders the ranks fill; K=0 and K=7); on by default",
     )
     a(
         "--speculative-config",

@@ -74,7 +74,7 @@ class EngineLoop:
         mesh: MeshClient,
         tokenizer,
         observers: list[EngineObserver] | None = None,
-        async_scheduling: bool = False,
+        async_scheduling: bool = True,
     ):
         # async_scheduling: plan step N+1 while the ranks run step N (docs/architecture.md
         # "Overlap")

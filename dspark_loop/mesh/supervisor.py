@@ -46,7 +46,7 @@ class MeshSupervisor:
         tokenizer,
         observers: list[EngineObserver],
         budget: RestartBudget,
-        async_scheduling: bool = False,
+        async_scheduling: bool = True,
     ):
         self.async_scheduling = async_scheduling
         self.new_mesh = new_mesh  # -> an unstarted Mesh

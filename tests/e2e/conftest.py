@@ -33,8 +33,10 @@ def server4(tiny_ckpt):
 
 @pytest.fixture(scope="session")
 def server1(tiny_ckpt):
-    """One rank: the reference topology, and the cheap place for long requests."""
-    server = ServerProcess(["--model", tiny_ckpt])
+    """One rank: the reference topology, and the cheap place for long requests. NOTE: in
+    lockstep (--no-async-scheduling): the served suites compare the other servers, which
+    plan one step ahead (the default), with it."""
+    server = ServerProcess(["--model", tiny_ckpt, "--no-async-scheduling"])
     yield server
     code = server.stop()
     assert code == 0, server.log()[-4000:]
