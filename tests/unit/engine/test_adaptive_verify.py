@@ -10,24 +10,7 @@ from dspark_loop.contract.protocol import DSPARK_K, as_i8
 from dspark_loop.engine.verify_policy import FullVerify, VerifyChoice
 from tests.unit.engine.drafting_mesh import DraftingMesh
 from tests.unit.engine.factories import allowed_tokens, make_mesh, make_requests, make_scheduler, run_step
-
-
-class RandomPolicy:
-    """Random verify lengths in 0..cap and random drafter skips (a seeded Generator)."""
-
-    def __init__(self, seed: int, p_draft: float = 0.7):
-        self.rng = np.random.default_rng(seed)
-        self.p_draft = p_draft
-        self.calls: list[tuple[np.ndarray, np.ndarray, np.ndarray, VerifyChoice]] = []
-        self.observed: list[tuple] = []
-
-    def choose(self, conf, cap, partition):
-        choice = VerifyChoice(self.rng.integers(0, cap + 1).astype(np.int32), self.rng.random(len(cap)) < self.p_draft)
-        self.calls.append((conf.copy(), cap.copy(), partition.copy(), choice))
-        return choice
-
-    def observe(self, num_rows, num_requests, num_drafted, context, step_s):
-        self.observed.append((num_rows, num_requests, num_drafted, context, step_s))
+from tests.unit.engine.random_policy import RandomPolicy
 
 
 def run_all(sched, mesh, reqs, abort_at: dict[str, int] | None = None, max_steps: int = 2000):
@@ -173,3 +156,37 @@ def test_a_request_capped_at_zero_drafts_never_verifies_nor_drafts_after_its_pro
     assert got == run_all(ref_sched, make_mesh(ref_sched), make_requests(ref_sched, 2, prompt_len=8, max_tokens=40))
     assert a.num_verify_steps == 0 and a.num_drafter_skips > 0
     assert b.num_verify_steps > 0 and sched.num_capped == 0
+
+
+def test_the_step_trace_counts_verify_rows_and_drafter_skips_and_the_policy_observes_each_step():
+    """PartitionTrace.verify_rows must be the rows of the requests that verified (1 + l
+    each) and num_drafter_skips the masked requests; the policy must observe every step
+    (rows per partition as planned)."""
+    from dspark_loop.engine.step_trace import step_trace
+
+    policy = RandomPolicy(9, p_draft=0.5)
+    sched = make_scheduler(spec_k=7, policy=policy, num_partitions=2, max_model_len=200)
+    mesh = DraftingMesh(sched.layout, 2, allowed_tokens(), 200, seed=9)
+    for r in make_requests(sched, 6, prompt_len=8, max_tokens=40):
+        sched.add(r)
+    seen_rows = seen_skips = 0
+    for _ in range(15):
+        step = sched.schedule()
+        results = mesh.run(step.plan)
+        sched.update(step, results)
+        sched.observe_step(step, results, 0.01)
+        trace = step_trace(sched, step, results, 0, 0.0, 0, 0, 0, 0, 0)
+        for pt, part in zip(trace.partitions, step.plan.partitions):
+            rows = as_i8(part.decode.num_rows) if part.decode else np.zeros(0, np.int8)
+            mask = np.frombuffer(part.decode.draft_mask, np.uint8) if part.decode and part.decode.draft_mask else None
+            assert pt.verify_rows == int(rows[rows > 1].sum())
+            assert pt.num_drafter_skips == (0 if mask is None else int((mask == 0).sum()))
+            seen_rows += pt.verify_rows
+            seen_skips += pt.num_drafter_skips
+        num_rows = policy.observed[-1][0]
+        assert num_rows.tolist() == [
+            sum(len(c.token_ids) // 4 for c in p.prefills) + (int(as_i8(p.decode.num_rows).sum()) if p.decode else 0)
+            for p in step.plan.partitions
+        ]
+    assert seen_rows > 0 and seen_skips > 0
+    assert sched.spec.num_drafter_skips == seen_skips
