@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from dspark_loop.contract.protocol import GREEDY_BELOW
+from dspark_loop.contract.protocol import DSPARK_K, GREEDY_BELOW
 
 
 @dataclass
@@ -32,8 +32,7 @@ class SamplingParams:
     choice: int = 0  # n > 1: this choice's index (same seed, its own noise)
     logprobs: int = -1  # -1: none; N >= 0: each new token's logprob + the top N
     prompt_logprobs: int = -1  # the same for the prompt's tokens (echo + logprobs)
-    # K=7: the most drafts this request verifies per step (0: no speculation); None: all 7
-    max_draft_tokens: int | None = None
+    max_draft_tokens: int = DSPARK_K  # K=7: at most this many drafts verified per step (0: off)
 
     @property
     def needs_sampling_spec(self) -> bool:
