@@ -290,12 +290,12 @@ class EngineLoop:
                 # 5. update
                 outputs = sched.update(step, results)
                 t3 = time.perf_counter()
-                if results and sched.observes_steps:
-                    sched.observe_step(step, results, t2 - t1)
                 # 6. deliver
                 self._deliver(outputs)
                 t4 = time.perf_counter()
                 self.num_steps += 1
+                if results and sched.observes_steps:  # the verify policy learns the step's cost
+                    sched.observe_step(step, results, t2 - t1)
                 self._observe(step, results, wall, t0, t1, t2, t3, t4)
                 if step.is_empty and not outputs:
                     # nothing could run (e.g. every queue waits on pages): do not spin
