@@ -162,8 +162,9 @@ class EngineLoop:
         )
 
     def cache_stats(self) -> dict:
-        """Read-only: free/total pages per family per partition and what still holds pages
-        (live requests, open output channels); once idle, free == total everywhere."""
+        """Read-only: free/total pages per family per partition, its queues and the tokens its
+        live requests hold, and what still holds pages (live requests, open output channels);
+        once idle, free == total everywhere."""
         sched = self.scheduler
         return {
             "families": [f.name for f in sched.layout.families],
@@ -173,6 +174,8 @@ class EngineLoop:
                     "total": [pool.num_blocks for pool in p.cache.pools],
                     "num_running": len(p.running),
                     "num_waiting": len(p.waiting),
+                    # tokens held by the live requests (prompt + output so far): api/server_info.py
+                    "num_tokens": sum(r.prompt_len + len(r.output_ids) for q in (p.running, p.waiting) for r in q),
                 }
                 for p in sched.partitions
             ],
