@@ -109,6 +109,7 @@ class PartitionLoad(msgspec.Struct):
     num_waiting_reqs: int
     num_total_reqs: int
     num_used_tokens: int  # tokens held by the partition's live requests (prompt + output so far)
+    num_waiting_uncached_tokens: int  # tokens the waiting requests have still to compute
     max_total_num_tokens: int  # KV capacity in tokens: the scarcest full-history family
     token_usage: float  # pages in use / pages, all families (vllm:kv_cache_usage_perc)
     max_running_requests: int
@@ -230,6 +231,7 @@ class ServerInfoRoutes:
                         num_waiting_reqs=p["num_waiting"],
                         num_total_reqs=p["num_running"] + p["num_waiting"],
                         num_used_tokens=p.get("num_tokens", 0),
+                        num_waiting_uncached_tokens=p.get("num_waiting_tokens", 0),
                         max_total_num_tokens=self.token_capacity(p["total"]),
                         token_usage=sum(used) / pages if pages else 0.0,
                         max_running_requests=per_partition_seqs,

@@ -174,8 +174,10 @@ class EngineLoop:
                     "total": [pool.num_blocks for pool in p.cache.pools],
                     "num_running": len(p.running),
                     "num_waiting": len(p.waiting),
-                    # tokens held by the live requests (prompt + output so far): api/server_info.py
+                    # tokens of the live requests (prompt + output so far), and those the waiting ones
+                    # have still to compute: the load a router reads (api/server_info.py)
                     "num_tokens": sum(r.prompt_len + len(r.output_ids) for q in (p.running, p.waiting) for r in q),
+                    "num_waiting_tokens": sum(r.prompt_len + len(r.output_ids) - r.num_computed for r in p.waiting),
                 }
                 for p in sched.partitions
             ],

@@ -20,8 +20,22 @@ def two_partitions() -> dict:
     return {
         "families": ["swa", "c4", "c16"],
         "partitions": [
-            {"free": [10, 6, 7], "total": [16, 8, 8], "num_running": 2, "num_waiting": 1, "num_tokens": 300},
-            {"free": [16, 8, 8], "total": [16, 8, 8], "num_running": 0, "num_waiting": 0, "num_tokens": 0},
+            {
+                "free": [10, 6, 7],
+                "total": [16, 8, 8],
+                "num_running": 2,
+                "num_waiting": 1,
+                "num_tokens": 300,
+                "num_waiting_tokens": 40,
+            },
+            {
+                "free": [16, 8, 8],
+                "total": [16, 8, 8],
+                "num_running": 0,
+                "num_waiting": 0,
+                "num_tokens": 0,
+                "num_waiting_tokens": 0,
+            },
         ],
         "num_requests": 3,
         "num_open_streams": 3,
@@ -45,9 +59,10 @@ async def get_json(client, path: str, headers: dict | None = None) -> dict:
 
 async def test_loads_report_each_partition_in_sglangs_shape_from_the_engines_own_counts():
     """/loads, /v1/loads and /get_load must answer the same SGLang load report: one entry
-    per DP partition with its running/waiting requests, the tokens its requests hold, its
-    token capacity (the scarcest full-history family: pages x tokens per page), its page
-    usage per family, and the server-wide sums."""
+    per DP partition with its running/waiting requests, the tokens its requests hold and
+    those its waiting ones have still to compute, its token capacity (the scarcest
+    full-history family: pages x tokens per page), its page usage per family, and the
+    server-wide sums."""
     tokens_per_page = [f.tokens_per_page for f in CacheLayout.for_model(tiny_model_config(), 32).families]
     async with serving(running_engine(), **TOPOLOGY) as client:
         bodies = [await get_json(client, p) for p in ("/loads?model=" + MODEL, "/v1/loads", "/get_load")]
@@ -60,6 +75,7 @@ async def test_loads_report_each_partition_in_sglangs_shape_from_the_engines_own
     busy, idle = body["loads"]
     assert (busy["num_running_reqs"], busy["num_waiting_reqs"], busy["num_total_reqs"]) == (2, 1, 3)
     assert busy["num_used_tokens"] == 300 and idle["num_used_tokens"] == 0
+    assert busy["num_waiting_uncached_tokens"] == 40 and idle["num_waiting_uncached_tokens"] == 0
     assert busy["max_total_num_tokens"] == min(8 * tokens_per_page[1], 8 * tokens_per_page[2])
     assert busy["pages_used"] == [6, 2, 1] and busy["pages_free"] == [10, 6, 7]
     assert busy["token_usage"] == pytest.approx(9 / 32) and idle["token_usage"] == 0.0
