@@ -2,6 +2,7 @@
 
 r = SmgRouter([a.url, b.url], "cache_aware")   waits until smg holds both as healthy
 r.url   r.workers() -> {worker url: smg's record}   r.healthy(url)   r.log()   r.stop()
+r.metric("smg_worker_retries_total") -> the sum of its samples on smg's Prometheus port
 smg_binary() -> its path, or None (the tests skip then)
 
 Health is probed every second (smg's default is 60 s) and loads polled every second, so
@@ -37,7 +38,9 @@ class SmgRouter:
         self.log_path = os.path.join("/tmp", f"dspark-e2e-smg-{self.port}.log")
         self._log = open(self.log_path, "w+")
         args = [smg_binary() or "smg", "launch", "--host", "127.0.0.1", "--port", str(self.port)]
-        args += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+        metrics_port = free_port()
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        args += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]
         args += ["--worker-urls", *self.worker_urls, "--policy", policy, *FAST_PROBES, *extra]
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ})
         self.wait_healthy(self.worker_urls, timeout_s)
@@ -49,6 +52,17 @@ class SmgRouter:
                 return {w["url"]: w for w in json.loads(r.read())["workers"]}
         except (urllib.error.URLError, ConnectionError, OSError, ValueError):
             return {}
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of smg's samples of `name` whose labels include `labels`."""
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
+            text = r.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            head, _, value = line.rpartition(" ")
+            if head.split("{")[0] == name and all(f'{k}="{v}"' in head for k, v in labels.items()):
+                total += float(value)
+        return total
 
     def healthy(self, url: str) -> bool:
         w = self.workers().get(url)

@@ -215,8 +215,8 @@ async def test_sigterm_on_a_replica_finishes_its_streams_while_smg_sends_new_req
     """SIGTERM on a replica holding streams (smg round_robin, so new requests are offered
     to it too): every stream on either replica must end with all its tokens and [DONE] and
     no error, every new request sent during the drain must succeed on the other replica
-    (smg retries the draining one's 503 and its health check then drops it), and the
-    drained replica must exit 0."""
+    (the draining one refuses those offered to it with 503, smg retries them, and its health
+    check then drops the replica), and the drained replica must exit 0."""
     pair = await asyncio.to_thread(Replicas, tiny_ckpt, "--shutdown-timeout", "120")
     router = None
     try:
@@ -247,6 +247,9 @@ async def test_sigterm_on_a_replica_finishes_its_streams_while_smg_sends_new_req
             await asyncio.sleep(0.25)
         notice_s = await noticed
         failed = [r for r in results if r[1] != 200]
+        refused = await asyncio.to_thread(router.metric, "smg_router_upstream_responses_total", status_code="503")
+        retried = await asyncio.to_thread(router.metric, "smg_worker_retries_total")
+        print(f"\ndrain: the draining replica refused {refused:g} offered requests, smg retried {retried:g}")
         print(f"\ndrain: smg marked the draining replica unhealthy after {notice_s:.1f} s; new requests {results}")
         events = await asyncio.wait_for(asyncio.gather(*streams), 180)
         for ev in events:
@@ -259,6 +262,7 @@ async def test_sigterm_on_a_replica_finishes_its_streams_while_smg_sends_new_req
         )
         assert served == {0, 1}  # the drained replica really had streams to finish
         assert failed == [] and {r[2] for r in results} == {1 - victim_index}, results
+        assert refused >= 1 and retried >= refused  # requests did meet the draining replica first
         assert await asyncio.to_thread(victim.proc.wait, 120) == 0, victim.log()[-3000:]
         assert pools_full(survivor.wait_idle(30))
     finally:
@@ -292,12 +296,14 @@ async def test_after_sigkill_on_a_replica_smg_fails_no_request_and_nothing_hangs
             if noticed_at is None and not await asyncio.to_thread(router.healthy, victim.url):
                 noticed_at = time.monotonic() - t0
             await asyncio.sleep(0.1)
+        retried = await asyncio.to_thread(router.metric, "smg_worker_retries_total")
         before = [r for r in results if r[0] <= noticed_at]
         after = [r for r in results if r[0] > noticed_at]
         print(
             f"\nfailover: smg noticed the killed replica after {noticed_at:.1f} s; requests before "
             f"{len(before)} (failed {len([r for r in before if r[1] != 200])}), after {len(after)} "
-            f"(failed {len([r for r in after if r[1] != 200])}); slowest answer {max(r[3] for r in results):.2f} s"
+            f"(failed {len([r for r in after if r[1] != 200])}); smg retried {retried:g}; "
+            f"slowest answer {max(r[3] for r in results):.2f} s"
         )
         assert [r for r in results if r[1] != 200] == [], results
         assert {r[2] for r in after} == {1}, after
