@@ -25,9 +25,9 @@ import msgspec
 from aiohttp import web
 
 from dspark_loop.api.gate import AdmissionGate
-from dspark_loop.cache_layout import CacheLayout
-from dspark_loop.config import ServerConfig
-from dspark_loop.model_config import ModelConfig
+from dspark_loop.config.server_config import ServerConfig
+from dspark_loop.contract.cache_layout import CacheLayout
+from dspark_loop.contract.model_config import ModelConfig
 
 # the routes this module answers (auth.py keeps them open unless told otherwise)
 ROUTER_INFO_PATHS = (

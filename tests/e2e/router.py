@@ -20,7 +20,7 @@ import time
 import urllib.error
 import urllib.request
 
-from tests.e2e.server import free_port
+from dspark_testing.server_process import free_port
 
 FAST_PROBES = ["--health-check-interval-secs", "1", "--load-monitor-interval", "1"]
 

@@ -19,10 +19,10 @@ import time
 import aiohttp
 import pytest
 
-from tests.e2e.client import open_stream
-from tests.e2e.prompts import token_prompt
+from dspark_testing.prompts import token_prompt
+from dspark_testing.server_process import ServerProcess, pools_full, wait_gone
+from dspark_testing.stream_client import open_stream
 from tests.e2e.router import SmgRouter, smg_binary
-from tests.e2e.server import ServerProcess, pools_full, wait_gone
 
 pytestmark = [
     pytest.mark.slow,

@@ -7,7 +7,7 @@ import pytest
 
 from dspark_loop.api.app import GATE_KEY
 from dspark_loop.api.server_info import ROUTER_INFO_PATHS
-from dspark_loop.cache_layout import CacheLayout
+from dspark_loop.contract.cache_layout import CacheLayout
 from tests.unit.api.fake_engine import FakeEngine, tiny_model_config
 from tests.unit.api.harness import MODEL, serving
 
