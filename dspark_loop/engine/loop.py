@@ -171,8 +171,9 @@ class EngineLoop:
         )
 
     def cache_stats(self) -> dict:
-        """Read-only: free/total pages per family per partition and what still holds pages
-        (live requests, open output channels); once idle, free == total everywhere."""
+        """Read-only: free/total pages per family per partition, its queues and the tokens its
+        live requests hold, and what still holds pages (live requests, open output channels);
+        once idle, free == total everywhere."""
         sched = self.scheduler
         return {
             "families": [f.name for f in sched.layout.families],
@@ -182,6 +183,10 @@ class EngineLoop:
                     "total": [pool.num_blocks for pool in p.cache.pools],
                     "num_running": len(p.running),
                     "num_waiting": len(p.waiting),
+                    # tokens of the live requests (prompt + output so far), and those the waiting ones
+                    # have still to compute: the load a router reads (api/server_info.py)
+                    "num_tokens": sum(r.prompt_len + len(r.output_ids) for q in (p.running, p.waiting) for r in q),
+                    "num_waiting_tokens": sum(r.prompt_len + len(r.output_ids) - r.num_computed for r in p.waiting),
                 }
                 for p in sched.partitions
             ],
