@@ -90,7 +90,9 @@ def create_app(
     async def openapi(request: web.Request) -> web.Response:
         if not spec:
             served = {(rt.method.lower(), rt.resource.canonical) for rt in request.app.router.routes()}
-            spec.append(openapi_document(name, api_keys=bool(cfg.api_keys), served=served))
+            spec.append(
+                openapi_document(name, api_keys=bool(cfg.api_keys), served=served, vocab_size=encoder.vocab_size)
+            )
         return web.json_response(spec[0])
 
     app.router.add_get("/openapi.json", openapi)
