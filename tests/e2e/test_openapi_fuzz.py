@@ -89,8 +89,16 @@ def api_schema(fuzz_server):
     return schemathesis.openapi.from_url(fuzz_server.url + "/openapi.json")
 
 
-@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=["valid", "invalid"])
-@pytest.mark.parametrize("method,path", [(r[0], r[1]) for r in ROUTES], ids=[f"{r[0].upper()} {r[1]}" for r in ROUTES])
+# invalid requests: only where there is a body to break (the GET routes take no input)
+CASES = [
+    pytest.param(r[0], r[1], mode, id=f"{r[0].upper()} {r[1]} {name}")
+    for r in ROUTES
+    for mode, name in ((GenerationMode.POSITIVE, "valid"), (GenerationMode.NEGATIVE, "invalid"))
+    if mode == GenerationMode.POSITIVE or r[3] is not None
+]
+
+
+@pytest.mark.parametrize("method,path,mode", CASES)
 def test_every_generated_request_gets_a_documented_non_5xx_answer(api_schema, fuzz_server, method, path, mode):
     """Any request schemathesis derives from the document for this route must pass every
     schemathesis check: not a 5xx, matching the document, invalid bodies refused, valid
@@ -118,6 +126,7 @@ def test_every_generated_request_gets_a_documented_non_5xx_answer(api_schema, fu
     check()
 
 
+@pytest.mark.slow  # ~1000 requests, n up to 128 choices each: 380 s on 2 busy CPU cores
 def test_schemathesis_run_with_every_check_finds_nothing(fuzz_server):
     """`schemathesis run --checks all` over the whole document (its coverage phase: each
     field's boundary values, missing and extra fields, undeclared methods) must report no
@@ -125,7 +134,10 @@ def test_schemathesis_run_with_every_check_finds_nothing(fuzz_server):
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.e2e.openapi_checks", "PYTHONPATH": REPO}
     cli = os.path.join(os.path.dirname(sys.executable), "schemathesis")
     cmd = [cli, "run", fuzz_server.url + "/openapi.json", "--checks", "all"]
-    cmd += ["--exclude-checks", "positive_data_acceptance", "--phases", "coverage", "--request-timeout", "120"]
+    # NOTE: --checks all holds each answer to 10 s unless told; the limit is raised to the
+    # request timeout: no timed assertions in the tests
+    cmd += ["--exclude-checks", "positive_data_acceptance", "--phases", "coverage"]
+    cmd += ["--request-timeout", "120", "--max-response-time", "120"]
     cmd += ["--max-examples", "5", "--seed", "1", "--generation-deterministic", "--no-color"]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
