@@ -126,7 +126,7 @@ def test_every_generated_request_gets_a_documented_non_5xx_answer(api_schema, fu
     check()
 
 
-@pytest.mark.slow  # ~1000 requests, n up to 128 choices each: 380 s on 2 busy CPU cores
+@pytest.mark.slow  # ~1000 requests, n up to 128 choices each: 380-510 s on 2 busy CPU cores
 def test_schemathesis_run_with_every_check_finds_nothing(fuzz_server):
     """`schemathesis run --checks all` over the whole document (its coverage phase: each
     field's boundary values, missing and extra fields, undeclared methods) must report no
