@@ -95,7 +95,11 @@ def create_app(
             served = {(rt.method.lower(), rt.resource.canonical) for rt in request.app.router.routes()}
             spec.append(
                 openapi_document(
-                    name, api_keys=bool(cfg.api_keys), served=served, protect_router_info=cfg.protect_router_info
+                    name,
+                    api_keys=bool(cfg.api_keys),
+                    served=served,
+                    vocab_size=encoder.vocab_size,
+                    protect_router_info=cfg.protect_router_info,
                 )
             )
         return web.json_response(spec[0])

@@ -39,10 +39,35 @@ class Usage(Body):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class CompletionLogprobs(Body):
+    """logprobs_format.LogprobsFormatter.completion (echo: the prompt's first entry is null)."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class ChatTopLogprob(Body):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(ChatTopLogprob):
+    top_logprobs: list[ChatTopLogprob]
+
+
+class ChatLogprobs(Body):
+    """logprobs_format.LogprobsFormatter.chat."""
+
+    content: list[ChatTokenLogprob] | None
+
+
 class CompletionChoice(Body):
     index: int
     text: str
-    logprobs: None
+    logprobs: CompletionLogprobs | None
     finish_reason: str | None
     stop_reason: str | int | None = None
     prompt_token_ids: list[int] | None = None
@@ -85,7 +110,7 @@ class ChatMessage(Body):
 class ChatChoice(Body):
     index: int
     message: ChatMessage
-    logprobs: None
+    logprobs: ChatLogprobs | None
     finish_reason: str | None
     stop_reason: str | int | None = None
 
@@ -110,7 +135,7 @@ class ChatDelta(Body):
 class ChatChunkChoice(Body):
     index: int
     delta: ChatDelta
-    logprobs: None
+    logprobs: ChatLogprobs | None
     finish_reason: str | None
     stop_reason: str | int | None = None
 

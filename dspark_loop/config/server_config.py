@@ -24,7 +24,6 @@ FLASH_SHAPE = dict(hidden_size=4096, num_hidden_layers=43, n_routed_experts=256)
 MAX_CONTEXT = 1048576
 SEQS_PER_GROUP = 64  # requests per TP group in the decode tile
 CPU_KV_CACHE_MEMORY = 256 * 2**20  # bytes per rank when --backend cpu and no flag
-DEFAULT_RING_HEAP = (2 * 2**30, 2 * 2**30, 4 * 2**30, 8 * 2**30)  # the seeds' profile
 DRAFTER_KEYS = ("dspark_target_layer_ids", "dspark_noise_token_id", "dspark_markov_rank")
 POSITIVE_FIELDS = (
     "dp",
@@ -87,7 +86,6 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     backend: str = "cpu"
-    platform: str | None = None
     devices: tuple[int, ...] | None = None
     dp: int | None = None
     tp: int | None = None
@@ -101,7 +99,6 @@ class ServerConfig:
     enable_prefix_caching: bool = True
     async_scheduling: bool = False  # plan step N+1 while the ranks run step N (K=0)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
-    ring_heap: tuple[int, ...] = DEFAULT_RING_HEAP
     generate: GenerateDefaults = field(default_factory=GenerateDefaults)
     prompts: tuple[str, ...] = ()  # --prompt: offline mode
     max_tokens: int = 16  # offline mode's max_tokens per prompt

@@ -158,10 +158,6 @@ class Request(VerifyCounts):
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
-    def last_token(self) -> int:
-        return self.output_ids[-1] if self.output_ids else int(self.prompt_ids[-1])
-
-    @property
     def is_prefilling(self) -> bool:
         return self.num_computed < self.prefill_target
 
