@@ -267,6 +267,8 @@ class EngineLoop:
                 # 5. update
                 outputs = sched.update(step, results)
                 t3 = time.perf_counter()
+                if results and sched.observes_steps:
+                    sched.observe_step(step, results, t2 - t1)
                 # 6. deliver
                 self._deliver(outputs)
                 t4 = time.perf_counter()

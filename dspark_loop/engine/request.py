@@ -13,6 +13,7 @@ from array import array
 
 import numpy as np
 
+from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.detokenize import Detokenizer
 from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.kv_cache import FamilyPages
@@ -65,6 +66,11 @@ class Request(VerifyCounts):
         "num_verify_steps",
         "num_accepted",
         "num_fallback_steps",
+        "num_proposed",
+        "num_drafter_skips",
+        "max_draft_tokens",
+        "verify_len",
+        "draft_next",
         "lease",
         "prompt_logprobs",
         "wants_logprobs",
@@ -115,7 +121,14 @@ class Request(VerifyCounts):
         self.finish_time: float | None = None
         self.inter_token_s = array("d")  # gaps between deliveries (8 bytes each, not a float object)
         self.num_preemptions = 0
-        self.num_verify_steps = 0  # each verified DSPARK_K drafts
+        self.num_verify_steps = 0  # each verified 1..DSPARK_K drafts
+        self.num_proposed = 0  # drafts verified over all verifies
+        self.num_drafter_skips = 0  # drafter passes a verify policy skipped
+        # adaptive verification (engine/verify_policy.py): the request's own cap on drafts
+        # per verify (0: never speculate), and the policy's choice for the step being built
+        self.max_draft_tokens = DSPARK_K
+        self.verify_len = DSPARK_K  # drafts to verify this step (a contiguous prefix)
+        self.draft_next = True  # run the drafter pass after this step
         self.num_accepted = 0  # tokens the chain accepted over all verifies (before truncation)
         self.num_fallback_steps = 0
         self.lease = -1  # drafter lease while running at K=7 (engine/leases.py)

@@ -21,6 +21,8 @@ class PartitionStep:
     decode_req_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [R]
     decode_leases: np.ndarray | None = None  # [R] K=7: the requests' drafter leases (draft table rows)
     verify_drafts: np.ndarray | None = None  # [V, K] the drafts of the requests with rows > 1
+    verify_lens: np.ndarray | None = None  # [V] drafts each verifies (rows - 1); None: all K
+    draft_next: np.ndarray | None = None  # [R] bool: runs its drafter pass; None: all do
 
     @property
     def num_sampled(self) -> int:
@@ -54,41 +56,57 @@ class ScheduledStep:
         return all(p.is_empty for p in self.partitions)
 
 
-def decode_batch(decodes: list[Request], pstep: PartitionStep, drafts: np.ndarray | None = None) -> DecodeBatch:
-    """The wire DecodeBatch: row 0 = last token, rows 1.. = drafts when verifying.
-    drafts: the partition's draft table [L, K] (K=7), read at each verifying request's lease."""
+def decode_batch(
+    decodes: list[Request], pstep: PartitionStep, drafts: np.ndarray | None = None, adaptive: bool = False
+) -> DecodeBatch:
+    """The wire DecodeBatch: row 0 = last token, rows 1..l = the first l drafts when
+    verifying (sched_n = 1 + l). drafts: the partition's draft table [L, K] (K=7), read at
+    each verifying request's lease. adaptive: a verify policy chose the windows and the
+    drafter skips (Request.draft_next), so the tile may be ragged and a mask is sent."""
     n = len(decodes)
     rows = np.fromiter([r.sched_n for r in decodes], np.int8, n)  # [R]
     start = np.fromiter([r.num_computed for r in decodes], np.int64, n)  # [R]
     req_ids = np.fromiter([r.req_id for r in decodes], np.int32, n)  # [R]
     last = np.fromiter([r.output_ids[-1] for r in decodes], np.int32, n)  # [R] row 0
     leases = None if drafts is None else np.fromiter([r.lease for r in decodes], np.int64, n)  # [R]
+    k = DSPARK_K
     if rows.max() == 1:
         tokens = last
+    elif rows.min() == k + 1:  # every request verifies all K drafts: [R, K+1] rows
+        tile = np.empty((n, k + 1), np.int32)
+        tile[:, 0] = last
+        tile[:, 1:] = drafts[leases]
+        tokens = tile.reshape(-1)  # [R * (K+1)]
+        pstep.verify_drafts = tile[:, 1:]  # [R, K]
     else:
-        k = DSPARK_K
-        if rows.min() > 1:  # every request verifies: [R, K+1] rows
-            tile = np.empty((n, k + 1), np.int32)
-            tile[:, 0] = last
-            tile[:, 1:] = drafts[leases]
-            tokens = tile.reshape(-1)  # [R * (K+1)]
-            pstep.verify_drafts = tile[:, 1:]  # [R, K]
-        else:
-            verify = rows > 1  # [R]
-            rows64 = rows.astype(np.int64)
-            first = np.cumsum(rows64) - rows64  # [R] each request's first row
-            tokens = np.empty(int(rows64.sum()), np.int32)  # [sum(rows)]
-            tokens[first] = last
-            vd = drafts[leases[verify]]  # [V, K]
+        verify = rows > 1  # [R]
+        rows64 = rows.astype(np.int64)
+        first = np.cumsum(rows64) - rows64  # [R] each request's first row
+        tokens = np.empty(int(rows64.sum()), np.int32)  # [sum(rows)]
+        tokens[first] = last
+        vd = drafts[leases[verify]]  # [V, K]
+        lens = rows64[verify] - 1  # [V] 1..K
+        if lens.min() == k:
             tokens[first[verify, None] + np.arange(1, k + 1)] = vd
-            pstep.verify_drafts = vd
+        else:  # ragged: each verify sends its first l drafts
+            live = np.arange(k) < lens[:, None]  # [V, K]
+            tokens[(first[verify, None] + np.arange(1, k + 1))[live]] = vd[live]
+            pstep.verify_lens = lens
+        pstep.verify_drafts = vd
     pstep.decode_rows = rows
     pstep.decode_start = start
     pstep.decode_req_ids = req_ids
     pstep.decode_leases = leases
+    mask = b""
+    if adaptive:
+        dn = np.fromiter([r.draft_next for r in decodes], bool, n)  # [R]
+        if not dn.all():
+            pstep.draft_next = dn
+            mask = dn.astype(np.uint8).tobytes()
     return DecodeBatch(
         req_ids=req_ids.tobytes(),
         start_pos=start.astype(np.int32).tobytes(),
         num_rows=rows.tobytes(),
         token_ids=tokens.tobytes(),
+        draft_mask=mask,
     )

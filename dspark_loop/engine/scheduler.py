@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK, BlockUpdate, PartitionPlan, PrefillChunk, StepPlan, i32
 from dspark_loop.engine.admission import Admission, map_pages
@@ -24,6 +26,7 @@ from dspark_loop.engine.spec_counters import SpecCounters
 from dspark_loop.engine.step_apply import StepApplier
 from dspark_loop.engine.step_update import read_results
 from dspark_loop.engine.token_masks import token_masks
+from dspark_loop.engine.verify_policy import FullVerify, VerifyPolicy
 
 
 class Scheduler:
@@ -39,6 +42,7 @@ class Scheduler:
         eos_token_ids,
         spec_k: int = 0,
         enable_prefix_caching: bool = True,
+        policy: VerifyPolicy | None = None,
     ):
         if spec_k not in (0, DSPARK_K):
             raise ValueError(f"spec_k must be 0 or {DSPARK_K} (the verify tile is {DSPARK_K + 1} rows), got {spec_k}")
@@ -67,6 +71,10 @@ class Scheduler:
         self.num_preemptions = 0
         self._ended_in_step = False  # a scheduled request ended before its results came back
         self.num_constrained = 0  # live requests with a token constraint (tool grammars)
+        # K=7 adaptive verification: who chooses the windows and drafter skips (FullVerify:
+        # the fixed chain, no per-step call); live requests with max_draft_tokens < K
+        self.policy: VerifyPolicy = policy if policy is not None else FullVerify()
+        self.num_capped = 0
 
     # ---- intake -----------------------------------------------------------------------
     def make_request(self, g: GenerateRequest, detokenizer=None) -> Request:
@@ -106,6 +114,8 @@ class Scheduler:
         self.requests[req.request_id] = req
         if req.constraint is not None:
             self.num_constrained += 1
+        if req.max_draft_tokens < DSPARK_K:
+            self.num_capped += 1
 
     def abort(self, request_id: str) -> bool:
         """Finish a live request now ("abort") and free its pages; False if unknown."""
@@ -133,6 +143,7 @@ class Scheduler:
             p.waiting.clear()
         self.requests.clear()
         self.num_constrained = 0
+        self.num_capped = 0
         return running, waiting, outputs
 
     # ---- state ------------------------------------------------------------------------
@@ -173,13 +184,49 @@ class Scheduler:
         self._ended_in_step = False
         self._next_step_id += 1
         step.aborted_req_ids, self._aborted_req_ids = self._aborted_req_ids, []
+        adaptive = bool(self.spec_k) and (self.num_capped > 0 or type(self.policy) is not FullVerify)
+        if adaptive:
+            self._choose_windows()
         for part in self.partitions:
-            pstep, pplan = self._schedule_partition(part, step.preempted_req_ids)
+            pstep, pplan = self._schedule_partition(part, step.preempted_req_ids, adaptive)
             step.partitions.append(pstep)
             step.plan.partitions.append(pplan)
         return step
 
-    def _schedule_partition(self, part: Partition, preempted: list[int]):
+    def _choose_windows(self) -> None:
+        """K=7, adaptive: ask the policy for every decode request's verify length and
+        drafter skip (Request.verify_len, .draft_next), one call over all partitions."""
+        verify_limit = self.max_model_len - (self.spec_k + 1)
+        reqs, confs = [], []
+        for part in self.partitions:
+            decoding = [r for r in part.running if r.num_computed >= r.prefill_target]
+            if decoding:
+                reqs += decoding
+                confs.append(part.conf[[r.lease for r in decoding]])
+        n = len(reqs)
+        if not n:
+            return
+        cap = np.fromiter(  # [R]
+            (
+                r.max_draft_tokens if r.has_drafts and r.constraint is None and r.num_computed <= verify_limit else 0
+                for r in reqs
+            ),
+            np.int32,
+            n,
+        )
+        partition = np.fromiter((r.partition for r in reqs), np.int32, n)  # [R]
+        conf = np.concatenate(confs)  # [R, K]
+        conf[cap == 0] = 0.0
+        verify_len, draft_next = self.policy.choose(conf, cap, partition)
+        if len(verify_len) != n or len(draft_next) != n:
+            raise ValueError(f"verify policy answered {len(verify_len)}/{len(draft_next)} choices for {n} requests")
+        verify_len = np.clip(verify_len, 0, cap).tolist()
+        for req, vl, dn in zip(reqs, verify_len, np.asarray(draft_next, bool).tolist()):
+            req.verify_len = vl
+            # NOTE: a request that may never verify (its own cap 0, a grammar) never drafts
+            req.draft_next = dn and req.max_draft_tokens > 0 and req.constraint is None
+
+    def _schedule_partition(self, part: Partition, preempted: list[int], adaptive: bool = False):
         budget = self.max_num_batched_tokens
         # 1. budget: decode rows, then continuing prefill chunks (admission order)
         spec_k = self.spec_k
@@ -199,9 +246,10 @@ class Scheduler:
                 req.sched_n = 0
                 prefilling.append(req)
             elif spec_k and req.has_drafts and req.constraint is None and req.num_computed <= verify_limit:
-                if verify_n <= budget:
-                    req.sched_n = verify_n
-                    budget -= verify_n
+                n = 1 + req.verify_len if adaptive else verify_n  # 1 + l rows (l = 0: one row)
+                if n <= budget:
+                    req.sched_n = n
+                    budget -= n
                 else:
                     req.sched_n = 0
             elif budget > 0:
@@ -267,7 +315,7 @@ class Scheduler:
         ]
         if decodes:
             pstep.decode_reqs = decodes
-            pplan.decode = decode_batch(decodes, pstep, part.drafts)
+            pplan.decode = decode_batch(decodes, pstep, part.drafts, adaptive)
         if pstep.is_empty:
             pplan.freed_req_ids = []  # keep them for a plan that is actually sent
         else:
@@ -300,14 +348,32 @@ class Scheduler:
             self.applier.apply(part, step, update, now, outputs)
         return outputs
 
+    @property
+    def observes_steps(self) -> bool:
+        """Whether the loop must report step times (a verify policy that learns from them)."""
+        return bool(self.spec_k) and type(self.policy) is not FullVerify
+
+    def observe_step(self, step: ScheduledStep, results, step_s: float) -> None:
+        """Tell the verify policy what a finished step computed (per partition) and how long
+        it took (plan sent -> last result in)."""
+        parts = step.partitions
+        num_rows = np.array([sum(n for _, n, _ in p.prefills) + int(p.decode_rows.sum()) for p in parts], np.int64)
+        num_requests = np.array([len(p.decode_reqs) for p in parts], np.int64)
+        num_drafted = np.array([len(r.draft_req_ids) // 4 for r in results], np.int64)
+        context = np.array([int(p.decode_start.sum()) for p in parts], np.int64)
+        self.policy.observe(num_rows, num_requests, num_drafted, context, step_s)
+
     # ---- finishing ------------------------------------------------------------------------
     def _finish(self, req: Request, reason: str) -> None:
         """The caller has taken req out of its partition (Partition.remove)."""
         req.status = Status.FINISHED
         req.finish_reason = reason
         req.map_limit = 0
-        if self.requests.pop(req.request_id, None) is not None and req.constraint is not None:
-            self.num_constrained -= 1
+        if self.requests.pop(req.request_id, None) is not None:
+            if req.constraint is not None:
+                self.num_constrained -= 1
+            if req.max_draft_tokens < DSPARK_K:
+                self.num_capped -= 1
 
     def _fail(self, req: Request, message: str) -> None:
         self._finish(req, "error")
