@@ -1,10 +1,11 @@
 """The step cost model: seconds per engine step as a linear function of its shape,
 
-    step_s ~ c0 + c_row * rows + c_req * requests + c_draft * drafted
+    step_s ~ c0 + c_row * rows + c_req * requests + c_draft * drafted + c_ctx * context
 
 learned online by least squares over a window of the latest observed steps (rows: every
 row the step computed, prefill included; requests: decode requests; drafted: drafter
-passes run). Coefficients are kept non-negative (a negative one is dropped and the rest
+passes run; context: the decode requests' positions summed, for attention's reads). With
+several partitions the step's time is the busiest one's: the policy feeds that one. Coefficients are kept non-negative (a negative one is dropped and the rest
 refit), and a feature that did not vary over the window is left out (its cost is folded
 into c0: at a steady load `requests` is constant and only c0 + c_req * requests is
 identifiable, which is all the solver needs at that load).
@@ -12,7 +13,8 @@ identifiable, which is all the solver needs at that load).
 The model is trusted (engine/adaptive_verify.py uses it instead of verifying the full
 window) once it has min_samples steps, the rows and drafted columns vary independently
 (the design is well conditioned) and the relative residual is small. A model pinned from
-a JSON file ({"c0": s, "c_row": s, "c_req": s, "c_draft": s}) is trusted and never
+a JSON file ({"c0": s, "c_row": s, "c_req": s, "c_draft": s, "c_ctx": s}; absent terms
+0) is trusted and never
 refit: runs that use it choose the same verify lengths for the same confidences.
 """
 
@@ -22,7 +24,7 @@ import json
 
 import numpy as np
 
-TERMS = ("c0", "c_row", "c_req", "c_draft")
+TERMS = ("c0", "c_row", "c_req", "c_draft", "c_ctx")
 
 
 class StepCost:
@@ -40,10 +42,10 @@ class StepCost:
         self.max_rel_residual = max_rel_residual
         self.max_condition = max_condition
         self.refit_every = refit_every
-        self.x = np.zeros((window, len(TERMS)))  # [window, 4] ring of step shapes
+        self.x = np.zeros((window, len(TERMS)))  # [window, 5] ring of step shapes
         self.y = np.zeros(window)  # [window] their step times
         self.num_samples = 0  # observed over the model's life
-        self.coef = np.zeros(len(TERMS))  # [4] seconds per unit of each term
+        self.coef = np.zeros(len(TERMS))  # [5] seconds per unit of each term
         self.rel_residual = float("inf")  # RMS of (fit - y) / y over the window
         self.well_posed = False
         self.rel_error = 0.0  # EMA of |prediction - observed| / observed, predicted BEFORE the fit saw it
@@ -69,22 +71,22 @@ class StepCost:
             return True
         return self.num_samples >= self.min_samples and self.well_posed and self.rel_residual <= self.max_rel_residual
 
-    def predict(self, num_rows, num_requests, num_drafted):
+    def predict(self, num_rows, num_requests, num_drafted, context=0):
         """Seconds for a step of this shape (numpy arrays broadcast)."""
-        c0, c_row, c_req, c_draft = self.coef
-        return c0 + c_row * num_rows + c_req * num_requests + c_draft * num_drafted
+        c0, c_row, c_req, c_draft, c_ctx = self.coef
+        return c0 + c_row * num_rows + c_req * num_requests + c_draft * num_drafted + c_ctx * context
 
-    def observe(self, num_rows: int, num_requests: int, num_drafted: int, step_s: float) -> None:
+    def observe(self, num_rows: int, num_requests: int, num_drafted: int, context: int, step_s: float) -> None:
         if step_s <= 0 or num_rows <= 0:
             return
         if self.num_samples >= self.min_samples or self.pinned:
-            err = abs(float(self.predict(num_rows, num_requests, num_drafted)) - step_s) / step_s
+            err = abs(float(self.predict(num_rows, num_requests, num_drafted, context)) - step_s) / step_s
             self.rel_error = err if not self.num_predicted else 0.95 * self.rel_error + 0.05 * err
             self.num_predicted += 1
         if self.pinned:
             return
         slot = self.num_samples % self.window
-        self.x[slot] = (1.0, num_rows, num_requests, num_drafted)
+        self.x[slot] = (1.0, num_rows, num_requests, num_drafted, context)
         self.y[slot] = step_s
         self.num_samples += 1
         if self.num_samples % self.refit_every == 0 or self.num_samples == self.min_samples:
@@ -94,7 +96,7 @@ class StepCost:
         n = min(self.num_samples, self.window)
         if n < 2:
             return
-        x, y = self.x[:n], self.y[:n]  # [n, 4], [n]
+        x, y = self.x[:n], self.y[:n]  # [n, 5], [n]
         active = [0] + [t for t in range(1, len(TERMS)) if np.ptp(x[:, t]) > 0]
         coef = np.zeros(len(TERMS))
         # NOTE: weighted by 1/y so the fit minimises RELATIVE error: a 5 ms decode step
@@ -117,7 +119,7 @@ class StepCost:
         """rows and drafted must each vary on their own, not only together with requests."""
         if np.ptp(x[:, 1]) == 0 or np.ptp(x[:, 3]) == 0:
             return False
-        cols = [0, 1, 3] + ([2] if np.ptp(x[:, 2]) > 0 else [])
+        cols = [0, 1, 3] + [t for t in (2, 4) if np.ptp(x[:, t]) > 0]
         z = x[:, cols] / np.maximum(np.abs(x[:, cols]).max(axis=0), 1e-12)  # [n, m] columns scaled to <= 1
         s = np.linalg.svd(z, compute_uv=False)
         return bool(s[-1] > 0 and s[0] / s[-1] <= self.max_condition)

@@ -1,0 +1,142 @@
+"""AdaptiveVerify: the verify policy (engine/verify_policy.py) that picks each decode
+request's verify length and drafter skip from its drafts' confidences and the learned
+step cost, to maximise tokens per second.
+
+Per step (choose):
+  1. survival a = cumprod(calibrated confidence); cost terms from StepCost per partition.
+  2. Budget with last step's drafter count (verify_budget.solve_budget): l and tau / T.
+  3. Drafter: a request with drafts keeps drafting iff its expected gain at its chosen l
+     pays for its drafter pass and rows at the step's rate: gain >= theta * (c_draft +
+     c_row * l). A request without drafts (skipped, or just started) is re-drafted iff the
+     average drafted request's gain (EMA) pays at this rate -- so all re-draft when the load
+     drops -- or it is its turn in a rotation over row indices (every `redraft_every`
+     steps per index), so no request is starved of drafting at a steady high load.
+  4. Budget again with the chosen drafter count: the final l.
+A cost model not yet trusted verifies the full window and drafts everything, except one
+step in `explore_every`, which takes random verify lengths and skips (tokens do not depend
+on them) so rows, requests and drafter passes vary independently and the fit can tell
+their costs apart: this is the start-up profile, run on the first real steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dspark_loop.contract.protocol import DSPARK_K
+from dspark_loop.engine.step_cost import StepCost
+from dspark_loop.engine.verify_budget import linear_drafts, solve_budget, survival
+from dspark_loop.engine.verify_policy import VerifyChoice
+
+EMA = 0.05  # weight of a step in the drafted-gain averages
+
+
+class AdaptiveVerify:
+    def __init__(
+        self,
+        cost: StepCost | None = None,
+        temperatures=None,
+        redraft_every: int = 8,
+        explore_every: int = 4,
+        seed: int = 0,
+    ):
+        self.cost = cost if cost is not None else StepCost()
+        # per-position temperature scaling of the confidences ([K] or None: as given)
+        self.temperatures = None if temperatures is None else np.asarray(temperatures, np.float64)
+        self.redraft_every = redraft_every
+        self.explore_every = explore_every
+        self.rng = np.random.default_rng(seed)
+        self.num_steps = 0
+        self.num_explore_steps = 0
+        self.num_full_steps = 0  # steps verified in full because the cost model is untrusted
+        self.num_drafter_skips = 0
+        self.num_verified = 0  # drafts chosen for verification
+        self.num_capped = 0  # drafts the requests had (sum of cap)
+        self.expected_tokens = 0.0  # sum of tau over steps: compare with tokens accepted
+        self.drafted_gain = 1.0  # EMA of a drafted request's expected gain (optimistic start)
+        self.drafted_len = float(DSPARK_K)  # EMA of its verify length
+        self.last_drafted: np.ndarray | None = None  # [P] drafter passes chosen last step
+        self.last_context: np.ndarray | None = None  # [P] context observed last step
+
+    # ---- VerifyPolicy -------------------------------------------------------------------
+    def choose(self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray) -> VerifyChoice:
+        cap = np.asarray(cap, np.int32)  # [R]
+        R = len(cap)
+        self.num_steps += 1
+        surv = survival(self.calibrated(conf), cap)  # [R, K]
+        self.num_capped += int(cap.sum())
+        if not self.cost.trusted:
+            choice = self._untrusted(cap)
+            lens = choice.verify_len
+            self.expected_tokens += R + float(surv[np.arange(DSPARK_K)[None, :] < lens[:, None]].sum())
+        else:
+            choice, tau = self._solve(surv, cap, np.asarray(partition, np.int64))
+            self.expected_tokens += tau
+        self.num_drafter_skips += int(R - choice.draft_next.sum())
+        self.num_verified += int(choice.verify_len.sum())
+        P = int(partition.max()) + 1 if R else 1
+        self.last_drafted = np.bincount(partition, weights=choice.draft_next, minlength=P)
+        return choice
+
+    def observe(self, num_rows, num_requests, num_drafted, context, step_s: float) -> None:
+        # NOTE: partitions compute a step together, so its time is the busiest one's: the
+        # fit sees that partition's shape (the one with the most rows).
+        num_rows = np.asarray(num_rows)
+        if not len(num_rows):
+            return
+        p = int(np.argmax(num_rows))
+        self.cost.observe(int(num_rows[p]), int(num_requests[p]), int(num_drafted[p]), int(context[p]), step_s)
+        self.last_context = np.asarray(context, np.float64)
+
+    # ---- steps ----------------------------------------------------------------------------
+    def calibrated(self, conf: np.ndarray) -> np.ndarray:
+        """Per-position temperature scaling: c' = sigmoid(logit(c) / T_j)."""
+        conf = np.asarray(conf, np.float64)  # [R, K]
+        if self.temperatures is None:
+            return conf
+        c = np.clip(conf, 1e-7, 1 - 1e-7)
+        return 1.0 / (1.0 + np.exp(-(np.log(c) - np.log1p(-c)) / self.temperatures[None, :]))
+
+    def _untrusted(self, cap: np.ndarray) -> VerifyChoice:
+        R = len(cap)
+        if self.explore_every and self.num_steps % self.explore_every == 0:
+            self.num_explore_steps += 1
+            lens = np.floor(self.rng.random(R) * (cap + 1)).astype(np.int32)  # uniform in 0..cap
+            return VerifyChoice(lens, self.rng.random(R) < 0.75)
+        self.num_full_steps += 1
+        return VerifyChoice(cap.copy(), np.ones(R, bool))
+
+    def _solve(self, surv: np.ndarray, cap: np.ndarray, partition: np.ndarray) -> tuple[VerifyChoice, float]:
+        R = len(cap)
+        c0, c_row, c_req, c_draft, c_ctx = self.cost.coef
+        P = int(partition.max()) + 1 if R else 1
+        num_requests = np.bincount(partition, minlength=P)  # [P]
+        context = self.last_context if self.last_context is not None and len(self.last_context) == P else 0.0
+        # a decode request always computes its first row
+        fixed = c0 + (c_row + c_req) * num_requests + c_ctx * context  # [P]
+        drafted = self.last_drafted if self.last_drafted is not None and len(self.last_drafted) == P else num_requests
+        drafts_s = linear_drafts(c_row)
+        first = solve_budget(surv, cap, fixed + c_draft * drafted, drafts_s, partition)
+        theta = first.expected_tokens / first.step_s  # tokens per second at this load
+        has_drafts = cap > 0
+        pays = first.gain >= theta * (c_draft + c_row * first.verify_len)  # [R]
+        if has_drafts.any():
+            w = EMA
+            self.drafted_gain = (1 - w) * self.drafted_gain + w * float(first.gain[has_drafts].mean())
+            self.drafted_len = (1 - w) * self.drafted_len + w * float(first.verify_len[has_drafts].mean())
+        prior_pays = self.drafted_gain >= theta * (c_draft + c_row * self.drafted_len)
+        turn = (np.arange(R) + self.num_steps) % self.redraft_every == 0  # [R]
+        draft_next = np.where(has_drafts, pays, prior_pays | turn)  # [R]
+        final = solve_budget(surv, cap, fixed + c_draft * np.bincount(partition, draft_next, P), drafts_s, partition)
+        return VerifyChoice(final.verify_len, draft_next), final.expected_tokens
+
+    def stats(self) -> dict:
+        return {
+            "cost_model": self.cost.stats(),
+            "num_steps": self.num_steps,
+            "num_explore_steps": self.num_explore_steps,
+            "num_full_steps": self.num_full_steps,
+            "num_drafter_skips": self.num_drafter_skips,
+            "num_verified_drafts": self.num_verified,
+            "num_available_drafts": self.num_capped,
+            "expected_tokens": self.expected_tokens,
+        }
