@@ -5,8 +5,9 @@
 learned online by least squares over a window of the latest observed steps (rows: every
 row the step computed, prefill included; requests: decode requests; drafted: drafter
 passes run; context: the decode requests' positions summed, for attention's reads). With
-several partitions the step's time is the busiest one's: the policy feeds that one. Coefficients are kept non-negative (a negative one is dropped and the rest
-refit), and a feature that did not vary over the window is left out (its cost is folded
+several partitions the step's time is the busiest one's: the policy feeds that one.
+Coefficients are kept non-negative (a negative one is dropped and the rest refit), and a
+feature that did not vary over the window is left out (its cost is folded
 into c0: at a steady load `requests` is constant and only c0 + c_req * requests is
 identifiable, which is all the solver needs at that load).
 
