@@ -131,6 +131,7 @@ class AdaptiveVerify:
 
     def stats(self) -> dict:
         return {
+            "name": type(self).__name__,
             "cost_model": self.cost.stats(),
             "num_steps": self.num_steps,
             "num_explore_steps": self.num_explore_steps,

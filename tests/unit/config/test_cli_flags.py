@@ -28,6 +28,8 @@ BAD_FLAGS = [
     (["--speculative-config", '{"method":"eagle","num_speculative_tokens":7}'], "--speculative-config"),
     (["--speculative-config", '{"num_speculative_tokens":-1}'], "--speculative-config"),
     (["--speculative-config", '{"num_speculative_tokens":7,"draft":1}'], "--speculative-config"),
+    (["--speculative-config", '{"num_speculative_tokens":7,"enable_adaptive_verification":1}'], "--speculative-config"),
+    (["--speculative-config", '{"num_speculative_tokens":7,"cost_model":3}'], "--speculative-config"),
     (["--ring-heap", "1,2"], "--ring-heap"),
     (["--ring-heap", "0"], "--ring-heap"),
     (["--ring-heap", "1,2,3,-4"], "--ring-heap"),

@@ -1,0 +1,36 @@
+"""--speculative-config's adaptive verification keys and the policy launch builds from them."""
+
+from __future__ import annotations
+
+import json
+
+from dspark_loop.config.cli import speculative_config
+from dspark_loop.config.server_config import ServerConfig
+from dspark_loop.engine.adaptive_verify import AdaptiveVerify
+from dspark_loop.engine.verify_policy import FullVerify
+from dspark_loop.launch import verify_policy
+
+
+def config(tmp_path, spec: dict):
+    return ServerConfig(model=str(tmp_path), speculative=speculative_config(json.dumps(spec)))
+
+
+def test_adaptive_verification_is_on_by_default_at_k7_and_off_when_asked(tmp_path):
+    """At K=7 a drafter with a confidence head (or one whose tensors cannot be read) must get
+    the adaptive policy unless the config says false, which gives the fixed chain; K=0 never
+    verifies, so it gets the fixed chain whatever the key says."""
+    assert isinstance(verify_policy(config(tmp_path, {"num_speculative_tokens": 7})), AdaptiveVerify)
+    off = {"num_speculative_tokens": 7, "enable_adaptive_verification": False}
+    assert isinstance(verify_policy(config(tmp_path, off)), FullVerify)
+    k0 = {"num_speculative_tokens": 0, "enable_adaptive_verification": True}
+    assert isinstance(verify_policy(config(tmp_path, k0)), FullVerify)
+
+
+def test_a_cost_model_file_pins_the_policy_cost(tmp_path):
+    """ "cost_model": FILE must load the pinned coefficients, trusted from the first step."""
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps({"c0": 0.01, "c_row": 0.0001, "c_req": 0.0002, "c_draft": 0.001}))
+    spec = {"num_speculative_tokens": 7, "enable_adaptive_verification": True, "cost_model": str(path)}
+    policy = verify_policy(config(tmp_path, spec))
+    assert policy.cost.pinned and policy.cost.trusted
+    assert policy.cost.coef.tolist() == [0.01, 0.0001, 0.0002, 0.001, 0.0]
