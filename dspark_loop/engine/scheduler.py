@@ -12,8 +12,8 @@ import time
 import numpy as np
 
 from dspark_loop.contract.cache_layout import CacheLayout
-from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK, BlockUpdate, PartitionPlan, PrefillChunk, StepPlan, i32
-from dspark_loop.engine.admission import Admission, map_pages
+from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK, BlockUpdate, PartitionPlan, PrefillChunk, StepPlan
+from dspark_loop.engine.admission import Admission
 from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.kv_cache import PartitionCache
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
@@ -62,7 +62,7 @@ class Scheduler:
         self.spec_k = spec_k
         self.prefix = PrefixCache(layout, spec_k) if enable_prefix_caching else None
         self.admission = Admission(self.prefix, self.chunk_cap, self.max_seqs_per_partition, self.spec)
-        self.applier = StepApplier(self.spec, self.prefix, spec_k, self._finish)
+        self.applier = StepApplier(self.spec, self.prefix, spec_k, self._end)
         self.requests: dict[str, Request] = {}  # live (waiting or running), by API id
         self._next_step_id = 0
         self._aborted_req_ids: list[int] = []
@@ -107,9 +107,10 @@ class Scheduler:
             raise ValueError(f"prompt of {req.prompt_len} tokens does not fit the context of {self.max_model_len}")
         if req.request_id in self.requests:
             raise ValueError(f"duplicate request id {req.request_id!r}")
+        if req.status != Status.WAITING:
+            raise ValueError(f"{req} is not a new request")
         part = self.admission.place(self.partitions, req)
         req.partition = part.index
-        req.status = Status.WAITING
         part.waiting.append(req)
         self.requests[req.request_id] = req
         if req.constraint is not None:
@@ -125,8 +126,7 @@ class Scheduler:
         if req.status == Status.RUNNING:
             self._aborted_req_ids.append(req.req_id)
             self._ended_in_step = True
-        self.partitions[req.partition].remove(req)
-        self._finish(req, "abort")
+        self._end(req, "abort")
         req.finish_time = time.monotonic()
         self._early_finished.append(req)  # observers see it with the next update
         return True
@@ -226,9 +226,28 @@ class Scheduler:
             # NOTE: a request that may never verify (its own cap 0, a grammar) never drafts
             req.draft_next = dn and req.max_draft_tokens > 0 and req.constraint is None
 
-    def _schedule_partition(self, part: Partition, preempted: list[int], adaptive: bool = False):
+    def _schedule_partition(
+        self, part: Partition, preempted: list[int], adaptive: bool = False
+    ) -> tuple[PartitionStep, PartitionPlan]:
+        """One partition's share of the step, phase by phase. adaptive: the verify policy
+        chose each decode request's window and drafter skip (_choose_windows)."""
+        budget, prefilling = self._budget(part, adaptive)
+        updates: list[BlockUpdate] = []
+        decodes, did_preempt = self._map(part, updates, preempted)
+        prefills = [(r, r.sched_n) for r in prefilling if r.sched_n and r.status == Status.RUNNING]
+        if not did_preempt:
+            for req, message in self.admission.admit(part, budget, prefills, updates):
+                self._report_error(req, message)
+        pstep, pplan = self._plan(part, prefills, decodes, updates, adaptive)
+        if self.num_constrained:
+            self._mask(part, pstep, pplan)
+        return pstep, pplan
+
+    def _budget(self, part: Partition, adaptive: bool = False) -> tuple[int, list[Request]]:
+        """Phase 1: ring pages behind the window back, then each running request's rows
+        (sched_n) under the token budget: decode rows, then continuing prefill chunks
+        (admission order). Returns the budget left and the prefilling requests."""
         budget = self.max_num_batched_tokens
-        # 1. budget: decode rows, then continuing prefill chunks (admission order)
         spec_k = self.spec_k
         verify_n = spec_k + 1
         verify_limit = self.max_model_len - verify_n  # a verify needs num_computed <= this
@@ -261,10 +280,13 @@ class Scheduler:
             if budget > 0:
                 req.sched_n = min(req.prefill_target - req.num_computed, self.chunk_cap, budget)
                 budget -= req.sched_n
-        # 2. pages, oldest first; preempt from the tail on shortage
-        updates: list[BlockUpdate] = []
-        cache = part.cache
-        did_preempt = False
+        return budget, prefilling
+
+    def _map(self, part: Partition, updates: list[BlockUpdate], preempted: list[int]) -> tuple[list[Request], bool]:
+        """Phase 2: pages for the scheduled rows, oldest request first; on a shortage the
+        newest running requests are preempted. Returns the decode requests (still
+        running) and whether any request was preempted."""
+        num_preempted = len(preempted)
         decodes = []
         # NOTE: iterating while preempting is safe: victims leave from the tail, behind req
         for req in part.running:
@@ -273,32 +295,36 @@ class Scheduler:
                 continue
             end = req.num_computed + n
             if end > req.map_limit:
-                grown = cache.grow(req.pages, end)
-                if grown is None:  # a pool is short: preempt from the tail
-                    counts = cache.num_new_pages(req.pages, end)
-                    while not cache.can_allocate(counts):
-                        victim = part.running[-1]
-                        part.preempt(victim)
-                        self.num_preemptions += 1
-                        preempted.append(victim.req_id)
-                        did_preempt = True
-                        if victim is req:
-                            break
-                    if req.status != Status.RUNNING:
+                short = part.map(req, end, updates)
+                if short is not None:  # a pool is short: preempt from the tail
+                    if not self._preempt_for(part, req, short, preempted):
                         break
-                    map_pages(cache, req, counts, updates)
-                else:
-                    for fam, first_page, ids in grown[0]:
-                        updates.append(BlockUpdate(req.req_id, fam, first_page, i32(ids)))
-                    req.map_limit = grown[1]
+                    part.allocate(req, short, updates)
             if req.num_computed >= req.prefill_target:
                 decodes.append(req)
+        return decodes, len(preempted) > num_preempted
+
+    def _preempt_for(self, part: Partition, req: Request, counts: list[int], preempted: list[int]) -> bool:
+        """Preempt from the tail until counts new pages fit; False when req itself went."""
+        while not part.cache.can_allocate(counts):
+            victim = part.running[-1]
+            part.preempt(victim)
+            self.num_preemptions += 1
+            preempted.append(victim.req_id)
+            if victim is req:
+                return False
+        return True
+
+    def _plan(
+        self,
+        part: Partition,
+        prefills: list[tuple[Request, int]],
+        decodes: list[Request],
+        updates: list[BlockUpdate],
+        adaptive: bool = False,
+    ) -> tuple[PartitionStep, PartitionPlan]:
+        """Phase 4: the PartitionStep (what the results will mean) and its wire plan."""
         pstep = PartitionStep()
-        prefills = [(r, r.sched_n) for r in prefilling if r.sched_n and r.status == Status.RUNNING]
-        # 3. admissions
-        if not did_preempt:
-            for req, message in self.admission.admit(part, budget, prefills, updates):
-                self._fail(req, message)
         for req, n in prefills:
             start = req.num_computed
             pstep.prefills.append((req, n, start + n == req.prefill_target))
@@ -321,16 +347,17 @@ class Scheduler:
         else:
             pplan.freed_req_ids, part.freed_req_ids = part.freed_req_ids, []
         part.take_lease_fields(pplan)  # admissions only happen in a non-empty step
-        failed = []
-        if self.num_constrained:
-            pplan.token_masks, failed = token_masks(pstep)
+        return pstep, pplan
+
+    def _mask(self, part: Partition, pstep: PartitionStep, pplan: PartitionPlan) -> None:
+        """Phase 5: allowed-token masks of constrained requests; a constraint that fails
+        ends its request."""
+        pplan.token_masks, failed = token_masks(pstep)
         for req, message in failed:
             # NOTE: the row still runs (it is in the plan); update() skips a request that
             # is no longer running, and its pages are freed in the next plan.
-            part.remove(req)
             self._fail(req, message)
             self._ended_in_step = True
-        return pstep, pplan
 
     # ---- step 5 -----------------------------------------------------------------------
     def update(self, step: ScheduledStep, results, now: float | None = None) -> list[RequestOutput]:
@@ -364,11 +391,13 @@ class Scheduler:
         self.policy.observe(num_rows, num_requests, num_drafted, context, step_s)
 
     # ---- finishing ------------------------------------------------------------------------
-    def _finish(self, req: Request, reason: str) -> None:
-        """The caller has taken req out of its partition (Partition.remove)."""
-        req.status = Status.FINISHED
-        req.finish_reason = reason
-        req.map_limit = 0
+    def _end(self, req: Request, reason: str) -> None:
+        """The one way a live request ends (finish rules, abort, error): its partition
+        ends it, the Scheduler forgets it."""
+        self.partitions[req.partition].end(req, reason)
+        self._forget(req)
+
+    def _forget(self, req: Request) -> None:
         if self.requests.pop(req.request_id, None) is not None:
             if req.constraint is not None:
                 self.num_constrained -= 1
@@ -376,7 +405,12 @@ class Scheduler:
                 self.num_capped -= 1
 
     def _fail(self, req: Request, message: str) -> None:
-        self._finish(req, "error")
+        self._end(req, "error")
+        self._report_error(req, message)
+
+    def _report_error(self, req: Request, message: str) -> None:
+        """req has ended with an error (Partition.end): forget it, deliver the error."""
+        self._forget(req)
         req.error = message
         req.finish_time = time.monotonic()
         self._early_finished.append(req)

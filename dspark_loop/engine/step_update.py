@@ -101,7 +101,8 @@ def _read_decode(
     # NOTE: a request aborted while the step ran gets a chain too (its drafts were copied
     # into the plan); it is dropped with the other dead rows.
     k1 = spec_k + 1
-    if pstep.verify_drafts is not None and len(pstep.verify_drafts) == n:  # the steady state: all verify
+    vd = pstep.verify_drafts
+    if vd is not None and len(vd) == n and pstep.verify_lens is None:  # the steady state: all verify K
         lens = accept_chain(pstep.verify_drafts, tokens.reshape(n, k1)).tolist()
         starts = range(0, n * k1, k1)
         verified, fell_back = [True] * n, [False] * n

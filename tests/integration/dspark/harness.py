@@ -77,6 +77,7 @@ def make_engine(
     test_drafter=None,
     enable_prefix_caching: bool = False,
     observers=None,
+    policy=None,
 ) -> tuple[EngineLoop, list[ModelRunner]]:
     cfg = ModelConfig.from_dir(path)
     rank_cfg = RankConfig(
@@ -102,6 +103,7 @@ def make_engine(
         cfg.eos_token_ids,
         spec_k=spec_k,
         enable_prefix_caching=enable_prefix_caching,
+        policy=policy,
     )
     tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
     return EngineLoop(sched, LocalMesh(runners), tok, observers=observers), runners
