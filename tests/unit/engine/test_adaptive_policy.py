@@ -130,3 +130,43 @@ def test_expected_tokens_count_one_per_request_plus_verified_survival():
     conf, cap, part = batch(3, c=0.5, cap=2)
     policy.choose(conf, cap, part)
     assert np.isclose(policy.expected_tokens, 3 * (1 + 0.5 + 0.25))
+
+
+def test_the_policy_in_the_scheduler_keeps_k0_tokens_while_it_shortens_and_skips():
+    """Driving the real scheduler, the adaptive policy's shortened verifies and drafter
+    skips must leave every token as at K=0 (acceptance is exact), and it must actually
+    use both: verify lengths below 7 and skipped drafter passes."""
+    from tests.unit.engine.factories import make_mesh, make_requests, make_scheduler, run_step
+    from tests.unit.engine.test_scheduler_spec import reference_tokens
+
+    ref = reference_tokens(max_model_len=120)
+    policy = AdaptiveVerify(pinned(c_row=0.0004, c_req=0.0002, c_draft=0.001))
+    sched = make_scheduler(spec_k=7, max_model_len=120, policy=policy)
+    mesh = make_mesh(sched)
+    reqs = make_requests(sched, 3, prompt_len=8, max_tokens=60)
+    for r in reqs:
+        sched.add(r)
+    got = {r.request_id: [] for r in reqs}
+    rng = np.random.default_rng(0)
+    verify_lens = []
+    for step_no in range(300):
+        if not sched.has_work:
+            break
+        step, outs = run_step(sched, mesh)
+        verify_lens += [r.verify_len for r in step.partitions[0].decode_reqs if r.sched_n > 1]
+        for o in outs:
+            got[o.request_id] += o.new_token_ids
+        for i, r in enumerate(reqs):  # drafts right for the first c tokens, conf to match
+            if not r.finished and not r.is_prefilling and r.draft_next:
+                n = len(r.output_ids)
+                truth = ref[r.request_id][n : n + 7]
+                drafts = np.array(truth + [0] * (7 - len(truth)), np.int32)
+                c = int(rng.integers(0, 8))
+                if c < 7:
+                    drafts[c] = (drafts[c] + 1) % 300 + 2
+                conf = np.where(np.arange(7) < c, 0.9, 0.2).astype(np.float32)
+                sched.partitions[r.partition].set_drafts(r, drafts, conf)
+        sched.check_integrity()
+    assert got == ref
+    assert any(0 < v < 7 for v in verify_lens)
+    assert sched.spec.num_drafter_skips > 0
