@@ -149,14 +149,14 @@ def test_the_policy_in_the_scheduler_keeps_k0_tokens_while_it_shortens_and_skips
     got = {r.request_id: [] for r in reqs}
     rng = np.random.default_rng(0)
     verify_lens = []
-    for step_no in range(300):
+    for _ in range(300):
         if not sched.has_work:
             break
         step, outs = run_step(sched, mesh)
         verify_lens += [r.verify_len for r in step.partitions[0].decode_reqs if r.sched_n > 1]
         for o in outs:
             got[o.request_id] += o.new_token_ids
-        for i, r in enumerate(reqs):  # drafts right for the first c tokens, conf to match
+        for r in reqs:  # drafts right for the first c tokens, conf to match
             if not r.finished and not r.is_prefilling and r.draft_next:
                 n = len(r.output_ids)
                 truth = ref[r.request_id][n : n + 7]
