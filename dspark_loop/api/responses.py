@@ -39,6 +39,14 @@ class Usage(Body):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class SpeculationStats(Body):
+    """`"speculation": {"return_stats": true}`: this request's DSpark figures (all choices)."""
+
+    proposed: int  # drafts verified
+    accepted: int  # tokens the verifies produced (matched drafts + one each)
+    verify_steps: int  # steps that verified at least one draft
+
+
 class CompletionChoice(Body):
     index: int
     text: str
@@ -56,6 +64,7 @@ class CompletionResponse(Body):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
+    speculation: SpeculationStats | None = None
 
 
 class CompletionChunk(CompletionResponse):
@@ -97,6 +106,7 @@ class ChatCompletionResponse(Body):
     model: str
     choices: list[ChatChoice]
     usage: Usage | None = None
+    speculation: SpeculationStats | None = None
 
 
 class ChatDelta(Body):
@@ -124,6 +134,7 @@ class ChatCompletionChunk(Body):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    speculation: SpeculationStats | None = None
 
 
 class ModelCard(Body):

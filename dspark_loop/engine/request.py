@@ -126,7 +126,7 @@ class Request(VerifyCounts):
         self.num_drafter_skips = 0  # drafter passes a verify policy skipped
         # adaptive verification (engine/verify_policy.py): the request's own cap on drafts
         # per verify (0: never speculate), and the policy's choice for the step being built
-        self.max_draft_tokens = DSPARK_K
+        self.max_draft_tokens = min(DSPARK_K, params.max_draft_tokens)
         self.verify_len = DSPARK_K  # drafts to verify this step (a contiguous prefix)
         self.draft_next = True  # run the drafter pass after this step
         self.num_accepted = 0  # tokens the chain accepted over all verifies (before truncation)
