@@ -135,13 +135,14 @@ def merge(runs: list[dict]) -> dict:
     }
 
 
-def warm_up(path: str, pool, policy: AdaptiveVerify, max_tokens: int) -> None:
-    """Adaptive runs at varied loads until the cost model is trusted (or a few rounds)."""
-    for rnd in range(6):
-        for n in (16, 1, 4, 64):
-            prompts = [pool[(rnd + i) % len(pool)] for i in range(n)]
-            run(path, "adaptive", prompts, max_tokens, 0.0, policy)
-        if policy.cost.trusted and rnd >= 1:
+def warm_up(path: str, pool, policy: AdaptiveVerify, streams: list[int], max_tokens: int) -> None:
+    """Adaptive runs over the stream counts until the cost model is trusted (at most 4
+    rounds), greedy and sampled, so its start-up profile sees every load."""
+    for rnd in range(4):
+        for i, n in enumerate(streams):
+            prompts = [pool[(rnd + j) % len(pool)] for j in range(n)]
+            run(path, "adaptive", prompts, max_tokens, 0.8 if (rnd + i) % 2 else 0.0, policy)
+        if policy.cost.trusted:
             return
 
 
@@ -208,7 +209,7 @@ def main(argv=None) -> int:
     policy = AdaptiveVerify(StepCost.from_file(args.cost_model) if args.cost_model else None)
     run(args.model, "k0", pool[:1], 4, 0.0, None)  # warm-up (allocator, first-call paths)
     if not args.quick and not args.cost_model:
-        warm_up(args.model, pool, policy, args.max_tokens)
+        warm_up(args.model, pool, policy, args.streams, min(args.max_tokens, 32))
     print(f"cost model after warm-up: {policy.cost.stats()}", flush=True)
     rows = []
     for n in args.streams:

@@ -12,6 +12,10 @@ Per step (choose):
      drops -- or it is its turn in a rotation over row indices (every `redraft_every`
      steps per index), so no request is starved of drafting at a steady high load.
   4. Budget again with the chosen drafter count: the final l.
+The confidences are scaled by `accept_scale`, learned online from each step's realised
+decode tokens against the expected ones (observe_tokens): the drafter's head predicts a
+match with the greedy token, and under sampling (or drift) fewer drafts are accepted; a
+policy that believed it would verify and draft too much.
 A cost model not yet trusted verifies the full window and drafts everything, except one
 step in `explore_every`, which takes random verify lengths and skips (tokens do not depend
 on them) so rows, requests and drafter passes vary independently and the fit can tell
@@ -28,6 +32,8 @@ from dspark_loop.engine.verify_budget import linear_drafts, solve_budget, surviv
 from dspark_loop.engine.verify_policy import VerifyChoice
 
 EMA = 0.05  # weight of a step in the drafted-gain averages
+SCALE_RATE = 0.1  # step size of accept_scale's log update
+SCALE_RANGE = (0.05, 2.0)
 
 
 class AdaptiveVerify:
@@ -56,6 +62,8 @@ class AdaptiveVerify:
         self.drafted_len = float(DSPARK_K)  # EMA of its verify length
         self.last_drafted: np.ndarray | None = None  # [P] drafter passes chosen last step
         self.last_context: np.ndarray | None = None  # [P] context observed last step
+        self.accept_scale = 1.0  # multiplies the confidences (observe_tokens)
+        self.pending_extra: float | None = None  # expected tokens beyond one per request, last choose
 
     # ---- VerifyPolicy -------------------------------------------------------------------
     def choose(self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray) -> VerifyChoice:
@@ -67,10 +75,11 @@ class AdaptiveVerify:
         if not self.cost.trusted:
             choice = self._untrusted(cap)
             lens = choice.verify_len
-            self.expected_tokens += R + float(surv[np.arange(DSPARK_K)[None, :] < lens[:, None]].sum())
+            tau = R + float(surv[np.arange(DSPARK_K)[None, :] < lens[:, None]].sum())
         else:
             choice, tau = self._solve(surv, cap, np.asarray(partition, np.int64))
-            self.expected_tokens += tau
+        self.expected_tokens += tau
+        self.pending_extra = tau - R
         self.num_drafter_skips += int(R - choice.draft_next.sum())
         self.num_verified += int(choice.verify_len.sum())
         P = int(partition.max()) + 1 if R else 1
@@ -87,14 +96,25 @@ class AdaptiveVerify:
         self.cost.observe(int(num_rows[p]), int(num_requests[p]), int(num_drafted[p]), int(context[p]), step_s)
         self.last_context = np.asarray(context, np.float64)
 
+    def observe_tokens(self, num_requests: int, num_tokens: int) -> None:
+        """The last step's decode requests and the tokens they appended: moves accept_scale
+        so that expected tokens beyond one per request match the realised ones."""
+        expected, self.pending_extra = self.pending_extra, None
+        if expected is None or expected < 0.5:  # nothing verified: nothing to learn
+            return
+        # NOTE: +0.5 on both sides keeps a step that accepted nothing from slamming the scale
+        ratio = (num_tokens - num_requests + 0.5) / (expected + 0.5)
+        scale = self.accept_scale * ratio**SCALE_RATE
+        self.accept_scale = float(min(max(scale, SCALE_RANGE[0]), SCALE_RANGE[1]))
+
     # ---- steps ----------------------------------------------------------------------------
     def calibrated(self, conf: np.ndarray) -> np.ndarray:
-        """Per-position temperature scaling: c' = sigmoid(logit(c) / T_j)."""
+        """Per-position temperature scaling, c' = sigmoid(logit(c) / T_j), then accept_scale."""
         conf = np.asarray(conf, np.float64)  # [R, K]
-        if self.temperatures is None:
-            return conf
-        c = np.clip(conf, 1e-7, 1 - 1e-7)
-        return 1.0 / (1.0 + np.exp(-(np.log(c) - np.log1p(-c)) / self.temperatures[None, :]))
+        if self.temperatures is not None:
+            c = np.clip(conf, 1e-7, 1 - 1e-7)
+            conf = 1.0 / (1.0 + np.exp(-(np.log(c) - np.log1p(-c)) / self.temperatures[None, :]))
+        return conf if self.accept_scale == 1.0 else np.minimum(conf * self.accept_scale, 1.0)
 
     def _untrusted(self, cap: np.ndarray) -> VerifyChoice:
         R = len(cap)
@@ -140,4 +160,5 @@ class AdaptiveVerify:
             "num_verified_drafts": self.num_verified,
             "num_available_drafts": self.num_capped,
             "expected_tokens": self.expected_tokens,
+            "accept_scale": self.accept_scale,
         }

@@ -170,3 +170,28 @@ def test_the_policy_in_the_scheduler_keeps_k0_tokens_while_it_shortens_and_skips
     assert got == ref
     assert any(0 < v < 7 for v in verify_lens)
     assert sched.spec.num_drafter_skips > 0
+
+
+def test_accept_scale_learns_that_fewer_drafts_are_accepted_than_confidences_say():
+    """When steps keep accepting half the drafts the confidences promise (sampling), the
+    policy must scale its confidences down until expected and realised tokens agree."""
+    policy = AdaptiveVerify(explore_every=0)
+    conf, cap, part = batch(8, c=0.8)
+    truth = 0.4  # the real per-draft acceptance
+    real_extra = 8 * sum(truth ** (j + 1) for j in range(K))
+    for _ in range(300):
+        policy.choose(conf, cap, part)
+        policy.observe_tokens(8, round(8 + real_extra))
+    policy.choose(conf, cap, part)
+    assert abs(policy.pending_extra - real_extra) < 0.1 * real_extra
+    assert 0.4 < policy.accept_scale < 0.6
+
+
+def test_accept_scale_stays_at_one_when_confidences_are_right():
+    """Calibrated confidences must leave the scale (nearly) where it is."""
+    policy = AdaptiveVerify(explore_every=0)
+    conf, cap, part = batch(8, c=0.5)
+    for _ in range(100):
+        policy.choose(conf, cap, part)
+        policy.observe_tokens(8, round(8 + policy.pending_extra))
+    assert 0.95 < policy.accept_scale < 1.05
