@@ -34,3 +34,17 @@ def test_a_cost_model_file_pins_the_policy_cost(tmp_path):
     policy = verify_policy(config(tmp_path, spec))
     assert policy.cost.pinned and policy.cost.trusted
     assert policy.cost.coef.tolist() == [0.01, 0.0001, 0.0002, 0.001, 0.0]
+
+
+def write_safetensors_header(path, names):
+    header = json.dumps({n: {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]} for n in names}).encode()
+    path.write_bytes(len(header).to_bytes(8, "little") + header + b"\0\0\0\0")
+
+
+def test_a_drafter_without_a_confidence_head_defaults_to_the_fixed_chain(tmp_path):
+    """Adaptive verification chooses from the confidence head: a checkpoint whose drafter
+    has none must default to the fixed chain, and one that has it to the adaptive policy."""
+    write_safetensors_header(tmp_path / "model.safetensors", ["mtp.2.head.weight"])
+    assert isinstance(verify_policy(config(tmp_path, {"num_speculative_tokens": 7})), FullVerify)
+    write_safetensors_header(tmp_path / "model.safetensors", ["mtp.2.confidence_head.proj.weight"])
+    assert isinstance(verify_policy(config(tmp_path, {"num_speculative_tokens": 7})), AdaptiveVerify)
