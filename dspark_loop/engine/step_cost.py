@@ -13,7 +13,8 @@ identifiable, which is all the solver needs at that load).
 
 The model is trusted (engine/adaptive_verify.py uses it instead of verifying the full
 window) once it has min_samples steps, the rows and drafted columns vary independently
-(the design is well conditioned) and the relative residual is small. A model pinned from
+(the design is well conditioned) and the relative residual is small on the steps that fit
+(>= 70% of them; the rest, slowed by something else, are left out of the fit). A model pinned from
 a JSON file ({"c0": s, "c_row": s, "c_req": s, "c_draft": s, "c_ctx": s}; absent terms
 0) is trusted and never
 refit: runs that use it choose the same verify lengths for the same confidences.
@@ -49,6 +50,7 @@ class StepCost:
         self.coef = np.zeros(len(TERMS))  # [5] seconds per unit of each term
         self.rel_residual = float("inf")  # RMS of (fit - y) / y over the window
         self.well_posed = False
+        self.inlier_frac = 1.0  # share of the window the last fit kept (the rest: outliers)
         self.rel_error = 0.0  # EMA of |prediction - observed| / observed, predicted BEFORE the fit saw it
         self.num_predicted = 0
         self.pinned = pinned is not None
@@ -70,7 +72,12 @@ class StepCost:
     def trusted(self) -> bool:
         if self.pinned:
             return True
-        return self.num_samples >= self.min_samples and self.well_posed and self.rel_residual <= self.max_rel_residual
+        return (
+            self.num_samples >= self.min_samples
+            and self.well_posed
+            and self.rel_residual <= self.max_rel_residual
+            and self.inlier_frac >= 0.7
+        )
 
     def predict(self, num_rows, num_requests, num_drafted, context=0):
         """Seconds for a step of this shape (numpy arrays broadcast)."""
@@ -98,6 +105,23 @@ class StepCost:
         if n < 2:
             return
         x, y = self.x[:n], self.y[:n]  # [n, 5], [n]
+        coef = self._fit(x, y)
+        # NOTE: a step slowed by something else (a shared CPU, a GC pause) is an outlier on
+        # one side; the model is refit without the steps more than 3 robust deviations off
+        # and judged on the rest, so a noisy host does not leave it untrusted forever.
+        rel = (x @ coef - y) / y  # [n]
+        spread = 1.4826 * float(np.median(np.abs(rel - np.median(rel))))
+        inliers = np.abs(rel - np.median(rel)) <= max(3.0 * spread, 0.02)  # [n]
+        if inliers.sum() >= max(2, n // 2) and not inliers.all():
+            x, y = x[inliers], y[inliers]
+            coef = self._fit(x, y)
+        self.inlier_frac = float(inliers.mean())
+        self.coef = coef
+        self.rel_residual = float(np.sqrt(np.mean(((x @ coef) - y) ** 2 / y**2)))
+        self.well_posed = self._well_posed(x)
+
+    def _fit(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Non-negative least squares on relative error, by dropping negative terms."""
         active = [0] + [t for t in range(1, len(TERMS)) if np.ptp(x[:, t]) > 0]
         coef = np.zeros(len(TERMS))
         # NOTE: weighted by 1/y so the fit minimises RELATIVE error: a 5 ms decode step
@@ -112,9 +136,7 @@ class StepCost:
         coef[active] = np.maximum(sol, 0.0)
         if coef[0] + coef[2] <= 0:  # a step always costs something
             coef[0] = float(np.min(y))
-        self.coef = coef
-        self.rel_residual = float(np.sqrt(np.mean(((x @ coef) - y) ** 2 * w**2)))
-        self.well_posed = self._well_posed(x)
+        return coef
 
     def _well_posed(self, x: np.ndarray) -> bool:
         """rows and drafted must each vary on their own, not only together with requests."""
@@ -133,4 +155,5 @@ class StepCost:
             "num_samples": self.num_samples,
             "rel_residual": self.rel_residual if np.isfinite(self.rel_residual) else None,
             "rel_error": self.rel_error,
+            "inlier_frac": self.inlier_frac,
         }

@@ -106,3 +106,16 @@ def test_a_pinned_model_with_an_unknown_term_is_refused(tmp_path):
     path.write_text(json.dumps({"c0": 0.01, "c_rows": 0.001}))
     with pytest.raises(ValueError, match="c_rows"):
         StepCost.from_file(str(path))
+
+
+def test_steps_slowed_by_something_else_are_left_out_of_the_fit():
+    """A few steps several times slower than their shape explains (a shared CPU, a pause)
+    must not spoil the fit: the model must recover the terms and be trusted."""
+    cost = StepCost()
+    rng = np.random.default_rng(3)
+    for i, (rows, r, d) in enumerate(shapes(300)):
+        slow = 1.0 + 4.0 * rng.random() if i % 7 == 0 else 1.0
+        cost.observe(rows, r, d, 0, true_s(rows, r, d) * slow * (1 + 0.02 * rng.standard_normal()))
+    assert cost.trusted
+    assert np.allclose(cost.coef[:4], TRUE, rtol=0.15)
+    assert 0.8 < cost.inlier_frac < 0.9
