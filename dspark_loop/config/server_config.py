@@ -104,6 +104,7 @@ class ServerConfig:
     max_num_batched_tokens: int = 8192
     long_prefill_token_threshold: int | None = None
     enable_prefix_caching: bool = True
+    async_scheduling: bool = False  # plan step N+1 while the ranks run step N (K=0)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     ring_heap: tuple[int, ...] = DEFAULT_RING_HEAP
     generate: GenerateDefaults = field(default_factory=GenerateDefaults)

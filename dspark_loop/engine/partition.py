@@ -119,6 +119,7 @@ class Partition:
         req.status = Status.RUNNING
         req.num_computed = start
         req.prefill_target = req.num_tokens
+        req.plan_pos, req.plan_pending, req.inflight_step = start, False, -1  # nothing in flight yet
         self.running.append(req)
 
     def advance(self, req: Request, n: int) -> None:
@@ -138,6 +139,7 @@ class Partition:
         req.release_pos = 0
         req.num_computed = 0
         req.prefill_target = 0
+        req.inflight_step = -1  # NOTE: its unanswered rows are dropped (update skips a waiting request)
         self.free_lease(req)
         req.sched_n = 0
         stop_registering(req)

@@ -21,7 +21,13 @@ from dspark_loop.engine.partition import Partition
 from dspark_loop.engine.prefix_cache import PrefixCache
 from dspark_loop.engine.request import Request, Status
 from dspark_loop.engine.sampling_wire import next_prompt_token
-from dspark_loop.engine.scheduled_step import PartitionStep, ScheduledStep, decode_batch
+from dspark_loop.engine.scheduled_step import (
+    PartitionStep,
+    ScheduledStep,
+    decode_batch,
+    note_inflight,
+    plan_positions,
+)
 from dspark_loop.engine.spec_counters import SpecCounters
 from dspark_loop.engine.step_apply import StepApplier
 from dspark_loop.engine.step_update import read_results
@@ -70,6 +76,8 @@ class Scheduler:
         self._early_finished: list[Request] = []
         self.num_preemptions = 0
         self._ended_in_step = False  # a scheduled request ended before its results came back
+        self.plans_ahead = False  # the loop sends a step before the previous one is answered
+        self._unanswered: list[int] = []  # ids of sent (non-empty) steps not yet updated, oldest first
         self.num_constrained = 0  # live requests with a token constraint (tool grammars)
         # K=7 adaptive verification: who chooses the windows and drafter skips (FullVerify:
         # the fixed chain, no per-step call); live requests with max_draft_tokens < K
@@ -180,17 +188,29 @@ class Scheduler:
         # No admissions in a partition that preempted this step: its queue head is the
         # request that was just evicted, and its freed_req_ids must reach the ranks in
         # a plan before any new block update for the same req_id.
-        step = ScheduledStep(StepPlan(self._next_step_id, []), [])
-        self._ended_in_step = False
+        # Async scheduling: with one step still unanswered (never more), its requests are
+        # planned from where it leaves them (plan_positions), K=0 decode inputs it samples
+        # are placeholders, and a request whose next step needs what it returns sits out.
+        if len(self._unanswered) > 1:
+            raise RuntimeError(f"steps {self._unanswered} unanswered: async scheduling plans one step ahead at most")
+        inflight = self._unanswered[0] if self._unanswered else -1
+        step = ScheduledStep(StepPlan(self._next_step_id, []), [], overlapped=inflight >= 0)
+        if inflight < 0:
+            self._ended_in_step = False
         self._next_step_id += 1
         step.aborted_req_ids, self._aborted_req_ids = self._aborted_req_ids, []
+        # NOTE: K=7 never plans ahead (async scheduling is K=0 only), so num_computed is
+        # where every request's next step starts
         adaptive = bool(self.spec_k) and (self.num_capped > 0 or type(self.policy) is not FullVerify)
         if adaptive:
             self._choose_windows()
         for part in self.partitions:
-            pstep, pplan = self._schedule_partition(part, step.preempted_req_ids, adaptive)
+            pstep, pplan = self._schedule_partition(part, step.preempted_req_ids, inflight, adaptive)
             step.partitions.append(pstep)
             step.plan.partitions.append(pplan)
+        if not step.is_empty and self.plans_ahead:
+            self._unanswered.append(step.step_id)
+            note_inflight(step)
         return step
 
     def _choose_windows(self) -> None:
@@ -227,11 +247,13 @@ class Scheduler:
             req.draft_next = dn and req.max_draft_tokens > 0 and req.constraint is None
 
     def _schedule_partition(
-        self, part: Partition, preempted: list[int], adaptive: bool = False
+        self, part: Partition, preempted: list[int], inflight: int = -1, adaptive: bool = False
     ) -> tuple[PartitionStep, PartitionPlan]:
         """One partition's share of the step, phase by phase. adaptive: the verify policy
         chose each decode request's window and drafter skip (_choose_windows)."""
-        budget, prefilling = self._budget(part, adaptive)
+        if inflight >= 0:
+            plan_positions(part.running, inflight, self.spec_k)
+        budget, prefilling = self._budget(part, inflight, adaptive)
         updates: list[BlockUpdate] = []
         decodes, did_preempt = self._map(part, updates, preempted)
         prefills = [(r, r.sched_n) for r in prefilling if r.sched_n and r.status == Status.RUNNING]
@@ -243,7 +265,7 @@ class Scheduler:
             self._mask(part, pstep, pplan)
         return pstep, pplan
 
-    def _budget(self, part: Partition, adaptive: bool = False) -> tuple[int, list[Request]]:
+    def _budget(self, part: Partition, inflight: int = -1, adaptive: bool = False) -> tuple[int, list[Request]]:
         """Phase 1: ring pages behind the window back, then each running request's rows
         (sched_n) under the token budget: decode rows, then continuing prefill chunks
         (admission order). Returns the budget left and the prefilling requests."""
@@ -261,10 +283,15 @@ class Scheduler:
                 # mostly fell in the same step as the mapping; from here the two meet only
                 # when one step accepts 7-8 tokens across both positions.
                 part.release_ring(req)
-            if req.num_computed < req.prefill_target:
+            if inflight < 0:
+                req.plan_pos, req.plan_pending = req.num_computed, False
+            elif req.plan_pos < 0:  # sits this step out (plan_positions)
+                req.sched_n = 0
+                continue
+            if req.plan_pos < req.prefill_target:
                 req.sched_n = 0
                 prefilling.append(req)
-            elif spec_k and req.has_drafts and req.constraint is None and req.num_computed <= verify_limit:
+            elif spec_k and req.has_drafts and req.constraint is None and req.plan_pos <= verify_limit:
                 n = 1 + req.verify_len if adaptive else verify_n  # 1 + l rows (l = 0: one row)
                 if n <= budget:
                     req.sched_n = n
@@ -278,7 +305,7 @@ class Scheduler:
                 req.sched_n = 0
         for req in prefilling:
             if budget > 0:
-                req.sched_n = min(req.prefill_target - req.num_computed, self.chunk_cap, budget)
+                req.sched_n = min(req.prefill_target - req.plan_pos, self.chunk_cap, budget)
                 budget -= req.sched_n
         return budget, prefilling
 
@@ -293,14 +320,14 @@ class Scheduler:
             n = req.sched_n
             if not n:
                 continue
-            end = req.num_computed + n
+            end = req.plan_pos + n
             if end > req.map_limit:
                 short = part.map(req, end, updates)
                 if short is not None:  # a pool is short: preempt from the tail
                     if not self._preempt_for(part, req, short, preempted):
                         break
                     part.allocate(req, short, updates)
-            if req.num_computed >= req.prefill_target:
+            if req.plan_pos >= req.prefill_target:
                 decodes.append(req)
         return decodes, len(preempted) > num_preempted
 
@@ -326,16 +353,15 @@ class Scheduler:
         """Phase 4: the PartitionStep (what the results will mean) and its wire plan."""
         pstep = PartitionStep()
         for req, n in prefills:
-            start = req.num_computed
-            pstep.prefills.append((req, n, start + n == req.prefill_target))
+            pstep.prefills.append((req, n, req.plan_pos + n == req.prefill_target))
         pplan = PartitionPlan(block_updates=updates)
         pplan.prefills = [
             PrefillChunk(
                 r.req_id,
-                r.num_computed,
-                r.token_bytes(r.num_computed, r.num_computed + n),
+                r.plan_pos,
+                r.token_bytes(r.plan_pos, r.plan_pos + n),
                 s,
-                next_prompt_token(r, r.num_computed + n, s),
+                next_prompt_token(r, r.plan_pos + n, s),
             )
             for r, n, s in pstep.prefills
         ]
@@ -370,7 +396,10 @@ class Scheduler:
         self._early_finished = []
         if step.is_empty:
             return outputs
-        updates = read_results(step, results, self.spec_k, self.max_model_len, self._ended_in_step)
+        if step.step_id in self._unanswered:
+            self._unanswered.remove(step.step_id)
+        check_live = self._ended_in_step or step.overlapped or bool(self._unanswered)
+        updates = read_results(step, results, self.spec_k, self.max_model_len, check_live)
         for part, update in zip(self.partitions, updates):
             self.applier.apply(part, step, update, now, outputs)
         return outputs

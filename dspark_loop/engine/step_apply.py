@@ -83,7 +83,7 @@ class StepApplier:
         verified, dn = d.verified, d.draft_next
         want = req_ids if dn is None else list(compress(req_ids, dn))
         head = -1 if drafts is None else len(drafts[0]) - len(want)  # drafts before the decodes' own
-        taken = head >= 0 and drafts[0][head:] == want
+        taken = head >= 0 and (drafts[0] if head == 0 else drafts[0][head:]) == want
         # NOTE: drafts are for one anchor only: a decode spends them, the ranks sent the
         # next ones with this result (stored here when taken, else by id after this pass)
         if taken:
@@ -94,20 +94,14 @@ class StepApplier:
         part.advance_all(d.reqs, lens)
         num_new = 0
         k = DSPARK_K
-        for req, toks, a, v, nd, dr in zip(
-            d.reqs, d.tokens, lens, verified or repeat(False), d.num_drafts or repeat(k), dn or repeat(True)
-        ):
+        for req, toks, a, v, nd in zip(d.reqs, d.tokens, lens, verified or repeat(False), d.num_drafts or repeat(k)):
             if v:
                 if req.num_verify_steps == 0:
                     spec.num_requests += 1
                 req.num_verify_steps += 1
                 req.num_accepted += a
                 req.num_proposed += nd
-            if dr:
-                req.has_drafts = taken
-            else:
-                req.has_drafts = False
-                req.num_drafter_skips += 1
+            req.has_drafts = taken
             out_ids = req.output_ids
             if req.plain_commit and len(out_ids) + a < req.length_at and req.finish_ids.isdisjoint(toks):
                 # NOTE: the common case, commit() without its per-token finish walk:
@@ -136,6 +130,10 @@ class StepApplier:
             else:
                 emit(commit(part, step, req, toks, now, lp.get(req.req_id) if lp else None))
         step.num_new_tokens += num_new
+        if dn is not None:  # skipped drafter passes: no drafts came back for these
+            for req in compress(d.reqs, [not x for x in dn]):
+                req.has_drafts = False
+                req.num_drafter_skips += 1
         if verified is not None:
             self._count_totals(step, d)  # after the pass: the progress line counts its requests
         if drafts is None or (taken and head == 0):

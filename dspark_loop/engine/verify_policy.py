@@ -12,7 +12,9 @@ group; `partition` says which group each request is in):
         cap        [R] int32 in 0..K      the most this request may verify: K with drafts,
                                           0 without (no drafts yet, a skipped drafter
                                           pass, the position ceiling, a grammar), or its own
-                                          `Request.max_draft_tokens`
+                                          `Request.max_draft_tokens` (from
+                                          `SamplingParams.max_draft_tokens`, fixed at
+                                          admission: the API's per-request cap)
         partition  [R] int32              the request's partition (TP group) index
         verify_len [R] int in 0..cap[r]   drafts verified this step, a contiguous prefix
                                           (the request computes 1 + verify_len rows)

@@ -149,8 +149,9 @@ def test_a_request_capped_at_zero_drafts_never_verifies_nor_drafts_after_its_pro
     drafter pass skipped, while its neighbour keeps verifying; tokens stay K=0's."""
     sched = make_scheduler(spec_k=7, max_model_len=120)
     mesh = DraftingMesh(sched.layout, 1, allowed_tokens(), 120)
-    a, b = make_requests(sched, 2, prompt_len=8, max_tokens=40)
-    a.max_draft_tokens = 0
+    (a,) = make_requests(sched, 1, prompt_len=8, max_tokens=40, max_draft_tokens=0)
+    (b,) = make_requests(sched, 1, prompt_len=8, max_tokens=40, first=1)
+    assert a.max_draft_tokens == 0 and b.max_draft_tokens == DSPARK_K
     got = run_all(sched, mesh, [a, b])
     ref_sched = make_scheduler(max_model_len=120)
     assert got == run_all(ref_sched, make_mesh(ref_sched), make_requests(ref_sched, 2, prompt_len=8, max_tokens=40))
@@ -190,3 +191,25 @@ def test_the_step_trace_counts_verify_rows_and_drafter_skips_and_the_policy_obse
         ]
     assert seen_rows > 0 and seen_skips > 0
     assert sched.spec.num_drafter_skips == seen_skips
+
+
+def test_a_request_capped_at_three_drafts_never_verifies_more_and_keeps_k0_tokens():
+    """SamplingParams.max_draft_tokens 3 must cap that request's windows at 4 rows under the
+    default policy (FullVerify verifies the cap), while its neighbour verifies 8."""
+    sched = make_scheduler(spec_k=7, max_model_len=120)
+    mesh = DraftingMesh(sched.layout, 1, allowed_tokens(), 120)
+    (a,) = make_requests(sched, 1, prompt_len=8, max_tokens=40, max_draft_tokens=3)
+    (b,) = make_requests(sched, 1, prompt_len=8, max_tokens=40, first=1)
+    got = run_all(sched, mesh, [a, b])
+    ref_sched = make_scheduler(max_model_len=120)
+    assert got == run_all(ref_sched, make_mesh(ref_sched), make_requests(ref_sched, 2, prompt_len=8, max_tokens=40))
+    rows = {
+        (int(rid), int(k))
+        for p in mesh.plans
+        for part in p.partitions
+        if part.decode
+        for rid, k in zip(np.frombuffer(part.decode.req_ids, np.int32), as_i8(part.decode.num_rows))
+    }
+    assert {k for rid, k in rows if rid == a.req_id} <= {1, 4} and (a.req_id, 4) in rows
+    assert (b.req_id, 8) in rows
+    assert a.num_proposed == 3 * a.num_verify_steps
