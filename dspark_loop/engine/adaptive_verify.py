@@ -146,7 +146,10 @@ class AdaptiveVerify:
         prior_pays = self.drafted_gain >= theta * (c_draft + c_row * self.drafted_len)
         turn = (np.arange(R) + self.num_steps) % self.redraft_every == 0  # [R]
         draft_next = np.where(has_drafts, pays, prior_pays | turn)  # [R]
-        final = solve_budget(surv, cap, fixed + c_draft * np.bincount(partition, draft_next, P), drafts_s, partition)
+        num_drafted = np.bincount(partition, draft_next, P)  # [P]
+        if np.array_equal(num_drafted, drafted):  # the steady state: the first solve stands
+            return VerifyChoice(first.verify_len, draft_next), first.expected_tokens
+        final = solve_budget(surv, cap, fixed + c_draft * num_drafted, drafts_s, partition)
         return VerifyChoice(final.verify_len, draft_next), final.expected_tokens
 
     def stats(self) -> dict:

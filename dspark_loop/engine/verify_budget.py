@@ -86,8 +86,8 @@ def solve_budget(
     if P == 1:  # the staircase itself: candidate c verifies the first c slots
         times, tau, num_slots = step_s[0], R + prefix_tau[0], [np.arange(len(order) + 1)]
     else:  # candidate step times: every partition's breakpoints, at least the slowest base
-        times = np.unique(np.concatenate(step_s))  # [C] ascending
-        times = times[times >= base_s.max()]
+        times = np.sort(np.concatenate(step_s))  # [C] ascending (a repeat is harmless)
+        times = times[np.searchsorted(times, base_s.max()) :]
         tau = np.full(len(times), float(R))  # [C]
         num_slots = []
         for p in range(P):
