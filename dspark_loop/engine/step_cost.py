@@ -13,8 +13,9 @@ identifiable, which is all the solver needs at that load).
 
 The model is trusted (engine/adaptive_verify.py uses it instead of verifying the full
 window) once it has min_samples steps, the rows and drafted columns vary independently
-(the design is well conditioned) and the relative residual is small on the steps that fit
-(>= 70% of them; the rest, slowed by something else, are left out of the fit). A model pinned from
+(the design is well conditioned), >= 70% of the steps fit (the rest, slowed by something
+else, are left out of the fit) and every term's share of a mean step is known to within
+max_term_error (its standard error): on a noisy host that takes more steps, not never. A model pinned from
 a JSON file ({"c0": s, "c_row": s, "c_req": s, "c_draft": s, "c_ctx": s}; absent terms
 0) is trusted and never
 refit: runs that use it choose the same verify lengths for the same confidences.
@@ -34,7 +35,8 @@ class StepCost:
         self,
         window: int = 512,
         min_samples: int = 48,
-        max_rel_residual: float = 0.2,
+        max_rel_residual: float = 1.0,
+        max_term_error: float = 0.05,
         max_condition: float = 1e4,
         refit_every: int = 8,
         pinned: dict | None = None,
@@ -42,6 +44,7 @@ class StepCost:
         self.window = window
         self.min_samples = min_samples
         self.max_rel_residual = max_rel_residual
+        self.max_term_error = max_term_error
         self.max_condition = max_condition
         self.refit_every = refit_every
         self.x = np.zeros((window, len(TERMS)))  # [window, 5] ring of step shapes
@@ -51,6 +54,7 @@ class StepCost:
         self.rel_residual = float("inf")  # RMS of (fit - y) / y over the window
         self.well_posed = False
         self.inlier_frac = 1.0  # share of the window the last fit kept (the rest: outliers)
+        self.term_error = float("inf")  # largest standard error of a term's share of a mean step
         self.rel_error = 0.0  # EMA of |prediction - observed| / observed, predicted BEFORE the fit saw it
         self.num_predicted = 0
         self.pinned = pinned is not None
@@ -76,6 +80,7 @@ class StepCost:
             self.num_samples >= self.min_samples
             and self.well_posed
             and self.rel_residual <= self.max_rel_residual
+            and self.term_error <= self.max_term_error
             and self.inlier_frac >= 0.7
         )
 
@@ -119,6 +124,22 @@ class StepCost:
         self.coef = coef
         self.rel_residual = float(np.sqrt(np.mean(((x @ coef) - y) ** 2 / y**2)))
         self.well_posed = self._well_posed(x)
+        self.term_error = self._term_error(x, y, coef) if self.well_posed else float("inf")
+
+    def _term_error(self, x: np.ndarray, y: np.ndarray, coef: np.ndarray) -> float:
+        """How well the fit knows each term: the standard error of its share of a mean step
+        (se(c_t) * mean(x_t) / mean(y)), the largest over the varying terms. Noisy step
+        times need more samples, not a smaller residual: the solver needs the shares."""
+        active = [0] + [t for t in range(1, len(TERMS)) if np.ptp(x[:, t]) > 0]  # a term fit to 0 too
+        xw = x[:, active] / y[:, None]  # [n, m] relative-error weights
+        dof = len(y) - len(active)
+        if dof <= 0:
+            return float("inf")
+        sigma2 = float(np.sum((x @ coef / y - 1.0) ** 2)) / dof
+        cov = sigma2 * np.linalg.pinv(xw.T @ xw)  # [m, m]
+        se = np.sqrt(np.maximum(np.diag(cov), 0.0))  # [m]
+        shares = [se[i] * float(x[:, t].mean()) / float(y.mean()) for i, t in enumerate(active) if t != 0]
+        return max(shares, default=0.0)
 
     def _fit(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Non-negative least squares on relative error, by dropping negative terms."""
@@ -156,4 +177,5 @@ class StepCost:
             "rel_residual": self.rel_residual if np.isfinite(self.rel_residual) else None,
             "rel_error": self.rel_error,
             "inlier_frac": self.inlier_frac,
+            "term_error": self.term_error if np.isfinite(self.term_error) else None,
         }
