@@ -9,8 +9,10 @@ Per step (choose):
      pays for its drafter pass and rows at the step's rate: gain >= theta * (c_draft +
      c_row * l). A request without drafts (skipped, or just started) is re-drafted iff the
      average drafted request's gain (EMA) pays at this rate -- so all re-draft when the load
-     drops -- or it is its turn in a rotation over row indices (every `redraft_every`
-     steps per index), so no request is starved of drafting at a steady high load.
+     drops -- or it is its turn in a rotation over row indices (every `probe_every`
+     steps per index), so no request is starved of drafting at a steady high load. The
+     rotation backs off (doubling up to MAX_PROBE_EVERY) while probed requests' drafts do
+     not pay, and returns to `redraft_every` when one does.
   4. Budget again with the chosen drafter count: the final l.
 The confidences are scaled by `accept_scale`, learned online from each step's realised
 decode tokens against the expected ones (observe_tokens): the drafter's head predicts a
@@ -34,6 +36,7 @@ from dspark_loop.engine.verify_policy import VerifyChoice
 EMA = 0.05  # weight of a step in the drafted-gain averages
 SCALE_RATE = 0.1  # step size of accept_scale's log update
 SCALE_RANGE = (0.05, 2.0)
+MAX_PROBE_EVERY = 256  # the longest a request without drafts waits for a probe
 
 
 class AdaptiveVerify:
@@ -49,6 +52,8 @@ class AdaptiveVerify:
         # per-position temperature scaling of the confidences ([K] or None: as given)
         self.temperatures = None if temperatures is None else np.asarray(temperatures, np.float64)
         self.redraft_every = redraft_every
+        self.probe_every = redraft_every  # the rotation's period now (backs off, see _solve)
+        self.probed: np.ndarray | None = None  # [R] bool: rows re-drafted as a probe last step
         self.explore_every = explore_every
         self.rng = np.random.default_rng(seed)
         self.num_steps = 0
@@ -144,13 +149,31 @@ class AdaptiveVerify:
             self.drafted_gain = (1 - w) * self.drafted_gain + w * float(first.gain[has_drafts].mean())
             self.drafted_len = (1 - w) * self.drafted_len + w * float(first.verify_len[has_drafts].mean())
         prior_pays = self.drafted_gain >= theta * (c_draft + c_row * self.drafted_len)
-        turn = (np.arange(R) + self.num_steps) % self.redraft_every == 0  # [R]
+        self._back_off(has_drafts, pays)
+        turn = (np.arange(R) + self.num_steps) % self.probe_every == 0  # [R]
         draft_next = np.where(has_drafts, pays, prior_pays | turn)  # [R]
+        self.probed = ~has_drafts & turn & ~prior_pays
         num_drafted = np.bincount(partition, draft_next, P)  # [P]
         if np.array_equal(num_drafted, drafted):  # the steady state: the first solve stands
             return VerifyChoice(first.verify_len, draft_next), first.expected_tokens
         final = solve_budget(surv, cap, fixed + c_draft * num_drafted, drafts_s, partition)
         return VerifyChoice(final.verify_len, draft_next), final.expected_tokens
+
+    def _back_off(self, has_drafts: np.ndarray, pays: np.ndarray) -> None:
+        """Double the probe period when last step's probes (rows re-drafted by their turn)
+        brought drafts that do not pay, back to redraft_every when one does. NOTE: rows are
+        matched by index; a request finishing in between shifts them, which only mixes
+        up whose probe is judged, not whether probing pays."""
+        probed, self.probed = self.probed, None
+        if probed is None or len(probed) != len(has_drafts):
+            return
+        judged = probed & has_drafts
+        if not judged.any():
+            return
+        if pays[judged].any():
+            self.probe_every = self.redraft_every
+        else:
+            self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
 
     def stats(self) -> dict:
         return {
@@ -164,4 +187,5 @@ class AdaptiveVerify:
             "num_available_drafts": self.num_capped,
             "expected_tokens": self.expected_tokens,
             "accept_scale": self.accept_scale,
+            "probe_every": self.probe_every,
         }

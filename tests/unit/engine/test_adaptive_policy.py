@@ -195,3 +195,29 @@ def test_accept_scale_stays_at_one_when_confidences_are_right():
         policy.choose(conf, cap, part)
         policy.observe_tokens(8, round(8 + policy.pending_extra))
     assert 0.95 < policy.accept_scale < 1.05
+
+
+def test_probes_back_off_while_they_do_not_pay_and_return_when_one_does():
+    """Re-drafting a request by its turn costs a drafter pass: while the probed requests'
+    drafts keep not paying the rotation must slow down (to at most every 256 steps, so no
+    request waits forever), and come back to every redraft_every steps once one pays."""
+    from dspark_loop.engine.adaptive_verify import MAX_PROBE_EVERY
+
+    # a drafted request costs 0.0024 s with its rows: ~4.3 tokens at this load's rate;
+    # drafts of confidence 0.05 bring 0.05, of 0.99 about 6.7
+    policy = AdaptiveVerify(pinned(c_row=0.0002, c_req=0.0002, c_draft=0.001), redraft_every=8)
+    R = 64
+    part = np.zeros(R, np.int32)
+    has = np.zeros(R, bool)
+    for _ in range(400):  # every probe brings useless drafts
+        conf = np.where(has[:, None], 0.05, 0.0).astype(np.float32) * np.ones((R, K), np.float32)
+        choice = policy.choose(conf, np.where(has, K, 0).astype(np.int32), part)
+        has = choice.draft_next
+    assert policy.probe_every == MAX_PROBE_EVERY
+    for _ in range(MAX_PROBE_EVERY + 1):  # now they would pay
+        conf = np.where(has[:, None], 0.99, 0.0).astype(np.float32) * np.ones((R, K), np.float32)
+        choice = policy.choose(conf, np.where(has, K, 0).astype(np.int32), part)
+        has = choice.draft_next
+        if policy.probe_every == 8:
+            break
+    assert policy.probe_every == 8
