@@ -21,7 +21,7 @@ from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.errors import MeshStartError
 from dspark_loop.contract.mesh_auth import resolve_secret
 from dspark_loop.contract.model_config import ModelConfig
-from dspark_loop.contract.protocol import RankConfig
+from dspark_loop.contract.protocol import DSPARK_K, RankConfig
 from dspark_loop.engine.adaptive_verify import AdaptiveVerify
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
@@ -195,12 +195,17 @@ def adaptive_verification(cfg: ServerConfig) -> bool:
     return has_confidence_head(cfg.model)
 
 
-def verify_policy(cfg: ServerConfig) -> VerifyPolicy:
-    """AdaptiveVerify (with the pinned cost model when one is given) or the fixed chain."""
+def verify_policy(cfg: ServerConfig, model: ModelConfig | None = None) -> VerifyPolicy:
+    """AdaptiveVerify (with the pinned cost model when one is given, and the checkpoint's
+    per-position confidence temperatures, config.json dspark_confidence_temperatures, when
+    it has them) or the fixed chain."""
     if not adaptive_verification(cfg):
         return FullVerify()
     path = cfg.speculative.cost_model
-    return AdaptiveVerify(StepCost.from_file(path) if path else None)
+    temps = model.raw.get("dspark_confidence_temperatures") if model is not None else None
+    if temps is not None and (len(temps) != DSPARK_K or min(temps) <= 0):
+        raise ValueError(f"config.json dspark_confidence_temperatures must be {DSPARK_K} positive numbers: {temps}")
+    return AdaptiveVerify(StepCost.from_file(path) if path else None, temperatures=temps)
 
 
 def load_tokenizer(model_dir: str) -> Tokenizer:
@@ -255,7 +260,7 @@ async def run_server(cfg: ServerConfig, model: ModelConfig) -> int:
     tokenizer = load_tokenizer(cfg.model)
     pending = PendingEngine(cfg.max_model_len)
     observers, metrics = make_observers(cfg)
-    policy = verify_policy(cfg)
+    policy = verify_policy(cfg, model)
     metrics.verify.policy = policy  # its cost model and expected tokens in /metrics
     app = create_app(pending, tokenizer, cfg, model, metrics=metrics)
     supervisor = MeshSupervisor(

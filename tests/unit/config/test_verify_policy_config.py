@@ -48,3 +48,22 @@ def test_a_drafter_without_a_confidence_head_defaults_to_the_fixed_chain(tmp_pat
     assert isinstance(verify_policy(config(tmp_path, {"num_speculative_tokens": 7})), FullVerify)
     write_safetensors_header(tmp_path / "model.safetensors", ["mtp.2.confidence_head.proj.weight"])
     assert isinstance(verify_policy(config(tmp_path, {"num_speculative_tokens": 7})), AdaptiveVerify)
+
+
+def test_the_checkpoints_position_temperatures_reach_the_policy(tmp_path):
+    """config.json's dspark_confidence_temperatures (sequential temperature scaling) must be
+    applied by the policy; a list of the wrong length is refused at start."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    temps = [0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3]
+    policy = verify_policy(
+        config(tmp_path, {"num_speculative_tokens": 7}), SimpleNamespace(raw={"dspark_confidence_temperatures": temps})
+    )
+    assert policy.temperatures.tolist() == temps
+    with pytest.raises(ValueError, match="dspark_confidence_temperatures"):
+        verify_policy(
+            config(tmp_path, {"num_speculative_tokens": 7}),
+            SimpleNamespace(raw={"dspark_confidence_temperatures": [1.0]}),
+        )
