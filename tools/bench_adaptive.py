@@ -217,7 +217,7 @@ def main(argv=None) -> int:
             rounds = args.rounds or max(1, len(pool) // n)
             rows.append(cell(args.model, pool, n, t, args.max_tokens, rounds, policy))
             print_row(rows[-1])
-    print(f"cost model at the end: {policy.cost.stats()}", flush=True)
+    print(f"policy at the end: {policy.stats()}", flush=True)
     if args.save_cost_model:
         with open(args.save_cost_model, "w", encoding="utf-8") as f:
             json.dump({t: float(c) for t, c in zip(TERMS, policy.cost.coef)}, f, indent=1)
