@@ -171,8 +171,9 @@ class EngineLoop:
         )
 
     def cache_stats(self) -> dict:
-        """Read-only: free/total pages per family per partition and what still holds pages
-        (live requests, open output channels); once idle, free == total everywhere."""
+        """Read-only: free/total pages per family per partition, its queues and the tokens its
+        live requests hold, and what still holds pages (live requests, open output channels);
+        once idle, free == total everywhere."""
         sched = self.scheduler
         return {
             "families": [f.name for f in sched.layout.families],
@@ -182,6 +183,10 @@ class EngineLoop:
                     "total": [pool.num_blocks for pool in p.cache.pools],
                     "num_running": len(p.running),
                     "num_waiting": len(p.waiting),
+                    # tokens of the live requests (prompt + output so far), and those the waiting ones
+                    # have still to compute: the load a router reads (api/server_info.py)
+                    "num_tokens": sum(r.prompt_len + len(r.output_ids) for q in (p.running, p.waiting) for r in q),
+                    "num_waiting_tokens": sum(r.prompt_len + len(r.output_ids) - r.num_computed for r in p.waiting),
                 }
                 for p in sched.partitions
             ],
@@ -292,12 +297,12 @@ class EngineLoop:
                 # 5. update
                 outputs = sched.update(step, results)
                 t3 = time.perf_counter()
-                if results and sched.observes_steps:
-                    sched.observe_step(step, results, t2 - t1)
                 # 6. deliver
                 self._deliver(outputs)
                 t4 = time.perf_counter()
                 self.num_steps += 1
+                if results and sched.observes_steps:  # the verify policy learns the step's cost
+                    sched.observe_step(step, results, t2 - t1)
                 self._observe(step, results, wall, t0, t1, t2, t3, t4)
                 if step.is_empty and not outputs:
                     # nothing could run (e.g. every queue waits on pages): do not spin

@@ -59,12 +59,12 @@ class ScheduledStep:
 
 
 def decode_batch(
-    decodes: list[Request], pstep: PartitionStep, drafts: np.ndarray | None = None, adaptive: bool = False
+    decodes: list[Request], pstep: PartitionStep, drafts: np.ndarray | None = None, masked: bool = False
 ) -> DecodeBatch:
     """The wire DecodeBatch: row 0 = last token, rows 1..l = the first l drafts when
-    verifying (sched_n = 1 + l). drafts: the partition's draft table [L, K] (K=7), read at
-    each verifying request's lease. adaptive: a verify policy chose the windows and the
-    drafter skips (Request.draft_next), so the tile may be ragged and a mask is sent."""
+    verifying (sched_n = 1 + l; a verify policy may make the tile ragged). drafts: the
+    partition's draft table [L, K] (K=7), read at each verifying request's lease. masked:
+    a verify policy skips some drafter passes (Request.draft_next): send the mask."""
     n = len(decodes)
     rows = np.fromiter([r.sched_n for r in decodes], np.int8, n)  # [R]
     start = np.fromiter([r.plan_pos for r in decodes], np.int64, n)  # [R]
@@ -101,8 +101,8 @@ def decode_batch(
     pstep.decode_req_ids = req_ids
     pstep.decode_leases = leases
     mask = b""
-    if adaptive:
-        dn = np.fromiter([r.draft_next for r in decodes], bool, n)  # [R]
+    if masked:
+        dn = np.array([r.draft_next for r in decodes], bool)  # [R]
         if not dn.all():
             pstep.draft_next = dn
             mask = dn.astype(np.uint8).tobytes()

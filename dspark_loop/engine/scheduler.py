@@ -202,10 +202,9 @@ class Scheduler:
         # NOTE: K=7 never plans ahead (async scheduling is K=0 only), so num_computed is
         # where every request's next step starts
         adaptive = bool(self.spec_k) and (self.num_capped > 0 or type(self.policy) is not FullVerify)
-        if adaptive:
-            self._choose_windows()
+        masked = adaptive and self._choose_windows()
         for part in self.partitions:
-            pstep, pplan = self._schedule_partition(part, step.preempted_req_ids, inflight, adaptive)
+            pstep, pplan = self._schedule_partition(part, step.preempted_req_ids, inflight, adaptive, masked)
             step.partitions.append(pstep)
             step.plan.partitions.append(pplan)
         if not step.is_empty and self.plans_ahead:
@@ -213,44 +212,48 @@ class Scheduler:
             note_inflight(step)
         return step
 
-    def _choose_windows(self) -> None:
+    def _choose_windows(self) -> bool:
         """K=7, adaptive: ask the policy for every decode request's verify length and
-        drafter skip (Request.verify_len, .draft_next), one call over all partitions."""
+        drafter skip (Request.verify_len, .draft_next), one call over all partitions.
+        Returns whether some request skips its drafter pass (the plans need a mask)."""
         verify_limit = self.max_model_len - (self.spec_k + 1)
-        reqs, confs = [], []
+        reqs, leases, caps, may, counts = [], [], [], [], []
         for part in self.partitions:
-            decoding = [r for r in part.running if r.num_computed >= r.prefill_target]
-            if decoding:
-                reqs += decoding
-                confs.append(part.conf[[r.lease for r in decoding]])
+            first = len(reqs)
+            for r in part.running:
+                if r.num_computed >= r.prefill_target:
+                    reqs.append(r)
+                    leases.append(r.lease)
+                    m = r.max_draft_tokens if r.constraint is None else 0
+                    # NOTE: a request that may never verify (its own cap 0, a grammar) never drafts
+                    may.append(m > 0)
+                    caps.append(m if r.has_drafts and r.num_computed <= verify_limit else 0)
+            counts.append(len(reqs) - first)
         n = len(reqs)
         if not n:
-            return
-        cap = np.fromiter(  # [R]
-            (
-                r.max_draft_tokens if r.has_drafts and r.constraint is None and r.num_computed <= verify_limit else 0
-                for r in reqs
-            ),
-            np.int32,
-            n,
+            return False
+        cap = np.array(caps, np.int32)  # [R]
+        partition = np.repeat(np.arange(len(counts), dtype=np.int32), counts)  # [R]
+        ends = np.cumsum(counts).tolist()
+        conf = np.concatenate(  # [R, K]
+            [part.conf[leases[e - c : e]] for part, c, e in zip(self.partitions, counts, ends) if c]
         )
-        partition = np.fromiter((r.partition for r in reqs), np.int32, n)  # [R]
-        conf = np.concatenate(confs)  # [R, K]
         conf[cap == 0] = 0.0
         verify_len, draft_next = self.policy.choose(conf, cap, partition)
         if len(verify_len) != n or len(draft_next) != n:
             raise ValueError(f"verify policy answered {len(verify_len)}/{len(draft_next)} choices for {n} requests")
-        verify_len = np.clip(verify_len, 0, cap).tolist()
-        for req, vl, dn in zip(reqs, verify_len, np.asarray(draft_next, bool).tolist()):
+        drafting = np.asarray(draft_next, bool) & np.array(may, bool)  # [R]
+        for req, vl, dn in zip(reqs, np.clip(verify_len, 0, cap).tolist(), drafting.tolist()):
             req.verify_len = vl
-            # NOTE: a request that may never verify (its own cap 0, a grammar) never drafts
-            req.draft_next = dn and req.max_draft_tokens > 0 and req.constraint is None
+            req.draft_next = dn
+        return not drafting.all()
 
     def _schedule_partition(
-        self, part: Partition, preempted: list[int], inflight: int = -1, adaptive: bool = False
+        self, part: Partition, preempted: list[int], inflight: int = -1, adaptive: bool = False, masked: bool = False
     ) -> tuple[PartitionStep, PartitionPlan]:
         """One partition's share of the step, phase by phase. adaptive: the verify policy
-        chose each decode request's window and drafter skip (_choose_windows)."""
+        chose each decode request's window (_choose_windows); masked: and some skip their
+        drafter pass."""
         if inflight >= 0:
             plan_positions(part.running, inflight, self.spec_k)
         budget, prefilling = self._budget(part, inflight, adaptive)
@@ -260,7 +263,7 @@ class Scheduler:
         if not did_preempt:
             for req, message in self.admission.admit(part, budget, prefills, updates):
                 self._report_error(req, message)
-        pstep, pplan = self._plan(part, prefills, decodes, updates, adaptive)
+        pstep, pplan = self._plan(part, prefills, decodes, updates, masked)
         if self.num_constrained:
             self._mask(part, pstep, pplan)
         return pstep, pplan
@@ -348,7 +351,7 @@ class Scheduler:
         prefills: list[tuple[Request, int]],
         decodes: list[Request],
         updates: list[BlockUpdate],
-        adaptive: bool = False,
+        masked: bool = False,
     ) -> tuple[PartitionStep, PartitionPlan]:
         """Phase 4: the PartitionStep (what the results will mean) and its wire plan."""
         pstep = PartitionStep()
@@ -367,7 +370,7 @@ class Scheduler:
         ]
         if decodes:
             pstep.decode_reqs = decodes
-            pplan.decode = decode_batch(decodes, pstep, part.drafts, adaptive)
+            pplan.decode = decode_batch(decodes, pstep, part.drafts, masked)
         if pstep.is_empty:
             pplan.freed_req_ids = []  # keep them for a plan that is actually sent
         else:

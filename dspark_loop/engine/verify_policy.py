@@ -4,7 +4,9 @@ the request's drafter pass.
 
 The scheduler calls `choose()` ONCE PER STEP over the decode requests of ALL partitions
 (every TP group computes the step together, so the step's time is set by the busiest
-group; `partition` says which group each request is in):
+group; `partition` says which group each request is in), before any partition is
+planned; a step without decode requests makes no call. With `FullVerify` (the default)
+there is no call at all: the plans are the seeds' fixed chain.
 
     choose(conf, cap, partition) -> VerifyChoice(verify_len, draft_next)
         conf       [R, DSPARK_K] float32  calibrated per-draft confidences of each decode

@@ -24,7 +24,8 @@ class DraftingMesh(FakeMesh):
 
     def run(self, plan: StepPlan) -> list[StepResult]:
         results = super().run(plan)
-        for res, rank, part in zip(results, self.ranks, plan.partitions):
+        ranks = getattr(self, "ranks", None) or self.runners  # FakeRanks (runners over a LocalMesh)
+        for res, rank, part in zip(results, ranks, plan.partitions):
             anchors = self._anchors(part, as_i32(res.token_ids))  # (req_id, pos, token, prev token)
             if not anchors:
                 continue

@@ -9,7 +9,7 @@ import pytest
 from dspark_loop.contract.protocol import DSPARK_K, as_i8
 from dspark_loop.engine.verify_policy import FullVerify, VerifyChoice
 from tests.unit.engine.drafting_mesh import DraftingMesh
-from tests.unit.engine.factories import allowed_tokens, make_mesh, make_requests, make_scheduler, run_step
+from tests.unit.engine.factories import allowed_tokens, make_mesh, make_requests, make_scheduler, run_step, tokens_of
 from tests.unit.engine.random_policy import RandomPolicy
 
 
@@ -213,3 +213,58 @@ def test_a_request_capped_at_three_drafts_never_verifies_more_and_keeps_k0_token
     assert {k for rid, k in rows if rid == a.req_id} <= {1, 4} and (a.req_id, 4) in rows
     assert (b.req_id, 8) in rows
     assert a.num_proposed == 3 * a.num_verify_steps
+
+
+def test_stale_rows_of_a_rejected_long_window_outlive_a_shorter_one_and_are_never_read():
+    """Eager publish with variable windows: a full window rejected at its first draft leaves
+    positions L+1..L+7 written with wrong inputs; a 2-draft window next rewrites only up to
+    L+3, so L+4.. stay stale past num_computed. The fake ranks check every read (window and
+    compressed rows): the run must never read them before the step that commits them
+    rewrites them, and the tokens must be K=0's."""
+
+    class Windows:
+        def __init__(self, lens):
+            self.lens = list(lens)
+
+        def choose(self, conf, cap, partition):
+            want = self.lens.pop(0) if self.lens else 7
+            return VerifyChoice(np.minimum(cap, want).astype(np.int32), np.ones(len(cap), bool))
+
+        def observe(self, *a):
+            pass
+
+    sched = make_scheduler(spec_k=7, policy=Windows([]), max_model_len=120)
+    mesh = DraftingMesh(sched.layout, 1, allowed_tokens(), 120)
+    (r,) = make_requests(sched, 1, prompt_len=8, max_tokens=50)
+    sched.add(r)
+    got = []
+    while not r.has_drafts:
+        got += tokens_of(run_step(sched, mesh)[1])
+    part, rank = sched.partitions[0], mesh.ranks[0]
+    part.set_drafts(
+        r, np.array(allowed_tokens()[:7], np.int32)
+    )  # wrong from draft 0 (the model never emits them in a row)
+    sched.policy = Windows([7, 2, 0, 1])
+    L = r.num_computed
+    step, outs = run_step(sched, mesh)  # 8 rows, 1 accepted: L+1..L+7 are stale
+    got += tokens_of(outs)
+    assert as_i8(step.plan.partitions[0].decode.num_rows).tolist() == [8] and r.num_computed == L + 1
+    stale = dict(rank.store[0])  # swa slot -> tag, after the rejected window
+    part.set_drafts(r, np.array(allowed_tokens()[:7], np.int32))
+    step, outs = run_step(sched, mesh)  # 3 rows at L+1: rewrites L+1..L+3 only
+    got += tokens_of(outs)
+    assert as_i8(step.plan.partitions[0].decode.num_rows).tolist() == [3]
+    fam = sched.layout.families[0]
+    left = [
+        q
+        for q in range(L + 4, L + 8)
+        if rank.store[0].get(rank._slot(r.req_id, fam, q)[1]) == stale.get(rank._slot(r.req_id, fam, q)[1])
+    ]
+    assert left, "some stale rows of the long window must outlive the short one"
+    assert r.num_computed < L + 4
+    while sched.has_work:
+        got += tokens_of(run_step(sched, mesh)[1])
+        sched.check_integrity()
+    ref_sched = make_scheduler(max_model_len=120)
+    ref = run_all(ref_sched, make_mesh(ref_sched), make_requests(ref_sched, 1, prompt_len=8, max_tokens=50))
+    assert got == ref["req-0"]
