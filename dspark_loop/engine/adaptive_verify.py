@@ -73,6 +73,7 @@ class AdaptiveVerify:
     # ---- VerifyPolicy -------------------------------------------------------------------
     def choose(self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray) -> VerifyChoice:
         cap = np.asarray(cap, np.int32)  # [R]
+        partition = np.asarray(partition, np.int64)  # [R]
         R = len(cap)
         self.num_steps += 1
         surv = survival(self.calibrated(conf), cap)  # [R, K]
@@ -82,7 +83,7 @@ class AdaptiveVerify:
             lens = choice.verify_len
             tau = R + float(surv[np.arange(DSPARK_K)[None, :] < lens[:, None]].sum())
         else:
-            choice, tau = self._solve(surv, cap, np.asarray(partition, np.int64))
+            choice, tau = self._solve(surv, cap, partition)
         self.expected_tokens += tau
         self.pending_extra = tau - R
         self.num_drafter_skips += int(R - choice.draft_next.sum())
