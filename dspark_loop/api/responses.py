@@ -64,6 +64,14 @@ class ChatLogprobs(Body):
     content: list[ChatTokenLogprob] | None
 
 
+class SpeculationStats(Body):
+    """`"speculation": {"return_stats": true}`: this request's DSpark figures (all choices)."""
+
+    proposed: int  # drafts verified
+    accepted: int  # tokens the verifies produced (matched drafts + one each)
+    verify_steps: int  # steps that verified at least one draft
+
+
 class CompletionChoice(Body):
     index: int
     text: str
@@ -81,6 +89,7 @@ class CompletionResponse(Body):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
+    speculation: SpeculationStats | None = None
 
 
 class CompletionChunk(CompletionResponse):
@@ -122,6 +131,7 @@ class ChatCompletionResponse(Body):
     model: str
     choices: list[ChatChoice]
     usage: Usage | None = None
+    speculation: SpeculationStats | None = None
 
 
 class ChatDelta(Body):
@@ -149,6 +159,7 @@ class ChatCompletionChunk(Body):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    speculation: SpeculationStats | None = None
 
 
 class ModelCard(Body):

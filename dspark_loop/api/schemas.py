@@ -45,6 +45,13 @@ class StreamOptions(Strict):
     continuous_usage_stats: bool | None = None
 
 
+class SpeculationOptions(Strict):
+    """`"speculation": {...}` (extra_body): this request's DSpark speculation."""
+
+    max_draft_tokens: int | None = None  # at most this many drafts verified per step; 0: off
+    return_stats: bool | None = None  # answer with "speculation": {proposed, accepted, verify_steps}
+
+
 class GenerationFields(Strict):
     """The generation fields /v1/completions and /v1/chat/completions share, with one
     meaning and one validation (sampling.py). A new generation knob goes here."""
@@ -71,6 +78,7 @@ class GenerationFields(Strict):
     presence_penalty: Penalty | None = None
     repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0)] | None = None
     logit_bias: Annotated[dict[str, float], msgspec.Meta(max_length=0)] | None = None  # refused
+    speculation: SpeculationOptions | None = None  # DSpark (K=7) per-request control
 
 
 TEXT_PROMPT = {"type": "string", "minLength": 1}

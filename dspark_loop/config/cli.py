@@ -49,18 +49,27 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+SPECULATIVE_KEYS = ("method", "num_speculative_tokens", "enable_adaptive_verification", "cost_model")
+
+
 def speculative_config(text: str) -> SpeculativeConfig:
     obj = json_object(text)
-    unknown = sorted(set(obj) - {"method", "num_speculative_tokens"})
+    unknown = sorted(set(obj) - set(SPECULATIVE_KEYS))
     if unknown:
-        raise argparse.ArgumentTypeError(f"has unknown keys {unknown}; known: method, num_speculative_tokens")
+        raise argparse.ArgumentTypeError(f"has unknown keys {unknown}; known: {', '.join(SPECULATIVE_KEYS)}")
     method = obj.get("method", "dspark")
     if method != "dspark":
         raise argparse.ArgumentTypeError(f'method must be "dspark" (got {method!r})')
     k = obj.get("num_speculative_tokens", 0)
     if not _is_int(k) or k < 0:
         raise argparse.ArgumentTypeError(f"num_speculative_tokens must be a non-negative integer (got {k!r})")
-    return SpeculativeConfig(method, k)
+    adaptive = obj.get("enable_adaptive_verification")
+    if adaptive is not None and not isinstance(adaptive, bool):
+        raise argparse.ArgumentTypeError(f"enable_adaptive_verification must be true or false (got {adaptive!r})")
+    cost_model = obj.get("cost_model")
+    if cost_model is not None and (not isinstance(cost_model, str) or not cost_model):
+        raise argparse.ArgumentTypeError(f"cost_model must be a JSON file's path (got {cost_model!r})")
+    return SpeculativeConfig(method, k, adaptive, cost_model)
 
 
 def generate_config(text: str) -> GenerateDefaults:
@@ -161,7 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=speculative_config,
         default=SpeculativeConfig(),
         metavar="JSON",
-        help='{"method":"dspark","num_speculative_tokens":0|7}',
+        help='{"method":"dspark","num_speculative_tokens":0|7,"enable_adaptive_verification":true|false,'
+        '"cost_model":"FILE"}: adaptive verification (on by default when the drafter has a confidence '
+        "head) chooses each request's verify length and drafter skips from the drafts' confidences and a "
+        'step cost model learned online, or pinned from FILE ({"c0":s,"c_row":s,"c_req":s,"c_draft":s,'
+        '"c_ctx":s}) for reproducible runs',
     )
     a(
         "--generate-config",

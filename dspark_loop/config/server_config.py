@@ -19,6 +19,7 @@ from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.checkpoint_names import checkpoint_tensor_names
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK
+from dspark_loop.engine.step_cost import StepCost
 
 FLASH_SHAPE = dict(hidden_size=4096, num_hidden_layers=43, n_routed_experts=256)
 MAX_CONTEXT = 1048576
@@ -61,6 +62,10 @@ class ConfigError(ValueError):
 class SpeculativeConfig:
     method: str = "dspark"
     num_speculative_tokens: int = 0
+    # K=7: choose verify lengths and drafter skips per request (engine/adaptive_verify.py);
+    # None: on when the drafter has a confidence head (launch.adaptive_verification)
+    enable_adaptive_verification: bool | None = None
+    cost_model: str | None = None  # a pinned step cost model (engine/step_cost.py), JSON
 
 
 @dataclass(frozen=True)
@@ -270,7 +275,12 @@ def _common_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
             f"DSpark's query width is fixed at DSPARK_QUERY_WIDTH = {DSPARK_K} "
             f"(got {k})"
         )
-    elif k == DSPARK_K:
+    if spec.cost_model is not None:
+        try:
+            StepCost.from_file(spec.cost_model)
+        except (OSError, ValueError) as e:
+            out.append(f"--speculative-config cost_model {spec.cost_model}: {e}")
+    if k == DSPARK_K:
         missing = missing_drafter_parts(model, cfg.model)
         if missing:
             out.append(
@@ -278,6 +288,13 @@ def _common_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
                 f"DSpark drafter; missing: {', '.join(missing)}"
             )
     return out
+
+
+def has_confidence_head(model_dir: str | None) -> bool:
+    """Whether the checkpoint's drafter carries a confidence head (what adaptive
+    verification chooses from); True when the tensor names cannot be read."""
+    names = checkpoint_tensor_names(model_dir) if model_dir else None
+    return names is None or any(n.endswith("confidence_head.proj.weight") for n in names)
 
 
 def missing_drafter_parts(model: ModelConfig, model_dir: str | None) -> list[str]:

@@ -86,3 +86,4 @@ class RequestOutput(msgspec.Struct):
     stop_reason: str | int | None = None  # the stop string or token id that matched
     logprobs: list[TokenLogprob] | None = None  # per new token (params.logprobs >= 0)
     prompt_logprobs: list[TokenLogprob] | None = None  # the whole prompt, on the first delta
+    speculation: tuple[int, int, int] | None = None  # on the finishing delta: (proposed, accepted, verify steps)

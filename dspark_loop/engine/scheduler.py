@@ -421,6 +421,9 @@ class Scheduler:
         num_drafted = np.array([len(r.draft_req_ids) // 4 for r in results], np.int64)
         context = np.array([int(p.decode_start.sum()) for p in parts], np.int64)
         self.policy.observe(num_rows, num_requests, num_drafted, context, step_s)
+        observe_tokens = getattr(self.policy, "observe_tokens", None)
+        if observe_tokens is not None:  # the policy's acceptance calibration (AdaptiveVerify)
+            observe_tokens(len(step.accepted_lens), sum(step.accepted_lens))
 
     # ---- finishing ------------------------------------------------------------------------
     def _end(self, req: Request, reason: str) -> None:

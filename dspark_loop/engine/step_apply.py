@@ -197,6 +197,7 @@ class StepApplier:
             stop_reason,
             logprobs,
             prompt_logprobs,
+            (req.num_proposed, req.num_accepted, req.num_verify_steps) if reason is not None else None,
         )
 
     def _register_pages(self, part: Partition, req: Request) -> None:

@@ -28,6 +28,8 @@ BAD_FLAGS = [
     (["--speculative-config", '{"method":"eagle","num_speculative_tokens":7}'], "--speculative-config"),
     (["--speculative-config", '{"num_speculative_tokens":-1}'], "--speculative-config"),
     (["--speculative-config", '{"num_speculative_tokens":7,"draft":1}'], "--speculative-config"),
+    (["--speculative-config", '{"num_speculative_tokens":7,"enable_adaptive_verification":1}'], "--speculative-config"),
+    (["--speculative-config", '{"num_speculative_tokens":7,"cost_model":3}'], "--speculative-config"),
     (["--generate-config", '{"max_new_tokens":8,"beam":2}'], "--generate-config"),
     (["--generate-config", '{"max_new_tokens":0}'], "--generate-config"),
     (["--generate-config", '{"stop":[1]}'], "--generate-config"),
