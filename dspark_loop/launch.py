@@ -16,16 +16,19 @@ import time
 
 from tokenizers import Tokenizer
 
-from dspark_loop.config.server_config import ServerConfig
+from dspark_loop.config.server_config import ServerConfig, has_confidence_head
 from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.errors import MeshStartError
 from dspark_loop.contract.mesh_auth import resolve_secret
 from dspark_loop.contract.model_config import ModelConfig
-from dspark_loop.contract.protocol import RankConfig
+from dspark_loop.contract.protocol import DSPARK_K, RankConfig
+from dspark_loop.engine.adaptive_verify import AdaptiveVerify
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.scheduler import Scheduler
+from dspark_loop.engine.step_cost import StepCost
+from dspark_loop.engine.verify_policy import FullVerify, VerifyPolicy
 from dspark_loop.event_loop import loop_name
 from dspark_loop.mesh.mesh import Mesh
 from dspark_loop.mesh.nodes import MESH_PORT_OFFSET, NodeLayout, parse_host_port
@@ -142,7 +145,11 @@ def threads_per_rank(backend: str, num_local_ranks: int) -> int:
     return max(1, (os.cpu_count() or 1) // num_local_ranks)
 
 
-def make_scheduler(cfg: ServerConfig, model: ModelConfig, num_blocks: list[int]) -> Scheduler:
+def make_scheduler(
+    cfg: ServerConfig, model: ModelConfig, num_blocks: list[int], policy: VerifyPolicy | None = None
+) -> Scheduler:
+    """policy: the verify policy (kept across mesh restarts, so a learned cost model is
+    too); None: a fresh one from the config."""
     layout = CacheLayout.for_model(model, cfg.block_size)
     return Scheduler(
         layout,
@@ -153,7 +160,7 @@ def make_scheduler(cfg: ServerConfig, model: ModelConfig, num_blocks: list[int])
         long_prefill_token_threshold=cfg.long_prefill_token_threshold,
         max_model_len=cfg.max_model_len,
         eos_token_ids=model.eos_token_ids,
-        **scheduler_extra_kwargs(cfg),
+        **scheduler_extra_kwargs(cfg, policy),
     )
 
 
@@ -169,8 +176,36 @@ def make_engine(
     )
 
 
-def scheduler_extra_kwargs(cfg: ServerConfig) -> dict:
-    return {"spec_k": cfg.num_speculative_tokens, "enable_prefix_caching": cfg.enable_prefix_caching}
+def scheduler_extra_kwargs(cfg: ServerConfig, policy: VerifyPolicy | None = None) -> dict:
+    return {
+        "spec_k": cfg.num_speculative_tokens,
+        "enable_prefix_caching": cfg.enable_prefix_caching,
+        "policy": policy if policy is not None else verify_policy(cfg),
+    }
+
+
+def adaptive_verification(cfg: ServerConfig) -> bool:
+    """--speculative-config enable_adaptive_verification; unset: on when K=7 and the
+    checkpoint's drafter has a confidence head."""
+    spec = cfg.speculative
+    if not spec.num_speculative_tokens:
+        return False
+    if spec.enable_adaptive_verification is not None:
+        return spec.enable_adaptive_verification
+    return has_confidence_head(cfg.model)
+
+
+def verify_policy(cfg: ServerConfig, model: ModelConfig | None = None) -> VerifyPolicy:
+    """AdaptiveVerify (with the pinned cost model when one is given, and the checkpoint's
+    per-position confidence temperatures, config.json dspark_confidence_temperatures, when
+    it has them) or the fixed chain."""
+    if not adaptive_verification(cfg):
+        return FullVerify()
+    path = cfg.speculative.cost_model
+    temps = model.raw.get("dspark_confidence_temperatures") if model is not None else None
+    if temps is not None and (len(temps) != DSPARK_K or min(temps) <= 0):
+        raise ValueError(f"config.json dspark_confidence_temperatures must be {DSPARK_K} positive numbers: {temps}")
+    return AdaptiveVerify(StepCost.from_file(path) if path else None, temperatures=temps)
 
 
 def load_tokenizer(model_dir: str) -> Tokenizer:
@@ -225,10 +260,12 @@ async def run_server(cfg: ServerConfig, model: ModelConfig) -> int:
     tokenizer = load_tokenizer(cfg.model)
     pending = PendingEngine(cfg.max_model_len)
     observers, metrics = make_observers(cfg)
+    policy = verify_policy(cfg, model)
+    metrics.verify.policy = policy  # its cost model and expected tokens in /metrics
     app = create_app(pending, tokenizer, cfg, model, metrics=metrics)
     supervisor = MeshSupervisor(
         lambda: make_mesh(cfg),
-        lambda num_blocks: make_scheduler(cfg, model, num_blocks),
+        lambda num_blocks: make_scheduler(cfg, model, num_blocks, policy),
         tokenizer,
         observers,
         RestartBudget(cfg.max_rank_restarts),

@@ -118,6 +118,15 @@ def summary(traces: list[StepTrace]) -> str:
     for a in range(1, max(hist, default=0) + 1):
         share = hist[a] / total
         lines.append(f"{a:>4} {hist[a]:>8} {100 * share:6.1f}%  {'#' * round(40 * share)}")
+    verifies = sum(1 for t in traces for d in t.accepted_num_drafts if d)
+    drafts = sum(sum(t.accepted_num_drafts) for t in traces)
+    rows = sum(part.verify_rows for t in traces for part in t.partitions)
+    skips = sum(part.num_drafter_skips for t in traces for part in t.partitions)
+    if verifies or skips:
+        lines.append(
+            f"verifies {verifies}  drafts verified {drafts} (mean window {drafts / max(verifies, 1):.2f})  "
+            f"verify rows {rows} ({rows / n:.1f} per step)  drafter passes skipped {skips}"
+        )
     lines += overlap_lines(traces)
     lines += ["", "partition  prefill_tokens  decode_rows  free_blocks(last)"]
     for p, (prefill, rows, free) in enumerate(partition_load(traces)):

@@ -6,10 +6,14 @@ Per step, after the target forward (all rows of the plan computed, eager publish
                                      tail: older rows fall out of the window anyway);
                                      sample=True: anchor = the sampled token at start+n
     decode 1 row at L                context row L; anchor = prediction at L+1
-    decode 8 rows at L (verify)      a = accept_chain(drafts, predictions) (the host's rule);
+    decode 1+l rows at L (verify)    a = accept_chain(drafts, predictions, l) (the host's
+                                     rule; l in 1..7, the seeds' fixed chain: 7);
                                      context rows L..L+a-1; anchor = prediction a-1 at L+a
 An anchor at P is drafted only if P + 8 <= max_model_len: past that the host runs the request
-as 1 row (fallback) and would ignore the drafts.
+as 1 row (fallback) and would ignore the drafts. A decode request whose DecodeBatch.draft_mask
+entry is 0 (a verify policy skipped its drafter pass) gets its context rows written all the
+same -- its ring stays exactly what it would have been -- but no anchor: it drafts again,
+from a complete ring, whenever the host next asks.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 
 from dspark_loop.contract.acceptance import accept_chain
 from dspark_loop.contract.model_config import ModelConfig
-from dspark_loop.contract.protocol import PartitionPlan, RankConfig, as_i8, as_i32
+from dspark_loop.contract.protocol import DSPARK_K, PartitionPlan, RankConfig, as_i8, as_i32
 from workers.comm import Comm, ShardSpec
 from workers.model.drafter import QUERY_ROWS, RING_BLOCKS, RING_ROWS, Drafter
 from workers.model.dsv4 import ForwardOutput
@@ -79,8 +83,10 @@ def _plan_decode_drafts(b: DraftBatch, d, preds: np.ndarray, first_row: int, max
     a = np.ones(len(k), np.int64)  # [R] accepted rows
     verify = k > 1
     if verify.any():
-        rows = first[verify, None] + np.arange(int(k[verify][0]))  # [V, K+1]
-        a[verify] = accept_chain(as_i32(d.token_ids)[rows[:, 1:]], preds[rows])
+        lens = k[verify] - 1  # [V] drafts each verify sent (1..K)
+        # NOTE: a short window's missing rows read its own last row; accept_chain ignores them
+        rows = first[verify, None] + np.minimum(np.arange(DSPARK_K + 1), lens[:, None])  # [V, K+1]
+        a[verify] = accept_chain(as_i32(d.token_ids)[rows[:, 1:]], preds[rows], lens)
     # context rows: L..L+a-1 at packed rows first_row + first .. + a-1
     offset = np.arange(int(a.sum())) - np.repeat(np.cumsum(a) - a, a)  # [sum(a)] 0..a-1 per request
     b.ctx_req += np.repeat(req, a).tolist()
@@ -89,6 +95,8 @@ def _plan_decode_drafts(b: DraftBatch, d, preds: np.ndarray, first_row: int, max
     # anchors: the a-th prediction at L+a, when its 8-row window fits the context
     anchor = pos + a  # [R]
     keep = anchor + QUERY_ROWS <= max_model_len
+    if d.draft_mask:
+        keep &= np.frombuffer(d.draft_mask, np.uint8).astype(bool)  # skipped drafter passes
     b.q_req += req[keep].tolist()
     b.q_pos += anchor[keep].tolist()
     b.q_tok += preds[(first + a - 1)[keep]].astype(np.int64).tolist()

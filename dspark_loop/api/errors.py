@@ -76,8 +76,13 @@ async def error_middleware(request: web.Request, handler):
         return e.response()
     except web.HTTPException as e:
         if e.status >= 400 and e.content_type != "application/json":
+            # NOTE: the rewrite keeps aiohttp's Allow header: a 405 must list the methods (RFC 9110)
+            allow = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else None
             return ApiError(
-                e.status, e.reason or e.text or "error", code=e.reason.lower().replace(" ", "_") if e.reason else None
+                e.status,
+                e.reason or e.text or "error",
+                code=e.reason.lower().replace(" ", "_") if e.reason else None,
+                headers=allow,
             ).response()
         raise
     except ConnectionResetError:

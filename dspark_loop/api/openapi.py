@@ -1,7 +1,12 @@
 """GET /openapi.json: an OpenAPI 3.1 document built from the structs the server decodes
 requests with and answers with (msgspec.json.schema_components): one source of truth.
+Their fields carry the bounds the decoder enforces (api/schemas.py); token ids are bounded
+by the served vocabulary.
 
-ROUTES below is the only hand-written part: which struct each route takes and returns.
+Hand-written here: ROUTES (which struct each route takes and returns) and BEYOND_SCHEMA,
+the rules a JSON Schema cannot state (across fields, or needing the tokenizer or the
+context length): a body the document calls valid is refused only by one of them, and its
+400 names a parameter that the rule's pattern matches (the fuzz test holds us to that).
 """
 
 from __future__ import annotations
@@ -11,7 +16,8 @@ import msgspec
 from dspark_loop.api import responses as r
 from dspark_loop.api.auth import needs_key
 from dspark_loop.api.chat.schemas import ChatCompletionRequest
-from dspark_loop.api.schemas import CompletionRequest, DetokenizeRequest, TokenizeRequest
+from dspark_loop.api.schemas import TOKEN_ID, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from dspark_loop.api.server_info import ROUTER_ROUTES
 
 REF = "#/components/schemas/{name}"
 ERRORS = {
@@ -23,6 +29,43 @@ ERRORS = {
     503: "not ready, overloaded (Retry-After), shutting down, or dead",
 }
 JSON = "application/json"
+_MESSAGE = r"messages\[\d+\]"
+_CONTEXT = "a prompt of max_model_len tokens or more (after tokenization)"
+_GENERATION_RULES = [
+    ("max_tokens", "max_tokens and max_completion_tokens differ"),
+    ("min_tokens", "min_tokens above max_tokens"),
+    ("best_of", "best_of other than n"),
+]
+# NOTE: JSON Schema cannot tell 1 from 1.0 (one number); the decoder reads an integer field
+# only as written without a fraction or exponent. (message regex, rule), for every route.
+INTEGER_SPELLING = (r"Invalid type for `\w+`: Expected `int[^`]*`, got `float`\.", "an integer written as 1.0 or 1e2")
+# path -> [(a regex the 400's `param` matches in full, the rule)]
+BEYOND_SCHEMA = {
+    "/v1/completions": [
+        ("prompt", _CONTEXT),
+        ("prompt", "more than 1024 choices (prompts x n)"),
+        *_GENERATION_RULES,
+    ],
+    "/v1/chat/completions": [
+        ("messages", _CONTEXT.replace("a prompt", "a rendered conversation")),
+        (rf"{_MESSAGE}\.role", "a last message not from the user or a tool"),
+        (rf"{_MESSAGE}\.tool_call_id", "a tool result that answers no call of the assistant message before it"),
+        (
+            rf"{_MESSAGE}\.tool_calls(\[\d+\](\.id|\.function\.arguments)?)?",
+            "tool_calls outside assistant "
+            "messages; a tool call id used twice; arguments not a JSON object, or not writable in the chat format",
+        ),
+        (
+            rf"({_MESSAGE}\.(content|reasoning_content|reasoning|tools)|tools\[\d+\]\.function(\.name)?)",
+            "text holding a control marker or special token of the chat format; a tool declared twice",
+        ),
+        ("tool_choice", "tool_choice other than none without tools, or naming an undeclared tool"),
+        ("top_logprobs", "top_logprobs above 0 without logprobs: true"),
+        *_GENERATION_RULES,
+    ],
+    "/tokenize": [],
+    "/detokenize": [],
+}
 
 # (method, path, summary, request struct or None, 200 answer: struct | media type | None,
 #  stream chunk struct or None, error statuses)
@@ -52,6 +95,7 @@ ROUTES = [
     ("get", "/metrics", "Prometheus text exposition (vLLM's names)", None, "text/plain", None, ()),
     ("get", "/metrics/json", "The same figures as JSON", None, JSON, None, ()),
     ("get", "/openapi.json", "This document", None, JSON, None, ()),
+    *ROUTER_ROUTES,
 ]
 
 
@@ -90,8 +134,34 @@ def sse_event_schema(chunk: type) -> dict:
     }
 
 
-def openapi_document(model_name: str, api_keys: bool = False, served=None) -> dict:
-    """served: the (method, path) pairs the app answers (None: all of ROUTES)."""
+def _bound_token_ids(schema, vocab_size: int) -> None:
+    """Every token-id schema (title TokenId) gets the served vocabulary's top id."""
+    if isinstance(schema, dict):
+        if schema.get("title") == TOKEN_ID:
+            schema["maximum"] = vocab_size - 1
+        for value in schema.values():
+            _bound_token_ids(value, vocab_size)
+    elif isinstance(schema, list):
+        for value in schema:
+            _bound_token_ids(value, vocab_size)
+
+
+def _bad_request(path: str) -> str:
+    rules = BEYOND_SCHEMA.get(path)
+    if not rules:
+        return ERRORS[400]
+    return ERRORS[400] + "; besides the schema, also for: " + "; ".join(rule for _, rule in rules)
+
+
+def openapi_document(
+    model_name: str,
+    api_keys: bool = False,
+    served=None,
+    vocab_size: int | None = None,
+    protect_router_info: bool = False,
+) -> dict:
+    """served: the (method, path) pairs the app answers (None: all of ROUTES).
+    vocab_size: bounds every token id (None: ids are bounded below only)."""
     routes = [rt for rt in ROUTES if served is None or (rt[0], rt[1]) in served]
     structs = [s for route in routes for s in (route[3], route[4], route[5]) if isinstance(s, type)] + [r.ErrorResponse]
     _, components = msgspec.json.schema_components(structs, ref_template=REF)
@@ -101,6 +171,9 @@ def openapi_document(model_name: str, api_keys: bool = False, served=None) -> di
     for name, info in seen.items():
         if info.forbid_unknown_fields:  # the decoder refuses unknown fields: say so
             components[name]["additionalProperties"] = False
+        components[name].update(getattr(info.cls, "SCHEMA_RULES", {}))
+    if vocab_size is not None:
+        _bound_token_ids(components, vocab_size)
     error = {"description": "", "content": {JSON: {"schema": {"$ref": REF.format(name="ErrorResponse")}}}}
     paths: dict = {}
     for method, path, summary, request, answer, chunk, statuses in routes:
@@ -114,6 +187,8 @@ def openapi_document(model_name: str, api_keys: bool = False, served=None) -> di
         }
         for status in statuses:
             op["responses"][str(status)] = {**error, "description": ERRORS[status]}
+        if 400 in statuses:
+            op["responses"]["400"]["description"] = _bad_request(path)
         if path == "/health":
             op["responses"]["503"] = {"description": "not serving", "content": _content(r.HealthResponse)}
         if request is not None:
@@ -121,12 +196,17 @@ def openapi_document(model_name: str, api_keys: bool = False, served=None) -> di
                 "required": True,
                 "content": {JSON: {"schema": {"$ref": REF.format(name=request.__name__)}}},
             }
-        if api_keys and needs_key(path):
+        if api_keys and needs_key(path, protect_router_info):
             op["security"] = [{"bearer": []}]
         paths.setdefault(path, {})[method] = op
     doc = {
         "openapi": "3.1.0",
-        "info": {"title": "dspark_loop", "version": "1", "description": f"OpenAI-compatible serving of {model_name}"},
+        "info": {
+            "title": "dspark_loop",
+            "version": "1",
+            "description": f"OpenAI-compatible serving of {model_name}. Integer fields take JSON integers: "
+            f"{INTEGER_SPELLING[1]} is refused.",
+        },
         "paths": paths,
         "components": {"schemas": components},
     }

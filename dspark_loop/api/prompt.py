@@ -58,13 +58,6 @@ class PromptEncoder:
             )
         return [self._one_prompt(prompt, "prompt")]
 
-    def completion_prompt(self, prompt) -> tuple[list[int], str | None]:
-        """(prompt ids, prompt text if given as text) for a single-prompt `prompt`."""
-        prompts = self.completion_prompts(prompt)
-        if len(prompts) != 1:
-            raise bad_request(f"{len(prompts)} prompts given where one is expected.", "prompt")
-        return prompts[0]
-
     def _one_prompt(self, prompt, where: str) -> tuple[list[int], str | None]:
         if prompt is None:
             raise ApiError(

@@ -39,10 +39,43 @@ class Usage(Body):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class CompletionLogprobs(Body):
+    """logprobs_format.LogprobsFormatter.completion (echo: the prompt's first entry is null)."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class ChatTopLogprob(Body):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(ChatTopLogprob):
+    top_logprobs: list[ChatTopLogprob]
+
+
+class ChatLogprobs(Body):
+    """logprobs_format.LogprobsFormatter.chat."""
+
+    content: list[ChatTokenLogprob] | None
+
+
+class SpeculationStats(Body):
+    """`"speculation": {"return_stats": true}`: this request's DSpark figures (all choices)."""
+
+    proposed: int  # drafts verified
+    accepted: int  # tokens the verifies produced (matched drafts + one each)
+    verify_steps: int  # steps that verified at least one draft
+
+
 class CompletionChoice(Body):
     index: int
     text: str
-    logprobs: None
+    logprobs: CompletionLogprobs | None
     finish_reason: str | None
     stop_reason: str | int | None = None
     prompt_token_ids: list[int] | None = None
@@ -56,6 +89,7 @@ class CompletionResponse(Body):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
+    speculation: SpeculationStats | None = None
 
 
 class CompletionChunk(CompletionResponse):
@@ -85,7 +119,7 @@ class ChatMessage(Body):
 class ChatChoice(Body):
     index: int
     message: ChatMessage
-    logprobs: None
+    logprobs: ChatLogprobs | None
     finish_reason: str | None
     stop_reason: str | int | None = None
 
@@ -97,6 +131,7 @@ class ChatCompletionResponse(Body):
     model: str
     choices: list[ChatChoice]
     usage: Usage | None = None
+    speculation: SpeculationStats | None = None
 
 
 class ChatDelta(Body):
@@ -110,7 +145,7 @@ class ChatDelta(Body):
 class ChatChunkChoice(Body):
     index: int
     delta: ChatDelta
-    logprobs: None
+    logprobs: ChatLogprobs | None
     finish_reason: str | None
     stop_reason: str | int | None = None
 
@@ -124,6 +159,7 @@ class ChatCompletionChunk(Body):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    speculation: SpeculationStats | None = None
 
 
 class ModelCard(Body):

@@ -1,22 +1,43 @@
-"""Request bodies as msgspec Structs, decoded strictly: a wrong type or an unknown field is
-a 400 naming the field (as vLLM's strict mode), never a silent default.
+"""Request bodies as msgspec Structs, decoded strictly: a wrong type, an unknown field or a
+value out of its field's bounds is a 400 naming the field (as vLLM's strict mode), never a
+silent default.
 
-Sampling fields take vLLM's names, defaults and ranges (api/sampling_ranges.py). Still
-refused when set (a 400 saying so): logit_bias, suffix, best_of != n. Ignored: user.
+NOTE: the bounds live here, as msgspec.Meta on the fields: the decoder enforces them and
+GET /openapi.json publishes them (api/openapi.py), so the document cannot drift from what
+is accepted. Rules a JSON Schema cannot state (across fields, or needing the tokenizer)
+stay in the handlers and are listed in openapi.BEYOND_SCHEMA.
+
+Sampling fields take vLLM's names, defaults and ranges (api/generation/sampling_ranges.py).
+Still refused when set (a 400 saying so): logit_bias, suffix, best_of != n. Ignored: user.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
 import msgspec
 
+from dspark_loop.api.bounds import bound_error
 from dspark_loop.api.errors import ApiError
+from dspark_loop.api.generation.sampling_ranges import MAX_LOGPROBS, MAX_N, SEED_RANGE
+
+TOKEN_ID = "TokenId"  # the schema title openapi.py bounds by the served vocabulary
+TokenId = Annotated[int, msgspec.Meta(ge=0, title=TOKEN_ID)]
+AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+# NOTE: an int bound past int64 is beyond msgspec's Meta: the seed's top is published here
+# and enforced by sampling_ranges.sampling_fields.
+Seed = Annotated[int, msgspec.Meta(ge=SEED_RANGE[0], extra_json_schema={"maximum": SEED_RANGE[1] - 1})]
+NumLogprobs = Annotated[int, msgspec.Meta(ge=0, le=MAX_LOGPROBS)]
+Refused = Annotated[str, msgspec.Meta(max_length=0)]  # any non-empty value is unsupported
 
 
-class Strict(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    pass
+class Strict(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
+    # rules across fields that the document states beside the fields' own schemas
+    SCHEMA_RULES: ClassVar[dict] = {}
 
 
 class StreamOptions(Strict):
@@ -24,44 +45,74 @@ class StreamOptions(Strict):
     continuous_usage_stats: bool | None = None
 
 
+class SpeculationOptions(Strict):
+    """`"speculation": {...}` (extra_body): this request's DSpark speculation."""
+
+    max_draft_tokens: int | None = None  # at most this many drafts verified per step; 0: off
+    return_stats: bool | None = None  # answer with "speculation": {proposed, accepted, verify_steps}
+
+
 class GenerationFields(Strict):
     """The generation fields /v1/completions and /v1/chat/completions share, with one
     meaning and one validation (sampling.py). A new generation knob goes here."""
 
     model: str | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    min_tokens: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    max_tokens: AtLeastOne | None = None
+    max_completion_tokens: AtLeastOne | None = None
+    min_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    stop: NonEmpty | list[NonEmpty] | None = None
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool | None = None
     include_stop_str_in_output: bool | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None  # client metadata, ignored
-    # sampling (api/sampling_ranges.py)
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    n: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    # sampling (api/generation/sampling_ranges.py)
+    temperature: Annotated[float, msgspec.Meta(ge=0.0)] | None = None
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=-1)] | None = None  # -1 and 0: off
+    min_p: Fraction | None = None
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_N)] | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0)] | None = None
+    logit_bias: Annotated[dict[str, float], msgspec.Meta(max_length=0)] | None = None  # refused
+    speculation: SpeculationOptions | None = None  # DSpark (K=7) per-request control
 
 
-class CompletionRequest(GenerationFields):
-    prompt: Any = None  # str | list[int] | [str] | [list[int]]: checked in prompt.py
+TEXT_PROMPT = {"type": "string", "minLength": 1}
+IDS_PROMPT = {"type": "array", "minItems": 1, "items": {"title": TOKEN_ID, "type": "integer", "minimum": 0}}
+# NOTE: msgspec types no union of several array types, so `prompt` is decoded as Any
+# (prompt.py checks it) and its schema is written here, beside it.
+PROMPT_SCHEMA = {
+    "anyOf": [
+        TEXT_PROMPT,
+        IDS_PROMPT,
+        {"type": "array", "minItems": 1, "items": TEXT_PROMPT},
+        {"type": "array", "minItems": 1, "items": IDS_PROMPT},
+    ],
+    "description": "a text, token ids, or a batch of texts or of token-id lists",
+}
+
+
+class CompletionRequest(GenerationFields, kw_only=True):
+    prompt: Annotated[Any, msgspec.Meta(extra_json_schema=PROMPT_SCHEMA)]  # checked in prompt.py
     echo: bool | None = None
     return_token_ids: bool | None = None
-    best_of: int | None = None  # only == n
-    logprobs: int | None = None  # top entries per token (0..20); with echo: the prompt's too
-    suffix: str | None = None  # refused
+    best_of: AtLeastOne | None = None  # only == n
+    logprobs: NumLogprobs | None = None  # top entries per token; with echo: the prompt's too
+    suffix: Refused | None = None
 
 
 class TokenizeRequest(Strict):
+    # exactly one of prompt and text (an alias), as a string
+    SCHEMA_RULES: ClassVar[dict] = {
+        "oneOf": [
+            {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+            {"required": ["text"], "properties": {"text": {"type": "string"}}},
+        ]
+    }
     model: str | None = None
     prompt: str | None = None
     text: str | None = None  # alias of prompt
@@ -69,8 +120,8 @@ class TokenizeRequest(Strict):
     return_token_strs: bool | None = None
 
 
-class DetokenizeRequest(Strict):
-    tokens: list[int]
+class DetokenizeRequest(Strict, kw_only=True):
+    tokens: list[TokenId]
     model: str | None = None
 
 
@@ -87,6 +138,8 @@ def decode_body(body: bytes, kind: type):
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as e:
         msg = str(e)
+        if error := bound_error(kind, msg, body):
+            raise error from None
         if m := _UNKNOWN.search(msg):
             raise ApiError(
                 400,

@@ -9,14 +9,22 @@ load_config(argv)  + the checkpoint: resolves --model (or the embedded default),
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 from dataclasses import replace
 
 from dspark_loop.config.cli_ops import add_ops_flags, ops_fields
+from dspark_loop.config.flag_types import (
+    byte_size,
+    debug_tap,
+    device_list,
+    host_port,
+    json_object,
+    non_negative_int,
+    port_number,
+    positive_int,
+    positive_seconds,
+)
 from dspark_loop.config.server_config import (
-    DEFAULT_RING_HEAP,
     GENERATE_KEYS,
     ConfigError,
     GenerateDefaults,
@@ -28,86 +36,11 @@ from dspark_loop.config.server_config import (
 from dspark_loop.contract.mesh_auth import SecretError, resolve_secret
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.event_loop import EVENT_LOOPS, loop_factory
-from dspark_loop.mesh.nodes import parse_host_port
-from dspark_loop.observe.tap_publisher import tap_address
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 2**10,
-    "kib": 2**10,
-    "m": 2**20,
-    "mib": 2**20,
-    "g": 2**30,
-    "gib": 2**30,
-    "t": 2**40,
-    "tib": 2**40,
-}
 
 
-# ---- value types (each raises ArgumentTypeError; argparse prefixes the flag) ------------------
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (got {text!r})") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (got {text!r})")
-    return value
-
-
-def port_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number 0..65535 (got {text!r})")
-    return value
-
-
-def device_list(text: str) -> tuple[int, ...]:
-    parts = [p.strip() for p in text.split(",")]
-    if not all(re.fullmatch(r"\d+", p) for p in parts):
-        raise argparse.ArgumentTypeError(f"must be comma-separated non-negative device ids like 0,1,2,3 (got {text!r})")
-    ids = tuple(int(p) for p in parts)
-    if len(set(ids)) != len(ids):
-        raise argparse.ArgumentTypeError(f"lists a device twice (got {text!r})")
-    return ids
-
-
-def byte_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = m.group(2).lower() if m else None
-    if m is None or unit not in SIZE_UNITS or float(m.group(1)) * SIZE_UNITS[unit] < 1:
-        raise argparse.ArgumentTypeError(
-            f"must be a positive size in bytes, or with a unit like 512MiB or 2GiB (got {text!r})"
-        )
-    return int(float(m.group(1)) * SIZE_UNITS[unit])
-
-
-def ring_heap(text: str) -> tuple[int, ...]:
-    parts = [p.strip() for p in text.split(",")]
-    if len(parts) not in (1, 4) or not all(re.fullmatch(r"\d+", p) and int(p) > 0 for p in parts):
-        raise argparse.ArgumentTypeError(
-            f"must be one positive integer or four comma-separated positive integers, one per "
-            f"scope depth (got {text!r})"
-        )
-    sizes = tuple(int(p) for p in parts)
-    return sizes * 4 if len(sizes) == 1 else sizes
-
-
-def _json_object(text: str) -> dict:
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"is not valid JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(obj, dict):
-        raise argparse.ArgumentTypeError(f"must be a JSON object (got {text!r})")
-    return obj
-
-
+# ---- JSON flags (the plain value types are in flag_types.py) -----------------------------
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -116,22 +49,31 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+SPECULATIVE_KEYS = ("method", "num_speculative_tokens", "enable_adaptive_verification", "cost_model")
+
+
 def speculative_config(text: str) -> SpeculativeConfig:
-    obj = _json_object(text)
-    unknown = sorted(set(obj) - {"method", "num_speculative_tokens"})
+    obj = json_object(text)
+    unknown = sorted(set(obj) - set(SPECULATIVE_KEYS))
     if unknown:
-        raise argparse.ArgumentTypeError(f"has unknown keys {unknown}; known: method, num_speculative_tokens")
+        raise argparse.ArgumentTypeError(f"has unknown keys {unknown}; known: {', '.join(SPECULATIVE_KEYS)}")
     method = obj.get("method", "dspark")
     if method != "dspark":
         raise argparse.ArgumentTypeError(f'method must be "dspark" (got {method!r})')
     k = obj.get("num_speculative_tokens", 0)
     if not _is_int(k) or k < 0:
         raise argparse.ArgumentTypeError(f"num_speculative_tokens must be a non-negative integer (got {k!r})")
-    return SpeculativeConfig(method, k)
+    adaptive = obj.get("enable_adaptive_verification")
+    if adaptive is not None and not isinstance(adaptive, bool):
+        raise argparse.ArgumentTypeError(f"enable_adaptive_verification must be true or false (got {adaptive!r})")
+    cost_model = obj.get("cost_model")
+    if cost_model is not None and (not isinstance(cost_model, str) or not cost_model):
+        raise argparse.ArgumentTypeError(f"cost_model must be a JSON file's path (got {cost_model!r})")
+    return SpeculativeConfig(method, k, adaptive, cost_model)
 
 
 def generate_config(text: str) -> GenerateDefaults:
-    obj = _json_object(text)
+    obj = json_object(text)
     unknown = sorted(set(obj) - set(GENERATE_KEYS))
     if unknown:
         raise argparse.ArgumentTypeError(f"has unknown keys {unknown}; known: {', '.join(GENERATE_KEYS)}")
@@ -169,37 +111,6 @@ def generate_config(text: str) -> GenerateDefaults:
     )
 
 
-def non_negative_int(text: str) -> int:
-    if not re.fullmatch(r"\d+", text.strip()):
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer (got {text!r})")
-    return int(text)
-
-
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds (got {text!r})")
-    return value
-
-
-def host_port(text: str) -> str:
-    try:
-        parse_host_port(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
-
-
-def debug_tap(text: str) -> str:
-    try:
-        return tap_address(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 # ---- the parser ------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -219,7 +130,6 @@ def build_parser() -> argparse.ArgumentParser:
     a("--host", default="127.0.0.1")
     a("--port", type=port_number, default=8000)
     a("--backend", choices=["cpu", "npu", "cuda"], default="cpu")
-    a("--platform", default=None, help="accelerator platform, e.g. a2a3 (informational on cpu)")
     a("--devices", type=device_list, default=None, metavar="CSV", help="device ids, one per rank (default 0..ep-1)")
     a("--dp", type=positive_int, default=None, help="TP groups (cache partitions)")
     a("--tp", type=positive_int, default=None, help="ranks per TP group")
@@ -260,15 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=speculative_config,
         default=SpeculativeConfig(),
         metavar="JSON",
-        help='{"method":"dspark","num_speculative_tokens":0|7}',
-    )
-    a(
-        "--ring-heap",
-        type=ring_heap,
-        default=DEFAULT_RING_HEAP,
-        metavar="BYTES",
-        help="runtime ring heap per scope depth: one int or four comma-separated ints "
-        "(NPU sizing; validated but unused on cpu)",
+        help='{"method":"dspark","num_speculative_tokens":0|7,"enable_adaptive_verification":true|false,'
+        '"cost_model":"FILE"}: adaptive verification (on by default when the drafter has a confidence '
+        "head) chooses each request's verify length and drafter skips from the drafts' confidences and a "
+        'step cost model learned online, or pinned from FILE ({"c0":s,"c_row":s,"c_req":s,"c_draft":s,'
+        '"c_ctx":s}) for reproducible runs',
     )
     a(
         "--generate-config",
@@ -362,7 +268,6 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         host=ns.host,
         port=ns.port,
         backend=ns.backend,
-        platform=ns.platform,
         devices=ns.devices,
         dp=ns.dp,
         tp=ns.tp,
@@ -376,7 +281,6 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         enable_prefix_caching=ns.enable_prefix_caching,
         async_scheduling=ns.async_scheduling,
         speculative=ns.speculative_config,
-        ring_heap=ns.ring_heap,
         generate=ns.generate_config,
         prompts=tuple(ns.prompt),
         max_tokens=ns.max_tokens,

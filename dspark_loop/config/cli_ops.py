@@ -12,44 +12,14 @@ every local user in /proc, so the environment variable is the better place for a
 from __future__ import annotations
 
 import argparse
-import math
 import re
 
+from dspark_loop.config.flag_types import non_negative_int, positive_int, seconds
 from dspark_loop.config.server_config import ServerConfig
 from dspark_loop.mesh.restart_budget import RESTART_WINDOW_S
 
 API_KEY_ENV = "DSPARK_API_KEY"
 _KEY_CHARS = re.compile(r"[\x21-\x7e]+")  # visible ASCII: what an HTTP header can carry
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer (got {text!r})")
-    return value
-
-
-def queue_limit(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:  # NOTE: every request waits a moment before its first step; 0 would refuse all
-        raise argparse.ArgumentTypeError(f"must be a positive integer (got {text!r})")
-    return value
-
-
-def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0 (got {text!r})")
-    return value
 
 
 def add_ops_flags(p: argparse.ArgumentParser) -> None:
@@ -64,8 +34,15 @@ def add_ops_flags(p: argparse.ArgumentParser) -> None:
         f"command line); /health, /metrics and /openapi.json stay open",
     )
     a(
+        "--protect-router-info",
+        action="store_true",
+        help="with API keys, require the key on the routes a router polls too (/version, "
+        "/server_info, /model_info, /loads and their aliases); by default they stay open",
+    )
+    a(
         "--max-queued-requests",
-        type=queue_limit,
+        # NOTE: every request waits a moment before its first step; 0 would refuse all
+        type=positive_int,
         default=None,
         metavar="N",
         help="answer 503 with Retry-After at once when N requests already wait for a slot (default: no limit)",
@@ -118,6 +95,7 @@ def api_keys(parser: argparse.ArgumentParser, flag_keys: list[str], env: dict) -
 def ops_fields(parser: argparse.ArgumentParser, ns: argparse.Namespace, env: dict) -> dict:
     return {
         "api_keys": api_keys(parser, ns.api_key, env),
+        "protect_router_info": ns.protect_router_info,
         "max_queued_requests": ns.max_queued_requests,
         "shutdown_timeout_s": ns.shutdown_timeout,
         "stream_write_timeout_s": ns.stream_write_timeout,

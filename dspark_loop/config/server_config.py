@@ -19,12 +19,12 @@ from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.checkpoint_names import checkpoint_tensor_names
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK
+from dspark_loop.engine.step_cost import StepCost
 
 FLASH_SHAPE = dict(hidden_size=4096, num_hidden_layers=43, n_routed_experts=256)
 MAX_CONTEXT = 1048576
 SEQS_PER_GROUP = 64  # requests per TP group in the decode tile
 CPU_KV_CACHE_MEMORY = 256 * 2**20  # bytes per rank when --backend cpu and no flag
-DEFAULT_RING_HEAP = (2 * 2**30, 2 * 2**30, 4 * 2**30, 8 * 2**30)  # the seeds' profile
 DRAFTER_KEYS = ("dspark_target_layer_ids", "dspark_noise_token_id", "dspark_markov_rank")
 POSITIVE_FIELDS = (
     "dp",
@@ -62,6 +62,10 @@ class ConfigError(ValueError):
 class SpeculativeConfig:
     method: str = "dspark"
     num_speculative_tokens: int = 0
+    # K=7: choose verify lengths and drafter skips per request (engine/adaptive_verify.py);
+    # None: on when the drafter has a confidence head (launch.adaptive_verification)
+    enable_adaptive_verification: bool | None = None
+    cost_model: str | None = None  # a pinned step cost model (engine/step_cost.py), JSON
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,6 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     backend: str = "cpu"
-    platform: str | None = None
     devices: tuple[int, ...] | None = None
     dp: int | None = None
     tp: int | None = None
@@ -101,7 +104,6 @@ class ServerConfig:
     enable_prefix_caching: bool = True
     async_scheduling: bool = True  # plan step N+1 while the ranks run step N (K=0 and K=7)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
-    ring_heap: tuple[int, ...] = DEFAULT_RING_HEAP
     generate: GenerateDefaults = field(default_factory=GenerateDefaults)
     prompts: tuple[str, ...] = ()  # --prompt: offline mode
     max_tokens: int = 16  # offline mode's max_tokens per prompt
@@ -116,6 +118,7 @@ class ServerConfig:
     dist_timeout_s: float = 600.0  # start-up wait for ranks / node 0; torch.distributed timeout
     # operating it (cli_ops.py); keys stay out of repr() so a logged config shows none
     api_keys: tuple[str, ...] = field(default=(), repr=False)
+    protect_router_info: bool = False  # True: /server_info, /loads ... need a key too (api/auth.py)
     max_queued_requests: int | None = None  # None: no limit
     shutdown_timeout_s: float = 30.0
     stream_write_timeout_s: float = 30.0  # 0: never abort a stalled stream
@@ -272,7 +275,12 @@ def _common_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
             f"DSpark's query width is fixed at DSPARK_QUERY_WIDTH = {DSPARK_K} "
             f"(got {k})"
         )
-    elif k == DSPARK_K:
+    if spec.cost_model is not None:
+        try:
+            StepCost.from_file(spec.cost_model)
+        except (OSError, ValueError) as e:
+            out.append(f"--speculative-config cost_model {spec.cost_model}: {e}")
+    if k == DSPARK_K:
         missing = missing_drafter_parts(model, cfg.model)
         if missing:
             out.append(
@@ -280,6 +288,13 @@ def _common_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
                 f"DSpark drafter; missing: {', '.join(missing)}"
             )
     return out
+
+
+def has_confidence_head(model_dir: str | None) -> bool:
+    """Whether the checkpoint's drafter carries a confidence head (what adaptive
+    verification chooses from); True when the tensor names cannot be read."""
+    names = checkpoint_tensor_names(model_dir) if model_dir else None
+    return names is None or any(n.endswith("confidence_head.proj.weight") for n in names)
 
 
 def missing_drafter_parts(model: ModelConfig, model_dir: str | None) -> list[str]:

@@ -76,16 +76,8 @@ class ModelConfig:
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     # ---- derived facts ------------------------------------------------------------
-    @property
-    def rope_head_dim(self) -> int:
-        return self.qk_rope_head_dim
-
     def is_csa(self, layer: int) -> bool:
         return self.compress_ratios[layer] == self.csa_ratio
-
-    def is_hca(self, layer: int) -> bool:
-        r = self.compress_ratios[layer]
-        return r != 0 and r != self.csa_ratio
 
     def is_hash_layer(self, layer: int) -> bool:
         return layer < self.num_hash_layers

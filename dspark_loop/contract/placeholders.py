@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from dspark_loop.contract.acceptance import accept_chain
-from dspark_loop.contract.protocol import PartitionPlan, as_i8, as_i32
+from dspark_loop.contract.protocol import DSPARK_K, PartitionPlan, as_i8, as_i32
 
 PLACEHOLDER = -1  # an input the ranks fill: "what your last step left for this request"
 
@@ -76,7 +76,8 @@ class LastSamples:
                 start[open_] = np.fromiter(map(self.next_pos.__getitem__, rids), np.int32, len(rids))
         except KeyError as e:
             raise ValueError(f"req {e.args[0]}: a placeholder with nothing to resolve it") from None
-        d2 = type(d)(d.req_ids, start.tobytes(), d.num_rows, filled.tobytes())
+        d2 = type(d)(*[getattr(d, f) for f in d.__struct_fields__])
+        d2.start_pos, d2.token_ids = start.tobytes(), filled.tobytes()
         out = type(part)(*[getattr(part, f) for f in part.__struct_fields__])
         out.decode = d2
         return out
@@ -115,9 +116,11 @@ class LastSamples:
         first = np.cumsum(rows64) - rows64  # [R]
         a = np.ones(len(rows64), np.int64)  # [R] accepted rows (1 for a 1-row decode)
         verify = rows64 > 1  # [R]
-        k1 = int(rows64[verify][0])
-        r = first[verify, None] + np.arange(k1)  # [V, K+1]
-        a[verify] = accept_chain(as_i32(d.token_ids)[r[:, 1:]], preds[r])
+        lens = rows64[verify] - 1  # [V] drafts each verify sent (1..K; a verify policy may vary them)
+        # NOTE: as the drafter runner: a short window's missing rows read its own last row,
+        # which accept_chain ignores
+        r = first[verify, None] + np.minimum(np.arange(DSPARK_K + 1), lens[:, None])  # [V, K+1]
+        a[verify] = accept_chain(as_i32(d.token_ids)[r[:, 1:]], preds[r], lens)
         last.update(zip(req_ids.tolist(), preds[first + a - 1].tolist()))
         vids = req_ids[verify]
         self.next_pos.update(zip(vids.tolist(), (as_i32(d.start_pos)[verify] + a[verify]).tolist()))

@@ -13,7 +13,9 @@ A step plan carries only what the ranks cannot derive themselves:
         freed_req_ids  forget these requests' tables (finished, aborted, preempted)
         prefills       PrefillChunk(req_id, start_pos, token_ids, sample)
         decode         DecodeBatch: R requests, row 0 = last committed token at start_pos,
-                       rows 1.. = drafts (K=7) -- num_rows[r] is 1 or 8; all rows publish
+                       rows 1.. = drafts (K=7) -- num_rows[r] is 1 + l, l in 0..7 drafts
+                       verified (ragged; the fixed chain sends 1 or 8); all rows publish;
+                       draft_mask: which requests run their drafter pass (empty: all)
         token_masks    TokenMask(req_id, bits): argmax of that request's row over allowed ids
 
 Every rank receives the whole plan and runs its own partition's part (an empty part
@@ -126,8 +128,12 @@ class PrefillChunk(msgspec.Struct, array_like=True):
 class DecodeBatch(msgspec.Struct, array_like=True):
     req_ids: bytes  # int32 [R]
     start_pos: bytes  # int32 [R] position of row 0 (the last committed token)
-    num_rows: bytes  # int8 [R] rows per request: 1 (K=0 / fallback) or 8 (verify)
+    num_rows: bytes  # int8 [R] rows per request: 1 + l, l = drafts verified (0..7; the
+    # seeds' fixed chain: 1 or 8); all rows publish; rows after row 0 are the drafts
     token_ids: bytes  # int32 [sum(num_rows)] row-major per request
+    # K=7: uint8 [R], 0 = skip this request's drafter pass this step (its context rows are
+    # still written); empty: every request drafts (the fixed chain)
+    draft_mask: bytes = b""
 
 
 class BlockUpdate(msgspec.Struct, array_like=True):
@@ -330,6 +336,8 @@ class PartitionTrace(msgspec.Struct, array_like=True):
     decode_num_rows: int = 0  # rows computed (sum over requests)
     free_blocks: list[int] = []  # per cache family
     leases_in_use: int = 0
+    verify_rows: int = 0  # K=7: decode rows of requests that verified drafts (1 + l each)
+    num_drafter_skips: int = 0  # K=7: decode requests whose drafter pass was skipped
     # async scheduling: what the plan left to the ranks, and what the results showed
     num_placeholder_rows: int = 0  # decode rows whose input the ranks filled (row 0, drafts)
     num_open_starts: int = 0  # K=7 windows the ranks started at their own L + a
@@ -370,7 +378,7 @@ class StepTrace(msgspec.Struct, array_like=True, tag=5):
     num_waiting: int = 0
     errors: list[str] = []
     dropped_traces: int = 0  # traces the publisher dropped so far (full queue)
-    accepted_num_drafts: list[int] = []  # per accepted_lens entry: drafts it verified (0 or 7)
+    accepted_num_drafts: list[int] = []  # per accepted_lens entry: drafts it verified (0..7)
     mesh_restart: MeshRestart | None = None  # set on the one trace published after a restart
     overlapped: bool = False  # planned while the step before it was unanswered (async scheduling)
 

@@ -27,9 +27,6 @@ class LeasePool:
     def num_in_use(self) -> int:
         return len(self._owner)
 
-    def can_take(self) -> bool:
-        return bool(self._free)
-
     def take(self, req_id: int) -> int:
         if not self._free:
             raise RuntimeError(f"no free drafter lease ({self.num_leases} in use)")

@@ -171,8 +171,9 @@ class EngineLoop:
         )
 
     def cache_stats(self) -> dict:
-        """Read-only: free/total pages per family per partition and what still holds pages
-        (live requests, open output channels); once idle, free == total everywhere."""
+        """Read-only: free/total pages per family per partition, its queues and the tokens its
+        live requests hold, and what still holds pages (live requests, open output channels);
+        once idle, free == total everywhere."""
         sched = self.scheduler
         return {
             "families": [f.name for f in sched.layout.families],
@@ -182,6 +183,10 @@ class EngineLoop:
                     "total": [pool.num_blocks for pool in p.cache.pools],
                     "num_running": len(p.running),
                     "num_waiting": len(p.waiting),
+                    # tokens of the live requests (prompt + output so far), and those the waiting ones
+                    # have still to compute: the load a router reads (api/server_info.py)
+                    "num_tokens": sum(r.prompt_len + len(r.output_ids) for q in (p.running, p.waiting) for r in q),
+                    "num_waiting_tokens": sum(r.prompt_len + len(r.output_ids) - r.num_computed for r in p.waiting),
                 }
                 for p in sched.partitions
             ],
@@ -195,10 +200,12 @@ class EngineLoop:
         """DSpark (K=7) totals so far: verifies, proposed/matched drafts, accepted tokens,
         mean accepted length, fallback steps, lease scrubs; all zero at K=0."""
         leases = [p.leases.num_in_use for p in self.scheduler.partitions if p.leases is not None]
+        policy = getattr(self.scheduler.policy, "stats", None)
         return {
             "num_speculative_tokens": self.scheduler.spec_k,
             **self.scheduler.spec.summary(),
             "leases_in_use": sum(leases),
+            "verify_policy": policy() if policy is not None else {"name": type(self.scheduler.policy).__name__},
         }
 
     async def generate(self, g: GenerateRequest) -> AsyncIterator[RequestOutput]:
@@ -294,6 +301,8 @@ class EngineLoop:
                 self._deliver(outputs)
                 t4 = time.perf_counter()
                 self.num_steps += 1
+                if results and sched.observes_steps:  # the verify policy learns the step's cost
+                    sched.observe_step(step, results, t2 - t1)
                 self._observe(step, results, wall, t0, t1, t2, t3, t4)
                 if step.is_empty and not outputs:
                     # nothing could run (e.g. every queue waits on pages): do not spin

@@ -25,6 +25,7 @@ class RequestStats:
     num_matched: int = 0
     num_accepted: int = 0  # tokens accepted by verifies (before finish truncation)
     num_fallback_steps: int = 0
+    num_drafter_skips: int = 0  # drafter passes a verify policy skipped
 
 
 class EngineObserver:

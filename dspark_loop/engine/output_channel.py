@@ -81,4 +81,5 @@ def merge_outputs(items: list[RequestOutput]) -> RequestOutput:
         last.stop_reason,
         logprobs,
         prompt_logprobs,
+        last.speculation,
     )

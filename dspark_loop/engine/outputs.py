@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from dspark_loop.contract.protocol import GREEDY_BELOW
+from dspark_loop.contract.protocol import DSPARK_K, GREEDY_BELOW
 
 
 @dataclass
@@ -32,6 +32,7 @@ class SamplingParams:
     choice: int = 0  # n > 1: this choice's index (same seed, its own noise)
     logprobs: int = -1  # -1: none; N >= 0: each new token's logprob + the top N
     prompt_logprobs: int = -1  # the same for the prompt's tokens (echo + logprobs)
+    max_draft_tokens: int = DSPARK_K  # K=7: at most this many drafts verified per step (0: off)
 
     @property
     def needs_sampling_spec(self) -> bool:
@@ -85,3 +86,4 @@ class RequestOutput(msgspec.Struct):
     stop_reason: str | int | None = None  # the stop string or token id that matched
     logprobs: list[TokenLogprob] | None = None  # per new token (params.logprobs >= 0)
     prompt_logprobs: list[TokenLogprob] | None = None  # the whole prompt, on the first delta
+    speculation: tuple[int, int, int] | None = None  # on the finishing delta: (proposed, accepted, verify steps)

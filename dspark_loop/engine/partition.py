@@ -37,6 +37,8 @@ class Partition:
         # K=7: each lease holder's pending drafts (valid while its has_drafts is set); a
         # table, not a list per request: a step stores and reads them with one numpy call
         self.drafts = np.zeros((num_leases, DSPARK_K), np.int32) if num_leases else None  # [L, K]
+        # ... and the drafter's confidence in each (what a verify policy chooses from)
+        self.conf = np.zeros((num_leases, DSPARK_K), np.float32) if num_leases else None  # [L, K]
         self.new_leases: list[tuple[int, int]] = []  # (req_id, lease) for the next plan
         self.scrub_lease_ids: list[int] = []
         self.new_sampling: list[SamplingSpec] = []  # specs of requests admitted since the last plan
@@ -56,11 +58,13 @@ class Partition:
             return True
         return False
 
-    def set_drafts(self, req: Request, drafts) -> None:
-        """The ranks' (or a test's) drafts [K] for req's next anchor."""
+    def set_drafts(self, req: Request, drafts, conf=None) -> None:
+        """The ranks' (or a test's) drafts [K] for req's next anchor, and their confidences
+        [K] (None: 1.0 each)."""
         if req.lease < 0:
             raise ValueError(f"{req} holds no drafter lease (K=7 running requests only)")
         self.drafts[req.lease] = drafts
+        self.conf[req.lease] = 1.0 if conf is None else conf
         req.has_drafts = True
 
     def free_lease(self, req: Request) -> None:

@@ -13,6 +13,7 @@ from array import array
 
 import numpy as np
 
+from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.detokenize import Detokenizer
 from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.kv_cache import FamilyPages
@@ -65,6 +66,11 @@ class Request(VerifyCounts):
         "num_verify_steps",
         "num_accepted",
         "num_fallback_steps",
+        "num_proposed",
+        "num_drafter_skips",
+        "max_draft_tokens",
+        "verify_len",
+        "draft_next",
         "lease",
         "prompt_logprobs",
         "wants_logprobs",
@@ -75,7 +81,8 @@ class Request(VerifyCounts):
         "plan_pending",
         "plan_open",
         "plan_drafts",
-        "inflight_verify",
+        "inflight_rows",
+        "inflight_drafted",
         "inflight_step",
         "inflight_end",
         "inflight_samples",
@@ -123,7 +130,14 @@ class Request(VerifyCounts):
         self.finish_time: float | None = None
         self.inter_token_s = array("d")  # gaps between deliveries (8 bytes each, not a float object)
         self.num_preemptions = 0
-        self.num_verify_steps = 0  # each verified DSPARK_K drafts
+        self.num_verify_steps = 0  # each verified 1..DSPARK_K drafts
+        self.num_proposed = 0  # drafts verified over all verifies
+        self.num_drafter_skips = 0  # drafter passes a verify policy skipped
+        # adaptive verification (engine/verify_policy.py): the request's own cap on drafts
+        # per verify (0: never speculate), and the policy's choice for the step being built
+        self.max_draft_tokens = min(DSPARK_K, params.max_draft_tokens)
+        self.verify_len = DSPARK_K  # drafts to verify this step (a contiguous prefix)
+        self.draft_next = True  # run the drafter pass after this step
         self.num_accepted = 0  # tokens the chain accepted over all verifies (before truncation)
         self.num_fallback_steps = 0
         self.lease = -1  # drafter lease while running at K=7 (engine/leases.py)
@@ -144,7 +158,8 @@ class Request(VerifyCounts):
         self.plan_pending = False
         self.plan_open = False
         self.plan_drafts = False
-        self.inflight_verify = False  # those rows are a K=7 verify (up to K+1 tokens)
+        self.inflight_rows = 0  # decode rows among them (a verify: 1 + l, up to 1 + l tokens)
+        self.inflight_drafted = True  # K=7: the ranks draft after them (no drafter skip)
         self.inflight_step = -1  # the last sent step with rows of this request (-1: none)
         self.inflight_end = 0  # the position after those rows
         self.inflight_samples = False  # whether they sample a token (decode, or a prompt's last chunk)
@@ -152,10 +167,6 @@ class Request(VerifyCounts):
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
-
-    @property
-    def last_token(self) -> int:
-        return self.output_ids[-1] if self.output_ids else int(self.prompt_ids[-1])
 
     @property
     def is_prefilling(self) -> bool:

@@ -4,9 +4,9 @@
     admission       sampling_spec(req): params + prompt_len; a re-admitted (preempted)
                     request also carries its outputs so far (the penalties count them)
     step results    read_logprobs(res): wire req_id -> {position: TokenLogprob}
-    per request     LogprobBook: prompt entries gathered until the first delta; a delta's
-                    tokens get the entries of their positions (verify rows past the
-                    accepted length are simply never asked for)
+    per request     note_prompt_logprobs: prompt entries kept on the Request until the first
+                    delta; a delta's tokens get the entries of their positions (verify
+                    rows past the accepted length are simply never asked for)
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ class PartitionStep:
     decode_req_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [R]
     decode_leases: np.ndarray | None = None  # [R] K=7: the requests' drafter leases (draft table rows)
     verify_drafts: np.ndarray | None = None  # [V, K] the drafts of the requests with rows > 1
+    verify_lens: np.ndarray | None = None  # [V] drafts each verifies (rows - 1); None: all K
+    draft_next: np.ndarray | None = None  # [R] bool: runs its drafter pass; None: all do
     # async scheduling, K=7: decode requests (indices into decode_reqs) whose start and
     # verify drafts the ranks filled (placeholders); reconcile() rebuilds them before reading
     filled: np.ndarray | None = None  # [F]
@@ -62,9 +64,13 @@ class ScheduledStep:
         return all(p.is_empty for p in self.partitions)
 
 
-def decode_batch(decodes: list[Request], pstep: PartitionStep, drafts: np.ndarray | None = None) -> DecodeBatch:
-    """The wire DecodeBatch: row 0 = last token, rows 1.. = drafts when verifying.
-    drafts: the partition's draft table [L, K] (K=7), read at each verifying request's lease.
+def decode_batch(
+    decodes: list[Request], pstep: PartitionStep, drafts: np.ndarray | None = None, masked: bool = False
+) -> DecodeBatch:
+    """The wire DecodeBatch: row 0 = last token, rows 1..l = the first l drafts when
+    verifying (sched_n = 1 + l; a verify policy may make the tile ragged). drafts: the
+    partition's draft table [L, K] (K=7), read at each verifying request's lease. masked:
+    a verify policy skips some drafter passes (Request.draft_next): send the mask.
     A request planned after an unanswered step (plan_pending) gets placeholders for what
     that step decides: row 0, and at K=7 its drafts and, after a verify, its start."""
     n = len(decodes)
@@ -74,49 +80,59 @@ def decode_batch(decodes: list[Request], pstep: PartitionStep, drafts: np.ndarra
     # [R] row 0: the last token, or a placeholder for the sample of the unanswered step
     last = np.fromiter([PLACEHOLDER if r.plan_pending else r.output_ids[-1] for r in decodes], np.int32, n)
     leases = None if drafts is None else np.fromiter([r.lease for r in decodes], np.int64, n)  # [R]
+    pending = last == PLACEHOLDER  # [R]
+    k = DSPARK_K
     if rows.max() == 1:
         tokens = last
-        pstep.num_placeholder_rows = int((last == PLACEHOLDER).sum())
+    elif rows.min() == k + 1:  # every request verifies all K drafts: [R, K+1] rows
+        tile = np.empty((n, k + 1), np.int32)
+        tile[:, 0] = last
+        tile[:, 1:] = drafts[leases]
+        pstep.verify_drafts = tile[:, 1:]  # [R, K] (a view: reconcile() writes the filled rows)
+        if pending.any():
+            tile[pending, 1:] = PLACEHOLDER
+        tokens = tile.reshape(-1)  # [R * (K+1)]
     else:
-        k = DSPARK_K
-        if rows.min() > 1:  # every request verifies: [R, K+1] rows
-            tile = np.empty((n, k + 1), np.int32)
-            tile[:, 0] = last
-            tile[:, 1:] = drafts[leases]
-            pstep.verify_drafts = tile[:, 1:]  # [R, K] (a view: reconcile() writes the filled rows)
-            pending = last == PLACEHOLDER  # [R]
-            if pending.any():
-                tile[pending, 1:] = PLACEHOLDER
-            tokens = tile.reshape(-1)  # [R * (K+1)]
-        else:
-            verify = rows > 1  # [R]
-            rows64 = rows.astype(np.int64)
-            first = np.cumsum(rows64) - rows64  # [R] each request's first row
-            tokens = np.empty(int(rows64.sum()), np.int32)  # [sum(rows)]
-            tokens[first] = last
-            vd = drafts[leases[verify]]  # [V, K]
-            pending = last[verify] == PLACEHOLDER  # [V]
-            window = first[verify, None] + np.arange(1, k + 1)  # [V, K]
+        verify = rows > 1  # [R]
+        rows64 = rows.astype(np.int64)
+        first = np.cumsum(rows64) - rows64  # [R] each request's first row
+        tokens = np.empty(int(rows64.sum()), np.int32)  # [sum(rows)]
+        tokens[first] = last
+        vd = drafts[leases[verify]]  # [V, K]
+        lens = rows64[verify] - 1  # [V] 1..K
+        window = first[verify, None] + np.arange(1, k + 1)  # [V, K]
+        sent = np.arange(k) < lens[:, None]  # [V, K] the drafts each verify sends
+        if lens.min() == k:
             tokens[window] = vd
-            tokens[window[pending]] = PLACEHOLDER
-            pstep.verify_drafts = vd
-            pending = verify & (last == PLACEHOLDER)  # [R]
-        pstep.num_placeholder_rows = int((last == PLACEHOLDER).sum()) + k * int(pending.sum())
-        if pending.any():  # K=7 with a step unanswered: the ranks fill these requests
-            pstep.filled = np.flatnonzero(pending)
-            start[pstep.filled] = [
-                PLACEHOLDER if decodes[j].plan_open else decodes[j].plan_pos for j in pstep.filled.tolist()
-            ]
-            pstep.num_open_starts = int((start == PLACEHOLDER).sum())
+        else:  # ragged: each verify sends its first l drafts
+            tokens[window[sent]] = vd[sent]
+            pstep.verify_lens = lens
+        if pending.any():
+            tokens[window[sent & pending[verify, None]]] = PLACEHOLDER
+        pstep.verify_drafts = vd
+    pstep.num_placeholder_rows = int(rows[pending].sum())
+    if drafts is not None and pending.any():  # K=7 with a step unanswered: the ranks fill these
+        pj = np.flatnonzero(pending)  # [F]
+        opened = np.fromiter([decodes[j].plan_open for j in pj.tolist()], bool, len(pj))  # [F]
+        start[pj[opened]] = PLACEHOLDER
+        pstep.num_open_starts = int(opened.sum())
+        pstep.filled = pj
     pstep.decode_rows = rows
     pstep.decode_start = start
     pstep.decode_req_ids = req_ids
     pstep.decode_leases = leases
+    mask = b""
+    if masked:
+        dn = np.array([r.draft_next for r in decodes], bool)  # [R]
+        if not dn.all():
+            pstep.draft_next = dn
+            mask = dn.astype(np.uint8).tobytes()
     return DecodeBatch(
         req_ids=req_ids.tobytes(),
         start_pos=start.astype(np.int32).tobytes(),
         num_rows=rows.tobytes(),
         token_ids=tokens.tobytes(),
+        draft_mask=mask,
     )
 
 
@@ -125,15 +141,17 @@ def reconcile(pstep: PartitionStep, draft_table: np.ndarray) -> None:
     and starts the ranks filled, rebuilt from the host's own state, which the earlier
     step's update has brought to exactly what the ranks used (the same acceptance, the
     same drafts). A request that ended meanwhile gets any row (its results are dropped)."""
-    j = pstep.filled
-    verify = pstep.decode_rows > 1  # [R]
-    vidx = (np.cumsum(verify) - 1)[j]  # [F] rows of verify_drafts
+    j = pstep.filled  # [F]
     reqs = [pstep.decode_reqs[i] for i in j.tolist()]
-    for req in reqs:
-        if not req.has_drafts and req.status == Status.RUNNING:
-            raise RuntimeError(f"{req} verified drafts the host never received")
     pstep.decode_start[j] = [r.num_computed for r in reqs]
-    pstep.verify_drafts[vidx] = draft_table[pstep.decode_leases[j]]
+    verify = pstep.decode_rows > 1  # [R]
+    jv = j[verify[j]]  # [F'] the filled requests that verify
+    if len(jv):
+        for req, v in zip(reqs, verify[j].tolist()):
+            if v and not req.has_drafts and req.status == Status.RUNNING:
+                raise RuntimeError(f"{req} verified drafts the host never received")
+        vidx = (np.cumsum(verify) - 1)[jv]  # [F'] rows of verify_drafts
+        pstep.verify_drafts[vidx] = draft_table[pstep.decode_leases[jv]]
     pstep.filled = None
 
 
@@ -153,21 +171,25 @@ def plan_positions(running: list[Request], inflight: int, spec_k: int, max_model
             req.plan_pos, req.plan_pending = req.num_computed, False
         elif not req.inflight_samples:  # a prompt chunk that samples nothing: the next follows it
             req.plan_pos, req.plan_pending = req.inflight_end, False
-        elif req.constraint is not None or len(req.output_ids) + (k1 if req.inflight_verify else 1) >= req.length_at:
+        elif req.constraint is not None or len(req.output_ids) + max(1, req.inflight_rows) >= req.length_at:
             req.plan_pos, req.plan_pending = -1, False
-        elif not req.inflight_verify:
-            req.plan_pos, req.plan_pending, req.plan_open = req.inflight_end, True, False
-            # NOTE: the ranks draft from an anchor at P iff P + K + 1 <= max_model_len
-            req.plan_drafts = spec_k and req.inflight_end + k1 <= max_model_len
+        elif req.inflight_rows <= 1:  # a prompt's last chunk or a 1-row decode: one token
+            # NOTE: every step before the unanswered one is applied, so its decode row
+            # started at num_computed (its planned start may have been a placeholder)
+            end = req.num_computed + 1 if req.inflight_rows else req.inflight_end
+            req.plan_pos, req.plan_pending, req.plan_open = end, True, False
+            # NOTE: the ranks draft from an anchor at P iff P + K + 1 <= max_model_len (and
+            # the step did not skip the request's drafter pass)
+            req.plan_drafts = spec_k and req.inflight_drafted and end + k1 <= max_model_len
         else:
-            # NOTE: every step before the unanswered one is applied, so that verify started
-            # at num_computed (its planned start may have been a placeholder); the longest
-            # outcome accepts all K+1 rows, and an anchor there still gets drafts
-            end = req.num_computed + k1
+            # NOTE: that verify started at num_computed too; the longest outcome accepts
+            # all its rows, and an anchor there still gets drafts
+            end = req.num_computed + req.inflight_rows
             if end + k1 > max_model_len:
                 req.plan_pos, req.plan_pending = -1, False
             else:
-                req.plan_pos, req.plan_pending, req.plan_open, req.plan_drafts = end, True, True, True
+                req.plan_pos, req.plan_pending, req.plan_open = end, True, True
+                req.plan_drafts = req.inflight_drafted
 
 
 def note_inflight(step: ScheduledStep) -> None:
@@ -176,7 +198,8 @@ def note_inflight(step: ScheduledStep) -> None:
     for pstep in step.partitions:
         for req, n, sample in pstep.prefills:
             req.inflight_step, req.inflight_end, req.inflight_samples = sid, req.plan_pos + n, sample
-            req.inflight_verify = False
-        for req in pstep.decode_reqs:
+            req.inflight_rows, req.inflight_drafted = 0, True
+        dn = pstep.draft_next  # [R] or None: every decode request drafts
+        for j, req in enumerate(pstep.decode_reqs):
             req.inflight_step, req.inflight_end, req.inflight_samples = sid, req.plan_pos + req.sched_n, True
-            req.inflight_verify = req.sched_n > 1
+            req.inflight_rows, req.inflight_drafted = req.sched_n, dn is None or bool(dn[j])

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK, BlockUpdate, PartitionPlan, PrefillChunk, StepPlan
 from dspark_loop.engine.admission import Admission
@@ -31,6 +33,7 @@ from dspark_loop.engine.spec_counters import SpecCounters
 from dspark_loop.engine.step_apply import StepApplier
 from dspark_loop.engine.step_update import read_results
 from dspark_loop.engine.token_masks import token_masks
+from dspark_loop.engine.verify_policy import FullVerify, VerifyPolicy
 
 
 class Scheduler:
@@ -46,6 +49,7 @@ class Scheduler:
         eos_token_ids,
         spec_k: int = 0,
         enable_prefix_caching: bool = True,
+        policy: VerifyPolicy | None = None,
     ):
         if spec_k not in (0, DSPARK_K):
             raise ValueError(f"spec_k must be 0 or {DSPARK_K} (the verify tile is {DSPARK_K + 1} rows), got {spec_k}")
@@ -76,6 +80,10 @@ class Scheduler:
         self.plans_ahead = False  # the loop sends a step before the previous one is answered
         self._unanswered: list[int] = []  # ids of sent (non-empty) steps not yet updated, oldest first
         self.num_constrained = 0  # live requests with a token constraint (tool grammars)
+        # K=7 adaptive verification: who chooses the windows and drafter skips (FullVerify:
+        # the fixed chain, no per-step call); live requests with max_draft_tokens < K
+        self.policy: VerifyPolicy = policy if policy is not None else FullVerify()
+        self.num_capped = 0
 
     # ---- intake -----------------------------------------------------------------------
     def make_request(self, g: GenerateRequest, detokenizer=None) -> Request:
@@ -116,6 +124,8 @@ class Scheduler:
         self.requests[req.request_id] = req
         if req.constraint is not None:
             self.num_constrained += 1
+        if req.max_draft_tokens < DSPARK_K:
+            self.num_capped += 1
 
     def abort(self, request_id: str) -> bool:
         """Finish a live request now ("abort") and free its pages; False if unknown."""
@@ -142,6 +152,7 @@ class Scheduler:
             p.waiting.clear()
         self.requests.clear()
         self.num_constrained = 0
+        self.num_capped = 0
         return running, waiting, outputs
 
     # ---- state ------------------------------------------------------------------------
@@ -189,8 +200,13 @@ class Scheduler:
             self._ended_in_step = False
         self._next_step_id += 1
         step.aborted_req_ids, self._aborted_req_ids = self._aborted_req_ids, []
+        if inflight >= 0:
+            for part in self.partitions:
+                plan_positions(part.running, inflight, self.spec_k, self.max_model_len)
+        adaptive = bool(self.spec_k) and (self.num_capped > 0 or type(self.policy) is not FullVerify)
+        masked = adaptive and self._choose_windows(inflight)
         for part in self.partitions:
-            pstep, pplan = self._schedule_partition(part, step.preempted_req_ids, inflight)
+            pstep, pplan = self._schedule_partition(part, step.preempted_req_ids, inflight, adaptive, masked)
             step.partitions.append(pstep)
             step.plan.partitions.append(pplan)
         if not step.is_empty and self.plans_ahead:
@@ -198,25 +214,67 @@ class Scheduler:
             note_inflight(step)
         return step
 
+    def _choose_windows(self, inflight: int = -1) -> bool:
+        """K=7, adaptive: ask the policy for every decode request's verify length and
+        drafter skip (Request.verify_len, .draft_next), one call over all partitions.
+        Returns whether some request skips its drafter pass (the plans need a mask).
+        NOTE: planned ahead (inflight >= 0), a request's window starts at plan_pos and its
+        drafts are the ones the unanswered step makes (plan_drafts); their confidences are
+        not known yet: the policy reads the newest the host has (one step stale), which
+        changes speed, never tokens."""
+        verify_limit = self.max_model_len - (self.spec_k + 1)
+        reqs, leases, caps, may, counts = [], [], [], [], []
+        for part in self.partitions:
+            first = len(reqs)
+            for r in part.running:
+                pos = r.num_computed if inflight < 0 else r.plan_pos
+                if pos >= r.prefill_target:
+                    reqs.append(r)
+                    leases.append(r.lease)
+                    m = r.max_draft_tokens if r.constraint is None else 0
+                    # NOTE: a request that may never verify (its own cap 0, a grammar) never drafts
+                    may.append(m > 0)
+                    drafted = r.plan_drafts if inflight >= 0 and r.plan_pending else r.has_drafts
+                    caps.append(m if drafted and pos <= verify_limit else 0)
+            counts.append(len(reqs) - first)
+        n = len(reqs)
+        if not n:
+            return False
+        cap = np.array(caps, np.int32)  # [R]
+        partition = np.repeat(np.arange(len(counts), dtype=np.int32), counts)  # [R]
+        ends = np.cumsum(counts).tolist()
+        conf = np.concatenate(  # [R, K]
+            [part.conf[leases[e - c : e]] for part, c, e in zip(self.partitions, counts, ends) if c]
+        )
+        conf[cap == 0] = 0.0
+        verify_len, draft_next = self.policy.choose(conf, cap, partition)
+        if len(verify_len) != n or len(draft_next) != n:
+            raise ValueError(f"verify policy answered {len(verify_len)}/{len(draft_next)} choices for {n} requests")
+        drafting = np.asarray(draft_next, bool) & np.array(may, bool)  # [R]
+        for req, vl, dn in zip(reqs, np.clip(verify_len, 0, cap).tolist(), drafting.tolist()):
+            req.verify_len = vl
+            req.draft_next = dn
+        return not drafting.all()
+
     def _schedule_partition(
-        self, part: Partition, preempted: list[int], inflight: int = -1
+        self, part: Partition, preempted: list[int], inflight: int = -1, adaptive: bool = False, masked: bool = False
     ) -> tuple[PartitionStep, PartitionPlan]:
-        """One partition's share of the step, phase by phase."""
-        if inflight >= 0:
-            plan_positions(part.running, inflight, self.spec_k, self.max_model_len)
-        budget, prefilling = self._budget(part, inflight)
+        """One partition's share of the step, phase by phase. adaptive: the verify policy
+        chose each decode request's window (_choose_windows); masked: and some skip their
+        drafter pass."""
+        budget, prefilling = self._budget(part, inflight, adaptive)
         updates: list[BlockUpdate] = []
         decodes, did_preempt = self._map(part, updates, preempted)
         prefills = [(r, r.sched_n) for r in prefilling if r.sched_n and r.status == Status.RUNNING]
         if not did_preempt:
             for req, message in self.admission.admit(part, budget, prefills, updates):
                 self._report_error(req, message)
-        pstep, pplan = self._plan(part, prefills, decodes, updates)
+        pstep, pplan = self._plan(part, prefills, decodes, updates, masked)
         if self.num_constrained:
             self._mask(part, pstep, pplan)
         return pstep, pplan
 
-    def _budget(self, part: Partition, inflight: int = -1) -> tuple[int, list[Request]]:
+    def _budget(self, part: Partition, inflight: int = -1, adaptive: bool = False) -> tuple[int, list[Request]]:
         """Phase 1: ring pages behind the window back, then each running request's rows
         (sched_n) under the token budget: decode rows, then continuing prefill chunks
         (admission order). Returns the budget left and the prefilling requests."""
@@ -248,9 +306,10 @@ class Scheduler:
                 and req.constraint is None
                 and req.plan_pos <= verify_limit
             ):
-                if verify_n <= budget:
-                    req.sched_n = verify_n
-                    budget -= verify_n
+                n = 1 + req.verify_len if adaptive else verify_n  # 1 + l rows (l = 0: one row)
+                if n <= budget:
+                    req.sched_n = n
+                    budget -= n
                 else:
                     req.sched_n = 0
             elif budget > 0:
@@ -306,7 +365,12 @@ class Scheduler:
         return True
 
     def _plan(
-        self, part: Partition, prefills: list[tuple[Request, int]], decodes: list[Request], updates: list[BlockUpdate]
+        self,
+        part: Partition,
+        prefills: list[tuple[Request, int]],
+        decodes: list[Request],
+        updates: list[BlockUpdate],
+        masked: bool = False,
     ) -> tuple[PartitionStep, PartitionPlan]:
         """Phase 4: the PartitionStep (what the results will mean) and its wire plan."""
         pstep = PartitionStep()
@@ -325,7 +389,7 @@ class Scheduler:
         ]
         if decodes:
             pstep.decode_reqs = decodes
-            pplan.decode = decode_batch(decodes, pstep, part.drafts)
+            pplan.decode = decode_batch(decodes, pstep, part.drafts, masked)
         if pstep.is_empty:
             pplan.freed_req_ids = []  # keep them for a plan that is actually sent
         else:
@@ -365,6 +429,24 @@ class Scheduler:
             self.applier.apply(part, step, update, now, outputs)
         return outputs
 
+    @property
+    def observes_steps(self) -> bool:
+        """Whether the loop must report step times (a verify policy that learns from them)."""
+        return bool(self.spec_k) and type(self.policy) is not FullVerify
+
+    def observe_step(self, step: ScheduledStep, results, step_s: float) -> None:
+        """Tell the verify policy what a finished step computed (per partition) and how long
+        it took (plan sent -> last result in)."""
+        parts = step.partitions
+        num_rows = np.array([sum(n for _, n, _ in p.prefills) + int(p.decode_rows.sum()) for p in parts], np.int64)
+        num_requests = np.array([len(p.decode_reqs) for p in parts], np.int64)
+        num_drafted = np.array([len(r.draft_req_ids) // 4 for r in results], np.int64)
+        context = np.array([int(p.decode_start.sum()) for p in parts], np.int64)
+        self.policy.observe(num_rows, num_requests, num_drafted, context, step_s)
+        observe_tokens = getattr(self.policy, "observe_tokens", None)
+        if observe_tokens is not None:  # the policy's acceptance calibration (AdaptiveVerify)
+            observe_tokens(len(step.accepted_lens), sum(step.accepted_lens))
+
     # ---- finishing ------------------------------------------------------------------------
     def _end(self, req: Request, reason: str) -> None:
         """The one way a live request ends (finish rules, abort, error): its partition
@@ -373,8 +455,11 @@ class Scheduler:
         self._forget(req)
 
     def _forget(self, req: Request) -> None:
-        if self.requests.pop(req.request_id, None) is not None and req.constraint is not None:
-            self.num_constrained -= 1
+        if self.requests.pop(req.request_id, None) is not None:
+            if req.constraint is not None:
+                self.num_constrained -= 1
+            if req.max_draft_tokens < DSPARK_K:
+                self.num_capped -= 1
 
     def _fail(self, req: Request, message: str) -> None:
         self._end(req, "error")

@@ -7,8 +7,6 @@ import logging
 import time
 from dataclasses import dataclass
 
-from dspark_loop.contract.protocol import DSPARK_K
-
 log = logging.getLogger("dspark_loop.engine.dspark")
 
 LOG_INTERVAL_S = 10.0  # seconds between progress lines (and one at the first verify)
@@ -20,11 +18,7 @@ class VerifyCounts:
     __slots__ = ()
     num_verify_steps: int
     num_accepted: int
-
-    @property
-    def num_proposed(self) -> int:
-        """Drafts verified (DSPARK_K per verify)."""
-        return DSPARK_K * self.num_verify_steps
+    num_proposed: int  # drafts verified: the verify lengths' sum (DSPARK_K per full verify)
 
     @property
     def num_matched(self) -> int:
@@ -35,10 +29,13 @@ class VerifyCounts:
 @dataclass
 class SpecCounters(VerifyCounts):
     num_requests: int = 0  # requests that verified at least once
-    num_verify_steps: int = 0  # per request: one 8-row verify of DSPARK_K drafts
+    num_verify_steps: int = 0  # per request: one verify of 1..DSPARK_K drafts (1 + l rows)
     num_accepted: int = 0  # tokens accepted by the chain (before finish truncation)
     num_fallback_steps: int = 0  # 1-row steps forced by the position ceiling
     num_lease_scrubs: int = 0
+    num_proposed: int = 0
+    num_drafter_skips: int = 0  # drafter passes a verify policy skipped (adaptive verification)
+    num_verify_rows: int = 0  # decode rows of verifies (1 + l each)
     last_log_time: float = -LOG_INTERVAL_S
 
     @property
@@ -73,5 +70,7 @@ class SpecCounters(VerifyCounts):
             "num_accepted": self.num_accepted,
             "num_fallback_steps": self.num_fallback_steps,
             "num_lease_scrubs": self.num_lease_scrubs,
+            "num_drafter_skips": self.num_drafter_skips,
+            "num_verify_rows": self.num_verify_rows,
             "mean_accepted_len": round(self.mean_accepted_len, 4),
         }

@@ -47,15 +47,16 @@ class StepApplier:
                 self._register_pages(part, req)
             else:
                 outputs.append(self.commit(part, step, req, row.tokens, now, entries))
-        taken = False
+        left = update.drafts  # the drafts not taken in plan order (all, without decodes)
         if update.decodes is not None:
-            taken = self._apply_decodes(part, step, update.decodes, update.drafts, now, lp, outputs)
-        if update.drafts is not None and not taken:
-            self._take_drafts_by_id(part, update.drafts)
+            left = self._apply_decodes(part, step, update.decodes, update.drafts, update.draft_conf, now, lp, outputs)
+        if left is not None and len(left[0]):
+            self._take_drafts_by_id(part, left, update.draft_conf)
 
-    def _take_drafts_by_id(self, part: Partition, drafts: tuple[list[int], np.ndarray]) -> None:
+    def _take_drafts_by_id(self, part: Partition, drafts: tuple[list[int], np.ndarray], conf) -> None:
         """K=7, off the steady state (first drafts after a prefill, skipped anchors): the
-        ranks' next drafts by wire id; stale for requests that finished."""
+        ranks' next drafts by wire id (the first len(drafts[0]) of the result's); stale for
+        requests that finished."""
         by_id = {r.req_id: r for r in part.running}
         rows, leases = [], []
         for j, req_id in enumerate(drafts[0]):
@@ -66,30 +67,40 @@ class StepApplier:
                 leases.append(req.lease)
         if rows:
             part.drafts[leases] = drafts[1][rows]
+            part.conf[leases] = 1.0 if conf is None else conf[rows]
 
-    def _apply_decodes(self, part: Partition, step: ScheduledStep, d: DecodeRows, drafts, now, lp, outputs) -> bool:
+    def _apply_decodes(
+        self, part: Partition, step: ScheduledStep, d: DecodeRows, drafts, conf, now, lp, outputs
+    ) -> tuple[list[int], np.ndarray] | None:
         """Decode rows: K=7 counters, the spent drafts replaced, then each request's
-        accepted tokens committed -- one pass. Returns whether the ranks' next drafts were
-        all taken here (the steady state: one per decode request, in plan order)."""
+        accepted tokens committed -- one pass. Returns the ranks' next drafts NOT taken here
+        (None: all were): the steady state is one per decode request that drafted, in plan
+        order, at the end of the result (after the first drafts of completed prompts)."""
         req_ids, lens = d.req_ids, d.lens
         step.accepted_req_ids.extend(req_ids)
         step.accepted_lens.extend(lens)
         spec = self.spec
-        verified = d.verified
-        taken = drafts is not None and drafts[0] == req_ids
+        verified, dn = d.verified, d.draft_next
+        want = req_ids if dn is None else list(compress(req_ids, dn))
+        head = -1 if drafts is None else len(drafts[0]) - len(want)  # drafts before the decodes' own
+        taken = head >= 0 and (drafts[0] if head == 0 else drafts[0][head:]) == want
         # NOTE: drafts are for one anchor only: a decode spends them, the ranks sent the
         # next ones with this result (stored here when taken, else by id after this pass)
         if taken:
-            part.drafts[d.leases] = drafts[1]
+            leases = d.leases if dn is None else np.asarray(d.leases)[np.asarray(dn, bool)]
+            part.drafts[leases] = drafts[1][head:]
+            part.conf[leases] = 1.0 if conf is None else conf[head:]
         commit, emit = self.commit, outputs.append
         part.advance_all(d.reqs, lens)
         num_new = 0
-        for req, toks, a, v in zip(d.reqs, d.tokens, lens, verified or repeat(False)):
+        k = DSPARK_K
+        for req, toks, a, v, nd in zip(d.reqs, d.tokens, lens, verified or repeat(False), d.num_drafts or repeat(k)):
             if v:
                 if req.num_verify_steps == 0:
                     spec.num_requests += 1
                 req.num_verify_steps += 1
                 req.num_accepted += a
+                req.num_proposed += nd
             req.has_drafts = taken
             out_ids = req.output_ids
             if req.plain_commit and len(out_ids) + a < req.length_at and req.finish_ids.isdisjoint(toks):
@@ -119,17 +130,31 @@ class StepApplier:
             else:
                 emit(commit(part, step, req, toks, now, lp.get(req.req_id) if lp else None))
         step.num_new_tokens += num_new
+        if dn is not None:  # skipped drafter passes: no drafts came back for these
+            for req in compress(d.reqs, [not x for x in dn]):
+                req.has_drafts = False
+                req.num_drafter_skips += 1
         if verified is not None:
             self._count_totals(step, d)  # after the pass: the progress line counts its requests
-        return taken
+        if drafts is None or (taken and head == 0):
+            return None
+        return (drafts[0][:head], drafts[1][:head]) if taken else drafts
 
     def _count_totals(self, step: ScheduledStep, d: DecodeRows) -> None:
         """K=7 totals for the step (the per-request counters are kept in the commit pass)."""
         spec, verified = self.spec, d.verified
-        step.accepted_num_drafts.extend([DSPARK_K if v else 0 for v in verified])
+        if d.num_drafts is None:
+            step.accepted_num_drafts.extend([DSPARK_K if v else 0 for v in verified])
+        else:
+            step.accepted_num_drafts.extend(d.num_drafts)
         num_verifies = sum(verified)
         if num_verifies:
             spec.num_accepted += sum(compress(d.lens, verified))
+            proposed = DSPARK_K * num_verifies if d.num_drafts is None else sum(d.num_drafts)
+            spec.num_proposed += proposed
+            spec.num_verify_rows += num_verifies + proposed
+        if d.draft_next is not None:
+            spec.num_drafter_skips += len(d.draft_next) - sum(d.draft_next)
         if num_verifies < len(verified):
             for req in compress(d.reqs, d.fallback):  # the 8-row window would pass the position ceiling
                 req.num_fallback_steps += 1
@@ -172,6 +197,7 @@ class StepApplier:
             stop_reason,
             logprobs,
             prompt_logprobs,
+            (req.num_proposed, req.num_accepted, req.num_verify_steps) if reason is not None else None,
         )
 
     def _register_pages(self, part: Partition, req: Request) -> None:

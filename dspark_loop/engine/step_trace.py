@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from dspark_loop.contract.protocol import PartitionTrace, StepTrace
 from dspark_loop.engine.observer import RequestStats
 from dspark_loop.engine.request import Request
@@ -25,6 +27,8 @@ def step_trace(sched: Scheduler, step: ScheduledStep, results, num_waiting: int,
                 decode_num_rows=int(ps.decode_rows.sum()),
                 free_blocks=sched.num_free_blocks(p),
                 leases_in_use=sched.partitions[p].leases.num_in_use if sched.partitions[p].leases else 0,
+                verify_rows=int(ps.decode_rows[ps.decode_rows > 1].sum(dtype=np.int64)),
+                num_drafter_skips=0 if ps.draft_next is None else int(len(ps.draft_next) - ps.draft_next.sum()),
                 num_placeholder_rows=ps.num_placeholder_rows,
                 num_open_starts=ps.num_open_starts,
                 wasted_req_ids=[ps.decode_reqs[j].req_id for j in wasted],
@@ -72,4 +76,5 @@ def request_stats(req: Request) -> RequestStats:
         num_matched=req.num_matched,
         num_accepted=req.num_accepted,
         num_fallback_steps=req.num_fallback_steps,
+        num_drafter_skips=req.num_drafter_skips,
     )

@@ -16,7 +16,7 @@ import numpy as np
 
 from dspark_loop.contract.acceptance import accept_chain
 from dspark_loop.contract.errors import EngineDead
-from dspark_loop.contract.protocol import as_i32
+from dspark_loop.contract.protocol import as_f32, as_i32
 from dspark_loop.engine.outputs import TokenLogprob
 from dspark_loop.engine.request import Request, Status
 from dspark_loop.engine.sampling_wire import read_logprobs
@@ -38,9 +38,11 @@ class DecodeRows:
     req_ids: list[int]  # their wire ids
     tokens: list[list[int]]  # accepted tokens per request (1..K+1); their count = positions computed
     lens: list[int]  # len(tokens[j])
-    verified: list[bool] | None = None  # K=7: the request verified K drafts this step
+    verified: list[bool] | None = None  # K=7: the request verified drafts this step (1 + l rows, l >= 1)
     fallback: list[bool] | None = None  # K=7: a 1-row decode forced by the position ceiling
     leases: np.ndarray | list[int] | None = None  # K=7: their drafter leases (draft table rows)
+    num_drafts: list[int] | None = None  # K=7: drafts each verified (0..K); None: K or 0 per `verified`
+    draft_next: list[bool] | None = None  # K=7: ran its drafter pass; None: all did
 
 
 @dataclass
@@ -48,6 +50,7 @@ class PartitionUpdate:
     prefills: list[PrefillRow] = field(default_factory=list)
     decodes: DecodeRows | None = None
     drafts: tuple[list[int], np.ndarray] | None = None  # (wire req ids [n], next drafts [n, K])
+    draft_conf: np.ndarray | None = None  # [n, K] float32: the drafter's confidence in each draft
     logprobs: dict[int, dict[int, TokenLogprob]] = field(default_factory=dict)  # req_id -> pos -> entry
 
 
@@ -78,6 +81,8 @@ def read_results(
         if spec_k and len(res.draft_req_ids):
             req_ids = as_i32(res.draft_req_ids)
             up.drafts = (req_ids.tolist(), as_i32(res.draft_token_ids).reshape(len(req_ids), -1))
+            if res.draft_confidence:
+                up.draft_conf = as_f32(res.draft_confidence).reshape(len(req_ids), -1)
         up.logprobs = read_logprobs(res)
         updates.append(up)
     return updates
@@ -97,24 +102,35 @@ def _read_decode(
     # NOTE: a request aborted while the step ran gets a chain too (its drafts were copied
     # into the plan); it is dropped with the other dead rows.
     k1 = spec_k + 1
-    if pstep.verify_drafts is not None and len(pstep.verify_drafts) == n:  # the steady state: all verify
+    vd = pstep.verify_drafts
+    if vd is not None and len(vd) == n and pstep.verify_lens is None:  # the steady state: all verify K
         lens = accept_chain(pstep.verify_drafts, tokens.reshape(n, k1)).tolist()
         starts = range(0, n * k1, k1)
         verified, fell_back = [True] * n, [False] * n
-    else:
+        num_drafts = None
+    else:  # some requests run one row, or verify fewer than K drafts
         rows = pstep.decode_rows.astype(np.int64)  # [R]
         first = np.cumsum(rows) - rows  # [R]
         num_accepted = np.ones(n, np.int64)  # [R]
         verify = rows > 1  # [R]
+        vl = pstep.verify_lens  # [V] or None: every verify has K drafts
+        num_drafts = None
         if verify.any():
-            preds = tokens[first[verify, None] + np.arange(k1)]  # [V, K+1]
-            num_accepted[verify] = accept_chain(pstep.verify_drafts, preds)
+            if vl is None:
+                preds = tokens[first[verify, None] + np.arange(k1)]  # [V, K+1]
+            else:  # ragged: rows past a short window read its last row (ignored)
+                preds = tokens[first[verify, None] + np.minimum(np.arange(k1), vl[:, None])]  # [V, K+1]
+                nd = np.zeros(n, np.int64)  # [R]
+                nd[verify] = vl
+                num_drafts = nd.tolist()
+            num_accepted[verify] = accept_chain(pstep.verify_drafts, preds, vl)
         fallback = ~verify & (pstep.decode_start + 1 + spec_k > max_model_len)  # [R]
         lens, starts = num_accepted.tolist(), first.tolist()
         verified, fell_back = verify.tolist(), fallback.tolist()
     flat = tokens.tolist()
     toks = [flat[s : s + a] for s, a in zip(starts, lens)]
-    return _live_rows(live, reqs, ids, toks, lens, verified, fell_back, pstep.decode_leases)
+    dn = None if pstep.draft_next is None else pstep.draft_next.tolist()
+    return _live_rows(live, reqs, ids, toks, lens, verified, fell_back, pstep.decode_leases, num_drafts, dn)
 
 
 def _live_rows(live: list[bool] | None, *columns) -> DecodeRows:
@@ -122,4 +138,4 @@ def _live_rows(live: list[bool] | None, *columns) -> DecodeRows:
     if live is None or all(live):
         return DecodeRows(*columns)
     keep = [j for j, ok in enumerate(live) if ok]
-    return DecodeRows(*[[c[j] for j in keep] for c in columns])
+    return DecodeRows(*[None if c is None else [c[j] for j in keep] for c in columns])

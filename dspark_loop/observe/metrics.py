@@ -19,6 +19,7 @@ import numpy as np
 
 from dspark_loop.contract.protocol import DSPARK_K, MeshRestart, StepTrace
 from dspark_loop.engine.observer import EngineObserver, RequestStats
+from dspark_loop.observe.verify_metrics import ROW_BUCKETS, VerifyMetrics
 
 # vLLM v1's buckets (vllm/v1/metrics/loggers.py), so its Grafana panels line up.
 TTFT_BUCKETS = (
@@ -170,6 +171,7 @@ class Metrics(EngineObserver):
         self.e2e = Histogram(E2E_BUCKETS)
         self.request_prompt_tokens = Histogram(TOKEN_BUCKETS)
         self.request_generation_tokens = Histogram(TOKEN_BUCKETS)
+        self.verify = VerifyMetrics(Histogram(ROW_BUCKETS))  # adaptive verification (verify_metrics.py)
 
     def set_num_blocks_total(self, num_blocks_total: list[int]) -> None:
         """Pool sizes per cache family, known once the mesh has said hello."""
@@ -223,6 +225,7 @@ class Metrics(EngineObserver):
         lens = trace.accepted_lens
         if not lens:
             return
+        self.verify.on_step(trace)
         # NOTE: counted per distinct length (at most 8), not per request: this runs every step.
         for a, n in collections.Counter(lens).items():
             if a > 1:
@@ -280,10 +283,11 @@ class Metrics(EngineObserver):
             # counted by the scheduler itself; these are the Prometheus counters.
             "spec_decode_num_fallbacks_total": self.num_fallbacks,
             "mesh_restarts_total": self.mesh_restarts,
+            **self.verify.snapshot(),
         }
 
     def render_prometheus(self) -> str:
-        w = _Writer(self.model_name)
+        w = Writer(self.model_name)
         w.gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches.", self.num_requests_running
         )
@@ -327,10 +331,12 @@ class Metrics(EngineObserver):
             [({"position": str(p)}, n) for p, n in enumerate(self.accepted_per_pos)],
         )
         w.counter("dspark:mesh_restarts", "Times the rank mesh died and was restarted.", [({}, self.mesh_restarts)])
+        if self.num_speculative_tokens:
+            self.verify.render(w)
         return w.text()
 
 
-class _Writer:
+class Writer:
     """Prometheus text exposition 0.0.4; every sample carries the model_name label."""
 
     def __init__(self, model_name: str):
@@ -340,6 +346,11 @@ class _Writer:
     def gauge(self, name: str, help_: str, value: float) -> None:
         self._head(name, help_, "gauge")
         self._sample(name, {}, value)
+
+    def gauges(self, name: str, help_: str, samples: list[tuple[dict, float]]) -> None:
+        self._head(name, help_, "gauge")
+        for labels, value in samples:
+            self._sample(name, labels, value)
 
     def counter(self, name: str, help_: str, samples: list[tuple[dict, float]]) -> None:
         self._head(name + "_total", help_, "counter")

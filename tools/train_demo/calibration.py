@@ -74,6 +74,30 @@ def fit_temperature(c: np.ndarray, y: np.ndarray) -> float:
     return float(min(grid, key=nll))
 
 
+def fit_position_temperatures(
+    c: np.ndarray, y: np.ndarray, posn: np.ndarray, k: int, min_events: int = 50
+) -> list[float]:
+    """Sequential (per-position) temperature scaling, as the paper: one T per draft
+    position, fit on that position's events (1.0 where it has fewer than min_events).
+    Served through config.json's dspark_confidence_temperatures, applied on the host
+    (engine/adaptive_verify.py), not folded into the head (which has one weight)."""
+    temps = []
+    for j in range(k):
+        sel = posn == j
+        temps.append(fit_temperature(c[sel], y[sel]) if sel.sum() >= min_events else 1.0)
+    return temps
+
+
+def ece_per_position(c: np.ndarray, y: np.ndarray, posn: np.ndarray, k: int, temps=None) -> list[float]:
+    """ECE of each draft position's events (after scaling by temps when given)."""
+    out = []
+    for j in range(k):
+        sel = posn == j
+        cj = scaled(c[sel], temps[j]) if temps is not None else c[sel]
+        out.append(round(ece(cj, y[sel]), 5) if sel.any() else 0.0)
+    return out
+
+
 def acceptance(drafts: np.ndarray, labels: np.ndarray) -> dict:
     hit = np.cumprod(drafts == labels, 1)  # [R, 7] chain still alive after draft s
     return {

@@ -1,4 +1,4 @@
-"""ChatParse: DeepSeek-V4 output text -> reasoning, content and OpenAI tool calls.
+"""DeepSeek-V4 output text -> reasoning, content and OpenAI tool calls.
 
 One incremental machine serves both paths (ChatOutput feeds it): a whole answer is
 feed(text) + finish(), so a stream cut anywhere reassembles to exactly the whole message.

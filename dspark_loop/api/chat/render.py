@@ -1,4 +1,4 @@
-"""ChatRender: OpenAI chat messages -> DeepSeek-V4 prompt text (the release's encoder rules).
+"""OpenAI chat messages -> DeepSeek-V4 prompt text (the release's encoder rules).
 
     BOS [effort paragraph] system [+ tools preamble]
     <｜User｜>text<｜Assistant｜><think>reasoning</think>content [tool block] EOS

@@ -1,4 +1,4 @@
-"""ChatValidate: the /v1/chat/completions rules that answer 400 before anything is rendered.
+"""The /v1/chat/completions rules that answer 400 before anything is rendered.
 
 validate_chat_request raises ChatRequestError(message, param) on the first broken rule, in
 message order, and returns warnings (inputs the format ignores) for the handler to log.
@@ -180,7 +180,9 @@ def validate_chat_request(body: dict) -> list[str]:
     if not isinstance(messages, list) or not messages:
         raise ChatRequestError("`messages` must be a non-empty list.", "messages")
     warnings: list[str] = []
-    tool_names = check_tools(body.get("tools") or [], "tools")
+    # NOTE: an absent list is None, never any falsy value: the document types these as lists
+    tools = body.get("tools")
+    tool_names = check_tools([] if tools is None else tools, "tools")
     seen_ids: set[str] = set()
     open_ids: list[str] = []  # calls of the latest assistant turn still awaiting a result
     for i, msg in enumerate(messages):
@@ -195,7 +197,7 @@ def validate_chat_request(body: dict) -> list[str]:
             warnings.append(f"{p}.name is ignored by the DeepSeek-V4 chat format")
         text = content_text(msg.get("content"), f"{p}.content", required=role in ("user", "tool"))
         check_text(text, f"{p}.content")
-        if role == "system" and msg.get("tools"):
+        if role == "system" and msg.get("tools") is not None:
             tool_names += check_tools(msg["tools"], f"{p}.tools")
             if len(set(tool_names)) != len(tool_names):
                 raise ChatRequestError("A tool name is declared twice.", f"{p}.tools")
@@ -203,7 +205,8 @@ def validate_chat_request(body: dict) -> list[str]:
             for key in ("reasoning_content", "reasoning"):
                 if isinstance(msg.get(key), str):
                     check_text(msg[key], f"{p}.{key}")
-            open_ids = check_tool_calls(msg.get("tool_calls") or [], f"{p}.tool_calls", seen_ids)
+            calls = msg.get("tool_calls")
+            open_ids = check_tool_calls([] if calls is None else calls, f"{p}.tool_calls", seen_ids)
         elif role == "tool":
             call_id = msg.get("tool_call_id")
             if call_id not in open_ids:

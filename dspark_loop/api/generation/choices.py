@@ -15,7 +15,7 @@ import logging
 
 from aiohttp import web
 
-from dspark_loop.api.generation.skeleton import OK_REASONS, OutputError, engine_failure
+from dspark_loop.api.generation.skeleton import OK_REASONS, OutputError, engine_failure, speculation_extras
 from dspark_loop.api.sse import SSEStream
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,9 @@ class Choices:
             "total_tokens": n_prompt + n_out,
             "prompt_tokens_details": {"cached_tokens": cached},
         }
+
+    def extras(self) -> dict:
+        return speculation_extras(self.req, [c.spec_stats for c in self.choices])
 
 
 async def _collect(ctx, c) -> dict:
@@ -74,7 +77,8 @@ async def _whole(ctx, cs: Choices) -> web.Response:
         for t in tasks:
             t.cancel()  # NOTE: one failed: abort the others (a no-op for finished tasks)
     head = cs.choices[0]
-    return web.json_response({**head.envelope(sorted(choices, key=lambda ch: ch["index"])), "usage": cs.usage()})
+    body = {**head.envelope(sorted(choices, key=lambda ch: ch["index"])), "usage": cs.usage(), **cs.extras()}
+    return web.json_response(body)
 
 
 async def _stream(ctx, request: web.Request, cs: Choices) -> web.StreamResponse:
@@ -130,8 +134,10 @@ async def _stream(ctx, request: web.Request, cs: Choices) -> web.StreamResponse:
                     await sse.send(chunk)
                 c.finished_ok = out.finished
             c, out = await queue.get()
-        if include_usage:
-            await sse.send({**cs.choices[0].envelope([], chunk=True), "usage": cs.usage()})
+        extras = cs.extras()
+        if include_usage or extras:
+            usage = {"usage": cs.usage()} if include_usage else {}
+            await sse.send({**cs.choices[0].envelope([], chunk=True), **usage, **extras})
         await sse.finish()
     except ConnectionResetError:
         log.info("request %s: client disconnected", cs.request_id)

@@ -13,6 +13,7 @@ from dspark_loop.api.generation.sampling_ranges import NO_LOGPROBS, SamplingDefa
 from dspark_loop.api.prompt import PromptEncoder
 from dspark_loop.api.schemas import CompletionRequest, GenerationFields
 from dspark_loop.config.server_config import GenerateDefaults
+from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.outputs import SamplingParams
 
 DEFAULT_MAX_TOKENS = 16
@@ -98,4 +99,18 @@ def sampling_params(
         repetition_penalty=s.repetition_penalty,
         logprobs=s.num_logprobs,
         prompt_logprobs=s.num_logprobs if not chat and getattr(req, "echo", None) else NO_LOGPROBS,
+        max_draft_tokens=max_draft_tokens(req),
     )
+
+
+def max_draft_tokens(req: GenerationFields) -> int:
+    """`"speculation": {"max_draft_tokens": n}`: 0..DSPARK_K (0: no speculation)."""
+    n = req.speculation.max_draft_tokens if req.speculation is not None else None
+    if n is None:
+        return DSPARK_K
+    if not 0 <= n <= DSPARK_K:
+        raise bad_request(
+            f"speculation.max_draft_tokens must be in 0..{DSPARK_K} (0: no speculation), got {n}.",
+            "speculation.max_draft_tokens",
+        )
+    return n

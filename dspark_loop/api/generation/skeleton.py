@@ -65,10 +65,18 @@ class Generation:
         self.start = time.monotonic()
         self.num_output_tokens = 0
         self.num_cached_tokens = 0
+        self.spec_stats = (0, 0, 0)  # (proposed, accepted, verify steps), from the last delta
 
     def note(self, out: RequestOutput, token_ids: list[int]) -> None:
         self.num_output_tokens = max(out.num_output_tokens, len(token_ids))
         self.num_cached_tokens = out.num_cached_tokens
+        if out.speculation is not None:
+            self.spec_stats = out.speculation
+
+    def extras(self) -> dict:
+        """Top-level fields of the final body / usage chunk beyond usage: the request's
+        speculation figures when it asked (`"speculation": {"return_stats": true}`)."""
+        return speculation_extras(self.req, [self.spec_stats])
 
     def usage(self) -> dict:
         n_prompt = len(self.prompt_ids)
@@ -125,6 +133,14 @@ class Generation:
     def delta_chunks(self, out: RequestOutput, continuous: bool) -> tuple[list[dict], str | None]:
         """(chunks to send for one delta, the finish reason once finished; may raise OutputError)."""
         raise NotImplementedError
+
+
+def speculation_extras(req: GenerationFields, stats: list[tuple[int, int, int]]) -> dict:
+    """{"speculation": totals over the choices' stats} when the request asked, else {}."""
+    if req.speculation is None or not req.speculation.return_stats:
+        return {}
+    proposed, accepted, steps = (sum(col) for col in zip(*stats))
+    return {"speculation": {"proposed": proposed, "accepted": accepted, "verify_steps": steps}}
 
 
 class GenerationRoute:
@@ -200,7 +216,7 @@ class GenerationRoute:
             raise engine_failure(self.ctx, last)
         choice, reason = g.whole_choice(reason, last, token_ids)
         g.log_finished(reason)
-        return web.json_response({**g.envelope([choice]), "usage": g.usage()})
+        return web.json_response({**g.envelope([choice]), "usage": g.usage(), **g.extras()})
 
     # ---- server-sent events -----------------------------------------------------------------
     async def stream(self, request: web.Request, g: Generation, gen) -> web.StreamResponse:
@@ -238,8 +254,10 @@ class GenerationRoute:
                 out = await anext(gen, None)
             else:
                 await sse.send_error(engine_failure(self.ctx, None).body())
-            if include_usage:
-                await sse.send({**g.envelope([], chunk=True), "usage": g.usage()})
+            extras = g.extras()
+            if include_usage or extras:
+                usage = {"usage": g.usage()} if include_usage else {}
+                await sse.send({**g.envelope([], chunk=True), **usage, **extras})
             await sse.finish()
         except ConnectionResetError:
             reason = "client disconnected"

@@ -79,6 +79,7 @@ def make_engine(
     test_drafter=None,
     enable_prefix_caching: bool = False,
     observers=None,
+    policy=None,
     async_scheduling: bool = True,
 ) -> tuple[EngineLoop, list[ModelRunner]]:
     cfg = ModelConfig.from_dir(path)
@@ -105,6 +106,7 @@ def make_engine(
         max_model_len=max_model_len,
         spec_k=spec_k,
         enable_prefix_caching=enable_prefix_caching,
+        policy=policy,
     )
     tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
     engine = EngineLoop(sched, LocalMesh(runners), tok, observers=observers, async_scheduling=async_scheduling)

@@ -112,3 +112,40 @@ def test_drafts_do_not_depend_on_the_batch_or_the_lease(ckpt):
     assert req_ids.tolist() == [2, 1]
     assert np.array_equal(drafts[1], alone[1][0]) and np.array_equal(conf[1], alone[2][0])
     assert ((conf >= 0) & (conf <= 1)).all()
+
+
+def test_a_skipped_drafter_pass_keeps_the_ring_so_later_drafts_are_unchanged(ckpt):
+    """A decode whose drafter pass is masked off (DecodeBatch.draft_mask 0) must still write
+    its context rows: the rings, and the drafts of the next step, must equal those of a
+    rank that drafted at every step."""
+    from dspark_loop.contract.protocol import DecodeBatch, i8
+
+    p = prompt(11, 29, 1024)
+    runners = [new_runner(ckpt), new_runner(ckpt)]
+    ups = [BlockUpdate(1, f.index, 0, i32(range(8, 8 + f.num_pages(64)))) for f in runners[0].layout.families]
+    toks, firsts = [], []
+    for r in runners:
+        plan = PartitionPlan(
+            block_updates=ups, prefills=[PrefillChunk(1, 0, i32(p), True)], lease_req_ids=i32([1]), lease_ids=i32([0])
+        )
+        toks.append(int(r.execute(plan)[0]))
+        firsts.append(r.take_drafts())
+    assert toks[0] == toks[1] and np.array_equal(firsts[0][1], firsts[1][1])
+    pos, drafts = len(p), firsts[0][1][0]
+    preds = []
+    for skip, runner in zip((False, True), runners):  # a 4-row verify (3 drafts), drafting or not
+        d = DecodeBatch(i32([1]), i32([pos]), i8([4]), i32([toks[0], *drafts[:3]]), draft_mask=b"\x00" if skip else b"")
+        preds.append(runner.execute(PartitionPlan(decode=d)))
+        out = runner.take_drafts()
+        assert (out is None or len(out[0]) == 0) == skip
+    assert np.array_equal(preds[0], preds[1])
+    a = 1  # accepted rows
+    while a < 4 and drafts[a - 1] == preds[0][a - 1]:
+        a += 1
+    nxt = []
+    for runner in runners:  # the same 1-row step after the accepted rows, drafting
+        d = DecodeBatch(i32([1]), i32([pos + a]), i8([1]), i32([int(preds[0][a - 1])]))
+        runner.execute(PartitionPlan(decode=d))
+        nxt.append(runner.take_drafts())
+    assert np.array_equal(nxt[0][1], nxt[1][1]) and np.array_equal(nxt[0][2], nxt[1][2])
+    assert all(torch.equal(runners[0].spec.lease_rows(0, k), runners[1].spec.lease_rows(0, k)) for k in range(3))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import msgspec
 
+from dspark_loop.api.app import CONTEXT_KEY
 from dspark_loop.api.chat.schemas import ChatCompletionRequest
+from dspark_loop.api.openapi import _bound_token_ids
 from dspark_loop.api.schemas import CompletionRequest
 from tests.unit.api.harness import serving
 
@@ -25,12 +27,15 @@ async def test_the_document_lists_exactly_the_routes_the_app_serves():
 
 async def test_request_schemas_are_the_decoders_own_and_refuse_unknown_fields():
     """The request body schemas must equal msgspec's schema of the structs the routes
-    decode with, plus additionalProperties false (the decoders forbid unknown fields)."""
+    decode with, plus additionalProperties false (the decoders forbid unknown fields) and
+    the served vocabulary's top id on every token id."""
     async with serving() as client:
         doc = await (await client.get("/openapi.json")).json()
+        vocab_size = client.server.app[CONTEXT_KEY].encoder.vocab_size
     _, expected = msgspec.json.schema_components(
         [CompletionRequest, ChatCompletionRequest], ref_template="#/components/schemas/{name}"
     )
+    _bound_token_ids(expected, vocab_size)
     schemas = doc["components"]["schemas"]
     for name in ("CompletionRequest", "ChatCompletionRequest", "StreamOptions"):
         assert schemas[name] == {**expected[name], "additionalProperties": False}
@@ -50,3 +55,59 @@ async def test_security_is_declared_only_on_keyed_routes_of_a_keyed_server():
     async with serving() as client:
         doc = await (await client.get("/openapi.json")).json()
         assert not any("security" in op for ops in doc["paths"].values() for op in ops.values())
+
+
+async def test_the_bodies_every_route_refuses_when_empty_have_their_fields_required():
+    """`{}` is refused by /v1/completions, /v1/chat/completions, /tokenize and /detokenize,
+    so the document must not call it valid: prompt, messages and tokens are required, and
+    /tokenize needs exactly one of prompt and text."""
+    async with serving() as client:
+        doc = await (await client.get("/openapi.json")).json()
+        for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
+            assert (await client.post(path, json={})).status == 400
+    schemas = doc["components"]["schemas"]
+    assert "prompt" in schemas["CompletionRequest"]["required"]
+    assert "messages" in schemas["ChatCompletionRequest"]["required"]
+    assert schemas["ChatCompletionRequest"]["properties"]["messages"]["minItems"] == 1
+    assert schemas["DetokenizeRequest"]["required"] == ["tokens"]
+    assert [rule["required"] for rule in schemas["TokenizeRequest"]["oneOf"]] == [["prompt"], ["text"]]
+
+
+async def test_token_ids_are_bounded_by_the_served_vocabulary():
+    """Every token id the document describes must have the vocabulary's range, the same
+    range the server checks ids against."""
+    async with serving() as client:
+        doc = await (await client.get("/openapi.json")).json()
+        top = client.server.app[CONTEXT_KEY].encoder.vocab_size - 1
+        assert (await client.post("/detokenize", json={"tokens": [top]})).status == 200
+        assert (await client.post("/detokenize", json={"tokens": [top + 1]})).status == 400
+    schemas = doc["components"]["schemas"]
+    assert schemas["DetokenizeRequest"]["properties"]["tokens"]["items"] == {
+        "title": "TokenId",
+        "type": "integer",
+        "minimum": 0,
+        "maximum": top,
+    }
+    assert schemas["CompletionRequest"]["properties"]["stop_token_ids"]["anyOf"][0]["items"]["maximum"] == top
+
+
+async def test_a_field_out_of_its_bounds_gets_a_400_stating_the_published_range():
+    """A value past a field's Meta bound must get a 400 naming the field and its range as
+    the document publishes it (one fact for both)."""
+    async with serving() as client:
+        doc = await (await client.get("/openapi.json")).json()
+        r = await client.post("/v1/completions", json={"prompt": "hi", "top_p": 0})
+        err = (await r.json())["error"]
+    top_p = doc["components"]["schemas"]["CompletionRequest"]["properties"]["top_p"]["anyOf"][0]
+    assert (top_p["exclusiveMinimum"], top_p["maximum"]) == (0, 1)
+    assert r.status == 400
+    assert (err["param"], err["message"]) == ("top_p", "`top_p` must be in (0, 1], got 0.")
+
+
+async def test_a_wrong_method_answer_lists_the_allowed_methods():
+    """A 405 must carry the Allow header (RFC 9110) along with the OpenAI error body."""
+    async with serving() as client:
+        r = await client.request("TRACE", "/v1/completions")
+        assert r.status == 405
+        assert r.headers["Allow"] == "POST"
+        assert (await r.json())["error"]["code"] == "method_not_allowed"

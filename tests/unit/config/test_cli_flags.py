@@ -28,9 +28,8 @@ BAD_FLAGS = [
     (["--speculative-config", '{"method":"eagle","num_speculative_tokens":7}'], "--speculative-config"),
     (["--speculative-config", '{"num_speculative_tokens":-1}'], "--speculative-config"),
     (["--speculative-config", '{"num_speculative_tokens":7,"draft":1}'], "--speculative-config"),
-    (["--ring-heap", "1,2"], "--ring-heap"),
-    (["--ring-heap", "0"], "--ring-heap"),
-    (["--ring-heap", "1,2,3,-4"], "--ring-heap"),
+    (["--speculative-config", '{"num_speculative_tokens":7,"enable_adaptive_verification":1}'], "--speculative-config"),
+    (["--speculative-config", '{"num_speculative_tokens":7,"cost_model":3}'], "--speculative-config"),
     (["--generate-config", '{"max_new_tokens":8,"beam":2}'], "--generate-config"),
     (["--generate-config", '{"max_new_tokens":0}'], "--generate-config"),
     (["--generate-config", '{"stop":[1]}'], "--generate-config"),
@@ -72,7 +71,7 @@ def test_no_flags_mean_the_embedded_default_on_one_cpu_rank():
 
 
 def test_the_seeds_command_line_parses_as_written(tmp_path):
-    """The deployment page's command (NPU flags included) must parse to its values."""
+    """The deployment page's command  must parse to its values."""
     (tmp_path / "dsv4-flash-w8a8").mkdir()
     (tmp_path / "dsv4-flash-w8a8" / "config.json").write_text("{}")
     cfg = parse_args(
@@ -81,8 +80,6 @@ def test_the_seeds_command_line_parses_as_written(tmp_path):
             str(tmp_path / "dsv4-flash-w8a8"),
             "--served-model-name",
             "dsv4-flash-w8a8",
-            "--platform",
-            "a2a3",
             "--devices",
             ",".join(map(str, range(16))),
             "--dp",
@@ -104,26 +101,21 @@ def test_the_seeds_command_line_parses_as_written(tmp_path):
             "--speculative-config",
             '{"method":"dspark","num_speculative_tokens":7}',
             "--no-enable-prefix-caching",
-            "--ring-heap",
-            "2147483648,2147483648,4294967296,8589934592",
             "--port",
             "8000",
         ]
     )
     assert (cfg.dp, cfg.ep, cfg.tp, len(cfg.devices)) == (4, 16, 4, 16)
     assert (cfg.max_num_seqs, cfg.long_prefill_token_threshold, cfg.num_speculative_tokens) == (8, 128, 7)
-    assert cfg.ring_heap == (2**31, 2**31, 2**32, 2**33)
-    assert cfg.platform == "a2a3" and cfg.enable_prefix_caching is False
+    assert cfg.enable_prefix_caching is False
 
 
 def test_values_are_parsed_into_their_units():
-    """Sizes, ring heap, generate defaults, prompts and the tap address must parse exactly."""
+    """Sizes, generate defaults, prompts and the tap address must parse exactly."""
     cfg = parse_args(
         [
             "--kv-cache-memory",
             "1.5GiB",
-            "--ring-heap",
-            "1024",
             "--prompt",
             "a",
             "--prompt",
@@ -143,7 +135,6 @@ def test_values_are_parsed_into_their_units():
         ]
     )
     assert cfg.kv_cache_memory == 3 * 2**29
-    assert cfg.ring_heap == (1024,) * 4
     assert cfg.prompts == ("a", "b") and cfg.max_tokens == 5 and cfg.log_level == "debug"
     assert (cfg.generate.max_new_tokens, cfg.generate.stop, cfg.generate.seed) == (9, ("END",), 1)
     assert cfg.debug_tap == "tcp://127.0.0.1:5599" and cfg.dtype == "bfloat16" and cfg.num_blocks == 12

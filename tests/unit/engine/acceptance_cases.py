@@ -4,6 +4,8 @@
 Drafts are 7 tokens; predictions are the target's 8 (one per verify row). The chain keeps
 predictions[0..m] where m is the number of leading drafts equal to their prediction.
 Finish truncation then cuts the accepted list at EOS / max_tokens (EOS_ID below).
+A case with verify_len l < 7 is an adaptive short window: only rows 0..l are sent, so only
+drafts 0..l-1 and predictions 0..l exist (the rest of the tuples is ignored).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class AcceptanceCase:
     finish_reason: str | None = None
     num_output_before: int = 0
     max_tokens: int = 1000
+    verify_len: int = 7  # drafts verified (1 + verify_len rows)
 
 
 def _mismatch_at(i: int) -> AcceptanceCase:
@@ -74,5 +77,37 @@ CASES = [
         "length",
         num_output_before=2,
         max_tokens=10,
+    ),
+    *[
+        AcceptanceCase(
+            f"short window of {n}: all match, the bonus is row {n}'s", D, D + (99,), n + 1, D[: n + 1], verify_len=n
+        )
+        for n in range(1, 7)
+    ],
+    AcceptanceCase("window of 0: one row, the target's own token", D, D + (99,), 1, (10,), verify_len=0),
+    AcceptanceCase(
+        "short window: a mismatch inside it ends the chain",
+        D,
+        (10, 11, 50) + D[3:] + (99,),
+        3,
+        (10, 11, 50),
+        verify_len=4,
+    ),
+    AcceptanceCase(
+        "short window: a mismatch past it is never seen",
+        D,
+        (10, 11, 12, 60) + D[4:] + (99,),
+        4,
+        (10, 11, 12, 60),
+        verify_len=3,
+    ),
+    AcceptanceCase(
+        "short window: EOS at its bonus row ends the request",
+        D,
+        (10, 11, EOS_ID) + D[3:] + (99,),
+        3,
+        (10, 11, EOS_ID),
+        "stop",
+        verify_len=2,
     ),
 ]

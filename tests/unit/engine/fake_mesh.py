@@ -62,6 +62,7 @@ class FakeRank:
                 assert page not in table, f"req {u.req_id} family {u.family} page {page} remapped"
                 table[page] = int(b)
         segments = []  # (req_id, start_pos, tokens, sampled rows)
+        skip: set[int] = set()  # decode requests whose drafter pass the plan skips
         for c in part.prefills:
             toks = [int(t) for t in as_i32(c.token_ids)]
             segments.append((c.req_id, c.start_pos, toks, [len(toks) - 1] if c.sample else []))
@@ -69,6 +70,8 @@ class FakeRank:
             d = part.decode
             rows, cu = as_i8(d.num_rows), 0
             all_toks = as_i32(d.token_ids)
+            if d.draft_mask:
+                skip = {int(r) for r, m in zip(as_i32(d.req_ids), d.draft_mask) if not m}
             for rid, start, k in zip(as_i32(d.req_ids), as_i32(d.start_pos), rows):
                 toks = [int(t) for t in all_toks[cu : cu + k]]
                 cu += k
@@ -88,7 +91,7 @@ class FakeRank:
             out += preds
             # NOTE: exact for prefill and 1-row decode; an upper bound for verify rows
             self.next_pos[rid] = start + len(toks)
-            if preds and self.draft_len:
+            if preds and self.draft_len and rid not in skip:
                 a = 1 if len(preds) == 1 else int(accept_chain(np.array([toks[1:]]), np.array([preds]))[0])
                 end = start + len(toks) if len(preds) == 1 else start + a
                 anchors.append((rid, end, preds[a - 1], toks[-1] if len(preds) == 1 else toks[a - 1]))

@@ -9,15 +9,29 @@ from tests.unit.engine.acceptance_cases import CASES, EOS_ID
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_accept_chain_keeps_the_matching_prefix_plus_one(case):
     """accept_chain must count the unbroken leading run of matching drafts, plus one."""
-    got = accept_chain(np.array([case.drafts]), np.array([case.predictions]))
+    got = accept_chain(np.array([case.drafts]), np.array([case.predictions]), np.array([case.verify_len]))
     assert got.tolist() == [case.num_accepted]
+    if case.verify_len == 7:  # the fixed chain: no lengths
+        assert accept_chain(np.array([case.drafts]), np.array([case.predictions])).tolist() == [case.num_accepted]
 
 
 def test_accept_chain_is_vectorised_over_requests():
-    """Each request's count must depend only on its own row."""
+    """Each request's count must depend only on its own row (and its own window)."""
     drafts = np.array([c.drafts for c in CASES])  # [R, 7]
     preds = np.array([c.predictions for c in CASES])  # [R, 8]
-    assert accept_chain(drafts, preds).tolist() == [c.num_accepted for c in CASES]
+    lens = np.array([c.verify_len for c in CASES])  # [R]
+    assert accept_chain(drafts, preds, lens).tolist() == [c.num_accepted for c in CASES]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_a_short_window_ignores_whatever_lies_past_it(case):
+    """Drafts and predictions past a request's verify length were never sent or computed:
+    accept_chain must give the same count whatever they hold."""
+    rng = np.random.default_rng(7)
+    drafts, preds = np.array([case.drafts]), np.array([case.predictions])
+    drafts[0, case.verify_len :] = rng.integers(0, 100, 7 - case.verify_len)
+    preds[0, case.verify_len + 1 :] = rng.integers(0, 100, 7 - case.verify_len)
+    assert accept_chain(drafts, preds, np.array([case.verify_len])).tolist() == [case.num_accepted]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

@@ -7,11 +7,12 @@ import random
 import pytest
 
 from dspark_loop.contract.placeholders import PLACEHOLDER
-from dspark_loop.contract.protocol import as_i32
+from dspark_loop.contract.protocol import as_i8, as_i32
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_testing.tiny_tokenizer import eos_id, tiny_tokenizer
 from tests.unit.engine.factories import make_mesh, make_scheduler, prompt_ids
+from tests.unit.engine.random_policy import RandomPolicy
 
 NUM_REQUESTS = 14
 
@@ -38,7 +39,9 @@ def eos_script(seed: int):
     return script
 
 
-async def run(seed: int, overlap: bool, abort_after: dict[str, int], spec_k: int = 0, max_model_len: int = 256):
+async def run(
+    seed: int, overlap: bool, abort_after: dict[str, int], spec_k: int = 0, max_model_len: int = 256, policy=None
+):
     # NOTE: few pages for 14 requests: partitions run dry and preempt while steps fly
     sched = make_scheduler(
         num_partitions=2,
@@ -47,6 +50,7 @@ async def run(seed: int, overlap: bool, abort_after: dict[str, int], spec_k: int
         max_num_batched_tokens=32,
         spec_k=spec_k,
         max_model_len=max_model_len,
+        **({} if policy is None else {"policy": policy}),
     )
     mesh = make_mesh(sched, eos_script(seed), drafts=bool(spec_k))
     engine = EngineLoop(sched, mesh, tiny_tokenizer(), async_scheduling=overlap)
@@ -122,6 +126,28 @@ async def test_k7_overlap_gives_k0_tokens_under_random_finishes_aborts_and_preem
         int((as_i32(p.decode.start_pos) == PLACEHOLDER).sum()) for plan in plans for p in plan.partitions if p.decode
     )
     assert open_starts > 0  # windows after an unanswered verify were planned
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_k7_overlap_with_adaptive_windows_and_drafter_skips_gives_k0_tokens(seed):
+    """Adaptive verification planned ahead: random verify lengths (0..7, ragged tiles) and
+    drafter skips chosen from confidences one step stale; the ranks accept each ragged
+    window themselves and a skipped pass leaves a 1-row step at the ranks' start. Every
+    request must get exactly the K=0 lockstep tokens (an aborted one a prefix)."""
+    reqs, abort_after = workload(seed)
+    want, want_reasons, _, _ = await run(seed, False, {}, max_model_len=64)
+    policy = RandomPolicy(seed, p_draft=0.6)
+    got, reasons, _, plans = await run(seed, True, abort_after, spec_k=7, max_model_len=64, policy=policy)
+    for g in reqs:
+        rid = g.request_id
+        if rid in abort_after and rid not in reasons:
+            assert got[rid] == want[rid][: len(got[rid])], rid
+        else:
+            assert (got[rid], reasons[rid]) == (want[rid], want_reasons[rid]), rid
+    decodes = [p.decode for plan in plans for p in plan.partitions if p.decode]
+    assert any((as_i32(d.start_pos) == PLACEHOLDER).any() for d in decodes)
+    assert any(d.draft_mask for d in decodes)  # drafter skips were planned
+    assert len({int(n) for d in decodes for n in as_i8(d.num_rows)}) > 3  # ragged windows
 
 
 async def test_a_request_with_a_grammar_constraint_sits_out_the_overlapped_step():

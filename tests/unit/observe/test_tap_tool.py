@@ -199,3 +199,32 @@ def test_connect_and_replay_are_exclusive():
     """Exactly one source must be given."""
     with pytest.raises(SystemExit):
         tap.main(["--connect", "5599", "--replay", "x"])
+
+
+def test_replay_reports_verify_windows_rows_and_drafter_skips(tmp_path):
+    """Adaptive verification's figures must survive a recording: verifies, drafts verified
+    and the mean window, verify rows per step, and skipped drafter passes."""
+    traces = [
+        make_trace(
+            0,
+            accepted_req_ids=[1, 2, 3],
+            accepted_lens=[3, 1, 1],
+            accepted_num_drafts=[4, 0, 2],
+            partitions=[PartitionTrace(verify_rows=8, num_drafter_skips=1)],
+        ),
+        make_trace(
+            1,
+            accepted_req_ids=[1],
+            accepted_lens=[8],
+            accepted_num_drafts=[7],
+            partitions=[PartitionTrace(verify_rows=8, num_drafter_skips=2)],
+        ),
+    ]
+    path = tmp_path / "run.jsonl"
+    write_jsonl(path, traces)
+    out = io.StringIO()
+    assert tap.main(["--replay", str(path)], out=out) == 0
+    line = next(ln for ln in out.getvalue().splitlines() if ln.startswith("verifies"))
+    assert line == (
+        "verifies 3  drafts verified 13 (mean window 4.33)  verify rows 16 (8.0 per step)  drafter passes skipped 3"
+    )

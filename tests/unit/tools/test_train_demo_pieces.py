@@ -48,3 +48,23 @@ def test_temperature_fit_recovers_an_overconfident_head_and_lowers_ece():
     t = calibration.fit_temperature(c, y)
     assert 1.8 < t < 2.2
     assert calibration.ece(calibration.scaled(c, t), y) < 0.02 < calibration.ece(c, y)
+
+
+def test_per_position_temperatures_calibrate_each_position_on_its_own():
+    """Sequential temperature scaling must fit each draft position separately: positions
+    whose confidences are over- and under-confident by different amounts must each come
+    out calibrated (ECE per position down), and a position without events keeps T = 1."""
+    rng = np.random.default_rng(0)
+    c_all, y_all, p_all = [], [], []
+    for j, t in enumerate((0.5, 2.0)):  # position 0 under-, position 1 over-confident
+        z = rng.normal(0.0, 2.0, 4000)
+        y = rng.random(4000) < 1 / (1 + np.exp(-z))
+        c_all.append(1 / (1 + np.exp(-z * t)))  # reported logit = true logit * t
+        y_all.append(y)
+        p_all.append(np.full(4000, j))
+    c, y, posn = np.concatenate(c_all), np.concatenate(y_all), np.concatenate(p_all)
+    temps = calibration.fit_position_temperatures(c, y, posn, 3)
+    assert abs(temps[0] - 0.5) < 0.1 and abs(temps[1] - 2.0) < 0.3 and temps[2] == 1.0
+    before = calibration.ece_per_position(c, y, posn, 2)
+    after = calibration.ece_per_position(c, y, posn, 2, temps)
+    assert all(a < b / 2 for a, b in zip(after, before))

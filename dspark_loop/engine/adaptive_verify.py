@@ -1,0 +1,192 @@
+"""AdaptiveVerify: the verify policy (engine/verify_policy.py) that picks each decode
+request's verify length and drafter skip from its drafts' confidences and the learned
+step cost, to maximise tokens per second.
+
+Per step (choose):
+  1. survival a = cumprod(calibrated confidence); cost terms from StepCost per partition.
+  2. Budget with last step's drafter count (verify_budget.solve_budget): l and tau / T.
+  3. Drafter: a request with drafts keeps drafting iff its expected gain at its chosen l
+     pays for its drafter pass and rows at the step's rate: gain >= theta * (c_draft +
+     c_row * l). A request without drafts (skipped, or just started) is re-drafted iff the
+     average drafted request's gain (EMA) pays at this rate -- so all re-draft when the load
+     drops -- or it is its turn in a rotation over row indices (every `probe_every`
+     steps per index), so no request is starved of drafting at a steady high load. The
+     rotation backs off (doubling up to MAX_PROBE_EVERY) while probed requests' drafts do
+     not pay, and returns to `redraft_every` when one does.
+  4. Budget again with the chosen drafter count: the final l.
+The confidences are scaled by `accept_scale`, learned online from each step's realised
+decode tokens against the expected ones (observe_tokens): the drafter's head predicts a
+match with the greedy token, and under sampling (or drift) fewer drafts are accepted; a
+policy that believed it would verify and draft too much.
+A cost model not yet trusted verifies the full window and drafts everything, except one
+step in `explore_every`, which takes random verify lengths and skips (tokens do not depend
+on them) so rows, requests and drafter passes vary independently and the fit can tell
+their costs apart: this is the start-up profile, run on the first real steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dspark_loop.contract.protocol import DSPARK_K
+from dspark_loop.engine.step_cost import StepCost
+from dspark_loop.engine.verify_budget import linear_drafts, solve_budget, survival
+from dspark_loop.engine.verify_policy import VerifyChoice
+
+EMA = 0.05  # weight of a step in the drafted-gain averages
+SCALE_RATE = 0.1  # step size of accept_scale's log update
+SCALE_RANGE = (0.05, 2.0)
+MAX_PROBE_EVERY = 256  # the longest a request without drafts waits for a probe
+
+
+class AdaptiveVerify:
+    def __init__(
+        self,
+        cost: StepCost | None = None,
+        temperatures=None,
+        redraft_every: int = 8,
+        explore_every: int = 4,
+        seed: int = 0,
+    ):
+        self.cost = cost if cost is not None else StepCost()
+        # per-position temperature scaling of the confidences ([K] or None: as given)
+        self.temperatures = None if temperatures is None else np.asarray(temperatures, np.float64)
+        self.redraft_every = redraft_every
+        self.probe_every = redraft_every  # the rotation's period now (backs off, see _solve)
+        self.probed: np.ndarray | None = None  # [R] bool: rows re-drafted as a probe last step
+        self.explore_every = explore_every
+        self.rng = np.random.default_rng(seed)
+        self.num_steps = 0
+        self.num_explore_steps = 0
+        self.num_full_steps = 0  # steps verified in full because the cost model is untrusted
+        self.num_drafter_skips = 0
+        self.num_verified = 0  # drafts chosen for verification
+        self.num_capped = 0  # drafts the requests had (sum of cap)
+        self.expected_tokens = 0.0  # sum of tau over steps: compare with tokens accepted
+        self.drafted_gain = 1.0  # EMA of a drafted request's expected gain (optimistic start)
+        self.drafted_len = float(DSPARK_K)  # EMA of its verify length
+        self.last_drafted: np.ndarray | None = None  # [P] drafter passes chosen last step
+        self.last_context: np.ndarray | None = None  # [P] context observed last step
+        self.accept_scale = 1.0  # multiplies the confidences (observe_tokens)
+        self.pending_extra: float | None = None  # expected tokens beyond one per request, last choose
+
+    # ---- VerifyPolicy -------------------------------------------------------------------
+    def choose(self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray) -> VerifyChoice:
+        cap = np.asarray(cap, np.int32)  # [R]
+        partition = np.asarray(partition, np.int64)  # [R]
+        R = len(cap)
+        self.num_steps += 1
+        surv = survival(self.calibrated(conf), cap)  # [R, K]
+        self.num_capped += int(cap.sum())
+        if not self.cost.trusted:
+            choice = self._untrusted(cap)
+            lens = choice.verify_len
+            tau = R + float(surv[np.arange(DSPARK_K)[None, :] < lens[:, None]].sum())
+        else:
+            choice, tau = self._solve(surv, cap, partition)
+        self.expected_tokens += tau
+        self.pending_extra = tau - R
+        self.num_drafter_skips += int(R - choice.draft_next.sum())
+        self.num_verified += int(choice.verify_len.sum())
+        P = int(partition.max()) + 1 if R else 1
+        self.last_drafted = np.bincount(partition, weights=choice.draft_next, minlength=P)
+        return choice
+
+    def observe(self, num_rows, num_requests, num_drafted, context, step_s: float) -> None:
+        # NOTE: partitions compute a step together, so its time is the busiest one's: the
+        # fit sees that partition's shape (the one with the most rows).
+        num_rows = np.asarray(num_rows)
+        if not len(num_rows):
+            return
+        p = int(np.argmax(num_rows))
+        self.cost.observe(int(num_rows[p]), int(num_requests[p]), int(num_drafted[p]), int(context[p]), step_s)
+        self.last_context = np.asarray(context, np.float64)
+
+    def observe_tokens(self, num_requests: int, num_tokens: int) -> None:
+        """The last step's decode requests and the tokens they appended: moves accept_scale
+        so that expected tokens beyond one per request match the realised ones."""
+        expected, self.pending_extra = self.pending_extra, None
+        if expected is None or expected < 0.5:  # nothing verified: nothing to learn
+            return
+        # NOTE: +0.5 on both sides keeps a step that accepted nothing from slamming the scale
+        ratio = (num_tokens - num_requests + 0.5) / (expected + 0.5)
+        scale = self.accept_scale * ratio**SCALE_RATE
+        self.accept_scale = float(min(max(scale, SCALE_RANGE[0]), SCALE_RANGE[1]))
+
+    # ---- steps ----------------------------------------------------------------------------
+    def calibrated(self, conf: np.ndarray) -> np.ndarray:
+        """Per-position temperature scaling, c' = sigmoid(logit(c) / T_j), then accept_scale."""
+        conf = np.asarray(conf, np.float64)  # [R, K]
+        if self.temperatures is not None:
+            c = np.clip(conf, 1e-7, 1 - 1e-7)
+            conf = 1.0 / (1.0 + np.exp(-(np.log(c) - np.log1p(-c)) / self.temperatures[None, :]))
+        return conf if self.accept_scale == 1.0 else np.minimum(conf * self.accept_scale, 1.0)
+
+    def _untrusted(self, cap: np.ndarray) -> VerifyChoice:
+        R = len(cap)
+        if self.explore_every and self.num_steps % self.explore_every == 0:
+            self.num_explore_steps += 1
+            lens = np.floor(self.rng.random(R) * (cap + 1)).astype(np.int32)  # uniform in 0..cap
+            return VerifyChoice(lens, self.rng.random(R) < 0.75)
+        self.num_full_steps += 1
+        return VerifyChoice(cap.copy(), np.ones(R, bool))
+
+    def _solve(self, surv: np.ndarray, cap: np.ndarray, partition: np.ndarray) -> tuple[VerifyChoice, float]:
+        R = len(cap)
+        c0, c_row, c_req, c_draft, c_ctx = self.cost.coef
+        P = int(partition.max()) + 1 if R else 1
+        num_requests = np.bincount(partition, minlength=P)  # [P]
+        context = self.last_context if self.last_context is not None and len(self.last_context) == P else 0.0
+        # a decode request always computes its first row
+        fixed = c0 + (c_row + c_req) * num_requests + c_ctx * context  # [P]
+        drafted = self.last_drafted if self.last_drafted is not None and len(self.last_drafted) == P else num_requests
+        drafts_s = linear_drafts(c_row)
+        first = solve_budget(surv, cap, fixed + c_draft * drafted, drafts_s, partition)
+        theta = first.expected_tokens / first.step_s  # tokens per second at this load
+        has_drafts = cap > 0
+        pays = first.gain >= theta * (c_draft + c_row * first.verify_len)  # [R]
+        if has_drafts.any():
+            w = EMA
+            self.drafted_gain = (1 - w) * self.drafted_gain + w * float(first.gain[has_drafts].mean())
+            self.drafted_len = (1 - w) * self.drafted_len + w * float(first.verify_len[has_drafts].mean())
+        prior_pays = self.drafted_gain >= theta * (c_draft + c_row * self.drafted_len)
+        self._back_off(has_drafts, pays)
+        turn = (np.arange(R) + self.num_steps) % self.probe_every == 0  # [R]
+        draft_next = np.where(has_drafts, pays, prior_pays | turn)  # [R]
+        self.probed = ~has_drafts & turn & ~prior_pays
+        num_drafted = np.bincount(partition, draft_next, P)  # [P]
+        if np.array_equal(num_drafted, drafted):  # the steady state: the first solve stands
+            return VerifyChoice(first.verify_len, draft_next), first.expected_tokens
+        final = solve_budget(surv, cap, fixed + c_draft * num_drafted, drafts_s, partition)
+        return VerifyChoice(final.verify_len, draft_next), final.expected_tokens
+
+    def _back_off(self, has_drafts: np.ndarray, pays: np.ndarray) -> None:
+        """Double the probe period when last step's probes (rows re-drafted by their turn)
+        brought drafts that do not pay, back to redraft_every when one does. NOTE: rows are
+        matched by index; a request finishing in between shifts them, which only mixes
+        up whose probe is judged, not whether probing pays."""
+        probed, self.probed = self.probed, None
+        if probed is None or len(probed) != len(has_drafts):
+            return
+        judged = probed & has_drafts
+        if not judged.any():
+            return
+        if pays[judged].any():
+            self.probe_every = self.redraft_every
+        else:
+            self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
+
+    def stats(self) -> dict:
+        return {
+            "name": type(self).__name__,
+            "cost_model": self.cost.stats(),
+            "num_steps": self.num_steps,
+            "num_explore_steps": self.num_explore_steps,
+            "num_full_steps": self.num_full_steps,
+            "num_drafter_skips": self.num_drafter_skips,
+            "num_verified_drafts": self.num_verified,
+            "num_available_drafts": self.num_capped,
+            "expected_tokens": self.expected_tokens,
+            "accept_scale": self.accept_scale,
+            "probe_every": self.probe_every,
+        }

@@ -1,0 +1,101 @@
+"""The verify budget: how many drafts of each request one step verifies (DSpark paper,
+Algorithm 1, confidence-scheduled verification), as a pure numpy function.
+
+    survival  a[r, j] = prod_{i <= j} c[r, i]          (chance drafts 0..j all match)
+    tokens    tau(l)  = sum_r (1 + sum_{j < l_r} a[r, j])
+    rows      B(l)    = sum_r (1 + l_r)
+    step time T(l)    = max_p (base_s[p] + drafts_s(sum_{r in p} l_r))   (engine/step_cost.py)
+
+We pick l maximising tau / T, i.e. tokens per second. Within a partition, for m verified
+drafts the best tau takes its m largest survivals, and since a[r, :] never increases along
+j those m slots are a contiguous prefix of every request: ranking the slots once by
+survival turns each partition into a staircase m = 0..n_p. A step time T then lets every
+partition verify its first m_p(T) slots (the most whose cost fits in T), so we evaluate
+tau / T at every breakpoint T = base_s[p] + drafts_s(m) and take the GLOBAL argmax, not
+the paper's first descent: with one partition and a linear cost the staircase is
+unimodal and both agree, but with several partitions, or a tile-quantised drafts_s (rows
+padded to tiles of 4 or 8), it is not. Ties rank by (request, position), independent of
+the values; among equal optima the larger T wins, so free rows verify the whole window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+
+SURVIVAL_STEPS = 1 << 40  # survivals closer than 2^-40 rank as equal (by slot index)
+
+
+class Budget(NamedTuple):
+    verify_len: np.ndarray  # [R] int32: drafts verified per request (rows = 1 + verify_len)
+    expected_tokens: float  # tau at verify_len
+    step_s: float  # the predicted step time at verify_len
+    gain: np.ndarray  # [R] float64: expected tokens beyond the first, sum_{j < l_r} a[r, j]
+
+
+def survival(conf: np.ndarray, cap: np.ndarray) -> np.ndarray:
+    """a [R, K] float64: cumulative products of the clipped confidences, 0 beyond cap[r]."""
+    conf = np.fmin(np.fmax(np.asarray(conf, dtype=np.float64), 0.0), 1.0)  # [R, K]; fmax: NaN -> 0
+    surv = np.cumprod(conf, axis=1)  # [R, K]
+    surv[np.arange(surv.shape[1])[None, :] >= np.asarray(cap)[:, None]] = 0.0
+    return surv
+
+
+def linear_drafts(row_s: float) -> Callable[[np.ndarray], np.ndarray]:
+    """drafts_s for a cost linear in rows: row_s per verified draft (one row each)."""
+    row_s = max(float(row_s), 0.0)
+    return lambda m: row_s * np.asarray(m, dtype=np.float64)
+
+
+def solve_budget(
+    surv: np.ndarray,
+    cap: np.ndarray,
+    base_s,
+    drafts_s: Callable[[np.ndarray], np.ndarray],
+    partition: np.ndarray | None = None,
+) -> Budget:
+    """surv [R, K] from survival(); cap [R] int in 0..K; base_s [P] (or a float: P = 1):
+    each partition's step time with no draft verified (> 0); drafts_s(m [M]) -> [M]: the
+    extra time of m verified drafts in one partition, non-decreasing, 0 at m = 0;
+    partition [R] int in 0..P-1 (None: all in partition 0)."""
+    R, K = surv.shape
+    base_s = np.maximum(np.atleast_1d(np.asarray(base_s, dtype=np.float64)), 1e-12)  # [P]
+    P = len(base_s)
+    partition = np.zeros(R, np.int64) if partition is None else np.asarray(partition, np.int64)  # [R]
+    cap = np.minimum(np.asarray(cap, dtype=np.int64), K)  # [R]
+    eligible = np.arange(K)[None, :] < cap[:, None]  # [R, K]
+    # NOTE: one integer key per slot, unique, so any sort gives the same order (a stable
+    # float sort is ~3x slower): survival on 40 bits, descending, then the row-major slot
+    # index (request, position) as the value-independent tie-break, which keeps every
+    # m-prefix of a partition's ranking a per-request prefix even where c = 1. Ineligible
+    # slots get the largest keys and fall behind the n = sum(cap) real ones.
+    flat = np.where(eligible, surv, -1.0).ravel()  # [R * K]
+    index_bits = max(1, int(R * K - 1).bit_length())
+    quantised = np.rint((1.0 - flat) * SURVIVAL_STEPS).astype(np.int64)  # [R * K] in 0..2 * STEPS
+    keys = (quantised << index_bits) | np.arange(R * K, dtype=np.int64)
+    order = np.argsort(keys)[: int(cap.sum())]  # [n] slots, best first
+    slot_part = partition[order // K] if P > 1 else None  # [n]
+    ranked, prefix_tau, step_s = [], [], []  # per partition: slots, cumulative tau, times
+    for p in range(P):
+        mine = order[slot_part == p] if P > 1 else order  # [n_p]
+        ranked.append(mine)
+        prefix_tau.append(np.concatenate(([0.0], np.cumsum(flat[mine]))))  # [n_p + 1]
+        step_s.append(base_s[p] + drafts_s(np.arange(len(mine) + 1)))  # [n_p + 1] non-decreasing
+    if P == 1:  # the staircase itself: candidate c verifies the first c slots
+        times, tau, num_slots = step_s[0], R + prefix_tau[0], [np.arange(len(order) + 1)]
+    else:  # candidate step times: every partition's breakpoints, at least the slowest base
+        times = np.sort(np.concatenate(step_s))  # [C] ascending (a repeat is harmless)
+        times = times[np.searchsorted(times, base_s.max()) :]
+        tau = np.full(len(times), float(R))  # [C]
+        num_slots = []
+        for p in range(P):
+            m = np.searchsorted(step_s[p], times, side="right") - 1  # [C] the most drafts within T
+            num_slots.append(m)
+            tau += prefix_tau[p][m]
+    c = len(times) - 1 - int(np.argmax((tau / times)[::-1]))  # the LAST maximum: more rows on a tie
+    chosen = np.concatenate([ranked[p][: num_slots[p][c]] for p in range(P)])
+    verify_len = np.bincount(chosen // K, minlength=R).astype(np.int32)  # [R]
+    gain = np.bincount(chosen // K, weights=flat[chosen], minlength=R)  # [R]
+    return Budget(verify_len, float(tau[c]), float(times[c]), gain)

@@ -1,0 +1,82 @@
+"""The seam between the scheduler's adaptive-verification mechanism and a policy that
+chooses, per step and per decode request, how many drafts to verify and whether to run
+the request's drafter pass.
+
+The scheduler calls `choose()` ONCE PER STEP over the decode requests of ALL partitions
+(every TP group computes the step together, so the step's time is set by the busiest
+group; `partition` says which group each request is in), before any partition is
+planned; a step without decode requests makes no call. With `FullVerify` (the default)
+there is no call at all: the plans are the seeds' fixed chain.
+
+    choose(conf, cap, partition) -> VerifyChoice(verify_len, draft_next)
+        conf       [R, DSPARK_K] float32  calibrated per-draft confidences of each decode
+                                          request's pending drafts (0 where it has none)
+        cap        [R] int32 in 0..K      the most this request may verify: K with drafts,
+                                          0 without (no drafts yet, a skipped drafter
+                                          pass, the position ceiling, a grammar), or its own
+                                          `Request.max_draft_tokens` (from
+                                          `SamplingParams.max_draft_tokens`, fixed at
+                                          admission: the API's per-request cap)
+        partition  [R] int32              the request's partition (TP group) index
+        verify_len [R] int in 0..cap[r]   drafts verified this step, a contiguous prefix
+                                          (the request computes 1 + verify_len rows)
+        draft_next [R] bool               run the request's drafter pass after this step's
+                                          verify (False: skip it; the request then has no
+                                          drafts next step, cap 0, and decodes one row)
+
+Row order: partition by partition, each partition's decode requests in its admission
+order (the order of `PartitionStep.decode_reqs`). `verify_len` values above `cap` are
+clipped by the scheduler; `draft_next` is forced False for a request whose
+`max_draft_tokens` is 0.
+
+    observe(num_rows, num_requests, num_drafted, context, step_s) -> None
+        called once per finished step, per partition [P] arrays (int64):
+        num_rows      rows the partition computed (prefill tokens + decode rows)
+        num_requests  decode requests in the partition
+        num_drafted   drafter passes (anchors) the partition ran
+        context       sum over its decode requests of their first row's position
+        step_s        the step's host-observed time (plan sent -> last result in)
+
+Whatever the policy chooses, tokens are the same (acceptance is exact: a draft is accepted
+iff it equals its row's token); a policy changes speed only.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+from dspark_loop.contract.protocol import DSPARK_K
+
+
+class VerifyChoice(NamedTuple):
+    verify_len: np.ndarray  # [R] int32 in 0..cap[r]: drafts verified this step
+    draft_next: np.ndarray  # [R] bool: run this request's drafter pass this step
+
+
+class VerifyPolicy(Protocol):
+    def choose(self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray) -> VerifyChoice: ...
+
+    def observe(
+        self,
+        num_rows: np.ndarray,
+        num_requests: np.ndarray,
+        num_drafted: np.ndarray,
+        context: np.ndarray,
+        step_s: float,
+    ) -> None: ...
+
+
+class FullVerify:
+    """The seeds' fixed chain: verify every draft a request has, draft every step. The
+    scheduler recognises it and skips the per-step call (today's hot path)."""
+
+    def choose(self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray) -> VerifyChoice:
+        return VerifyChoice(np.asarray(cap, np.int32).copy(), np.ones(len(cap), bool))
+
+    def observe(self, num_rows, num_requests, num_drafted, context, step_s: float) -> None:
+        pass
+
+
+assert DSPARK_K == 7  # verify_len fits the wire's int8 rows per request (1 + verify_len)

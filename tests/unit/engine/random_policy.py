@@ -1,0 +1,24 @@
+"""A verify policy for exactness tests: random verify lengths in 0..cap and random drafter
+skips every step, from a seeded numpy Generator (test-only; a real policy is deterministic)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dspark_loop.engine.verify_policy import VerifyChoice
+
+
+class RandomPolicy:
+    def __init__(self, seed: int, p_draft: float = 0.7):
+        self.rng = np.random.default_rng(seed)
+        self.p_draft = p_draft
+        self.calls: list[tuple[np.ndarray, np.ndarray, np.ndarray, VerifyChoice]] = []
+        self.observed: list[tuple] = []
+
+    def choose(self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray) -> VerifyChoice:
+        choice = VerifyChoice(self.rng.integers(0, cap + 1).astype(np.int32), self.rng.random(len(cap)) < self.p_draft)
+        self.calls.append((conf.copy(), cap.copy(), partition.copy(), choice))
+        return choice
+
+    def observe(self, num_rows, num_requests, num_drafted, context, step_s: float) -> None:
+        self.observed.append((num_rows, num_requests, num_drafted, context, step_s))

@@ -1,0 +1,223 @@
+"""AdaptiveVerify (engine/adaptive_verify.py): the policy over the budget solver and the
+step cost model."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dspark_loop.contract.protocol import DSPARK_K
+from dspark_loop.engine.adaptive_verify import AdaptiveVerify
+from dspark_loop.engine.step_cost import StepCost
+
+K = DSPARK_K
+
+
+def pinned(**coef) -> StepCost:
+    return StepCost(pinned={"c0": 0.01, **coef})
+
+
+def batch(R: int, c: float = 0.5, cap: int = K):
+    return np.full((R, K), c, np.float32), np.full(R, cap, np.int32), np.zeros(R, np.int32)
+
+
+def test_an_untrusted_cost_model_verifies_the_full_window_and_drafts_everything():
+    """Until the cost model is trusted every request must verify all its drafts and draft
+    again (today's chain), apart from the exploration steps."""
+    policy = AdaptiveVerify(explore_every=0)
+    conf, cap, part = batch(16, c=0.01)
+    cap[3] = 0
+    for _ in range(10):
+        choice = policy.choose(conf, cap, part)
+        assert choice.verify_len.tolist() == cap.tolist()
+        assert choice.draft_next.all()
+
+
+def test_exploration_steps_vary_the_shape_within_the_caps():
+    """The start-up profile's exploration steps must stay within each request's cap and
+    vary rows and drafter passes, so the cost model can separate their costs."""
+    policy = AdaptiveVerify(explore_every=2)
+    conf, cap, part = batch(64)
+    lens, drafted = set(), set()
+    for _ in range(20):
+        choice = policy.choose(conf, cap, part)
+        assert np.all(choice.verify_len <= cap)
+        lens.add(int(choice.verify_len.sum()))
+        drafted.add(int(choice.draft_next.sum()))
+    assert len(lens) > 5 and len(drafted) > 5
+    assert policy.num_explore_steps == 10
+
+
+def test_free_rows_and_drafter_reproduce_the_fixed_chain():
+    """With rows and drafter passes costing nothing the policy must verify the full window
+    and draft every request, whatever the confidences."""
+    policy = AdaptiveVerify(pinned(c_req=0.001))
+    conf, cap, part = batch(32, c=0.0)
+    choice = policy.choose(conf, cap, part)
+    assert choice.verify_len.tolist() == [K] * 32
+    assert choice.draft_next.all()
+
+
+def test_at_high_load_unconfident_requests_skip_verify_and_drafter():
+    """When a row and a drafter pass cost more than the tokens they are expected to bring,
+    the policy must verify less and skip the drafter of requests whose drafts do not pay."""
+    policy = AdaptiveVerify(pinned(c_row=0.0002, c_req=0.0002, c_draft=0.001))
+    conf, cap, part = batch(64, c=0.3)
+    choice = policy.choose(conf, cap, part)
+    # with every drafter skipped the step is cheap (64 rows, 0.036 s: 1800 tokens/s) and a
+    # row's 0.0002 s is worth 0.36 tokens: more than a 0.3 draft brings
+    assert choice.verify_len.tolist() == [0] * 64
+    assert not choice.draft_next.any()
+
+
+def test_at_low_load_the_same_request_drafts_and_verifies():
+    """Alone on the machine (the fixed cost dominates) the same confidences must pay for
+    the drafter, so the request keeps drafting."""
+    policy = AdaptiveVerify(pinned(c_row=0.0002, c_req=0.0002, c_draft=0.001))
+    conf, cap, part = batch(1, c=0.3)
+    choice = policy.choose(conf, cap, part)
+    assert choice.verify_len[0] >= 1
+    assert choice.draft_next.all()
+
+
+def test_a_skipped_request_is_redrafted_when_the_load_drops():
+    """Requests without drafts (their drafter was skipped) must all be re-drafted once the
+    load is low enough for an average drafted request to pay."""
+    policy = AdaptiveVerify(pinned(c_row=0.0002, c_req=0.0002, c_draft=0.001), redraft_every=1000)
+    conf, cap, part = batch(64, c=0.3)
+    policy.choose(conf, cap, part)  # high load: everyone skipped
+    conf, cap, part = batch(2, c=0.0, cap=0)  # two remain, without drafts
+    assert policy.choose(conf, cap, part).draft_next.all()
+
+
+def test_no_request_is_starved_of_drafting_at_a_steady_high_load():
+    """At a load where drafting never pays on average, every request without drafts must
+    still be re-drafted at least once every redraft_every steps (its turn in the
+    rotation), so a request whose drafts would pay again is found."""
+    policy = AdaptiveVerify(pinned(c_row=0.0002, c_req=0.0002, c_draft=0.01), redraft_every=8)
+    conf, cap, part = batch(64, c=0.05)
+    policy.choose(conf, cap, part)
+    conf, cap, part = batch(64, c=0.0, cap=0)
+    drafted = np.zeros(64, int)
+    for _ in range(8):
+        choice = policy.choose(conf, cap, part)
+        assert choice.draft_next.sum() <= 64 // 8 + 1  # only the ones whose turn it is
+        drafted += choice.draft_next
+    assert np.all(drafted >= 1)
+
+
+def test_a_temperature_of_one_leaves_confidences_unchanged_and_above_one_softens_them():
+    """Per-position temperature scaling must be the identity at T = 1 and pull a
+    confidence towards 1/2 at T > 1."""
+    conf = np.array([[0.9, 0.2, 0.5, 0.99, 0.01, 0.7, 0.3]])
+    same = AdaptiveVerify(temperatures=np.ones(K)).calibrated(conf)
+    assert np.allclose(same, conf)
+    soft = AdaptiveVerify(temperatures=np.full(K, 2.0)).calibrated(conf)
+    assert np.all(np.abs(soft - 0.5) <= np.abs(conf - 0.5) + 1e-12)
+
+
+def test_observe_feeds_the_busiest_partition_to_the_cost_model():
+    """Partitions compute a step together: the step time must be attributed to the
+    partition that computed the most rows."""
+    policy = AdaptiveVerify()
+    policy.observe(np.array([10, 80]), np.array([10, 10]), np.array([10, 10]), np.array([500, 700]), 0.05)
+    assert policy.cost.x[0].tolist() == [1.0, 80.0, 10.0, 10.0, 700.0]
+
+
+def test_expected_tokens_count_one_per_request_plus_verified_survival():
+    """The policy's expected tokens (compared with the accepted ones in /metrics) must be
+    tau = sum_r (1 + sum of the verified drafts' survivals)."""
+    policy = AdaptiveVerify(pinned(c_req=0.001))
+    conf, cap, part = batch(3, c=0.5, cap=2)
+    policy.choose(conf, cap, part)
+    assert np.isclose(policy.expected_tokens, 3 * (1 + 0.5 + 0.25))
+
+
+def test_the_policy_in_the_scheduler_keeps_k0_tokens_while_it_shortens_and_skips():
+    """Driving the real scheduler, the adaptive policy's shortened verifies and drafter
+    skips must leave every token as at K=0 (acceptance is exact), and it must actually
+    use both: verify lengths below 7 and skipped drafter passes."""
+    from tests.unit.engine.factories import make_mesh, make_requests, make_scheduler, run_step
+    from tests.unit.engine.test_scheduler_spec import reference_tokens
+
+    ref = reference_tokens(max_model_len=120)
+    policy = AdaptiveVerify(pinned(c_row=0.0004, c_req=0.0002, c_draft=0.001))
+    sched = make_scheduler(spec_k=7, max_model_len=120, policy=policy)
+    mesh = make_mesh(sched)
+    reqs = make_requests(sched, 3, prompt_len=8, max_tokens=60)
+    for r in reqs:
+        sched.add(r)
+    got = {r.request_id: [] for r in reqs}
+    rng = np.random.default_rng(0)
+    verify_lens = []
+    for _ in range(300):
+        if not sched.has_work:
+            break
+        step, outs = run_step(sched, mesh)
+        verify_lens += [r.verify_len for r in step.partitions[0].decode_reqs if r.sched_n > 1]
+        for o in outs:
+            got[o.request_id] += o.new_token_ids
+        for r in reqs:  # drafts right for the first c tokens, conf to match
+            if not r.finished and not r.is_prefilling and r.draft_next:
+                n = len(r.output_ids)
+                truth = ref[r.request_id][n : n + 7]
+                drafts = np.array(truth + [0] * (7 - len(truth)), np.int32)
+                c = int(rng.integers(0, 8))
+                if c < 7:
+                    drafts[c] = (drafts[c] + 1) % 300 + 2
+                conf = np.where(np.arange(7) < c, 0.9, 0.2).astype(np.float32)
+                sched.partitions[r.partition].set_drafts(r, drafts, conf)
+        sched.check_integrity()
+    assert got == ref
+    assert any(0 < v < 7 for v in verify_lens)
+    assert sched.spec.num_drafter_skips > 0
+
+
+def test_accept_scale_learns_that_fewer_drafts_are_accepted_than_confidences_say():
+    """When steps keep accepting half the drafts the confidences promise (sampling), the
+    policy must scale its confidences down until expected and realised tokens agree."""
+    policy = AdaptiveVerify(explore_every=0)
+    conf, cap, part = batch(8, c=0.8)
+    truth = 0.4  # the real per-draft acceptance
+    real_extra = 8 * sum(truth ** (j + 1) for j in range(K))
+    for _ in range(300):
+        policy.choose(conf, cap, part)
+        policy.observe_tokens(8, round(8 + real_extra))
+    policy.choose(conf, cap, part)
+    assert abs(policy.pending_extra - real_extra) < 0.1 * real_extra
+    assert 0.4 < policy.accept_scale < 0.6
+
+
+def test_accept_scale_stays_at_one_when_confidences_are_right():
+    """Calibrated confidences must leave the scale (nearly) where it is."""
+    policy = AdaptiveVerify(explore_every=0)
+    conf, cap, part = batch(8, c=0.5)
+    for _ in range(100):
+        policy.choose(conf, cap, part)
+        policy.observe_tokens(8, round(8 + policy.pending_extra))
+    assert 0.95 < policy.accept_scale < 1.05
+
+
+def test_probes_back_off_while_they_do_not_pay_and_return_when_one_does():
+    """Re-drafting a request by its turn costs a drafter pass: while the probed requests'
+    drafts keep not paying the rotation must slow down (to at most every 256 steps, so no
+    request waits forever), and come back to every redraft_every steps once one pays."""
+    from dspark_loop.engine.adaptive_verify import MAX_PROBE_EVERY
+
+    # a drafted request costs 0.0024 s with its rows: ~4.3 tokens at this load's rate;
+    # drafts of confidence 0.05 bring 0.05, of 0.99 about 6.7
+    policy = AdaptiveVerify(pinned(c_row=0.0002, c_req=0.0002, c_draft=0.001), redraft_every=8)
+    R = 64
+    part = np.zeros(R, np.int32)
+    has = np.zeros(R, bool)
+    for _ in range(400):  # every probe brings useless drafts
+        conf = np.where(has[:, None], 0.05, 0.0).astype(np.float32) * np.ones((R, K), np.float32)
+        choice = policy.choose(conf, np.where(has, K, 0).astype(np.int32), part)
+        has = choice.draft_next
+    assert policy.probe_every == MAX_PROBE_EVERY
+    for _ in range(MAX_PROBE_EVERY + 1):  # now they would pay
+        conf = np.where(has[:, None], 0.99, 0.0).astype(np.float32) * np.ones((R, K), np.float32)
+        choice = policy.choose(conf, np.where(has, K, 0).astype(np.int32), part)
+        has = choice.draft_next
+        if policy.probe_every == 8:
+            break
+    assert policy.probe_every == 8

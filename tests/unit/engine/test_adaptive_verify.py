@@ -1,0 +1,270 @@
+"""Adaptive verification, the scheduler's side: whatever verify lengths and drafter skips
+a policy picks per step, the tokens are K=0's (the drafts of a drafting fake mesh are right
+up to a random index; the fake ranks check every cache read, so eager publish with short
+windows must heal its stale positions before any read, compressed rows included)."""
+
+import numpy as np
+import pytest
+
+from dspark_loop.contract.protocol import DSPARK_K, as_i8
+from dspark_loop.engine.verify_policy import FullVerify, VerifyChoice
+from tests.unit.engine.drafting_mesh import DraftingMesh
+from tests.unit.engine.factories import allowed_tokens, make_mesh, make_requests, make_scheduler, run_step, tokens_of
+from tests.unit.engine.random_policy import RandomPolicy
+
+
+def run_all(sched, mesh, reqs, abort_at: dict[str, int] | None = None, max_steps: int = 2000):
+    """request_id -> tokens; abort_at: request_id -> abort once it has this many tokens."""
+    for r in reqs:
+        sched.add(r)
+    got = {r.request_id: [] for r in reqs}
+    for _ in range(max_steps):
+        if not sched.has_work:
+            return got
+        step, outs = run_step(sched, mesh)
+        for o in outs:
+            got[o.request_id] += o.new_token_ids
+        for rid, n in (abort_at or {}).items():
+            if rid in sched.requests and len(got[rid]) >= n:
+                sched.abort(rid)
+        sched.check_integrity()
+    raise AssertionError("requests did not finish")
+
+
+SETUPS = {
+    "1 partition": dict(num_partitions=1),
+    "4 partitions": dict(num_partitions=4, max_num_seqs=8),
+    "1 partition, preempting": dict(num_partitions=1, num_blocks=[32, 10]),
+    "4 partitions, preempting": dict(num_partitions=4, max_num_seqs=8, num_blocks=[32, 6]),
+}
+
+
+@pytest.mark.parametrize("setup", SETUPS, ids=str)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_verify_lengths_and_drafter_skips_give_the_k0_tokens(setup, seed):
+    """A policy that picks a random verify length in 0..cap and skips random drafter passes
+    every step must give exactly the K=0 tokens, at 1 and 4 partitions, with preemption and
+    aborts in the mix; aborted requests' tokens must be a prefix of K=0's."""
+    kw = dict(SETUPS[setup], max_model_len=80)
+    ref_sched = make_scheduler(**kw)
+    ref = run_all(ref_sched, make_mesh(ref_sched), make_requests(ref_sched, 6, prompt_len=8, max_tokens=70))
+    policy = RandomPolicy(seed)
+    sched = make_scheduler(spec_k=7, policy=policy, **kw)
+    mesh = DraftingMesh(sched.layout, len(sched.partitions), allowed_tokens(), 80, seed=seed)
+    reqs = make_requests(sched, 6, prompt_len=8, max_tokens=70)
+    got = run_all(sched, mesh, reqs, abort_at={"req-2": 5 + seed, "req-4": 20})
+    for rid, toks in got.items():
+        if rid in ("req-2", "req-4"):
+            assert toks == ref[rid][: len(toks)]
+        else:
+            assert toks == ref[rid], rid
+    rows = [int(k) for p in mesh.plans for part in p.partitions if part.decode for k in as_i8(part.decode.num_rows)]
+    assert set(rows) == set(range(1, DSPARK_K + 2)), "every window length must have run"
+    assert sched.spec.num_drafter_skips > 0 and sched.spec.num_verify_steps > 0
+    assert sched.spec.num_proposed < DSPARK_K * sched.spec.num_verify_steps
+    if "preempting" in setup:
+        assert sched.num_preemptions > 0
+    assert all(p.leases.num_in_use == 0 for p in sched.partitions)
+
+
+def test_the_policy_sees_each_requests_confidences_caps_and_partition():
+    """choose() must get every decode request of every partition once per step, with the
+    confidences the ranks sent beside its drafts, cap K with drafts and 0 without."""
+    policy = RandomPolicy(3, p_draft=0.5)
+    sched = make_scheduler(spec_k=7, policy=policy, num_partitions=2, max_model_len=200)
+    mesh = DraftingMesh(sched.layout, 2, allowed_tokens(), 200, seed=3)
+    reqs = make_requests(sched, 4, prompt_len=8, max_tokens=30)
+    for r in reqs:
+        sched.add(r)
+    for _ in range(12):
+        n_calls = len(policy.calls)
+        before = {r.req_id: (r.has_drafts, r.partition, mesh.sent_conf.get(r.req_id)) for r in reqs if not r.finished}
+        step = sched.schedule()
+        decoding = [r for p in step.partitions for r in p.decode_reqs]
+        sched.update(step, mesh.run(step.plan))
+        if not decoding:
+            continue
+        assert len(policy.calls) == n_calls + 1
+        conf, cap, partition, choice = policy.calls[-1]
+        assert partition.tolist() == [before[r.req_id][1] for r in decoding]
+        for j, r in enumerate(decoding):
+            has, _, sent = before[r.req_id]
+            assert cap[j] == (DSPARK_K if has else 0)
+            if has:
+                assert np.array_equal(conf[j], sent)
+            assert r.sched_n == 1 + (choice.verify_len[j] if has else 0)
+
+
+def test_a_skipped_drafter_pass_leaves_the_request_without_drafts_and_one_row_next():
+    """A request whose drafter pass was skipped gets no drafts back (the mask reaches the
+    ranks), decodes one row in the next step, and drafts again when asked."""
+
+    class Script:
+        def __init__(self):
+            self.skip = False
+
+        def choose(self, conf, cap, partition):
+            return VerifyChoice(cap.copy(), np.full(len(cap), not self.skip))
+
+        def observe(self, *a):
+            pass
+
+    policy = Script()
+    sched = make_scheduler(spec_k=7, policy=policy, max_model_len=200)
+    mesh = DraftingMesh(sched.layout, 1, allowed_tokens(), 200)
+    (r,) = make_requests(sched, 1, prompt_len=8, max_tokens=60)
+    sched.add(r)
+    while not r.has_drafts:
+        run_step(sched, mesh)
+    policy.skip = True
+    step, _ = run_step(sched, mesh)
+    assert as_i8(step.plan.partitions[0].decode.num_rows).tolist() == [8]
+    assert step.plan.partitions[0].decode.draft_mask == b"\x00"
+    assert not r.has_drafts and r.num_drafter_skips == 1
+    policy.skip = False
+    step, _ = run_step(sched, mesh)
+    assert as_i8(step.plan.partitions[0].decode.num_rows).tolist() == [1]
+    assert step.plan.partitions[0].decode.draft_mask == b"" and r.has_drafts
+    step, _ = run_step(sched, mesh)
+    assert as_i8(step.plan.partitions[0].decode.num_rows).tolist() == [8]
+
+
+def test_full_verify_sends_the_fixed_chain_and_is_not_called():
+    """With the default policy (FullVerify) the plans must be the seeds' fixed chain: 1 or 8
+    rows, no draft mask, and no policy call per step."""
+    sched = make_scheduler(spec_k=7, max_model_len=80)
+    assert type(sched.policy) is FullVerify and not sched.observes_steps
+    mesh = DraftingMesh(sched.layout, 1, allowed_tokens(), 80)
+    got = run_all(sched, mesh, make_requests(sched, 3, prompt_len=8, max_tokens=60))
+    rows = {int(k) for p in mesh.plans for part in p.partitions if part.decode for k in as_i8(part.decode.num_rows)}
+    assert 8 in rows and rows <= {1, 8}
+    assert all(not part.decode.draft_mask for p in mesh.plans for part in p.partitions if part.decode)
+    ref_sched = make_scheduler(max_model_len=80)
+    assert got == run_all(ref_sched, make_mesh(ref_sched), make_requests(ref_sched, 3, prompt_len=8, max_tokens=60))
+    assert sched.spec.num_proposed == DSPARK_K * sched.spec.num_verify_steps
+
+
+def test_a_request_capped_at_zero_drafts_never_verifies_nor_drafts_after_its_prompt():
+    """Request.max_draft_tokens 0 (speculation off for it) must run one row per step with its
+    drafter pass skipped, while its neighbour keeps verifying; tokens stay K=0's."""
+    sched = make_scheduler(spec_k=7, max_model_len=120)
+    mesh = DraftingMesh(sched.layout, 1, allowed_tokens(), 120)
+    (a,) = make_requests(sched, 1, prompt_len=8, max_tokens=40, max_draft_tokens=0)
+    (b,) = make_requests(sched, 1, prompt_len=8, max_tokens=40, first=1)
+    assert a.max_draft_tokens == 0 and b.max_draft_tokens == DSPARK_K
+    got = run_all(sched, mesh, [a, b])
+    ref_sched = make_scheduler(max_model_len=120)
+    assert got == run_all(ref_sched, make_mesh(ref_sched), make_requests(ref_sched, 2, prompt_len=8, max_tokens=40))
+    assert a.num_verify_steps == 0 and a.num_drafter_skips > 0
+    assert b.num_verify_steps > 0 and sched.num_capped == 0
+
+
+def test_the_step_trace_counts_verify_rows_and_drafter_skips_and_the_policy_observes_each_step():
+    """PartitionTrace.verify_rows must be the rows of the requests that verified (1 + l
+    each) and num_drafter_skips the masked requests; the policy must observe every step
+    (rows per partition as planned)."""
+    from dspark_loop.engine.step_trace import step_trace
+
+    policy = RandomPolicy(9, p_draft=0.5)
+    sched = make_scheduler(spec_k=7, policy=policy, num_partitions=2, max_model_len=200)
+    mesh = DraftingMesh(sched.layout, 2, allowed_tokens(), 200, seed=9)
+    for r in make_requests(sched, 6, prompt_len=8, max_tokens=40):
+        sched.add(r)
+    seen_rows = seen_skips = 0
+    for _ in range(15):
+        step = sched.schedule()
+        results = mesh.run(step.plan)
+        sched.update(step, results)
+        sched.observe_step(step, results, 0.01)
+        trace = step_trace(sched, step, results, 0, 0.0, 0, 0, 0, 0, 0)
+        for pt, part in zip(trace.partitions, step.plan.partitions):
+            rows = as_i8(part.decode.num_rows) if part.decode else np.zeros(0, np.int8)
+            mask = np.frombuffer(part.decode.draft_mask, np.uint8) if part.decode and part.decode.draft_mask else None
+            assert pt.verify_rows == int(rows[rows > 1].sum())
+            assert pt.num_drafter_skips == (0 if mask is None else int((mask == 0).sum()))
+            seen_rows += pt.verify_rows
+            seen_skips += pt.num_drafter_skips
+        num_rows = policy.observed[-1][0]
+        assert num_rows.tolist() == [
+            sum(len(c.token_ids) // 4 for c in p.prefills) + (int(as_i8(p.decode.num_rows).sum()) if p.decode else 0)
+            for p in step.plan.partitions
+        ]
+    assert seen_rows > 0 and seen_skips > 0
+    assert sched.spec.num_drafter_skips == seen_skips
+
+
+def test_a_request_capped_at_three_drafts_never_verifies_more_and_keeps_k0_tokens():
+    """SamplingParams.max_draft_tokens 3 must cap that request's windows at 4 rows under the
+    default policy (FullVerify verifies the cap), while its neighbour verifies 8."""
+    sched = make_scheduler(spec_k=7, max_model_len=120)
+    mesh = DraftingMesh(sched.layout, 1, allowed_tokens(), 120)
+    (a,) = make_requests(sched, 1, prompt_len=8, max_tokens=40, max_draft_tokens=3)
+    (b,) = make_requests(sched, 1, prompt_len=8, max_tokens=40, first=1)
+    got = run_all(sched, mesh, [a, b])
+    ref_sched = make_scheduler(max_model_len=120)
+    assert got == run_all(ref_sched, make_mesh(ref_sched), make_requests(ref_sched, 2, prompt_len=8, max_tokens=40))
+    rows = {
+        (int(rid), int(k))
+        for p in mesh.plans
+        for part in p.partitions
+        if part.decode
+        for rid, k in zip(np.frombuffer(part.decode.req_ids, np.int32), as_i8(part.decode.num_rows))
+    }
+    assert {k for rid, k in rows if rid == a.req_id} <= {1, 4} and (a.req_id, 4) in rows
+    assert (b.req_id, 8) in rows
+    assert a.num_proposed == 3 * a.num_verify_steps
+
+
+def test_stale_rows_of_a_rejected_long_window_outlive_a_shorter_one_and_are_never_read():
+    """Eager publish with variable windows: a full window rejected at its first draft leaves
+    positions L+1..L+7 written with wrong inputs; a 2-draft window next rewrites only up to
+    L+3, so L+4.. stay stale past num_computed. The fake ranks check every read (window and
+    compressed rows): the run must never read them before the step that commits them
+    rewrites them, and the tokens must be K=0's."""
+
+    class Windows:
+        def __init__(self, lens):
+            self.lens = list(lens)
+
+        def choose(self, conf, cap, partition):
+            want = self.lens.pop(0) if self.lens else 7
+            return VerifyChoice(np.minimum(cap, want).astype(np.int32), np.ones(len(cap), bool))
+
+        def observe(self, *a):
+            pass
+
+    sched = make_scheduler(spec_k=7, policy=Windows([]), max_model_len=120)
+    mesh = DraftingMesh(sched.layout, 1, allowed_tokens(), 120)
+    (r,) = make_requests(sched, 1, prompt_len=8, max_tokens=50)
+    sched.add(r)
+    got = []
+    while not r.has_drafts:
+        got += tokens_of(run_step(sched, mesh)[1])
+    part, rank = sched.partitions[0], mesh.ranks[0]
+    part.set_drafts(
+        r, np.array(allowed_tokens()[:7], np.int32)
+    )  # wrong from draft 0 (the model never emits them in a row)
+    sched.policy = Windows([7, 2, 0, 1])
+    L = r.num_computed
+    step, outs = run_step(sched, mesh)  # 8 rows, 1 accepted: L+1..L+7 are stale
+    got += tokens_of(outs)
+    assert as_i8(step.plan.partitions[0].decode.num_rows).tolist() == [8] and r.num_computed == L + 1
+    stale = dict(rank.store[0])  # swa slot -> tag, after the rejected window
+    part.set_drafts(r, np.array(allowed_tokens()[:7], np.int32))
+    step, outs = run_step(sched, mesh)  # 3 rows at L+1: rewrites L+1..L+3 only
+    got += tokens_of(outs)
+    assert as_i8(step.plan.partitions[0].decode.num_rows).tolist() == [3]
+    fam = sched.layout.families[0]
+    left = [
+        q
+        for q in range(L + 4, L + 8)
+        if rank.store[0].get(rank._slot(r.req_id, fam, q)[1]) == stale.get(rank._slot(r.req_id, fam, q)[1])
+    ]
+    assert left, "some stale rows of the long window must outlive the short one"
+    assert r.num_computed < L + 4
+    while sched.has_work:
+        got += tokens_of(run_step(sched, mesh)[1])
+        sched.check_integrity()
+    ref_sched = make_scheduler(max_model_len=120)
+    ref = run_all(ref_sched, make_mesh(ref_sched), make_requests(ref_sched, 1, prompt_len=8, max_tokens=50))
+    assert got == ref["req-0"]

@@ -1,0 +1,26 @@
+"""tools/bench_adaptive --quick: the benchmark runs end to end on the shipped demo."""
+
+from __future__ import annotations
+
+import json
+
+from tools.bench_adaptive import MODES, main
+
+
+def test_quick_bench_runs_every_mode_and_checks_tokens_against_k0(tmp_path):
+    """--quick must run K=0, the fixed chain and adaptive verification (here with a pinned
+    cost model, so the solver and drafter skips are used) and report every cell's figures
+    with tokens equal to K=0's, seeded sampling included."""
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"c0": 0.01, "c_row": 0.002, "c_req": 0.001, "c_draft": 0.004}))
+    out = tmp_path / "bench.json"
+    argv = ["--quick", "--temperatures", "0.8", "--cost-model", str(cost), "--json", str(out)]
+    assert main(argv) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["streams"], r["temperature"]) for r in rows] == [(1, 0.8), (2, 0.8)]
+    for row in rows:
+        for m in MODES:
+            assert row[m]["tokens_equal"]
+            assert row[m]["total_tok_s"] > 0
+        assert row["k0"]["mean_verify_rows"] == 1.0
+        assert row["adaptive"]["mean_verify_rows"] < 8.0  # dear rows: the window shrinks

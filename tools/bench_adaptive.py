@@ -1,0 +1,232 @@
+"""Adaptive verification on the shipped demo: K=0, the fixed K=7 chain and adaptive
+verification (engine/adaptive_verify.py) in one run, in process (one runner, LocalComm),
+per stream count x temperature, on the manifest's held-out Python prompts.
+
+    python -m tools.bench_adaptive [--streams 1 4 16 64] [--temperatures 0 0.8]
+        [--max-tokens 64] [--cost-model FILE] [--save-cost-model FILE] [--json FILE] [--quick]
+
+Per cell and mode: per-user tok/s (output tokens / (finish - arrival), mean over users),
+total tok/s (all output tokens / wall), mean decode rows per request-step (1 at K=0, 8
+for the fixed chain's verifies), mean tokens per request-step (the accepted length, the
+bonus included, over every decode step), and whether the tokens equal K=0's (greedy, and
+seeded sampling with seed = the user's index: speculation must never change them).
+
+The adaptive policy is ONE instance for the whole run, as in a server: its cost model is
+learned online (first on a warm-up that varies the load) and keeps learning, unless
+--cost-model pins it. Modes run interleaved round by round so machine noise spreads
+evenly. --quick: a smoke test (streams 1 2, 6 tokens, one round, no warm-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from dspark_loop.config.default_model import DEMO_DIR
+from dspark_loop.contract.cache_layout import CacheLayout
+from dspark_loop.contract.model_config import ModelConfig
+from dspark_loop.contract.protocol import RankConfig, as_i8
+from dspark_loop.engine.adaptive_verify import AdaptiveVerify
+from dspark_loop.engine.loop import EngineLoop
+from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
+from dspark_loop.engine.scheduler import Scheduler
+from dspark_loop.engine.step_cost import TERMS, StepCost
+from tools.bench_demo import BLOCK, K, TimedMesh, heldout_prompts
+from workers.runner import ModelRunner
+
+MODES = ("k0", "fixed", "adaptive")
+
+
+class CountingMesh(TimedMesh):
+    """TimedMesh that also counts decode rows and decode request-steps."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        super().__init__(runner)
+        self.decode_rows = 0
+        self.decode_reqs = 0
+
+    async def step(self, plan):
+        d = plan.partitions[0].decode
+        if d is not None:
+            rows = as_i8(d.num_rows)
+            self.decode_rows += int(rows.sum())
+            self.decode_reqs += len(rows)
+        return await super().step(plan)
+
+
+def run(path: str, mode: str, prompts, max_tokens: int, temperature: float, policy) -> dict:
+    cfg = ModelConfig.from_dir(path)
+    n = len(prompts)
+    spec_k = 0 if mode == "k0" else K
+    longest = max(map(len, prompts)) + max_tokens + 8
+    runner = ModelRunner(
+        RankConfig(
+            model=path,
+            block_size=BLOCK,
+            num_blocks=n * (-(-longest // BLOCK) + 1) + 4,
+            spec_k=spec_k,
+            num_leases=n,
+            max_model_len=4096,
+        ),
+        quiet=True,
+    )
+    mesh = CountingMesh(runner)
+    layout = CacheLayout.for_model(cfg, BLOCK)
+    sched = Scheduler(
+        layout,
+        1,
+        runner.num_blocks,
+        n,
+        8192,
+        0,
+        4096,
+        cfg.eos_token_ids,
+        spec_k=spec_k,
+        enable_prefix_caching=False,
+        policy=policy if mode == "adaptive" else None,
+    )
+    engine = EngineLoop(sched, mesh, Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
+
+    async def main():
+        engine.start()
+        per_user = []
+
+        async def one(i, p):
+            t0, toks = time.perf_counter(), []
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=temperature, seed=i)
+            async for out in engine.generate(GenerateRequest(f"u{i}", p, params)):
+                toks += out.new_token_ids
+            per_user.append(len(toks) / (time.perf_counter() - t0))
+            return toks
+
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+        wall = time.perf_counter() - t0
+        await engine.stop()
+        return outs, float(np.mean(per_user)), sum(map(len, outs)) / wall
+
+    outs, user, total = asyncio.run(main())
+    decode_tokens = sum(map(len, outs)) - n  # the prefill samples each request's first token
+    return {
+        "outputs": outs,
+        "per_user_tok_s": user,
+        "total_tok_s": total,
+        "decode_rows": mesh.decode_rows,
+        "decode_reqs": mesh.decode_reqs,
+        "decode_tokens": decode_tokens,
+    }
+
+
+def merge(runs: list[dict]) -> dict:
+    reqs = max(1, sum(r["decode_reqs"] for r in runs))
+    return {
+        "outputs": [o for r in runs for o in r["outputs"]],
+        "per_user_tok_s": float(np.mean([r["per_user_tok_s"] for r in runs])),
+        "total_tok_s": float(np.mean([r["total_tok_s"] for r in runs])),
+        "mean_verify_rows": sum(r["decode_rows"] for r in runs) / reqs,
+        "mean_accepted_len": sum(r["decode_tokens"] for r in runs) / reqs,
+    }
+
+
+def warm_up(path: str, pool, policy: AdaptiveVerify, streams: list[int], max_tokens: int) -> None:
+    """Adaptive runs over the stream counts until the cost model is trusted (at most 4
+    rounds), greedy and sampled, so its start-up profile sees every load."""
+    for rnd in range(4):
+        for i, n in enumerate(streams):
+            prompts = [pool[(rnd + j) % len(pool)] for j in range(n)]
+            run(path, "adaptive", prompts, max_tokens, 0.8 if (rnd + i) % 2 else 0.0, policy)
+        if policy.cost.trusted:
+            return
+
+
+def cell(path: str, pool, n: int, temperature: float, max_tokens: int, rounds: int, policy) -> dict:
+    runs = {m: [] for m in MODES}
+    for r in range(rounds):
+        prompts = [pool[(r * n + i) % len(pool)] for i in range(n)]
+        for m in MODES:
+            runs[m].append(run(path, m, prompts, max_tokens, temperature, policy))
+    got = {m: merge(v) for m, v in runs.items()}
+    k0 = got["k0"]
+    row = {"streams": n, "temperature": temperature}
+    for m in MODES:
+        g = got[m]
+        row[m] = {
+            "per_user_tok_s": g["per_user_tok_s"],
+            "total_tok_s": g["total_tok_s"],
+            "mean_verify_rows": g["mean_verify_rows"],
+            "mean_accepted_len": g["mean_accepted_len"],
+            "tokens_equal": g["outputs"] == k0["outputs"],
+        }
+    ad, fx = row["adaptive"], row["fixed"]
+    row["adaptive_vs_k0_total"] = ad["total_tok_s"] / k0["total_tok_s"]
+    row["adaptive_vs_best_total"] = ad["total_tok_s"] / max(k0["total_tok_s"], fx["total_tok_s"])
+    row["adaptive_vs_k0_per_user"] = ad["per_user_tok_s"] / k0["per_user_tok_s"]
+    return row
+
+
+def print_row(row: dict) -> None:
+    parts = []
+    for m in MODES:
+        g = row[m]
+        parts.append(
+            f"{m} {g['per_user_tok_s']:6.1f}/{g['total_tok_s']:6.1f} rows {g['mean_verify_rows']:.2f} "
+            f"acc {g['mean_accepted_len']:.2f}{'' if g['tokens_equal'] else ' TOKENS DIFFER'}"
+        )
+    print(
+        f"{row['streams']:2d} streams T={row['temperature']:.1f} | per-user/total tok/s: "
+        + " | ".join(parts)
+        + f" | adaptive {row['adaptive_vs_k0_total']:.2f}x K=0 total, {row['adaptive_vs_best_total']:.2f}x best, "
+        f"{row['adaptive_vs_k0_per_user']:.2f}x K=0 per-user",
+        flush=True,
+    )
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=0, help="rounds per cell (0: len(prompts) // streams, >= 1)")
+    ap.add_argument("--model", default=DEMO_DIR, help="a demo checkpoint directory with manifest.json")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cost-model", default=None, help="pin the step cost model from this JSON file")
+    ap.add_argument("--save-cost-model", default=None, help="write the learned cost model here at the end")
+    ap.add_argument("--json", default=None, help="also write the figures here")
+    ap.add_argument("--quick", action="store_true", help="a smoke test: streams 1 2, 6 tokens, one round")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.streams, args.max_tokens, args.rounds = [1, 2], 6, 1
+    torch.set_num_threads(args.threads)
+    tok = Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
+    pool = heldout_prompts(args.model, tok)
+    policy = AdaptiveVerify(StepCost.from_file(args.cost_model) if args.cost_model else None)
+    run(args.model, "k0", pool[:1], 4, 0.0, None)  # warm-up (allocator, first-call paths)
+    if not args.quick and not args.cost_model:
+        warm_up(args.model, pool, policy, args.streams, min(args.max_tokens, 32))
+    print(f"cost model after warm-up: {policy.cost.stats()}", flush=True)
+    rows = []
+    for n in args.streams:
+        for t in args.temperatures:
+            rounds = args.rounds or max(1, len(pool) // n)
+            rows.append(cell(args.model, pool, n, t, args.max_tokens, rounds, policy))
+            print_row(rows[-1])
+    print(f"policy at the end: {policy.stats()}", flush=True)
+    if args.save_cost_model:
+        with open(args.save_cost_model, "w", encoding="utf-8") as f:
+            json.dump({t: float(c) for t, c in zip(TERMS, policy.cost.coef)}, f, indent=1)
+    if args.json:
+        summary = {"max_tokens": args.max_tokens, "threads": args.threads, "policy": policy.stats(), "rows": rows}
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=1)
+    return 0 if all(row[m]["tokens_equal"] for row in rows for m in MODES) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
