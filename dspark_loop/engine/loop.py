@@ -93,6 +93,7 @@ class EngineLoop:
         self.on_mesh_dead: Callable[[str, int], Awaitable[None]] | None = None  # recovery
         self._restarting: str | None = None
         self._mesh_yielded = False
+        self._last_result_at = 0.0  # perf_counter() when the last gathered step's results came in
 
     # ---- public ------------------------------------------------------------------------
     def start(self) -> None:
@@ -374,6 +375,11 @@ class EngineLoop:
         self._deliver(outputs)
         t4 = time.perf_counter()
         self.num_steps += 1
+        if results and self.scheduler.observes_steps:
+            # NOTE: the ranks started this step when it was sent or when they finished the
+            # one before it, whichever came later: the step's cost is from then to its result
+            self.scheduler.observe_step(step, results, t2 - max(t1, self._last_result_at))
+        self._last_result_at = t2
         # NOTE: schedule_s is the plan's; the time between planning and gathering is other
         # steps' host work, not this step's: gather_s counts from the wait
         self._observe(step, results, wall, t0, t1, t1 + (t2 - t_wait), t1 + (t3 - t_wait), t1 + (t4 - t_wait))

@@ -133,7 +133,8 @@ async def test_k7_overlap_with_adaptive_windows_and_drafter_skips_gives_k0_token
     """Adaptive verification planned ahead: random verify lengths (0..7, ragged tiles) and
     drafter skips chosen from confidences one step stale; the ranks accept each ragged
     window themselves and a skipped pass leaves a 1-row step at the ranks' start. Every
-    request must get exactly the K=0 lockstep tokens (an aborted one a prefix)."""
+    request must get exactly the K=0 lockstep tokens (an aborted one a prefix), and the
+    policy must still be told each step's cost."""
     reqs, abort_after = workload(seed)
     want, want_reasons, _, _ = await run(seed, False, {}, max_model_len=64)
     policy = RandomPolicy(seed, p_draft=0.6)
@@ -148,6 +149,7 @@ async def test_k7_overlap_with_adaptive_windows_and_drafter_skips_gives_k0_token
     assert any((as_i32(d.start_pos) == PLACEHOLDER).any() for d in decodes)
     assert any(d.draft_mask for d in decodes)  # drafter skips were planned
     assert len({int(n) for d in decodes for n in as_i8(d.num_rows)}) > 3  # ragged windows
+    assert len(policy.observed) >= len(plans) - 1  # it learns every gathered step's cost
 
 
 async def test_a_request_with_a_grammar_constraint_sits_out_the_overlapped_step():
