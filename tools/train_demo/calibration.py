@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dspark_loop.contract.protocol import DSPARK_K
 from workers.comm import LocalComm
 
 BINS = 10
@@ -21,7 +22,7 @@ BINS = 10
 @torch.no_grad()
 def serve_drafts(drafter, target, ro, seq: np.ndarray, pos: np.ndarray, chunk: int = 128):
     """drafts [R, 7], confidence [R, 7], the target's tokens [R, 7] at P+1..P+7."""
-    from tools.train_demo.drafter import K, fill_rings
+    from tools.train_demo.drafter import fill_rings
 
     outs_d, outs_c = [], []
     for i in range(0, len(seq), chunk):
@@ -39,7 +40,7 @@ def serve_drafts(drafter, target, ro, seq: np.ndarray, pos: np.ndarray, chunk: i
         )
         outs_d.append(d.numpy())
         outs_c.append(c.numpy())
-    labels = ro.tokens[seq[:, None], pos[:, None] + 1 + np.arange(K)[None, :]]
+    labels = ro.tokens[seq[:, None], pos[:, None] + 1 + np.arange(DSPARK_K)[None, :]]
     return np.concatenate(outs_d), np.concatenate(outs_c), labels
 
 
