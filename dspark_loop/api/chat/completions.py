@@ -200,7 +200,6 @@ class ChatCompletionsRoute(GenerationRoute):
             ctx.max_model_len,
             default_max_tokens=ctx.max_model_len - len(prompt_ids),
             sampling_defaults=ctx.sampling_defaults,
-            chat=True,
         )
         params = dataclasses.replace(params, skip_special_tokens=False)
         tools = [] if req.tool_choice == "none" else declared_tools(req)
