@@ -1,5 +1,6 @@
 """The server's seams, checked: mypy (scripts/test.sh) proves here that the real classes
-satisfy the Protocols of engine/interfaces.py. Nothing imports this module at run time.
+satisfy the Protocols of engine/interfaces.py (and engine/outputs.TokenConstraint). Nothing
+imports this module at run time.
 
 NOTE: the Protocols are structural (nothing subclasses them), so without these functions a
 method renamed on one side would pass every type check and fail only when called.
@@ -7,8 +8,10 @@ method renamed on one side would pass every type check and fail only when called
 
 from __future__ import annotations
 
+from dspark_loop.api.chat.tool_constraint import ToolConstraint
 from dspark_loop.engine.interfaces import EngineClient, MeshClient
 from dspark_loop.engine.loop import EngineLoop
+from dspark_loop.engine.outputs import TokenConstraint
 from dspark_loop.launch import PendingEngine
 from dspark_loop.mesh.mesh import Mesh
 
@@ -23,3 +26,7 @@ def pending_engine_is_an_engine_client(engine: PendingEngine) -> EngineClient:
 
 def mesh_is_a_mesh_client(mesh: Mesh) -> MeshClient:
     return mesh
+
+
+def tool_constraint_is_a_token_constraint(constraint: ToolConstraint) -> TokenConstraint:
+    return constraint

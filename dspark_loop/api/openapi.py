@@ -6,6 +6,8 @@ ROUTES below is the only hand-written part: which struct each route takes and re
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from dspark_loop.api import responses as r
@@ -104,10 +106,10 @@ def openapi_document(model_name: str, api_keys: bool = False, served=None) -> di
     error = {"description": "", "content": {JSON: {"schema": {"$ref": REF.format(name="ErrorResponse")}}}}
     paths: dict = {}
     for method, path, summary, request, answer, chunk, statuses in routes:
-        ok = {"description": "OK", "content": _content(answer)}
+        ok: dict[str, Any] = {"description": "OK", "content": _content(answer)}
         if chunk is not None:
             ok["content"]["text/event-stream"] = {"schema": sse_event_schema(chunk)}
-        op = {
+        op: dict[str, Any] = {
             "summary": summary,
             "operationId": f"{method}_{path.strip('/').replace('/', '_').replace('.', '_')}",
             "responses": {"200": ok},
@@ -124,7 +126,7 @@ def openapi_document(model_name: str, api_keys: bool = False, served=None) -> di
         if api_keys and needs_key(path):
             op["security"] = [{"bearer": []}]
         paths.setdefault(path, {})[method] = op
-    doc = {
+    doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "dspark_loop", "version": "1", "description": f"OpenAI-compatible serving of {model_name}"},
         "paths": paths,

@@ -6,7 +6,7 @@ engine  --MeshClient-->  ranks (mesh.Mesh; in-process and scripted meshes in tes
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from dspark_loop.contract.protocol import StepPlan, StepResult
@@ -34,8 +34,8 @@ class EngineClient(Protocol):
     @property
     def num_waiting(self) -> int: ...
 
-    def generate(self, g: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        """Deltas until one is finished; closing the iterator early aborts the request."""
+    def generate(self, g: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
+        """Deltas until one is finished; closing the generator (aclose) early aborts the request."""
         ...
 
     def abort(self, request_id: str) -> bool: ...

@@ -17,7 +17,8 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from typing import Any
 
 from dspark_loop.contract.errors import EngineDead
 from dspark_loop.engine.capacity import capacity_problem
@@ -81,7 +82,7 @@ class EngineLoop:
         self._dead_reason: str | None = None
         self._stopping = False
         self.num_steps = 0
-        self.on_mesh_dead: Callable[[str, int], Awaitable[None]] | None = None  # recovery
+        self.on_mesh_dead: Callable[[str, int], Coroutine[Any, Any, None]] | None = None  # recovery
         self._restarting: str | None = None
         self._mesh_yielded = False
 
@@ -192,7 +193,7 @@ class EngineLoop:
             "leases_in_use": sum(leases),
         }
 
-    async def generate(self, g: GenerateRequest) -> AsyncIterator[RequestOutput]:
+    async def generate(self, g: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
         if self.dead_reason is not None or self._stopping:
             yield error_output(g.request_id, f"the engine is not running: {self.dead_reason or 'stopped'}")
             return
@@ -323,6 +324,8 @@ class EngineLoop:
 
     def _begin_restart(self, reason: str) -> None:
         """The running requests end with an error; the waiting ones go back to the inbox."""
+        restart = self.on_mesh_dead
+        assert restart is not None, "only a loop with recovery restarts"
         self._restarting = reason
         running, waiting, early = self.scheduler.carry_over()
         self._deliver(early)
@@ -337,7 +340,7 @@ class EngineLoop:
             "rank mesh died (%s): %d running request(s) failed, %d waiting kept", reason, len(running), len(self._inbox)
         )
         self._task = None
-        asyncio.get_running_loop().create_task(self.on_mesh_dead(reason, len(running)), name="mesh-restart")
+        asyncio.get_running_loop().create_task(restart(reason, len(running)), name="mesh-restart")
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         deliver(self._channels, outputs)

@@ -5,10 +5,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import msgspec
+import numpy as np
 
 from dspark_loop.contract.sampling_knobs import SamplingKnobs
+
+
+class TokenConstraint(Protocol):
+    """A logit constraint (api/chat/tool_constraint.ToolConstraint): asked every step for the
+    request's one sampled row (a constrained request never speculates)."""
+
+    def allowed_token_mask(self, generated_ids: list[int], /) -> np.ndarray:
+        """[vocab] bool: the tokens that may follow generated_ids (raises when they broke it)."""
+        ...
 
 
 @dataclass
@@ -50,10 +61,8 @@ class GenerateRequest:
     params: SamplingParams
     # Parser for chat/tool output may need the raw token ids; text is always produced.
     arrival_time: float = 0.0
-    # Optional logit constraint (tool_choice required/named), see api/ tools; None = free.
-    # Duck-typed: allowed_token_mask(output_ids) -> bool [vocab]; asked every step for the
-    # request's one sampled row (a constrained request never speculates).
-    constraint: object | None = None
+    # Optional logit constraint (tool_choice required/named, strict tools); None = free.
+    constraint: TokenConstraint | None = None
 
 
 class RequestOutput(msgspec.Struct):

@@ -67,6 +67,7 @@ def decode_batch(decodes: list[Request], pstep: PartitionStep, drafts: np.ndarra
         tokens = last
     else:
         k = DSPARK_K
+        assert drafts is not None and leases is not None, "verify rows need the draft table"
         if rows.min() > 1:  # every request verifies: [R, K+1] rows
             tile = np.empty((n, k + 1), np.int32)
             tile[:, 0] = last

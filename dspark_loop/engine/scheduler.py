@@ -273,7 +273,7 @@ class Scheduler:
         else:
             pplan.freed_req_ids, part.freed_req_ids = part.freed_req_ids, []
         part.take_lease_fields(pplan)  # admissions only happen in a non-empty step
-        failed = []
+        failed: list[tuple[Request, str]] = []
         if self.num_constrained:
             pplan.token_masks, failed = token_masks(pstep)
         for req, message in failed:

@@ -65,6 +65,7 @@ class StepApplier:
                 rows.append(j)
                 leases.append(req.lease)
         if rows:
+            assert part.drafts is not None  # drafts come only to K=7 partitions
             part.drafts[leases] = drafts[1][rows]
 
     def _apply_decodes(self, part: Partition, step: ScheduledStep, d: DecodeRows, drafts, now, lp, outputs) -> bool:
@@ -80,6 +81,7 @@ class StepApplier:
         # NOTE: drafts are for one anchor only: a decode spends them, the ranks sent the
         # next ones with this result (stored here when taken, else by id after this pass)
         if taken:
+            assert part.drafts is not None  # drafts come only to K=7 partitions
             part.drafts[d.leases] = drafts[1]
         commit, emit = self.commit, outputs.append
         num_new = 0
@@ -99,7 +101,7 @@ class StepApplier:
                 out_ids.extend(toks)
                 num_new += a
                 if req.num_computed >= req.register_pos:  # a page became full
-                    self.prefix.register(part.cache, req)
+                    self._register_pages(part, req)
                 req.inter_token_s.append(now - req.last_token_time)
                 req.last_token_time = now
                 det = req.detokenizer
@@ -120,18 +122,18 @@ class StepApplier:
                 emit(commit(part, step, req, toks, now, lp.get(req.req_id) if lp else None))
         step.num_new_tokens += num_new
         if verified is not None:
-            self._count_totals(step, d)  # after the pass: the progress line counts its requests
+            self._count_totals(step, d, verified, d.fallback or [])  # after the pass: the progress line counts
         return taken
 
-    def _count_totals(self, step: ScheduledStep, d: DecodeRows) -> None:
+    def _count_totals(self, step: ScheduledStep, d: DecodeRows, verified: list[bool], fallback: list[bool]) -> None:
         """K=7 totals for the step (the per-request counters are kept in the commit pass)."""
-        spec, verified = self.spec, d.verified
+        spec = self.spec
         step.accepted_num_drafts.extend([DSPARK_K if v else 0 for v in verified])
         num_verifies = sum(verified)
         if num_verifies:
             spec.num_accepted += sum(compress(d.lens, verified))
         if num_verifies < len(verified):
-            for req in compress(d.reqs, d.fallback):  # the 8-row window would pass the position ceiling
+            for req in compress(d.reqs, fallback):  # the 8-row window would pass the position ceiling
                 req.num_fallback_steps += 1
                 spec.num_fallback_steps += 1
         spec.num_verify_steps += num_verifies
@@ -177,4 +179,5 @@ class StepApplier:
 
     def _register_pages(self, part: Partition, req: Request) -> None:
         if req.num_computed >= req.register_pos:  # a page became full (prefix caching is on)
+            assert self.prefix is not None  # register_pos is past every position without it
             self.prefix.register(part.cache, req)

@@ -106,6 +106,7 @@ def _read_decode(
         num_accepted = np.ones(n, np.int64)  # [R]
         verify = rows > 1  # [R]
         if verify.any():
+            assert pstep.verify_drafts is not None, "a verify row without its drafts"
             preds = tokens[first[verify, None] + np.arange(k1)]  # [V, K+1]
             num_accepted[verify] = accept_chain(pstep.verify_drafts, preds)
         fallback = ~verify & (pstep.decode_start + 1 + spec_k > max_model_len)  # [R]
