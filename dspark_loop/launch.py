@@ -161,7 +161,13 @@ def make_scheduler(cfg: ServerConfig, model: ModelConfig, num_blocks: list[int])
 def make_engine(
     cfg: ServerConfig, model: ModelConfig, mesh: Mesh, tokenizer: Tokenizer, observers: list[EngineObserver]
 ) -> EngineLoop:
-    return EngineLoop(make_scheduler(cfg, model, mesh.num_blocks), mesh, tokenizer, observers=observers)
+    return EngineLoop(
+        make_scheduler(cfg, model, mesh.num_blocks),
+        mesh,
+        tokenizer,
+        observers=observers,
+        async_scheduling=cfg.async_scheduling,
+    )
 
 
 def scheduler_extra_kwargs(cfg: ServerConfig) -> dict:
@@ -227,6 +233,7 @@ async def run_server(cfg: ServerConfig, model: ModelConfig) -> int:
         tokenizer,
         observers,
         RestartBudget(cfg.max_rank_restarts),
+        async_scheduling=cfg.async_scheduling,
     )
     stop = asyncio.Event()
     started = asyncio.Event()

@@ -9,7 +9,7 @@ method renamed on one side would pass every type check and fail only when called
 from __future__ import annotations
 
 from dspark_loop.api.chat.tool_constraint import ToolConstraint
-from dspark_loop.engine.interfaces import EngineClient, MeshClient
+from dspark_loop.engine.interfaces import EngineClient, MeshClient, PipelinedMeshClient
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import TokenConstraint
 from dspark_loop.launch import PendingEngine
@@ -25,6 +25,10 @@ def pending_engine_is_an_engine_client(engine: PendingEngine) -> EngineClient:
 
 
 def mesh_is_a_mesh_client(mesh: Mesh) -> MeshClient:
+    return mesh
+
+
+def mesh_is_a_pipelined_mesh_client(mesh: Mesh) -> PipelinedMeshClient:
     return mesh
 
 

@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 
+from tools.bench_prompts import prompt_ids
+
 TOPOLOGIES = {
     1: [],
     2: ["--tp", "2", "--ep", "2"],
@@ -35,11 +37,6 @@ TOPOLOGIES = {
     8: ["--dp", "2", "--tp", "4", "--ep", "8"],
     16: ["--dp", "4", "--tp", "4", "--ep", "16"],
 }
-
-
-def prompt_ids(n: int, index: int, vocab_size: int) -> list[int]:
-    """Distinct fixed-length id prompts (no prefix sharing between streams)."""
-    return [2 + (index * 7919 + i * 104729) % (vocab_size - 2) for i in range(n)]
 
 
 async def serve_round(url: str, prompts: list[list[int]], max_tokens: int) -> dict:

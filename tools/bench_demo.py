@@ -25,12 +25,11 @@ from tokenizers import Tokenizer
 
 from dspark_loop.config.default_model import DEMO_DIR, DEMO_MANIFEST
 from dspark_loop.contract.acceptance import accept_chain
-from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import DSPARK_K, RankConfig, StepResult, as_i8, as_i32, f32, i32
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
-from dspark_loop.engine.scheduler import Scheduler
+from dspark_testing.schedulers import model_scheduler
 from workers.runner import ModelRunner
 
 BLOCK = 32
@@ -96,18 +95,7 @@ def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int) -> 
         quiet=True,
     )
     mesh = TimedMesh(runner)
-    sched = Scheduler(
-        CacheLayout.for_model(cfg, BLOCK),
-        1,
-        runner.num_blocks,
-        n,
-        8192,
-        0,
-        4096,
-        cfg.eos_token_ids,
-        spec_k=spec_k,
-        enable_prefix_caching=False,
-    )
+    sched = model_scheduler(cfg, BLOCK, runner.num_blocks, max_num_seqs=n, spec_k=spec_k)
     engine = EngineLoop(sched, mesh, Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
 
     async def main():

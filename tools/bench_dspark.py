@@ -18,12 +18,11 @@ import time
 import numpy as np
 from tokenizers import Tokenizer
 
-from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import DSPARK_K, RankConfig, StepResult, f32, i32
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
-from dspark_loop.engine.scheduler import Scheduler
+from dspark_testing.schedulers import model_scheduler
 from dspark_testing.scripted_drafter import ScriptedDrafter
 from workers.runner import ModelRunner
 
@@ -51,18 +50,7 @@ def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, dra
         quiet=True,
         test_drafter=drafter,
     )
-    sched = Scheduler(
-        CacheLayout.for_model(cfg, 32),
-        1,
-        runner.num_blocks,
-        n,
-        8192,
-        0,
-        4096,
-        cfg.eos_token_ids,
-        spec_k=spec_k,
-        enable_prefix_caching=False,
-    )
+    sched = model_scheduler(cfg, 32, runner.num_blocks, max_num_seqs=n, spec_k=spec_k)
     engine = EngineLoop(sched, InProcessMesh(runner), Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
 
     async def main():

@@ -19,7 +19,7 @@ from dspark_loop.contract.cache_layout import CacheLayout, Family
 from dspark_loop.contract.protocol import StepResult, as_i32, i32
 from dspark_loop.engine.detokenize import Detokenizer, TokenText
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
-from dspark_loop.engine.scheduler import Scheduler
+from dspark_testing.schedulers import make_scheduler
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
 
 
@@ -43,13 +43,12 @@ def fake_results(step) -> list[StepResult]:
 
 def bench(num_requests: int, num_partitions: int, num_steps: int, spec_k: int, stop: list[str]):
     text = TokenText(tiny_tokenizer())
-    sched = Scheduler(
-        flash_layout(),
-        num_partitions,
-        [4096, 2048, 2048],
+    sched = make_scheduler(
+        layout=flash_layout(),
+        num_partitions=num_partitions,
+        num_blocks=[4096, 2048, 2048],
         max_num_seqs=num_requests,
         max_num_batched_tokens=8192,
-        long_prefill_token_threshold=0,
         max_model_len=1 << 20,
         eos_token_ids=[1],
         spec_k=spec_k,

@@ -15,27 +15,39 @@ Prefix caching is off unless --prefix-caching (the server's default is on: each 
 fills is hashed and keyed). The event loop is the server's (--loop auto: uvloop when installed); --loop asyncio measures
 the standard one. K=0 and K=7 runs alternate --repeats times; the summary is the median of
 the runs' medians and p99s, with their range (one run on a shared machine swings ~10-20%).
+
+    python -m tools.bench_host --device-ms 5 [--json FILE]
+
+replaces the instant mesh with a simulated device (DeviceMesh: each step takes D ms of wall
+time and no CPU) and measures steady-state steps/s with async scheduling off (lockstep,
+expected 1 / (D + host + IPC)) and on (expected >= 0.95 / max(D, host)), at K=0 and K=7, in
+one run; FILE gets {"off": {...}, "on": {...}, "k0_off": ..., "k0_on", "k7_off", "k7_on"}
+("off"/"on" are K=0's: K=7 stays in lockstep).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import queue
 import statistics
+import threading
 import time
 
 import numpy as np
 
 from dspark_loop.contract.acceptance import accept_chain
+from dspark_loop.contract.placeholders import LastSamples
 from dspark_loop.contract.protocol import DSPARK_K, ENCODER, StepResult, as_i8, as_i32, f32, i32
 from dspark_loop.contract.sampling_knobs import SamplingKnobs
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
-from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.event_loop import EVENT_LOOPS, loop_factory, loop_name
 from dspark_loop.observe.metrics import Metrics
 from dspark_loop.observe.tap_publisher import TapPublisher
+from dspark_testing.schedulers import make_scheduler
 from tools.bench_engine import flash_layout, tiny_tokenizer
 
 
@@ -71,14 +83,21 @@ class InstantMesh:
         self.spec_k = spec_k
         self.encode_s: list[float] = []
         self.num_steps = 0
+        self.samples: list[LastSamples] = []  # per partition: placeholder inputs (async scheduling)
 
     async def step(self, plan) -> list[StepResult]:
+        return self.answer(plan)
+
+    def answer(self, plan) -> list[StepResult]:
         t0 = time.perf_counter()
         ENCODER.encode(plan)
         self.encode_s.append(time.perf_counter() - t0)
         self.num_steps += 1
         results = []
+        while len(self.samples) < len(plan.partitions):
+            self.samples.append(LastSamples())
         for p, part in enumerate(plan.partitions):
+            part = self.samples[p].resolve(part)
             toks, draft_ids, anchors = [], [], []
             for c in part.prefills:
                 if c.sample:
@@ -109,8 +128,64 @@ class InstantMesh:
                 res.draft_req_ids = i32(np.concatenate([np.atleast_1d(x) for x in draft_ids]))
                 res.draft_token_ids = i32(chain(first, self.num_steps % 8))
                 res.draft_confidence = f32(np.ones((len(first), DSPARK_K), np.float32))
+            self.samples[p].record(part, as_i32(res.token_ids))
             results.append(res)
         return results
+
+
+class DeviceMesh(InstantMesh):
+    """A simulated device: every step takes device_s of wall time and no CPU. The answers
+    are made when the plan is sent (the scripted model's numpy, counted as IPC: answer_s);
+    a timer thread (sleeping, not spinning) releases them device_s after the device is free
+    (one step at a time, in send order). Native send/gather: two steps may be in flight."""
+
+    def __init__(self, spec_k: int, device_s: float) -> None:
+        super().__init__(spec_k)
+        self.device_s = device_s
+        self.answer_s: list[float] = []
+        self.done_at: dict[int, float] = {}  # step id -> perf_counter() when gathered
+        self.cpu_at: dict[int, float] = {}  # step id -> the process's CPU time then
+        self._futures: dict[int, asyncio.Future] = {}
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._device, name="sim-device", daemon=True)
+        self._thread.start()
+
+    async def step(self, plan) -> list[StepResult]:
+        await self.send(plan)
+        return await self.gather(plan.step_id)
+
+    async def send(self, plan) -> None:
+        t0 = time.perf_counter()
+        results = self.answer(plan)
+        self.answer_s.append(time.perf_counter() - t0)
+        loop = asyncio.get_running_loop()
+        fut = self._futures[plan.step_id] = loop.create_future()
+        self._queue.put((t0, loop, fut, results))
+
+    async def gather(self, step_id: int) -> list[StepResult]:
+        results = await self._futures.pop(step_id)
+        self.done_at[step_id] = time.perf_counter()
+        self.cpu_at[step_id] = time.process_time()
+        return results
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    def _device(self) -> None:
+        free_at = 0.0
+        while (item := self._queue.get()) is not None:
+            sent, loop, fut, results = item
+            free_at = max(free_at, sent) + self.device_s
+            time.sleep(max(0.0, free_at - time.perf_counter()))
+            try:
+                loop.call_soon_threadsafe(_resolve, fut, results)
+            except RuntimeError:  # the run ended (its loop closed) with this step unanswered
+                pass
+
+
+def _resolve(fut: asyncio.Future, results) -> None:
+    if not fut.done():
+        fut.set_result(results)
 
 
 async def run(
@@ -122,24 +197,27 @@ async def run(
     sampling: dict | None = None,
     aligned: bool = False,
     prefix_caching: bool = False,
+    device_s: float | None = None,
+    async_scheduling: bool = False,
 ):
     sampling = sampling or {}
-    sched = Scheduler(
-        flash_layout(),
-        num_partitions,
-        [8192, 4096, 4096],
+    sched = make_scheduler(
+        layout=flash_layout(),
+        num_partitions=num_partitions,
+        num_blocks=[8192, 4096, 4096],
         max_num_seqs=num_requests,
         max_num_batched_tokens=8192,
-        long_prefill_token_threshold=0,
         max_model_len=1 << 20,
         eos_token_ids=[1],
         spec_k=spec_k,
         enable_prefix_caching=prefix_caching,
     )
     tap = TapPublisher(tap_addr)
-    mesh = InstantMesh(spec_k)
+    mesh = InstantMesh(spec_k) if device_s is None else DeviceMesh(spec_k, device_s)
     recorder = TraceRecorder()
-    engine = EngineLoop(sched, mesh, tiny_tokenizer(), observers=[Metrics("bench"), tap, recorder])
+    engine = EngineLoop(
+        sched, mesh, tiny_tokenizer(), observers=[Metrics("bench"), tap, recorder], async_scheduling=async_scheduling
+    )
     traces = recorder.traces
     engine.start()
 
@@ -158,7 +236,52 @@ async def run(
     steady = [t for t in traces if sum(p.decode_num_rows for p in t.partitions) >= num_requests]
     enc = mesh.encode_s[len(mesh.encode_s) - len(steady) :] if steady else []
     host = sorted(t.schedule_s + t.update_s + t.deliver_s + e for t, e in zip(steady, enc))
+    if device_s is not None:
+        mesh.close()
+        return host, steady, traces, mesh
     return host, steady, traces
+
+
+def device_entry(num_requests, num_partitions, num_steps, spec_k, tap_addr, new_loop, device_s, overlap) -> dict:
+    """One simulated-device run: steady-state steps/s, host and answer times (ms)."""
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        host, steady, _, mesh = runner.run(
+            run(num_requests, num_partitions, num_steps, spec_k, tap_addr, device_s=device_s, async_scheduling=overlap)
+        )
+    ids = [t.step_id for t in steady if t.step_id in mesh.done_at][10:]  # past the warm-up
+    span = mesh.done_at[ids[-1]] - mesh.done_at[ids[0]]
+    # NOTE: the process's CPU per step is the host time that matters: the engine's phases
+    # plus what runs between them (256 consumers taking and decoding their deltas, the
+    # metrics and tap observers, the scripted answers); the timer thread only sleeps
+    cpu_ms = (mesh.cpu_at[ids[-1]] - mesh.cpu_at[ids[0]]) / (len(ids) - 1) * 1e3
+    d_ms = device_s * 1e3
+    return {
+        "steps_per_s": round((len(ids) - 1) / span, 2),
+        "tokens_per_step": round(statistics.mean(t.num_new_tokens for t in steady), 1),
+        "engine_ms": round(pct(host, 0.5), 3),  # schedule + update + deliver + encode, median
+        "answer_ms": round(statistics.median(mesh.answer_s) * 1e3, 3),  # scripted answers (IPC stand-in)
+        "host_cpu_ms": round(cpu_ms, 3),  # the server process's CPU per step, all of it
+        "device_ms": d_ms,
+        "lockstep_model": round(1e3 / (d_ms + cpu_ms), 2),  # 1 / (D + host + IPC)
+        "overlap_target": round(0.95e3 / max(d_ms, cpu_ms), 2),  # 0.95 / max(D, host)
+        "num_steps": len(ids),
+    }
+
+
+def device_main(args, new_loop) -> None:
+    """--device-ms: lockstep (off) and async scheduling (on), K=0 and K=7, in one run."""
+    out = {}
+    for k in (0, DSPARK_K):
+        for mode in ("off", "on"):
+            e = device_entry(
+                args.requests, args.partitions, args.steps, k, args.tap, new_loop, args.device_ms / 1e3, mode == "on"
+            )
+            out[f"k{k}_{mode}"] = e
+            print(f"K={k} overlap {mode}: {json.dumps(e)}")
+    out["off"], out["on"] = out["k0_off"], out["k0_on"]  # NOTE: overlap is K=0's (K=7 runs in lockstep)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
 
 
 def pct(xs, q):
@@ -190,9 +313,20 @@ def main() -> None:
         help="register every full page in the prefix cache, as the server does by default (off: the issue-14 workload)",
     )
     ap.add_argument("--loop", choices=EVENT_LOOPS, default="auto", help="the event loop, as the server's --loop")
+    ap.add_argument(
+        "--device-ms",
+        type=float,
+        default=None,
+        help="simulate a device whose step takes this many ms of wall time (no CPU): steps/s with "
+        "async scheduling off and on, K=0 and K=7",
+    )
+    ap.add_argument("--json", default="", help="with --device-ms: write the results here")
     args = ap.parse_args()
     new_loop = loop_factory(args.loop)
     print(f"event loop: {loop_name(new_loop())}")
+    if args.device_ms is not None:
+        device_main(args, new_loop)
+        return
     sampling = (
         {}
         if not args.temperature

@@ -93,7 +93,7 @@ def measure(ckpt: str, args, vocab_size: int) -> tuple[dict, dict]:
     repeats so both sides see the same machine; the best round of each. Every round sends
     fresh prompts: a repeated prompt would hit the server's prefix cache."""
     from dspark_testing.server_process import ServerProcess
-    from tools.bench import prompt_ids
+    from tools.bench_prompts import prompt_ids
 
     ref = Reference(ckpt)
     ref.generate([prompt_ids(args.prompt_len, 999, vocab_size)], 2)  # warm-up

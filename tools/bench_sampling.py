@@ -23,13 +23,12 @@ import time
 import numpy as np
 from tokenizers import Tokenizer
 
-from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import DSPARK_K, RankConfig
 from dspark_loop.contract.sampling_knobs import SamplingKnobs
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
-from dspark_loop.engine.scheduler import Scheduler
+from dspark_testing.schedulers import model_scheduler
 from tools.bench_dspark import InProcessMesh
 from workers.runner import ModelRunner
 
@@ -44,18 +43,7 @@ def bench(
         quiet=True,
     )
     runner.sampler.shared_noise_drafts = shared_noise
-    sched = Scheduler(
-        CacheLayout.for_model(cfg, 32),
-        1,
-        runner.num_blocks,
-        n,
-        8192,
-        0,
-        4096,
-        cfg.eos_token_ids,
-        spec_k=spec_k,
-        enable_prefix_caching=False,
-    )
+    sched = model_scheduler(cfg, 32, runner.num_blocks, max_num_seqs=n, spec_k=spec_k)
     engine = EngineLoop(sched, InProcessMesh(runner), Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
 
     async def main():

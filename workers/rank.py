@@ -28,6 +28,7 @@ import zmq
 from dspark_loop.contract.checkpoint_fingerprint import checkpoint_fingerprint
 from dspark_loop.contract.mesh_auth import SecretError, secret_from_env
 from dspark_loop.contract.mesh_join import JoinError, Knocker, knock_sync
+from dspark_loop.contract.placeholders import LastSamples
 from dspark_loop.contract.protocol import (
     ENCODER,
     PROTOCOL_VERSION,
@@ -87,6 +88,7 @@ class Rank:
         self.runner: Runner | None = None
         self.is_leader = rank % cfg.tp == 0
         self.group = rank // cfg.tp
+        self.samples = LastSamples()  # resolves the plans' placeholder inputs (async scheduling)
 
     def load(self) -> None:
         import torch
@@ -135,7 +137,7 @@ class Rank:
                 f"plan has {len(plan.partitions)} partitions, the mesh has {self.cfg.num_groups} TP groups"
             )
         t0 = time.perf_counter()
-        tokens = self.runner.execute(plan.partitions[self.group])
+        _, tokens = self.samples.run(plan.partitions[self.group], self.runner.execute)
         compute_s = time.perf_counter() - t0
         token_ids = np.ascontiguousarray(tokens, dtype=np.int32).tobytes() if self.is_leader else b""
         result = StepResult(plan.step_id, self.rank, token_ids, compute_s)

@@ -8,6 +8,7 @@
     GET  /metrics /metrics/json   when a Metrics object is given (the JSON adds the
                               engine's page pools under "engine" once it runs)
     GET  /openapi.json        OpenAPI 3.1 of these routes (openapi.py)
+    GET  /version /server_info /model_info /loads (+ aliases)   what a router reads (server_info.py)
 
 The routes reach the engine through an AdmissionGate (gate.py, app[GATE_KEY]); with
 API keys (auth.py) the model's routes need `Authorization: Bearer KEY`.
@@ -27,6 +28,7 @@ from dspark_loop.api.gate import AdmissionGate
 from dspark_loop.api.generation.completions import CompletionsRoute
 from dspark_loop.api.openapi import openapi_document
 from dspark_loop.api.prompt import PromptEncoder
+from dspark_loop.api.server_info import ServerInfoRoutes
 from dspark_loop.api.sse import WRITE_TIMEOUT_KEY
 from dspark_loop.api.tokenize import TokenizeRoutes
 from dspark_loop.config.server_config import ServerConfig, served_name_for
@@ -45,7 +47,7 @@ def create_app(
     name = cfg.served_model_name or served_name_for(cfg.model)
     gate = AdmissionGate(engine, cfg.max_queued_requests)
     ctx = ServingContext(gate, encoder, name, cfg.generate, cfg.model)
-    auth = api_key_middleware(cfg.api_keys)
+    auth = api_key_middleware(cfg.api_keys, cfg.protect_router_info)
     app = web.Application(middlewares=[error_middleware, *([auth] if auth else [])], client_max_size=MAX_BODY_BYTES)
     app[CONTEXT_KEY] = ctx
     app[GATE_KEY] = gate
@@ -85,6 +87,7 @@ def create_app(
     app.router.add_post("/v1/chat/completions", chat.handle)
     app.router.add_post("/tokenize", tokenize.tokenize)
     app.router.add_post("/detokenize", tokenize.detokenize)
+    ServerInfoRoutes(gate, cfg, model_cfg, name).register(app)
     spec: list[dict] = []  # built on first use, when every route is registered
 
     async def openapi(request: web.Request) -> web.Response:
@@ -94,7 +97,11 @@ def create_app(
                 for rt in request.app.router.routes()
                 if rt.resource is not None  # every route added with add_get/add_post has one
             }
-            spec.append(openapi_document(name, api_keys=bool(cfg.api_keys), served=served))
+            spec.append(
+                openapi_document(
+                    name, api_keys=bool(cfg.api_keys), served=served, protect_router_info=cfg.protect_router_info
+                )
+            )
         return web.json_response(spec[0])
 
     app.router.add_get("/openapi.json", openapi)

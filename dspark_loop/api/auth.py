@@ -2,6 +2,8 @@
 
     /v1/*, /tokenize, /detokenize      need a key (when the server was given any)
     /health, /metrics*, /openapi.json  open, as vLLM leaves them (probes and scrapers)
+    /version, /server_info, /loads ... open for routers (server_info.py), unless
+                                       --protect-router-info puts them behind the key
 
 A missing or wrong key is a 401 in OpenAI's shape (type invalid_request_error, code
 invalid_api_key) with a WWW-Authenticate challenge (RFC 6750). The presented key is
@@ -18,11 +20,14 @@ import hmac
 from aiohttp import web
 
 from dspark_loop.api.errors import ApiError
+from dspark_loop.api.server_info import ROUTER_INFO_PATHS
 
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
 
-def needs_key(path: str) -> bool:
+def needs_key(path: str, protect_router_info: bool = False) -> bool:
+    if path in ROUTER_INFO_PATHS:
+        return protect_router_info
     return path.startswith(PROTECTED_PREFIXES)
 
 
@@ -61,7 +66,7 @@ def unauthorized(presented: bool) -> ApiError:
     return ApiError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": challenge})
 
 
-def api_key_middleware(keys):
+def api_key_middleware(keys, protect_router_info: bool = False):
     """An aiohttp middleware requiring one of `keys`; None when there are no keys."""
     if not keys:
         return None
@@ -69,7 +74,7 @@ def api_key_middleware(keys):
 
     @web.middleware
     async def require_api_key(request: web.Request, handler):
-        if needs_key(request.path):
+        if needs_key(request.path, protect_router_info):
             token = bearer_token(request.headers.get("Authorization"))
             if token is None or not check.matches(token):
                 return unauthorized(token is not None or "Authorization" in request.headers).response()

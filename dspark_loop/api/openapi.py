@@ -14,6 +14,7 @@ from dspark_loop.api import responses as r
 from dspark_loop.api.auth import needs_key
 from dspark_loop.api.chat.schemas import ChatCompletionRequest
 from dspark_loop.api.schemas import CompletionRequest, DetokenizeRequest, TokenizeRequest
+from dspark_loop.api.server_info import ROUTER_ROUTES
 
 REF = "#/components/schemas/{name}"
 ERRORS = {
@@ -54,6 +55,7 @@ ROUTES = [
     ("get", "/metrics", "Prometheus text exposition (vLLM's names)", None, "text/plain", None, ()),
     ("get", "/metrics/json", "The same figures as JSON", None, JSON, None, ()),
     ("get", "/openapi.json", "This document", None, JSON, None, ()),
+    *ROUTER_ROUTES,
 ]
 
 
@@ -92,7 +94,7 @@ def sse_event_schema(chunk: type) -> dict:
     }
 
 
-def openapi_document(model_name: str, api_keys: bool = False, served=None) -> dict:
+def openapi_document(model_name: str, api_keys: bool = False, served=None, protect_router_info: bool = False) -> dict:
     """served: the (method, path) pairs the app answers (None: all of ROUTES)."""
     routes = [rt for rt in ROUTES if served is None or (rt[0], rt[1]) in served]
     structs = [s for route in routes for s in (route[3], route[4], route[5]) if isinstance(s, type)] + [r.ErrorResponse]
@@ -123,7 +125,7 @@ def openapi_document(model_name: str, api_keys: bool = False, served=None) -> di
                 "required": True,
                 "content": {JSON: {"schema": {"$ref": REF.format(name=request.__name__)}}},
             }
-        if api_keys and needs_key(path):
+        if api_keys and needs_key(path, protect_router_info):
             op["security"] = [{"bearer": []}]
         paths.setdefault(path, {})[method] = op
     doc: dict[str, Any] = {

@@ -249,6 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
         "to replay); on by default",
     )
     a(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="plan step N+1 while the ranks run step N (pipeline depth 2; K=0 only, K=7 "
+        "stays in lockstep); off by default",
+    )
+    a(
         "--speculative-config",
         type=speculative_config,
         default=SpeculativeConfig(),
@@ -367,6 +374,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         max_num_batched_tokens=ns.max_num_batched_tokens,
         long_prefill_token_threshold=ns.long_prefill_token_threshold,
         enable_prefix_caching=ns.enable_prefix_caching,
+        async_scheduling=ns.async_scheduling,
         speculative=ns.speculative_config,
         ring_heap=ns.ring_heap,
         generate=ns.generate_config,

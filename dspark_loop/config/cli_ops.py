@@ -64,6 +64,12 @@ def add_ops_flags(p: argparse.ArgumentParser) -> None:
         f"command line); /health, /metrics and /openapi.json stay open",
     )
     a(
+        "--protect-router-info",
+        action="store_true",
+        help="with API keys, require the key on the routes a router polls too (/version, "
+        "/server_info, /model_info, /loads and their aliases); by default they stay open",
+    )
+    a(
         "--max-queued-requests",
         type=queue_limit,
         default=None,
@@ -118,6 +124,7 @@ def api_keys(parser: argparse.ArgumentParser, flag_keys: list[str], env: dict) -
 def ops_fields(parser: argparse.ArgumentParser, ns: argparse.Namespace, env: dict) -> dict:
     return {
         "api_keys": api_keys(parser, ns.api_key, env),
+        "protect_router_info": ns.protect_router_info,
         "max_queued_requests": ns.max_queued_requests,
         "shutdown_timeout_s": ns.shutdown_timeout,
         "stream_write_timeout_s": ns.stream_write_timeout,

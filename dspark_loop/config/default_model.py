@@ -26,7 +26,7 @@ import tempfile
 DEFAULT_NAME = "default-v1"
 DEFAULT_SEED = 20260731
 MARKER = "dspark_default.complete"
-DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo")
+DEMO_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "demo")  # dspark_loop/demo
 DEMO_MANIFEST = "manifest.json"
 
 

@@ -99,6 +99,7 @@ class ServerConfig:
     max_num_batched_tokens: int = 8192
     long_prefill_token_threshold: int | None = None
     enable_prefix_caching: bool = True
+    async_scheduling: bool = False  # plan step N+1 while the ranks run step N (K=0)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     ring_heap: tuple[int, ...] = DEFAULT_RING_HEAP
     generate: GenerateDefaults = field(default_factory=GenerateDefaults)
@@ -115,6 +116,7 @@ class ServerConfig:
     dist_timeout_s: float = 600.0  # start-up wait for ranks / node 0; torch.distributed timeout
     # operating it (cli_ops.py); keys stay out of repr() so a logged config shows none
     api_keys: tuple[str, ...] = field(default=(), repr=False)
+    protect_router_info: bool = False  # True: /server_info, /loads ... need a key too (api/auth.py)
     max_queued_requests: int | None = None  # None: no limit
     shutdown_timeout_s: float = 30.0
     stream_write_timeout_s: float = 30.0  # 0: never abort a stalled stream

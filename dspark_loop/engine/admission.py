@@ -1,24 +1,17 @@
 """Admission: which partition a new request waits in, and which waiting requests start
 running this step (prefix hit, first chunk, pages, wire id, lease). A manager of the
-Scheduler: it changes the requests it admits and their partition, nothing else.
+Scheduler: it decides; the Partition's transitions (admit, allocate, end) change the
+requests' state.
 """
 
 from __future__ import annotations
 
 from dspark_loop.contract.protocol import BlockUpdate, i32
-from dspark_loop.engine.kv_cache import PartitionCache
 from dspark_loop.engine.partition import Partition
 from dspark_loop.engine.prefix_cache import PrefixCache
-from dspark_loop.engine.request import Request, Status
+from dspark_loop.engine.request import Request
 from dspark_loop.engine.sampling_wire import sampling_spec
 from dspark_loop.engine.spec_counters import SpecCounters
-
-
-def map_pages(cache: PartitionCache, req: Request, counts: list[int], updates: list) -> None:
-    """Allocate req's new pages (counts per family) and record the block updates."""
-    for fam, first_page, ids in cache.allocate(req.pages, counts):
-        updates.append(BlockUpdate(req.req_id, fam, first_page, i32(ids)))
-    req.map_limit = cache.map_limit(req.pages)
 
 
 class Admission:
@@ -38,7 +31,8 @@ class Admission:
 
     def admit(self, part: Partition, budget: int, prefills: list, updates: list) -> list[tuple[Request, str]]:
         """Admit from the queue head while budget, seats and pages allow; returns the
-        requests that can never run, with why (the Scheduler fails them)."""
+        requests that can never run, with why: they have ended (Partition.end), the
+        Scheduler reports the error."""
         cache = part.cache
         failed: list[tuple[Request, str]] = []
         while part.waiting and budget > 0 and len(part.running) < self.max_seqs_per_partition:
@@ -55,27 +49,21 @@ class Admission:
                 if part.running:
                     return failed  # wait for pages to come back
                 # NOTE: alone in an empty partition and still no room: it can never run.
-                part.waiting.popleft()
-                failed.append(
-                    (
-                        req,
-                        f"the request needs more cache pages than the partition "
-                        f"has ({counts} new pages, {cache.num_free()} free)",
-                    )
+                message = (
+                    f"the request needs more cache pages than the partition "
+                    f"has ({counts} new pages, {cache.num_free()} free)"
                 )
+                part.end(req, "error")
+                failed.append((req, message))
                 continue
-            part.waiting.popleft()
             # NOTE: a fresh wire id per admission: a preempted request's old id may still
             # sit in freed_req_ids of a plan not sent yet, and the ranks must never see
             # block updates and a free for the same id in one plan.
             req.req_id = self._next_req_id
             self._next_req_id += 1
-            req.status = Status.RUNNING
-            req.num_computed = start
-            req.prefill_target = req.num_tokens
+            part.admit(req, start)
             if req.num_preemptions == 0:
                 req.num_cached_tokens = start
-            part.running.append(req)
             if part.leases is not None and part.take_lease(req):
                 self.spec.num_lease_scrubs += 1
             if req.params.needs_sampling_spec:
@@ -89,7 +77,7 @@ class Admission:
                 ]
             if self.prefix is not None:
                 self.prefix.start(req, start)
-            map_pages(cache, req, counts, updates)
+            part.allocate(req, counts, updates)
             req.sched_n = n
             prefills.append((req, n))
             budget -= n

@@ -30,6 +30,7 @@ from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.request import Request
 from dspark_loop.engine.scheduled_step import ScheduledStep
 from dspark_loop.engine.scheduler import Scheduler
+from dspark_loop.engine.step_pipe import StepPipe
 from dspark_loop.engine.step_trace import request_stats, step_trace
 
 log = logging.getLogger(__name__)
@@ -69,8 +70,16 @@ def output_text(text: Detokenizer, out: RequestOutput, include_stop_str_in_outpu
 
 class EngineLoop:
     def __init__(
-        self, scheduler: Scheduler, mesh: MeshClient, tokenizer, observers: list[EngineObserver] | None = None
+        self,
+        scheduler: Scheduler,
+        mesh: MeshClient,
+        tokenizer,
+        observers: list[EngineObserver] | None = None,
+        async_scheduling: bool = False,
     ):
+        # async_scheduling: plan step N+1 while the ranks run step N (K=0; at K=7 the loop
+        # stays in lockstep: docs/architecture.md "Overlap")
+        self.async_scheduling = async_scheduling
         self.scheduler = scheduler
         self.mesh = mesh
         self.token_text = TokenText(tokenizer) if tokenizer is not None else None
@@ -163,8 +172,9 @@ class EngineLoop:
         )
 
     def cache_stats(self) -> dict:
-        """Read-only: free/total pages per family per partition and what still holds pages
-        (live requests, open output channels); once idle, free == total everywhere."""
+        """Read-only: free/total pages per family per partition, its queues and the tokens its
+        live requests hold, and what still holds pages (live requests, open output channels);
+        once idle, free == total everywhere."""
         sched = self.scheduler
         return {
             "families": [f.name for f in sched.layout.families],
@@ -174,6 +184,10 @@ class EngineLoop:
                     "total": [pool.num_blocks for pool in p.cache.pools],
                     "num_running": len(p.running),
                     "num_waiting": len(p.waiting),
+                    # tokens of the live requests (prompt + output so far), and those the waiting ones
+                    # have still to compute: the load a router reads (api/server_info.py)
+                    "num_tokens": sum(r.prompt_len + len(r.output_ids) for q in (p.running, p.waiting) for r in q),
+                    "num_waiting_tokens": sum(r.prompt_len + len(r.output_ids) - r.num_computed for r in p.waiting),
                 }
                 for p in sched.partitions
             ],
@@ -242,17 +256,31 @@ class EngineLoop:
         return self.scheduler.abort(request_id)
 
     # ---- the loop ------------------------------------------------------------------------
+    @property
+    def overlaps(self) -> bool:
+        """Whether steps are planned one ahead (async scheduling, and K=0)."""
+        return self.async_scheduling and self.scheduler.spec_k == 0
+
+    def _drain_inbox(self) -> None:
+        """Step 1: new requests join the scheduler (aborts were applied when they happened)."""
+        inbox, self._inbox = self._inbox, []
+        for req in inbox:
+            try:
+                self.scheduler.add(req)
+            except ValueError as e:
+                self._deliver([error_output(req.request_id, str(e), req.prompt_len)])
+
     async def _run(self) -> None:
         sched = self.scheduler
+        pipe = StepPipe(self.mesh)
+        sched.plans_ahead = self.overlaps
         try:
+            if self.overlaps:
+                await self._run_overlapped(pipe)
+                return
             while not self._stopping:
-                # 1. drain the inbox (aborts were applied when they happened)
-                inbox, self._inbox = self._inbox, []
-                for req in inbox:
-                    try:
-                        sched.add(req)
-                    except ValueError as e:
-                        self._deliver([error_output(req.request_id, str(e), req.prompt_len)])
+                # 1. drain the inbox
+                self._drain_inbox()
                 if not sched.has_work:
                     sched.check_integrity()
                     self._wakeup.clear()
@@ -282,6 +310,7 @@ class EngineLoop:
         except asyncio.CancelledError:
             raise
         except EngineDead as e:
+            pipe.close()
             if self.on_mesh_dead is None or self._stopping:
                 log.error("engine dead: %s", e)
                 self._dead_reason = str(e)
@@ -289,10 +318,62 @@ class EngineLoop:
             else:
                 self._begin_restart(str(e))
         except Exception as e:  # noqa: BLE001 -- any failure ends the engine, as data
+            pipe.close()
             reason = f"{type(e).__name__}: {e}"
             log.exception("engine loop died: %s", reason)
             self._dead_reason = reason
             self._fail_all(reason)
+
+    async def _run_overlapped(self, pipe: StepPipe) -> None:
+        """Pipeline depth 2: plan and send step N+1, then gather, update and deliver step N
+        (the ranks start N+1 as soon as they finish N, while the host applies N)."""
+        sched = self.scheduler
+        sent: tuple[ScheduledStep, float, float, float] | None = None  # sent, not yet gathered
+        while not self._stopping:
+            self._drain_inbox()
+            if sent is None and not sched.has_work:
+                sched.check_integrity()
+                self._wakeup.clear()
+                await self._idle_wait()
+                continue
+            wall, t0 = time.time(), time.perf_counter()
+            step = sched.schedule()  # with `sent` unanswered: from where it leaves its requests
+            t1 = time.perf_counter()
+            if not step.is_empty:
+                await pipe.send(step.plan)
+            completed = sent is not None
+            if sent is not None:
+                await self._complete(pipe, *sent)
+            if not step.is_empty:
+                sent = (step, wall, t0, t1)
+                continue
+            sent = None
+            outputs = sched.update(step, [])  # early outputs (errors), aborts for the observers
+            t2 = time.perf_counter()
+            self._deliver(outputs)
+            self._observe(step, [], wall, t0, t1, t1, t2, time.perf_counter())
+            if completed:
+                continue  # the requests that sat this step out can run now
+            if not outputs:
+                # nothing could run (e.g. every queue waits on pages): do not spin
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            else:
+                await asyncio.sleep(0)  # let consumers and new requests in
+
+    async def _complete(self, pipe: StepPipe, step: ScheduledStep, wall, t0, t1) -> None:
+        """Gather, update, deliver and observe a sent step."""
+        t_wait = time.perf_counter()
+        results = await pipe.gather(step.step_id)
+        t2 = time.perf_counter()
+        outputs = self.scheduler.update(step, results)
+        t3 = time.perf_counter()
+        self._deliver(outputs)
+        t4 = time.perf_counter()
+        self.num_steps += 1
+        # NOTE: schedule_s is the plan's; the time between planning and gathering is other
+        # steps' host work, not this step's: gather_s counts from the wait
+        self._observe(step, results, wall, t0, t1, t1 + (t2 - t_wait), t1 + (t3 - t_wait), t1 + (t4 - t_wait))
 
     async def _step_mesh(self, step: ScheduledStep):
         # NOTE: the loop does not yield between delivering step N and sending step N+1:

@@ -1,6 +1,16 @@
 """Partition: one TP group's share of the engine -- its page pools, its running requests
-(admission order) and queue, and (K=7) its drafter leases -- with the transitions that
-give pages and leases back. The Scheduler decides; a Partition keeps its books.
+(admission order) and queue, and (K=7) its drafter leases -- and the owner of its
+requests' state. The Scheduler and its managers (Admission, StepApplier) decide; a
+Partition applies, through its named transitions:
+
+    admit    waiting -> running   (queue head to running, positions cached so far)
+    map      running             (pages for positions < end; map_limit)
+    advance  running             (positions computed; num_computed)
+    preempt  running -> waiting   (pages and lease back, front of the queue)
+    end      waiting|running -> finished (pages and lease back)
+
+NOTE: these are the only writers of a request's status, num_computed and map_limit
+(tests/unit/engine/test_request_state.py scans the code for others).
 """
 
 from __future__ import annotations
@@ -9,7 +19,7 @@ from collections import deque
 
 import numpy as np
 
-from dspark_loop.contract.protocol import DSPARK_K, PartitionPlan, SamplingSpec, i32
+from dspark_loop.contract.protocol import DSPARK_K, BlockUpdate, PartitionPlan, SamplingSpec, i32
 from dspark_loop.engine.kv_cache import PartitionCache
 from dspark_loop.engine.leases import LeasePool
 from dspark_loop.engine.prefix_cache import stop_registering
@@ -73,11 +83,52 @@ class Partition:
             pplan.scrub_lease_ids = i32(self.scrub_lease_ids)
             self.new_leases, self.scrub_lease_ids = [], []
 
-    # ---- pages and transitions ------------------------------------------------------------
+    # ---- pages -------------------------------------------------------------------------
     def release_ring(self, req: Request) -> None:
         """Give back swa ring pages req has moved past."""
         if req.num_computed >= req.release_pos:
             req.release_pos = self.cache.release_behind(req.pages, req.num_computed)
+
+    def map(self, req: Request, end: int, updates: list[BlockUpdate]) -> list[int] | None:
+        """Map req's pages for positions < end (a running request growing); None when
+        mapped, else the new pages per family that a pool is short of (nothing changed:
+        the caller preempts, then calls allocate)."""
+        grown = self.cache.grow(req.pages, end)
+        if grown is None:
+            return self.cache.num_new_pages(req.pages, end)
+        for fam, first_page, ids in grown[0]:
+            updates.append(BlockUpdate(req.req_id, fam, first_page, i32(ids)))
+        req.map_limit = grown[1]
+        return None
+
+    def allocate(self, req: Request, counts: list[int], updates: list[BlockUpdate]) -> None:
+        """Allocate req's new pages (counts per family; can_allocate said yes) and record
+        the block updates."""
+        for fam, first_page, ids in self.cache.allocate(req.pages, counts):
+            updates.append(BlockUpdate(req.req_id, fam, first_page, i32(ids)))
+        req.map_limit = self.cache.map_limit(req.pages)
+
+    # ---- transitions ----------------------------------------------------------------------
+    def admit(self, req: Request, start: int) -> None:
+        """The queue head starts running with positions < start cached (a prefix hit, or 0);
+        its pages and wire id are set, its first chunk's pages are mapped next (allocate)."""
+        if self.waiting[0] is not req:
+            raise AssertionError(f"{req} is not the head of partition {self.index}'s queue")
+        self.waiting.popleft()
+        req.status = Status.RUNNING
+        req.num_computed = start
+        req.prefill_target = req.num_tokens
+        req.plan_pos, req.plan_pending, req.inflight_step = start, False, -1  # nothing in flight yet
+        self.running.append(req)
+
+    def advance(self, req: Request, n: int) -> None:
+        """n more of req's positions have their KV in the cache."""
+        req.num_computed += n
+
+    def advance_all(self, reqs: list[Request], lens: list[int]) -> None:
+        """advance() for a step's decode requests (one loop, no call per request)."""
+        for req, n in zip(reqs, lens):
+            req.num_computed += n
 
     def preempt(self, req: Request) -> None:
         """Recompute later: pages and lease back, to the front of the queue."""
@@ -87,6 +138,7 @@ class Partition:
         req.release_pos = 0
         req.num_computed = 0
         req.prefill_target = 0
+        req.inflight_step = -1  # NOTE: its unanswered rows are dropped (update skips a waiting request)
         self.free_lease(req)
         req.sched_n = 0
         stop_registering(req)
@@ -95,15 +147,18 @@ class Partition:
         self.freed_req_ids.append(req.req_id)
         self.waiting.appendleft(req)
 
-    def remove(self, req: Request) -> None:
-        """Take req out of running or waiting; a running one gives its pages and lease back."""
+    def end(self, req: Request, reason: str) -> None:
+        """req finished (stop / length / abort / error): out of running or the queue; a
+        running one gives its pages and lease back."""
         if req.status == Status.WAITING:
             self.waiting.remove(req)
-            return
-        self.running.remove(req)
-        self.cache.free(req.pages)
-        self.freed_req_ids.append(req.req_id)
-        self.free_lease(req)
+        else:
+            self.running.remove(req)
+            self.cache.free(req.pages)
+            self.freed_req_ids.append(req.req_id)
+            self.free_lease(req)
+        req.status = Status.FINISHED
+        req.finish_reason = reason
         req.map_limit = 0
 
     def check_integrity(self) -> None:

@@ -71,6 +71,11 @@ class Request(VerifyCounts):
         "finish_ids",
         "length_at",
         "plain_commit",
+        "plan_pos",
+        "plan_pending",
+        "inflight_step",
+        "inflight_end",
+        "inflight_samples",
     )
 
     def __init__(
@@ -126,6 +131,14 @@ class Request(VerifyCounts):
         self.finish_ids = rules.finish_ids
         self.length_at = min(rules.max_tokens, rules.max_model_len - self.prompt_len)
         self.plain_commit = (detokenizer is None or detokenizer.plain) and not self.wants_logprobs
+        # async scheduling (docs/architecture.md "Overlap"): the step being planned starts at
+        # plan_pos, num_computed or where the step sent before it (not answered yet) leaves
+        # the request; plan_pending: its row-0 input is that step's sample (a placeholder)
+        self.plan_pos = 0
+        self.plan_pending = False
+        self.inflight_step = -1  # the last sent step with rows of this request (-1: none)
+        self.inflight_end = 0  # the position after those rows
+        self.inflight_samples = False  # whether they sample a token (decode, or a prompt's last chunk)
 
     @property
     def num_tokens(self) -> int:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dspark_loop.contract.placeholders import PLACEHOLDER
 from dspark_loop.contract.protocol import DSPARK_K, DecodeBatch, StepPlan
 from dspark_loop.engine.request import Request
 
@@ -37,6 +38,7 @@ class ScheduledStep:
     plan: StepPlan
     partitions: list[PartitionStep]
     preempted_req_ids: list[int] = field(default_factory=list)
+    overlapped: bool = False  # planned while the step before it was unanswered (async scheduling)
     aborted_req_ids: list[int] = field(default_factory=list)  # since the previous plan
     # filled by update()
     finished: list[Request] = field(default_factory=list)
@@ -59,9 +61,10 @@ def decode_batch(decodes: list[Request], pstep: PartitionStep, drafts: np.ndarra
     drafts: the partition's draft table [L, K] (K=7), read at each verifying request's lease."""
     n = len(decodes)
     rows = np.fromiter([r.sched_n for r in decodes], np.int8, n)  # [R]
-    start = np.fromiter([r.num_computed for r in decodes], np.int64, n)  # [R]
+    start = np.fromiter([r.plan_pos for r in decodes], np.int64, n)  # [R]
     req_ids = np.fromiter([r.req_id for r in decodes], np.int32, n)  # [R]
-    last = np.fromiter([r.output_ids[-1] for r in decodes], np.int32, n)  # [R] row 0
+    # [R] row 0: the last token, or a placeholder for the sample of the unanswered step
+    last = np.fromiter([PLACEHOLDER if r.plan_pending else r.output_ids[-1] for r in decodes], np.int32, n)
     leases = None if drafts is None else np.fromiter([r.lease for r in decodes], np.int64, n)  # [R]
     if rows.max() == 1:
         tokens = last
@@ -93,3 +96,31 @@ def decode_batch(decodes: list[Request], pstep: PartitionStep, drafts: np.ndarra
         num_rows=rows.tobytes(),
         token_ids=tokens.tobytes(),
     )
+
+
+def plan_positions(running: list[Request], inflight: int, spec_k: int) -> None:
+    """Async scheduling, while step `inflight` is unanswered: where each running request's
+    next rows start (plan_pos) and whether row 0's input is that step's sample
+    (plan_pending: a PLACEHOLDER the ranks resolve); plan_pos -1: the request sits out.
+    NOTE: a request sits out one step when its next rows need what the unanswered step
+    returns: K=7 (the accepted length and the drafts), a grammar mask over the new token,
+    or a token that may be its last (the length limit)."""
+    for req in running:
+        if req.inflight_step != inflight:
+            req.plan_pos, req.plan_pending = req.num_computed, False
+        elif not req.inflight_samples:  # a prompt chunk that samples nothing: the next follows it
+            req.plan_pos, req.plan_pending = req.inflight_end, False
+        elif spec_k or req.constraint is not None or len(req.output_ids) + 1 >= req.length_at:
+            req.plan_pos, req.plan_pending = -1, False
+        else:
+            req.plan_pos, req.plan_pending = req.inflight_end, True
+
+
+def note_inflight(step: ScheduledStep) -> None:
+    """Remember, per request, what the step just planned leaves unanswered."""
+    sid = step.step_id
+    for pstep in step.partitions:
+        for req, n, sample in pstep.prefills:
+            req.inflight_step, req.inflight_end, req.inflight_samples = sid, req.plan_pos + n, sample
+        for req in pstep.decode_reqs:
+            req.inflight_step, req.inflight_end, req.inflight_samples = sid, req.plan_pos + req.sched_n, True

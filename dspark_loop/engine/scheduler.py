@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 
 from dspark_loop.contract.cache_layout import CacheLayout
-from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK, BlockUpdate, PartitionPlan, PrefillChunk, StepPlan, i32
-from dspark_loop.engine.admission import Admission, map_pages
+from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK, BlockUpdate, PartitionPlan, PrefillChunk, StepPlan
+from dspark_loop.engine.admission import Admission
 from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.kv_cache import PartitionCache
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
@@ -19,7 +19,13 @@ from dspark_loop.engine.partition import Partition
 from dspark_loop.engine.prefix_cache import PrefixCache
 from dspark_loop.engine.request import Request, Status
 from dspark_loop.engine.sampling_wire import next_prompt_token
-from dspark_loop.engine.scheduled_step import PartitionStep, ScheduledStep, decode_batch
+from dspark_loop.engine.scheduled_step import (
+    PartitionStep,
+    ScheduledStep,
+    decode_batch,
+    note_inflight,
+    plan_positions,
+)
 from dspark_loop.engine.spec_counters import SpecCounters
 from dspark_loop.engine.step_apply import StepApplier
 from dspark_loop.engine.step_update import read_results
@@ -58,7 +64,7 @@ class Scheduler:
         self.spec_k = spec_k
         self.prefix = PrefixCache(layout, spec_k) if enable_prefix_caching else None
         self.admission = Admission(self.prefix, self.chunk_cap, self.max_seqs_per_partition, self.spec)
-        self.applier = StepApplier(self.spec, self.prefix, spec_k, self._finish)
+        self.applier = StepApplier(self.spec, self.prefix, spec_k, self._end)
         self.requests: dict[str, Request] = {}  # live (waiting or running), by API id
         self._next_step_id = 0
         self._aborted_req_ids: list[int] = []
@@ -66,6 +72,8 @@ class Scheduler:
         self._early_finished: list[Request] = []
         self.num_preemptions = 0
         self._ended_in_step = False  # a scheduled request ended before its results came back
+        self.plans_ahead = False  # the loop sends a step before the previous one is answered
+        self._unanswered: list[int] = []  # ids of sent (non-empty) steps not yet updated, oldest first
         self.num_constrained = 0  # live requests with a token constraint (tool grammars)
 
     # ---- intake -----------------------------------------------------------------------
@@ -99,9 +107,10 @@ class Scheduler:
             raise ValueError(f"prompt of {req.prompt_len} tokens does not fit the context of {self.max_model_len}")
         if req.request_id in self.requests:
             raise ValueError(f"duplicate request id {req.request_id!r}")
+        if req.status != Status.WAITING:
+            raise ValueError(f"{req} is not a new request")
         part = self.admission.place(self.partitions, req)
         req.partition = part.index
-        req.status = Status.WAITING
         part.waiting.append(req)
         self.requests[req.request_id] = req
         if req.constraint is not None:
@@ -115,8 +124,7 @@ class Scheduler:
         if req.status == Status.RUNNING:
             self._aborted_req_ids.append(req.req_id)
             self._ended_in_step = True
-        self.partitions[req.partition].remove(req)
-        self._finish(req, "abort")
+        self._end(req, "abort")
         req.finish_time = time.monotonic()
         self._early_finished.append(req)  # observers see it with the next update
         return True
@@ -169,19 +177,49 @@ class Scheduler:
         # No admissions in a partition that preempted this step: its queue head is the
         # request that was just evicted, and its freed_req_ids must reach the ranks in
         # a plan before any new block update for the same req_id.
-        step = ScheduledStep(StepPlan(self._next_step_id, []), [])
-        self._ended_in_step = False
+        # Async scheduling: with one step still unanswered (never more), its requests are
+        # planned from where it leaves them (plan_positions), K=0 decode inputs it samples
+        # are placeholders, and a request whose next step needs what it returns sits out.
+        if len(self._unanswered) > 1:
+            raise RuntimeError(f"steps {self._unanswered} unanswered: async scheduling plans one step ahead at most")
+        inflight = self._unanswered[0] if self._unanswered else -1
+        step = ScheduledStep(StepPlan(self._next_step_id, []), [], overlapped=inflight >= 0)
+        if inflight < 0:
+            self._ended_in_step = False
         self._next_step_id += 1
         step.aborted_req_ids, self._aborted_req_ids = self._aborted_req_ids, []
         for part in self.partitions:
-            pstep, pplan = self._schedule_partition(part, step.preempted_req_ids)
+            pstep, pplan = self._schedule_partition(part, step.preempted_req_ids, inflight)
             step.partitions.append(pstep)
             step.plan.partitions.append(pplan)
+        if not step.is_empty and self.plans_ahead:
+            self._unanswered.append(step.step_id)
+            note_inflight(step)
         return step
 
-    def _schedule_partition(self, part: Partition, preempted: list[int]):
+    def _schedule_partition(
+        self, part: Partition, preempted: list[int], inflight: int = -1
+    ) -> tuple[PartitionStep, PartitionPlan]:
+        """One partition's share of the step, phase by phase."""
+        if inflight >= 0:
+            plan_positions(part.running, inflight, self.spec_k)
+        budget, prefilling = self._budget(part, inflight)
+        updates: list[BlockUpdate] = []
+        decodes, did_preempt = self._map(part, updates, preempted)
+        prefills = [(r, r.sched_n) for r in prefilling if r.sched_n and r.status == Status.RUNNING]
+        if not did_preempt:
+            for req, message in self.admission.admit(part, budget, prefills, updates):
+                self._report_error(req, message)
+        pstep, pplan = self._plan(part, prefills, decodes, updates)
+        if self.num_constrained:
+            self._mask(part, pstep, pplan)
+        return pstep, pplan
+
+    def _budget(self, part: Partition, inflight: int = -1) -> tuple[int, list[Request]]:
+        """Phase 1: ring pages behind the window back, then each running request's rows
+        (sched_n) under the token budget: decode rows, then continuing prefill chunks
+        (admission order). Returns the budget left and the prefilling requests."""
         budget = self.max_num_batched_tokens
-        # 1. budget: decode rows, then continuing prefill chunks (admission order)
         spec_k = self.spec_k
         verify_n = spec_k + 1
         verify_limit = self.max_model_len - verify_n  # a verify needs num_computed <= this
@@ -195,10 +233,15 @@ class Scheduler:
                 # mostly fell in the same step as the mapping; from here the two meet only
                 # when one step accepts 7-8 tokens across both positions.
                 part.release_ring(req)
-            if req.num_computed < req.prefill_target:
+            if inflight < 0:
+                req.plan_pos, req.plan_pending = req.num_computed, False
+            elif req.plan_pos < 0:  # sits this step out (plan_positions)
+                req.sched_n = 0
+                continue
+            if req.plan_pos < req.prefill_target:
                 req.sched_n = 0
                 prefilling.append(req)
-            elif spec_k and req.has_drafts and req.constraint is None and req.num_computed <= verify_limit:
+            elif spec_k and req.has_drafts and req.constraint is None and req.plan_pos <= verify_limit:
                 if verify_n <= budget:
                     req.sched_n = verify_n
                     budget -= verify_n
@@ -211,57 +254,58 @@ class Scheduler:
                 req.sched_n = 0
         for req in prefilling:
             if budget > 0:
-                req.sched_n = min(req.prefill_target - req.num_computed, self.chunk_cap, budget)
+                req.sched_n = min(req.prefill_target - req.plan_pos, self.chunk_cap, budget)
                 budget -= req.sched_n
-        # 2. pages, oldest first; preempt from the tail on shortage
-        updates: list[BlockUpdate] = []
-        cache = part.cache
-        did_preempt = False
+        return budget, prefilling
+
+    def _map(self, part: Partition, updates: list[BlockUpdate], preempted: list[int]) -> tuple[list[Request], bool]:
+        """Phase 2: pages for the scheduled rows, oldest request first; on a shortage the
+        newest running requests are preempted. Returns the decode requests (still
+        running) and whether any request was preempted."""
+        num_preempted = len(preempted)
         decodes = []
         # NOTE: iterating while preempting is safe: victims leave from the tail, behind req
         for req in part.running:
             n = req.sched_n
             if not n:
                 continue
-            end = req.num_computed + n
+            end = req.plan_pos + n
             if end > req.map_limit:
-                grown = cache.grow(req.pages, end)
-                if grown is None:  # a pool is short: preempt from the tail
-                    counts = cache.num_new_pages(req.pages, end)
-                    while not cache.can_allocate(counts):
-                        victim = part.running[-1]
-                        part.preempt(victim)
-                        self.num_preemptions += 1
-                        preempted.append(victim.req_id)
-                        did_preempt = True
-                        if victim is req:
-                            break
-                    if req.status != Status.RUNNING:
+                short = part.map(req, end, updates)
+                if short is not None:  # a pool is short: preempt from the tail
+                    if not self._preempt_for(part, req, short, preempted):
                         break
-                    map_pages(cache, req, counts, updates)
-                else:
-                    for fam, first_page, ids in grown[0]:
-                        updates.append(BlockUpdate(req.req_id, fam, first_page, i32(ids)))
-                    req.map_limit = grown[1]
-            if req.num_computed >= req.prefill_target:
+                    part.allocate(req, short, updates)
+            if req.plan_pos >= req.prefill_target:
                 decodes.append(req)
+        return decodes, len(preempted) > num_preempted
+
+    def _preempt_for(self, part: Partition, req: Request, counts: list[int], preempted: list[int]) -> bool:
+        """Preempt from the tail until counts new pages fit; False when req itself went."""
+        while not part.cache.can_allocate(counts):
+            victim = part.running[-1]
+            part.preempt(victim)
+            self.num_preemptions += 1
+            preempted.append(victim.req_id)
+            if victim is req:
+                return False
+        return True
+
+    def _plan(
+        self, part: Partition, prefills: list[tuple[Request, int]], decodes: list[Request], updates: list[BlockUpdate]
+    ) -> tuple[PartitionStep, PartitionPlan]:
+        """Phase 4: the PartitionStep (what the results will mean) and its wire plan."""
         pstep = PartitionStep()
-        prefills = [(r, r.sched_n) for r in prefilling if r.sched_n and r.status == Status.RUNNING]
-        # 3. admissions
-        if not did_preempt:
-            for req, message in self.admission.admit(part, budget, prefills, updates):
-                self._fail(req, message)
         for req, n in prefills:
-            start = req.num_computed
-            pstep.prefills.append((req, n, start + n == req.prefill_target))
+            pstep.prefills.append((req, n, req.plan_pos + n == req.prefill_target))
         pplan = PartitionPlan(block_updates=updates)
         pplan.prefills = [
             PrefillChunk(
                 r.req_id,
-                r.num_computed,
-                r.token_bytes(r.num_computed, r.num_computed + n),
+                r.plan_pos,
+                r.token_bytes(r.plan_pos, r.plan_pos + n),
                 s,
-                next_prompt_token(r, r.num_computed + n, s),
+                next_prompt_token(r, r.plan_pos + n, s),
             )
             for r, n, s in pstep.prefills
         ]
@@ -273,16 +317,17 @@ class Scheduler:
         else:
             pplan.freed_req_ids, part.freed_req_ids = part.freed_req_ids, []
         part.take_lease_fields(pplan)  # admissions only happen in a non-empty step
-        failed: list[tuple[Request, str]] = []
-        if self.num_constrained:
-            pplan.token_masks, failed = token_masks(pstep)
+        return pstep, pplan
+
+    def _mask(self, part: Partition, pstep: PartitionStep, pplan: PartitionPlan) -> None:
+        """Phase 5: allowed-token masks of constrained requests; a constraint that fails
+        ends its request."""
+        pplan.token_masks, failed = token_masks(pstep)
         for req, message in failed:
             # NOTE: the row still runs (it is in the plan); update() skips a request that
             # is no longer running, and its pages are freed in the next plan.
-            part.remove(req)
             self._fail(req, message)
             self._ended_in_step = True
-        return pstep, pplan
 
     # ---- step 5 -----------------------------------------------------------------------
     def update(self, step: ScheduledStep, results, now: float | None = None) -> list[RequestOutput]:
@@ -295,22 +340,32 @@ class Scheduler:
         self._early_finished = []
         if step.is_empty:
             return outputs
-        updates = read_results(step, results, self.spec_k, self.max_model_len, self._ended_in_step)
+        if step.step_id in self._unanswered:
+            self._unanswered.remove(step.step_id)
+        check_live = self._ended_in_step or step.overlapped or bool(self._unanswered)
+        updates = read_results(step, results, self.spec_k, self.max_model_len, check_live)
         for part, update in zip(self.partitions, updates):
             self.applier.apply(part, step, update, now, outputs)
         return outputs
 
     # ---- finishing ------------------------------------------------------------------------
-    def _finish(self, req: Request, reason: str) -> None:
-        """The caller has taken req out of its partition (Partition.remove)."""
-        req.status = Status.FINISHED
-        req.finish_reason = reason
-        req.map_limit = 0
+    def _end(self, req: Request, reason: str) -> None:
+        """The one way a live request ends (finish rules, abort, error): its partition
+        ends it, the Scheduler forgets it."""
+        self.partitions[req.partition].end(req, reason)
+        self._forget(req)
+
+    def _forget(self, req: Request) -> None:
         if self.requests.pop(req.request_id, None) is not None and req.constraint is not None:
             self.num_constrained -= 1
 
     def _fail(self, req: Request, message: str) -> None:
-        self._finish(req, "error")
+        self._end(req, "error")
+        self._report_error(req, message)
+
+    def _report_error(self, req: Request, message: str) -> None:
+        """req has ended with an error (Partition.end): forget it, deliver the error."""
+        self._forget(req)
         req.error = message
         req.finish_time = time.monotonic()
         self._early_finished.append(req)

@@ -1,8 +1,8 @@
 """Step 5b: apply what read_results() found to the requests, one partition at a time --
 positions computed, tokens committed (finish rules), pages registered (ring pages are
 released by the next schedule), K=7 counters, the next drafts. A manager of the
-Scheduler: it changes the requests of the partition it is given and tells the Scheduler
-(finish) which ones ended.
+Scheduler: it changes the requests of the partition it is given (their positions through
+the Partition's advance transitions) and has the Scheduler end the ones that finished.
 
 The decode loop is the host's hottest code at the production tile (256 requests x 8 rows):
 see docs/architecture.md "Host time per step" for the rules it follows.
@@ -29,17 +29,17 @@ from dspark_loop.engine.step_update import DecodeRows, PartitionUpdate
 
 class StepApplier:
     def __init__(
-        self, spec: SpecCounters, prefix: PrefixCache | None, spec_k: int, finish: Callable[[Request, str], None]
+        self, spec: SpecCounters, prefix: PrefixCache | None, spec_k: int, end: Callable[[Request, str], None]
     ):
         self.spec, self.prefix, self.spec_k = spec, prefix, spec_k
-        self.finish = finish  # Scheduler._finish: the request left its partition and ended
+        self.end = end  # Scheduler._end: the request finished (its partition ends it)
 
     def apply(self, part: Partition, step: ScheduledStep, update: PartitionUpdate, now: float, outputs: list) -> None:
         """One partition's results; appends a RequestOutput per request that got tokens."""
         lp = update.logprobs
         for row in update.prefills:
             req = row.req
-            req.num_computed += row.num_computed
+            part.advance(req, row.num_computed)
             entries = lp.get(req.req_id) if lp else None
             if entries:
                 note_prompt_logprobs(req, entries)
@@ -84,6 +84,7 @@ class StepApplier:
             assert part.drafts is not None  # drafts come only to K=7 partitions
             part.drafts[d.leases] = drafts[1]
         commit, emit = self.commit, outputs.append
+        part.advance_all(d.reqs, lens)
         num_new = 0
         for req, toks, a, v in zip(d.reqs, d.tokens, lens, verified or repeat(False)):
             if v:
@@ -92,7 +93,6 @@ class StepApplier:
                 req.num_verify_steps += 1
                 req.num_accepted += a
             req.has_drafts = taken
-            req.num_computed += a
             out_ids = req.output_ids
             if req.plain_commit and len(out_ids) + a < req.length_at and req.finish_ids.isdisjoint(toks):
                 # NOTE: the common case, commit() without its per-token finish walk:
@@ -157,8 +157,7 @@ class StepApplier:
             req.inter_token_s.append(now - req.last_token_time)
         req.last_token_time = now
         if reason is not None:
-            part.remove(req)
-            self.finish(req, reason)
+            self.end(req, reason)
             req.stop_reason = stop_reason
             req.finish_time = now
             step.finished.append(req)

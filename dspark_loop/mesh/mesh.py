@@ -4,8 +4,8 @@
       start():  spawn this node's ranks   <-------------  Knock / Challenge (mesh_auth.py)
                 admit other nodes' agents <-------------  NodeHello (node agents, nodes.py)
                 wait for N Hellos         <-------------  Hello(version, num_blocks | error)
-      step():   the plan, encoded once, to all  ------->  StepPlan
-                gather one result per rank      <-------  StepResult(tokens | error)
+      send():   the plan, encoded once, to all  ------->  StepPlan   (step() = send + gather;
+      gather(): one result per rank             <-------  StepResult  two may be in flight)
       close():  Shutdown to all, then SIGTERM/SIGKILL stragglers, reap
 
 Only peers that proved the mesh secret are heard (mesh_socket.py). ROUTER_MANDATORY makes a
@@ -97,6 +97,7 @@ class Mesh:
         self._started = False
         self._closing = False
         self._in_step = False  # a step watches the ranks itself; the idle watcher stands down
+        self._ahead: dict[int, list[StepResult]] = {}  # results of a later step that came early
         self._watcher: asyncio.Task | None = None
         self._close_task: asyncio.Future | None = None
         # whether the other nodes' agents should rejoin the next mesh after a death (the
@@ -185,23 +186,31 @@ class Mesh:
 
     # ---- the step -------------------------------------------------------------------------
     async def step(self, plan: StepPlan) -> list[StepResult]:
-        """Send one plan to every rank; the TP leaders' results in partition order.
-        One step at a time: the caller awaits each step before sending the next."""
+        """Send one plan to every rank; the TP leaders' results in partition order."""
+        await self.send(plan)
+        return await self.gather(plan.step_id)
+
+    async def send(self, plan: StepPlan) -> None:
+        """The plan, encoded once, to every rank. With async scheduling a second plan may be
+        sent before the first one's results are gathered: a rank runs its plans in order."""
         if self._dead or self._closing or not self._started:
             raise EngineDead(self._dead or ("the mesh is closing" if self._closing else "the mesh is not started"))
+        frame = ENCODER.encode(plan)
+        for rank in range(self.world_size):
+            try:
+                await self.socket.send_frame(identity(rank), frame)
+            except zmq.ZMQError as exc:
+                await self._die(
+                    self.procs.exit_reason()
+                    or self.remote_loss_reason()
+                    or f"could not send step {plan.step_id} to rank {rank}: {exc}"
+                )
+
+    async def gather(self, step_id: int) -> list[StepResult]:
+        """The TP leaders' results of a sent step, in partition order (steps in send order)."""
         self._in_step = True
         try:
-            frame = ENCODER.encode(plan)
-            for rank in range(self.world_size):
-                try:
-                    await self.socket.send_frame(identity(rank), frame)
-                except zmq.ZMQError as exc:
-                    await self._die(
-                        self.procs.exit_reason()
-                        or self.remote_loss_reason()
-                        or f"could not send step {plan.step_id} to rank {rank}: {exc}"
-                    )
-            return await self._gather(plan.step_id)
+            return await self._gather(step_id)
         finally:
             self._in_step = False
 
@@ -211,6 +220,10 @@ class Mesh:
         results: dict[int, StepResult] = {}
         errors: list[StepResult] = []  # in arrival order
         trouble_since = None  # first error result, rank exit or lost node seen
+        # NOTE: with two steps in flight a fast rank's answer to the later step can arrive
+        # before a slow rank's answer to this one: it waits in _ahead, not dropped
+        for msg in self._ahead.pop(step_id, []):
+            results[msg.rank] = msg
         while len(results) < self.world_size:
             if self._dead or self._closing:
                 raise EngineDead(self._dead or "the mesh is closing")
@@ -219,12 +232,14 @@ class Mesh:
                 sender, msg = got
                 if isinstance(msg, RankExited):
                     self.remote_exits.append(msg)
+                elif isinstance(msg, StepResult) and msg.error and msg.step_id >= step_id:
+                    errors.append(msg)  # a failure of this step or of the one sent after it
+                elif isinstance(msg, StepResult) and msg.step_id > step_id:
+                    self._ahead.setdefault(msg.step_id, []).append(msg)
                 elif not isinstance(msg, StepResult) or msg.step_id != step_id:
                     log.warning(
                         "dropped a stray %s from %r while waiting for step %d", type(msg).__name__, sender, step_id
                     )
-                elif msg.error:
-                    errors.append(msg)
                 else:
                     results[msg.rank] = msg
             now = loop.time()
@@ -253,7 +268,7 @@ class Mesh:
         if lost:
             return f"{lost} during step {step_id}"
         if errors:
-            return f"rank {errors[0].rank} failed step {step_id}: {errors[0].error}"
+            return f"rank {errors[0].rank} failed step {errors[0].step_id}: {errors[0].error}"
         return f"{self.procs.exit_reason()} during step {step_id}"
 
     async def recv(self, timeout_s: float):
@@ -265,8 +280,8 @@ class Mesh:
                 raise EngineDead(self._dead or "the mesh is closing") from None
             raise
 
-    async def send(self, peer: bytes, msg) -> None:
-        """One message to a connected peer (a peer that is gone is logged, not raised)."""
+    async def send_to(self, peer: bytes, msg) -> None:
+        """One message to one connected peer (a peer that is gone is logged, not raised)."""
         try:
             await self.socket.send(peer, msg)
         except zmq.ZMQError as exc:  # that peer is not connected (any more)
@@ -314,7 +329,7 @@ class Mesh:
             self._agents_told = True
             for agent in self.agents:
                 if agent in self.socket.peers.admitted:
-                    await self.send(agent, msg)
+                    await self.send_to(agent, msg)
 
     async def close(self, grace_s: float = 5.0) -> None:
         """Shut the ranks down in order (Shutdown, then SIGTERM/SIGKILL after grace_s).
@@ -330,7 +345,7 @@ class Mesh:
         if self.socket is not None:
             if self._started and not self._dead:
                 for rank in range(self.world_size):
-                    await self.send(identity(rank), Shutdown("server closing"))
+                    await self.send_to(identity(rank), Shutdown("server closing"))
             failed = self._dead is not None and self._dead != "closed"
             await self._tell_agents(Shutdown(self._dead or "server closing", grace_s=grace_s, error=failed))
         await self.procs.stop(grace_s)

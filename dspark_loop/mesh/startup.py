@@ -6,7 +6,7 @@ agent was admitted or refused), or say why not. Torch-free.
       Hello     -> counted; RankExited / a local exit / a lost node -> MeshStartError
       past mesh.start_timeout_s (--dist-timeout) -> which node never joined, and how to start it
 
-A part of Mesh.start() in its own file, through Mesh's public recv/send/remote_loss_reason/
+A part of Mesh.start() in its own file, through Mesh's public recv/send_to/remote_loss_reason/
 forget_peer/auth_refusals and its processes (mesh.py).
 """
 
@@ -56,7 +56,7 @@ async def await_hellos(mesh: Mesh, poll_s: float) -> list[Hello]:
                     msg.node_rank,
                     answer.reason if isinstance(answer, Refused) else "joined",
                 )
-                await mesh.send(sender, answer)
+                await mesh.send_to(sender, answer)
                 if isinstance(answer, Refused):
                     mesh.forget_peer(sender)
             elif isinstance(msg, Hello):

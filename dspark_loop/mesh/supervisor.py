@@ -46,7 +46,9 @@ class MeshSupervisor:
         tokenizer,
         observers: list[EngineObserver],
         budget: RestartBudget,
+        async_scheduling: bool = False,
     ):
+        self.async_scheduling = async_scheduling
         self.new_mesh = new_mesh  # -> an unstarted Mesh
         self.new_scheduler = new_scheduler  # pages per family -> a Scheduler
         self.tokenizer = tokenizer
@@ -72,7 +74,11 @@ class MeshSupervisor:
         for ob in self.observers:
             ob.set_num_blocks_total(self.mesh.num_blocks)
         self.engine = EngineLoop(
-            self.new_scheduler(self.mesh.num_blocks), self.mesh, self.tokenizer, observers=self.observers
+            self.new_scheduler(self.mesh.num_blocks),
+            self.mesh,
+            self.tokenizer,
+            observers=self.observers,
+            async_scheduling=self.async_scheduling,
         )
         if self.budget.max_restarts > 0:
             self.engine.on_mesh_dead = self._on_mesh_dead

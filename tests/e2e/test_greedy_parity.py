@@ -41,3 +41,26 @@ def test_completion_text_is_the_detokenised_token_ids(server4, tiny_ckpt):
     tok = Tokenizer.from_file(f"{tiny_ckpt}/tokenizer.json")
     choice = server4.complete(TEXTS[2], 8)["choices"][0]
     assert choice["text"] == tok.decode(choice["token_ids"], skip_special_tokens=False)
+
+
+@pytest.fixture(scope="module")
+def server4_async(tiny_ckpt):
+    """The 4-rank server with --async-scheduling: plans go to the ranks one step ahead."""
+    from dspark_testing.server_process import ServerProcess
+    from tests.e2e.conftest import TOPOLOGY_4
+
+    server = ServerProcess(["--model", tiny_ckpt, *TOPOLOGY_4, "--async-scheduling"])
+    yield server
+    code = server.stop()
+    assert code == 0, server.log()[-4000:]
+
+
+def test_async_scheduling_serves_transformers_greedy_tokens_to_concurrent_requests(server4_async, reference):
+    """With two steps in flight on real ranks (placeholders resolved by every TP rank of a
+    group), concurrent token-id requests must each get transformers' greedy tokens."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(ID_CASES)) as pool:
+        choices = list(pool.map(lambda c: server4_async.complete(c[0], c[1])["choices"][0], ID_CASES))
+    for (prompt, num_new), choice in zip(ID_CASES, choices):
+        assert choice["token_ids"] == reference.generate(prompt, num_new)

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from dspark_loop.contract.protocol import DSPARK_K
+from tools.train_demo.anchors import anchors, fill_rings
 from workers.comm import LocalComm
 
 BINS = 10
@@ -22,8 +23,6 @@ BINS = 10
 @torch.no_grad()
 def serve_drafts(drafter, target, ro, seq: np.ndarray, pos: np.ndarray, chunk: int = 128):
     """drafts [R, 7], confidence [R, 7], the target's tokens [R, 7] at P+1..P+7."""
-    from tools.train_demo.drafter import fill_rings
-
     outs_d, outs_c = [], []
     for i in range(0, len(seq), chunk):
         s, p = seq[i : i + chunk], pos[i : i + chunk]
@@ -84,8 +83,6 @@ def acceptance(drafts: np.ndarray, labels: np.ndarray) -> dict:
 
 
 def calibrate(drafter, target, ro, held, seed: int, n: int, log) -> dict:
-    from tools.train_demo.drafter import anchors
-
     seq, pos = anchors(ro, np.random.default_rng([seed, 2000]), n)
     c_fit, y_fit, _ = events(*serve_drafts(drafter, target, ro, seq, pos))
     t = fit_temperature(c_fit, y_fit)

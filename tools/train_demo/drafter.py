@@ -29,11 +29,11 @@ from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import DSPARK_K
 from tools.make_checkpoint import make_checkpoint
 from tools.train_demo import calibration, rollout, state, trunk
+from tools.train_demo.anchors import anchors, fill_rings
 from tools.train_demo.shape import shape
 from tools.train_demo.target import LoadBalancer, lr_at
 from workers.comm import LocalComm
 from workers.drafter_weights import checkpoint_name, load_drafter
-from workers.model.drafter import RING_BLOCKS, RING_ROWS
 from workers.model.layers import linear_rows
 from workers.model.moe import Gate
 from workers.weights import load_model
@@ -41,26 +41,6 @@ from workers.weights import load_model
 K = DSPARK_K
 POS_WEIGHTS = torch.exp(-torch.arange(K, dtype=torch.float32) / 4)  # [7] exp(-(k-1)/4)
 W_CE, W_L1, W_BCE = 0.1, 0.9, 1.0
-
-
-def fresh_rings(drafter, num_leases: int) -> tuple[list[torch.Tensor], int]:
-    rows = (num_leases + 1) * RING_BLOCKS * RING_ROWS
-    rings = [torch.zeros(rows, drafter.cfg.head_dim) for _ in drafter.stages]
-    return rings, num_leases * RING_BLOCKS * RING_ROWS
-
-
-def fill_rings(drafter, ro: rollout.Rollouts, seq: np.ndarray, pos: np.ndarray):
-    """Rings (one lease per anchor) holding context positions P-W .. P-1 of each anchor."""
-    R, W = len(seq), drafter.window
-    rings, filler = fresh_rings(drafter, R)
-    ctx_pos = pos[:, None] - W + np.arange(W)[None, :]  # [R, W]
-    ok = ctx_pos >= 0
-    s, p = np.broadcast_to(seq[:, None], ctx_pos.shape)[ok], ctx_pos[ok]
-    lease = np.broadcast_to(np.arange(R)[:, None], ctx_pos.shape)[ok]
-    taps = {layer: ro.taps[s, j, p].unsqueeze(1) for j, layer in enumerate(drafter.target_layer_ids)}  # [n, 1, d]
-    ctx = drafter.context_rows(taps, torch.arange(len(p)))  # [n, d]
-    drafter.write_context(rings, torch.from_numpy(lease.copy()), torch.from_numpy(p.copy()), ctx)
-    return rings, filler
 
 
 def block_outputs(
@@ -103,11 +83,6 @@ def draft_loss(drafter, target, ro: rollout.Rollouts, seq: np.ndarray, pos: np.n
         "top1": (logits.argmax(-1) == labels).float().mean().item(),
     }
     return loss, stats
-
-
-def anchors(ro: rollout.Rollouts, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-    N, L = ro.tokens.shape
-    return rng.integers(0, N, n), rng.integers(ro.prompt_len, L - K, n)
 
 
 def init_drafter(p: dict, seed: int, cfg: ModelConfig):

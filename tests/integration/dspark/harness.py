@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from tokenizers import Tokenizer
 
-from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.model_config import ModelConfig
+from dspark_loop.contract.placeholders import LastSamples
 from dspark_loop.contract.protocol import RankConfig, StepResult, f32, i32
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
-from dspark_loop.engine.scheduler import Scheduler
+from dspark_testing.schedulers import model_scheduler
 from workers.runner import ModelRunner
 
 BLOCK_SIZE = 8
@@ -29,11 +29,12 @@ class LocalMesh:
         self.runners = runners
         self.num_blocks = runners[0].num_blocks
         self.dead: str | None = None
+        self.samples = [LastSamples() for _ in runners]  # the ranks' placeholder resolution
 
     async def step(self, plan) -> list[StepResult]:
         out = []
         for g, (runner, part) in enumerate(zip(self.runners, plan.partitions)):
-            tokens = runner.execute(part)
+            _, tokens = self.samples[g].run(part, runner.execute)
             res = StepResult(plan.step_id, g, i32(tokens))
             drafts = runner.take_drafts()
             if drafts is not None:
@@ -77,6 +78,7 @@ def make_engine(
     test_drafter=None,
     enable_prefix_caching: bool = False,
     observers=None,
+    async_scheduling: bool = False,
 ) -> tuple[EngineLoop, list[ModelRunner]]:
     cfg = ModelConfig.from_dir(path)
     rank_cfg = RankConfig(
@@ -91,20 +93,21 @@ def make_engine(
         ModelRunner(rank_cfg, quiet=True, test_drafter=test_drafter() if callable(test_drafter) else test_drafter)
         for _ in range(dp)
     ]
-    sched = Scheduler(
-        CacheLayout.for_model(cfg, BLOCK_SIZE),
-        dp,
+    sched = model_scheduler(
+        cfg,
+        BLOCK_SIZE,
         runners[0].num_blocks,
-        max_num_seqs,
-        max_num_batched_tokens,
-        long_prefill_token_threshold,
-        max_model_len,
-        cfg.eos_token_ids,
+        num_partitions=dp,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        long_prefill_token_threshold=long_prefill_token_threshold,
+        max_model_len=max_model_len,
         spec_k=spec_k,
         enable_prefix_caching=enable_prefix_caching,
     )
     tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
-    return EngineLoop(sched, LocalMesh(runners), tok, observers=observers), runners
+    engine = EngineLoop(sched, LocalMesh(runners), tok, observers=observers, async_scheduling=async_scheduling)
+    return engine, runners
 
 
 async def _run(engine: EngineLoop, reqs: list[GenerateRequest], abort_after: dict[str, int]):

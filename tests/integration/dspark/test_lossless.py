@@ -84,6 +84,25 @@ def test_k7_with_the_real_drafter_equals_k0_for_every_request_shape(ckpt, refere
     assert s["leases_in_use"] == 0
 
 
+def test_k0_with_async_scheduling_equals_lockstep_for_every_request_shape(ckpt, reference):
+    """Planning each step while the previous one runs (placeholder inputs resolved by the
+    ranks, wasted rows of requests that stopped) must give the lockstep tokens, finish
+    reasons and texts for every request shape, over 2 partitions too."""
+    prompts, params, ref = reference
+    for dp in (1, 2):
+        got = run(
+            ckpt,
+            0,
+            prompts,
+            params,
+            max_model_len=MAX_MODEL_LEN,
+            long_prefill_token_threshold=16,
+            dp=dp,
+            async_scheduling=True,
+        )
+        assert (got.tokens, got.reasons, got.texts) == (ref.tokens, ref.reasons, ref.texts), dp
+
+
 @pytest.mark.parametrize("error_at", [0, 2, 7])
 def test_test_drafter_accepts_exactly_error_at_plus_one_and_stays_lossless(ckpt, reference, error_at):
     """A drafter wrong exactly at draft m must make every verify that does not end its

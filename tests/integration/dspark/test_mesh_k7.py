@@ -13,11 +13,11 @@ import pytest
 from tokenizers import Tokenizer
 
 from dspark_loop.api.offline import generate_all
-from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.model_config import ModelConfig
+from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
-from dspark_loop.engine.scheduler import Scheduler
+from dspark_testing.schedulers import model_scheduler
 from tests.integration.dspark.harness import prompt, run
 from tests.integration.mesh.conftest import make_mesh
 
@@ -54,17 +54,15 @@ async def serve(path, prompts, params, world_size, tp, max_num_seqs=8, max_model
     await mesh.start()
     try:
         cfg = ModelConfig.from_dir(path)
-        sched = Scheduler(
-            CacheLayout.for_model(cfg, 8),
-            dp,
+        sched = model_scheduler(
+            cfg,
+            8,
             mesh.num_blocks,
-            max_num_seqs,
-            256,
-            0,
-            max_model_len,
-            cfg.eos_token_ids,
-            spec_k=7,
-            enable_prefix_caching=False,
+            num_partitions=dp,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=256,
+            max_model_len=max_model_len,
+            spec_k=DSPARK_K,
         )
         engine = EngineLoop(sched, mesh, Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
         engine.start()

@@ -94,6 +94,24 @@ def test_a_seeded_request_samples_the_same_tokens_alone_and_beside_31_others(ckp
     )
 
 
+def test_a_seeded_request_among_31_others_with_async_scheduling_samples_the_alone_tokens(ckpt, alone):
+    """With async scheduling (the ranks resolve each sampled request's next input from
+    their own last sample) the probe among 31 sampled, penalised requests must sample
+    exactly its lockstep tokens alone."""
+    prompts, params = requests(31)
+    crowd = run(
+        ckpt,
+        0,
+        prompts,
+        params,
+        max_model_len=MAX_MODEL_LEN,
+        max_num_seqs=32,
+        long_prefill_token_threshold=16,
+        async_scheduling=True,
+    )
+    assert crowd.tokens["probe"] == alone
+
+
 def test_k7_with_the_real_drafter_emits_the_k0_tokens(ckpt, alone):
     """At K=7 (the real drafter proposing with the shared noise) the probe and its neighbours
     must emit exactly their K=0 tokens."""

@@ -41,7 +41,7 @@ def test_gloo_comm_gathers_every_dtype_in_rank_order_and_keeps_ragged_rows():
     procs = [ctx.Process(target=_worker, args=(r, init, out)) for r in range(2)]
     for p in procs:
         p.start()
-    results = dict(out.get(timeout=60) for _ in procs)
+    results = dict(out.get(timeout=240) for _ in procs)
     for p in procs:
         p.join(10)
     for rank in (0, 1):

@@ -1,14 +1,14 @@
-"""Factories for scheduler tests: a tiny cache layout, a scheduler, requests, a step driver."""
+"""Factories for scheduler tests: requests, a fake mesh, a step driver; the tiny cache
+layout and the scheduler factory come from dspark_testing.schedulers (re-exported)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.engine.detokenize import Detokenizer, TokenText
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.scheduler import Scheduler
-from dspark_testing.tiny_tokenizer import eos_id, tiny_tokenizer
+from dspark_testing.schedulers import make_scheduler as make_scheduler
+from dspark_testing.schedulers import tiny_layout as make_layout  # noqa: F401 -- re-exported
+from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.engine.fake_mesh import FakeMesh
 
 _TEXT: list[TokenText] = []
@@ -24,28 +24,6 @@ def allowed_tokens() -> list[int]:
     """Ordinary tokens (not special) the fake model may emit."""
     special = token_text().special_ids
     return [i for i in range(2, tiny_tokenizer().get_vocab_size()) if i not in special]
-
-
-def make_layout(block_size: int = 4, sliding_window: int = 8, ratios=(4,)) -> CacheLayout:
-    """Default: swa pages of 4 tokens (window 8), c4 pages of 4 rows = 16 tokens."""
-    cfg = SimpleNamespace(ratios=tuple(ratios), csa_ratio=min(ratios) if ratios else 4, sliding_window=sliding_window)
-    return CacheLayout.for_model(cfg, block_size)
-
-
-def make_scheduler(**overrides) -> Scheduler:
-    kw = dict(
-        layout=make_layout(),
-        num_partitions=1,
-        num_blocks=[32, 16],
-        max_num_seqs=8,
-        max_num_batched_tokens=64,
-        long_prefill_token_threshold=0,
-        max_model_len=256,
-        eos_token_ids=[eos_id()],
-        spec_k=0,
-    )
-    kw.update(overrides)
-    return Scheduler(**kw)
 
 
 def make_mesh(sched: Scheduler, script=None) -> FakeMesh:

@@ -20,6 +20,7 @@ import asyncio
 
 from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.errors import EngineDead
+from dspark_loop.contract.placeholders import LastSamples
 from dspark_loop.contract.protocol import StepPlan, StepResult, as_i8, as_i32, i32
 
 
@@ -34,8 +35,12 @@ class FakeRank:
         self.store: list[dict[int, tuple]] = [{} for _ in layout.families]  # slot -> tag
         self.chains: dict[int, list[int]] = {}  # req_id -> chain per position [0, written)
         self.lineage: dict[int, int] = {}  # chain -> parent chain (0 before position 0)
+        self.samples = LastSamples()  # placeholder inputs (async scheduling), as a rank
 
     def run(self, part) -> list[int]:
+        return self.samples.run(part, self._run)[1]
+
+    def _run(self, part) -> list[int]:
         for rid in part.freed_req_ids:
             assert rid in self.tables, f"freed unknown req {rid}"
             del self.tables[rid]

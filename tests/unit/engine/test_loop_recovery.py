@@ -3,6 +3,8 @@ restart and finish with the tokens a clean run gives; a spent budget leaves it d
 
 import asyncio
 
+import pytest
+
 from dspark_loop.api.offline import collect
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
@@ -14,6 +16,12 @@ from tests.unit.engine.factories import allowed_tokens, make_mesh, make_schedule
 from tests.unit.engine.fake_mesh import FakeMesh
 
 NUM_BLOCKS = [32, 16]
+
+
+@pytest.fixture(params=[False, True], ids=["lockstep", "async"])
+def overlap(request) -> bool:
+    """Async scheduling off and on: a death with two steps in flight must behave the same."""
+    return request.param
 
 
 def requests(n: int, max_tokens: int = 6) -> list[GenerateRequest]:
@@ -29,7 +37,7 @@ async def clean_tokens(n: int) -> dict[str, list[int]]:
     return {o[-1].request_id: [t for x in o for t in x.new_token_ids] for o in outs}
 
 
-async def test_running_requests_fail_and_waiting_ones_finish_after_the_restart():
+async def test_running_requests_fail_and_waiting_ones_finish_after_the_restart(overlap):
     """With 2 slots and 5 requests, a death at step 4 must end the 2 running requests with
     an error naming the ranks, report restarting (not dead, not ready) until resume(), and
     finish the 3 waiting ones with exactly the tokens of a run without the death, on a
@@ -38,7 +46,7 @@ async def test_running_requests_fail_and_waiting_ones_finish_after_the_restart()
     sched = make_scheduler(max_num_seqs=2)
     mesh = make_mesh(sched)
     mesh.fail_at_step = 4
-    engine = EngineLoop(sched, mesh, tiny_tokenizer())
+    engine = EngineLoop(sched, mesh, tiny_tokenizer(), async_scheduling=overlap)
     seen = {}
 
     async def restart(reason: str, num_failed: int) -> None:
@@ -75,13 +83,13 @@ async def test_running_requests_fail_and_waiting_ones_finish_after_the_restart()
     await engine.stop()
 
 
-async def test_giving_up_ends_the_kept_requests_and_leaves_the_engine_dead():
+async def test_giving_up_ends_the_kept_requests_and_leaves_the_engine_dead(overlap):
     """When no restart comes, give_up() must end every kept request with the reason and
     make the engine dead (later requests fail at once)."""
     sched = make_scheduler(max_num_seqs=1)
     mesh = make_mesh(sched)
     mesh.fail_at_step = 2
-    engine = EngineLoop(sched, mesh, tiny_tokenizer())
+    engine = EngineLoop(sched, mesh, tiny_tokenizer(), async_scheduling=overlap)
 
     async def no_restart(reason: str, num_failed: int) -> None:
         engine.give_up(f"{reason}; not restarting")
@@ -96,12 +104,12 @@ async def test_giving_up_ends_the_kept_requests_and_leaves_the_engine_dead():
     assert late[-1].finish_reason == "error"
 
 
-async def test_a_mesh_that_dies_while_idle_is_restarted_without_a_request():
+async def test_a_mesh_that_dies_while_idle_is_restarted_without_a_request(overlap):
     """A death noticed between requests must show as restarting at once and trigger the
     restart from the idle loop."""
     sched = make_scheduler()
     mesh = make_mesh(sched)
-    engine = EngineLoop(sched, mesh, tiny_tokenizer())
+    engine = EngineLoop(sched, mesh, tiny_tokenizer(), async_scheduling=overlap)
     called = asyncio.Event()
 
     async def restart(reason: str, num_failed: int) -> None:

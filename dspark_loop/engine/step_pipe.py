@@ -1,0 +1,61 @@
+"""StepPipe: the engine's view of a mesh with up to two steps in flight (async scheduling).
+
+    send(plan N)  send(plan N+1)  gather(N)  send(plan N+2)  gather(N+1) ...
+
+A mesh with `send` and `gather` of its own (mesh.Mesh: a rank runs its plans in the order
+they arrive) is used as is. A mesh with only `step(plan)` (in-process and scripted meshes)
+runs each plan in a task that first waits for the task of the plan sent before it, so
+plans still run one at a time, in order. Results come back in send order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from dspark_loop.contract.protocol import StepPlan, StepResult
+from dspark_loop.engine.interfaces import MeshClient, PipelinedMeshClient
+
+
+class StepPipe:
+    def __init__(self, mesh: MeshClient) -> None:
+        self.mesh = mesh
+        # NOTE: a runtime-checkable Protocol: the mesh has send and gather (and step, dead)
+        self._native = mesh if isinstance(mesh, PipelinedMeshClient) else None
+        self._tasks: dict[int, asyncio.Task] = {}  # step id -> its step() task (not native)
+        self._last: asyncio.Task | None = None
+
+    async def send(self, plan: StepPlan) -> None:
+        if self._native is not None:
+            await self._native.send(plan)
+            return
+        task = asyncio.get_running_loop().create_task(self._after(self._last, plan), name=f"step-{plan.step_id}")
+        self._tasks[plan.step_id] = self._last = task
+
+    async def gather(self, step_id: int) -> list[StepResult]:
+        if self._native is not None:
+            return await self._native.gather(step_id)
+        task = self._tasks.pop(step_id)
+        return await task
+
+    async def _after(self, prev: asyncio.Task | None, plan: StepPlan) -> list[StepResult]:
+        if prev is not None:
+            # NOTE: awaited directly (not asyncio.wait, one more loop turn): this plan starts
+            # as soon as the previous one ends, before that one's consumers run
+            try:
+                await prev
+            except asyncio.CancelledError:
+                if not prev.cancelled():
+                    raise
+            except Exception:  # noqa: BLE001 -- its failure is its gather's to report
+                pass
+        return await self.mesh.step(plan)
+
+    def close(self) -> None:
+        """Drop the steps nobody will gather (the mesh died): cancel their tasks."""
+        for task in self._tasks.values():
+            if not task.done():
+                task.cancel()
+            elif not task.cancelled():
+                task.exception()  # retrieved: no "never retrieved" warning
+        self._tasks.clear()
+        self._last = None
