@@ -76,12 +76,14 @@ def decode_batch(
     if rows.max() == 1:
         tokens = last
     elif rows.min() == k + 1:  # every request verifies all K drafts: [R, K+1] rows
+        assert drafts is not None and leases is not None, "verify rows need the draft table"
         tile = np.empty((n, k + 1), np.int32)
         tile[:, 0] = last
         tile[:, 1:] = drafts[leases]
         tokens = tile.reshape(-1)  # [R * (K+1)]
         pstep.verify_drafts = tile[:, 1:]  # [R, K]
     else:
+        assert drafts is not None and leases is not None, "verify rows need the draft table"
         verify = rows > 1  # [R]
         rows64 = rows.astype(np.int64)
         first = np.cumsum(rows64) - rows64  # [R] each request's first row
