@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import AsyncGenerator
 
 from tokenizers import Tokenizer
 
@@ -76,7 +77,7 @@ class PendingEngine:
     def cache_stats(self) -> dict | None:
         return None if self.inner is None else self.inner.cache_stats()
 
-    async def generate(self, req: GenerateRequest):
+    async def generate(self, req: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
         if self.inner is None:
             reason = self.start_error or "the engine is starting; retry when /health is ok"
             yield RequestOutput(

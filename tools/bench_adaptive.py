@@ -33,6 +33,7 @@ from dspark_loop.config.default_model import DEMO_DIR
 from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import RankConfig, as_i8
+from dspark_loop.contract.sampling_knobs import SamplingKnobs
 from dspark_loop.engine.adaptive_verify import AdaptiveVerify
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
@@ -100,7 +101,9 @@ def run(path: str, mode: str, prompts, max_tokens: int, temperature: float, poli
 
         async def one(i, p):
             t0, toks = time.perf_counter(), []
-            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=temperature, seed=i)
+            params = SamplingParams(
+                max_tokens=max_tokens, ignore_eos=True, knobs=SamplingKnobs(temperature=temperature), seed=i
+            )
             async for out in engine.generate(GenerateRequest(f"u{i}", p, params)):
                 toks += out.new_token_ids
             per_user.append(len(toks) / (time.perf_counter() - t0))

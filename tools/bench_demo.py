@@ -31,14 +31,14 @@ from dspark_loop.config.default_model import DEMO_DIR, DEMO_MANIFEST
 from dspark_loop.contract.acceptance import accept_chain
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.placeholders import LastSamples
-from dspark_loop.contract.protocol import RankConfig, StepResult, as_i8, as_i32, f32, i32
+from dspark_loop.contract.protocol import DSPARK_K, RankConfig, StepResult, as_i8, as_i32, f32, i32
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_testing.schedulers import model_scheduler
 from workers.runner import ModelRunner
 
 BLOCK = 32
-K = 7
+K = DSPARK_K
 
 
 class TimedMesh:

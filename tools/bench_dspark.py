@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     prompts = [rng.integers(10, cfg.vocab_size, args.prompt_len).tolist() for _ in range(args.users)]
     ref, user0, total0, _ = bench(path, 0, prompts, args.max_tokens)
     print(f"K=0                     per-user {user0:7.1f} tok/s  total {total0:7.1f} tok/s")
-    for m in (0, 2, 7):
+    for m in (0, 2, DSPARK_K):
         spec = {"cases": [{"prompt": p, "reference": r, "error_at": m} for p, r in zip(prompts, ref)]}
         outs, user, total, s = bench(
             path, DSPARK_K, prompts, args.max_tokens, ScriptedDrafter(spec, cfg.vocab_size, cfg.dspark.noise_token_id)

@@ -40,6 +40,7 @@ import numpy as np
 from dspark_loop.contract.acceptance import accept_chain
 from dspark_loop.contract.placeholders import LastSamples
 from dspark_loop.contract.protocol import DSPARK_K, ENCODER, StepResult, as_i8, as_i32, f32, i32
+from dspark_loop.contract.sampling_knobs import SamplingKnobs
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
@@ -333,7 +334,11 @@ def main() -> None:
     sampling = (
         {}
         if not args.temperature
-        else dict(temperature=args.temperature, top_p=0.9, top_k=50, presence_penalty=0.3, repetition_penalty=1.1)
+        else dict(
+            knobs=SamplingKnobs(
+                temperature=args.temperature, top_p=0.9, top_k=50, presence_penalty=0.3, repetition_penalty=1.1
+            )
+        )
     )
     names = {0: "K=0 (1 row)", DSPARK_K: "K=7 (8 rows)"}
     runs: dict[int, list[tuple[float, float]]] = {k: [] for k in names}

@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import DSPARK_K, RankConfig
+from dspark_loop.contract.sampling_knobs import SamplingKnobs
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_testing.schedulers import model_scheduler
@@ -50,7 +51,9 @@ def bench(
         per_user = []
 
         async def one(i, p):
-            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=temperature, seed=1000 + i)
+            params = SamplingParams(
+                max_tokens=max_tokens, ignore_eos=True, knobs=SamplingKnobs(temperature=temperature), seed=1000 + i
+            )
             t0, toks = time.perf_counter(), []
             async for out in engine.generate(GenerateRequest(f"u{i}", p, params)):
                 toks += out.new_token_ids

@@ -8,9 +8,11 @@ ratios. Both readers (dspark_loop.contract.model_config and transformers) take t
 
 from __future__ import annotations
 
+from dspark_loop.contract.model_config import DRAFT_STAGES
+from dspark_loop.contract.protocol import DSPARK_K
+
 # Token ids the tokenizer fixes (checkpoint_tokenizer.SPECIAL_TOKENS order).
 BOS_ID, EOS_ID, NOISE_ID = 0, 1, 7
-NUM_DRAFT_STAGES = 3
 
 SIZES: dict[str, dict] = {
     # Fast on CPU: every attention kind (sliding, CSA, HCA), hash + routed MoE.
@@ -128,7 +130,7 @@ def layer_type(ratio: int, p: dict) -> str:
 def build_config(p: dict, *, dtype: str, w8a8: bool, with_drafter: bool) -> dict:
     """config.json contents; key order is fixed so the file is byte-stable."""
     n = p["num_hidden_layers"]
-    stage_ratios = [0] * NUM_DRAFT_STAGES if with_drafter else []
+    stage_ratios = [0] * DRAFT_STAGES if with_drafter else []
     cfg = {
         "architectures": ["DeepseekV4ForCausalLM"],
         "model_type": "deepseek_v4",
@@ -177,7 +179,7 @@ def build_config(p: dict, *, dtype: str, w8a8: bool, with_drafter: bool) -> dict
         "bos_token_id": BOS_ID,
         "eos_token_id": EOS_ID,
         "tie_word_embeddings": False,
-        "num_nextn_predict_layers": NUM_DRAFT_STAGES if with_drafter else 0,
+        "num_nextn_predict_layers": DRAFT_STAGES if with_drafter else 0,
     }
     if with_drafter:
         if n < 3:
@@ -187,7 +189,7 @@ def build_config(p: dict, *, dtype: str, w8a8: bool, with_drafter: bool) -> dict
                 "dspark_target_layer_ids": [n - 3, n - 2, n - 1],
                 "dspark_noise_token_id": NOISE_ID,
                 "dspark_markov_rank": p["dspark_markov_rank"],
-                "dspark_block_size": 7,
+                "dspark_block_size": DSPARK_K,
             }
         )
     if w8a8:

@@ -118,6 +118,8 @@ class SpecRunner:
                 f"K=7 needs the DSpark drafter, but {model_dir}/config.json has no "
                 f"dspark_target_layer_ids / dspark_noise_token_id / dspark_markov_rank"
             )
+        if (problem := cfg.dspark.block_size_problem()) is not None:
+            raise ValueError(f"{model_dir}/config.json: {problem}")
         if num_leases < 1:
             raise ValueError(f"K=7 needs at least one drafter lease per group, got {num_leases}")
         self.cfg, self.device = cfg, device

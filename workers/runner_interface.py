@@ -4,11 +4,14 @@ device) and must offer:"""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from dspark_loop.contract.protocol import PartitionPlan
+
+if TYPE_CHECKING:
+    from workers.sampling.rank_sampler import StepLogprobs
 
 
 class Runner(Protocol):
@@ -24,7 +27,6 @@ class Runner(Protocol):
         execute, or None (K=0)."""
         ...
 
-    def take_logprobs(self):
-        """The last execute's logprob entries (workers.sampling.rank_sampler.StepLogprobs),
-        or None when no request asked for logprobs."""
+    def take_logprobs(self) -> StepLogprobs | None:
+        """The last execute's logprob entries, or None when no request asked for logprobs."""
         ...

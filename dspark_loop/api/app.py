@@ -92,7 +92,11 @@ def create_app(
 
     async def openapi(request: web.Request) -> web.Response:
         if not spec:
-            served = {(rt.method.lower(), rt.resource.canonical) for rt in request.app.router.routes()}
+            served = {
+                (rt.method.lower(), rt.resource.canonical)
+                for rt in request.app.router.routes()
+                if rt.resource is not None  # every route added with add_get/add_post has one
+            }
             spec.append(
                 openapi_document(
                     name,

@@ -23,7 +23,9 @@ def _num(x) -> str:
 
 def _numeric_info(kind: type, field: str):
     """The Int/FloatType (with its bounds) of a top-level field of the struct `kind`."""
-    for f in msgspec.inspect.type_info(kind).fields:
+    info = msgspec.inspect.type_info(kind)
+    assert isinstance(info, msgspec.inspect.StructType), kind
+    for f in info.fields:
         if f.name != field:
             continue
         types = f.type.types if isinstance(f.type, msgspec.inspect.UnionType) else (f.type,)

@@ -6,7 +6,7 @@ import itertools
 import uuid
 
 from dspark_loop.api.errors import ApiError, model_not_found
-from dspark_loop.api.generation.defaults import sampling_defaults
+from dspark_loop.api.generation.defaults import KEYS, sampling_defaults
 from dspark_loop.api.prompt import PromptEncoder
 from dspark_loop.config.server_config import GenerateDefaults
 from dspark_loop.engine.interfaces import EngineClient
@@ -27,9 +27,7 @@ class ServingContext:
         self.defaults = defaults
         self.model_path = model_path
         # generation_config.json's sampling defaults under --generate-config's
-        overrides = {
-            k: getattr(defaults, k) for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
-        }
+        overrides = {k: getattr(defaults, k) for k in KEYS}
         self.sampling_defaults = sampling_defaults(model_path, overrides)
         self._prefix = uuid.uuid4().hex[:12]
         self._counter = itertools.count()

@@ -11,6 +11,8 @@ context length): a body the document calls valid is refused only by one of them,
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from dspark_loop.api import responses as r
@@ -177,10 +179,10 @@ def openapi_document(
     error = {"description": "", "content": {JSON: {"schema": {"$ref": REF.format(name="ErrorResponse")}}}}
     paths: dict = {}
     for method, path, summary, request, answer, chunk, statuses in routes:
-        ok = {"description": "OK", "content": _content(answer)}
+        ok: dict[str, Any] = {"description": "OK", "content": _content(answer)}
         if chunk is not None:
             ok["content"]["text/event-stream"] = {"schema": sse_event_schema(chunk)}
-        op = {
+        op: dict[str, Any] = {
             "summary": summary,
             "operationId": f"{method}_{path.strip('/').replace('/', '_').replace('.', '_')}",
             "responses": {"200": ok},
@@ -199,7 +201,7 @@ def openapi_document(
         if api_keys and needs_key(path, protect_router_info):
             op["security"] = [{"bearer": []}]
         paths.setdefault(path, {})[method] = op
-    doc = {
+    doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {
             "title": "dspark_loop",

@@ -20,7 +20,7 @@ import msgspec
 
 from dspark_loop.api.bounds import bound_error
 from dspark_loop.api.errors import ApiError
-from dspark_loop.api.generation.sampling_ranges import MAX_LOGPROBS, MAX_N, SEED_RANGE
+from dspark_loop.api.limits import MAX_LOGPROBS, MAX_N, SEED_RANGE
 
 TOKEN_ID = "TokenId"  # the schema title openapi.py bounds by the served vocabulary
 TokenId = Annotated[int, msgspec.Meta(ge=0, title=TOKEN_ID)]

@@ -44,7 +44,7 @@ ROUTER_INFO_PATHS = (
 
 def router_routes() -> list[tuple]:
     """openapi.py's ROUTES rows for these routes (401 only with --protect-router-info)."""
-    rows = [("/version", "This server's version (vLLM's route)", VersionInfo)]
+    rows: list[tuple[str, str, type]] = [("/version", "This server's version (vLLM's route)", VersionInfo)]
     rows += [(p, "Model, topology and K (SGLang's names)", ServerInfo) for p in ("/server_info", "/get_server_info")]
     rows += [(p, "The model card (SGLang's names)", ModelInfo) for p in ("/model_info", "/get_model_info")]
     rows += [

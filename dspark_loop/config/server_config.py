@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from dspark_loop.config.node_rules import devices_rule, node_rules
 from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.checkpoint_names import checkpoint_tensor_names
-from dspark_loop.contract.model_config import ModelConfig
+from dspark_loop.contract.model_config import DRAFT_STAGES, ModelConfig
 from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK
 from dspark_loop.engine.step_cost import StepCost
 
@@ -272,7 +272,7 @@ def _common_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
     if k not in (0, DSPARK_K):
         out.append(
             f"--speculative-config num_speculative_tokens must be 0 or {DSPARK_K}: "
-            f"DSpark's query width is fixed at DSPARK_QUERY_WIDTH = {DSPARK_K} "
+            f"DSpark drafts a fixed block of DSPARK_K = {DSPARK_K} tokens "
             f"(got {k})"
         )
     if spec.cost_model is not None:
@@ -284,9 +284,11 @@ def _common_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
         missing = missing_drafter_parts(model, cfg.model)
         if missing:
             out.append(
-                f"--speculative-config num_speculative_tokens=7 needs the checkpoint's "
+                f"--speculative-config num_speculative_tokens={DSPARK_K} needs the checkpoint's "
                 f"DSpark drafter; missing: {', '.join(missing)}"
             )
+        elif model.dspark is not None and (problem := model.dspark.block_size_problem()):
+            out.append(f"--speculative-config num_speculative_tokens={DSPARK_K}: {problem}")
     return out
 
 
@@ -298,11 +300,13 @@ def has_confidence_head(model_dir: str | None) -> bool:
 
 
 def missing_drafter_parts(model: ModelConfig, model_dir: str | None) -> list[str]:
-    """What K=7 needs and the checkpoint lacks: config keys and mtp.0..2 tensors."""
+    """What K=DSPARK_K needs and the checkpoint lacks: config keys and the drafter stages'
+    tensors (mtp.0 .. mtp.{num_stages-1}; dspark_num_stages, else num_nextn_predict_layers)."""
     missing = [f"{k} in config.json" for k in DRAFTER_KEYS if k not in model.raw]
     names = checkpoint_tensor_names(model_dir) if model_dir else None
     if names is not None:
-        stages = [f"mtp.{i}" for i in range(3) if not any(n.startswith(f"mtp.{i}.") for n in names)]
+        num_stages = model.dspark.num_stages if model.dspark is not None else DRAFT_STAGES
+        stages = [f"mtp.{i}" for i in range(num_stages) if not any(n.startswith(f"mtp.{i}.") for n in names)]
         if stages:
             missing.append(f"drafter stage tensors {', '.join(stages)}")
     return missing

@@ -12,6 +12,10 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from dspark_loop.contract.protocol import DSPARK_K
+
+DRAFT_STAGES = 3  # V4's drafter: mtp.0..2 (config.json's dspark_num_stages / num_nextn_predict_layers)
+
 LAYER_TYPE_TO_RATIO_KEY = {
     "sliding_attention": 0,
     "compressed_sparse_attention": "csa",
@@ -32,8 +36,17 @@ class DSparkParams:
     target_layer_ids: tuple[int, ...]
     noise_token_id: int
     markov_rank: int
-    block_size: int = 7
-    num_stages: int = 3
+    block_size: int = DSPARK_K  # dspark_block_size: drafts per query block (the anchor row excluded)
+    num_stages: int = DRAFT_STAGES
+
+    def block_size_problem(self) -> str | None:
+        """Why this drafter cannot run here, if its block is not DSPARK_K drafts."""
+        if self.block_size == DSPARK_K:
+            return None
+        return (
+            f"the checkpoint's dspark_block_size is {self.block_size}, but DSpark here drafts "
+            f"DSPARK_K = {DSPARK_K} tokens per block (dspark_block_size must be {DSPARK_K})"
+        )
 
 
 @dataclass(frozen=True)
@@ -160,8 +173,8 @@ class ModelConfig:
                 target_layer_ids=tuple(int(x) for x in d["dspark_target_layer_ids"]),
                 noise_token_id=int(d["dspark_noise_token_id"]),
                 markov_rank=int(d["dspark_markov_rank"]),
-                block_size=int(d.get("dspark_block_size", 7)),
-                num_stages=int(d.get("dspark_num_stages", d.get("num_nextn_predict_layers", 3))),
+                block_size=int(d.get("dspark_block_size", DSPARK_K)),
+                num_stages=int(d.get("dspark_num_stages", d.get("num_nextn_predict_layers", DRAFT_STAGES))),
             )
 
         return cls(

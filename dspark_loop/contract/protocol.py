@@ -39,11 +39,15 @@ from array import array
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 3  # 2: the authenticated handshake (Knock, Challenge), node agents; 3: sampling
+from dspark_loop.contract.sampling_knobs import SamplingKnobs
+
+# 2: the authenticated handshake (Knock, Challenge), node agents; 3: sampling; 4: SamplingSpec's
+# knobs as one nested SamplingKnobs; 5: placeholders a rank fills (contract/placeholders.py: a
+# K=7 window's start and drafts after an unanswered verify, async scheduling's default)
+PROTOCOL_VERSION = 5
 DSPARK_K = 7  # the speculative width: drafts per verify (a verify is DSPARK_K + 1 rows)
 DEFAULT_RUNNER = "workers.runner:ModelRunner"
 MAX_CHUNK = 8192  # the seeds' prefill dispatch bound: tokens of one prefill chunk
-GREEDY_BELOW = 1e-5  # a temperature below this is greedy (vLLM's _SAMPLING_EPS: x/T would overflow)
 
 
 class RankConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -157,13 +161,7 @@ class SamplingSpec(msgspec.Struct, array_like=True):
 
     req_id: int
     prompt_len: int  # positions >= prompt_len are outputs (the penalties count them)
-    temperature: float = 0.0  # < 1e-5: greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    knobs: SamplingKnobs = msgspec.field(default_factory=SamplingKnobs)
     seed: int = 0  # signed 64-bit; the noise is a pure function of (seed, choice, position, id)
     choice: int = 0  # n > 1: the choice's index
     num_logprobs: int = -1  # -1: none; N >= 0: the sampled token's logprob + the top N

@@ -24,20 +24,22 @@ class Admission:
     def place(self, partitions: list[Partition], req: Request) -> Partition:
         # NOTE: the longest prefix hit picks the partition (its pages live there only);
         # ties and misses go to the partition with the fewest requests.
-        if self.prefix is None:
+        prefix = self.prefix
+        if prefix is None:
             return min(partitions, key=lambda p: (p.num_requests, p.index))
-        return min(partitions, key=lambda p: (-self.prefix.hit_len(p.cache, req), p.num_requests, p.index))
+        return min(partitions, key=lambda p: (-prefix.hit_len(p.cache, req), p.num_requests, p.index))
 
     def admit(self, part: Partition, budget: int, prefills: list, updates: list) -> list[tuple[Request, str]]:
         """Admit from the queue head while budget, seats and pages allow; returns the
         requests that can never run, with why: they have ended (Partition.end), the
         Scheduler reports the error."""
-        cache, failed = part.cache, []
+        cache = part.cache
+        failed: list[tuple[Request, str]] = []
         while part.waiting and budget > 0 and len(part.running) < self.max_seqs_per_partition:
             req = part.waiting[0]
             # NOTE: prompt logprobs need every prompt row's logits: a cached head has none
-            use_cache = self.prefix is not None and req.params.prompt_logprobs < 0
-            hit = self.prefix.find(cache, req) if use_cache else None
+            prefix = self.prefix if req.params.prompt_logprobs < 0 else None
+            hit = prefix.find(cache, req) if prefix is not None else None
             start = hit.num_tokens if hit else 0
             n = min(req.num_tokens - start, self.chunk_cap, budget)
             req.pages = hit.pages if hit else cache.new_pages()

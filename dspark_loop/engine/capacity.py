@@ -14,6 +14,7 @@ is alone; one past it never could (the scheduler would fail it after waiting).
 from __future__ import annotations
 
 from dspark_loop.contract.cache_layout import CacheLayout, Family
+from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.kv_cache import pages_needed
 
 
@@ -21,7 +22,7 @@ def _ring_peak(fam: Family, prompt_len: int, num_decodes: int, chunk: int, rows_
     def held(s: int, e: int) -> int:
         return pages_needed(fam, e) - fam.first_live_page(s)
 
-    settle = fam.window + fam.tokens_per_page + 8  # past this the counts repeat
+    settle = fam.window + fam.tokens_per_page + DSPARK_K + 1  # past this the counts repeat
     num_chunks = -(-prompt_len // chunk)
     chunks = set(range(min(num_chunks, settle // chunk + fam.tokens_per_page + 1)))
     peak = max(held(i * chunk, min((i + 1) * chunk, prompt_len)) for i in chunks | {num_chunks - 1})

@@ -47,9 +47,8 @@ class TokenText:
         decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
         kinds = [d.get("type") for d in decoder.get("decoders", [decoder])]
         if kinds == ["ByteLevel"]:
-            self.token_bytes = self._byte_table(tokenizer, added)
-            if not self._agrees_with_tokenizer():
-                self.token_bytes = None
+            table = self._byte_table(tokenizer, added)
+            self.token_bytes = table if self._agrees_with_tokenizer(table) else None
 
     @property
     def byte_level(self) -> bool:
@@ -59,6 +58,7 @@ class TokenText:
     def bytes_with_special(self) -> list[bytes]:
         """token_bytes with each special token as its text (skip_special_tokens=False)."""
         if self._with_special is None:
+            assert self.token_bytes is not None, "only a byte-level tokenizer has byte tables"
             table = list(self.token_bytes)
             for i, content in self.special_text.items():
                 if i < len(table):
@@ -80,12 +80,12 @@ class TokenText:
                 table[i] = piece.encode("utf-8")
         return table
 
-    def _agrees_with_tokenizer(self) -> bool:
+    def _agrees_with_tokenizer(self, table: list[bytes]) -> bool:
         # NOTE: a sanity check, not a proof: some byte-level tokenizers add normalising
         # decoders we do not model; if a sample disagrees we use the generic path.
-        n = len(self.token_bytes)
+        n = len(table)
         sample = list(range(0, n, max(1, n // 512)))
-        mine = b"".join(self.token_bytes[i] for i in sample).decode("utf-8", "replace")
+        mine = b"".join(table[i] for i in sample).decode("utf-8", "replace")
         return mine == self.tokenizer.decode(sample, skip_special_tokens=True)
 
 
@@ -110,7 +110,8 @@ class Detokenizer:
         self.stop_matched: str | None = None
         # plain: byte-level with no stop strings, so feed() decodes a whole list at once
         self.plain = text.byte_level and not self._stops
-        if text.byte_level:
+        self._table: list[bytes] = []  # id -> bytes (byte-level tokenizers)
+        if text.token_bytes is not None:  # text.byte_level
             self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
             self._table = text.token_bytes if skip_special_tokens else text.bytes_with_special
         else:
@@ -171,7 +172,8 @@ class Detokenizer:
             # tool calls; a special token never splits a character, so flushing is safe.
             return self._flush() + self._text.special_text[token_id]
         if self._text.byte_level:
-            table = self._text.token_bytes
+            # NOTE: _table, not token_bytes: the two differ only at special ids, handled above
+            table = self._table
             return self._utf8.decode(table[token_id]) if token_id < len(table) else ""
         self._ids.append(token_id)
         decode = self._text.tokenizer.decode

@@ -72,6 +72,7 @@ def check_finish(
     """The finish rules, then stop strings, over the tokens a step accepted for a request
     with num_output outputs so far. Feeds its detokenizer (the request's text state)."""
     n_after = num_output + len(accepted)
+    stop_reason: str | int | None  # a stop token id here, or a stop string below
     # NOTE: the common case (nothing can finish) skips the per-token rule walk.
     if (
         n_after < rules.max_tokens

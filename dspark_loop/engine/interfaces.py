@@ -1,13 +1,14 @@
 """The engine's two seams, as typing.Protocol classes (structural: nothing subclasses them).
 
 API  --EngineClient-->  engine (EngineLoop, or launch.PendingEngine before the ranks are up)
-engine  --MeshClient-->  ranks (mesh.Mesh; in-process and scripted meshes in tests/tools)
+engine  --MeshClient-->  ranks (mesh.Mesh; in-process and scripted meshes in tests/tools);
+        PipelinedMeshClient: one that also takes send(plan) + gather(step_id) (mesh.Mesh)
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Protocol
+from collections.abc import AsyncGenerator
+from typing import Protocol, runtime_checkable
 
 from dspark_loop.contract.protocol import StepPlan, StepResult
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
@@ -34,8 +35,8 @@ class EngineClient(Protocol):
     @property
     def num_waiting(self) -> int: ...
 
-    def generate(self, g: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        """Deltas until one is finished; closing the iterator early aborts the request."""
+    def generate(self, g: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
+        """Deltas until one is finished; closing the generator (aclose) early aborts the request."""
         ...
 
     def abort(self, request_id: str) -> bool: ...
@@ -57,4 +58,16 @@ class MeshClient(Protocol):
 
     async def step(self, plan: StepPlan) -> list[StepResult]:
         """One plan to every rank; the TP leaders' results in partition order."""
+        ...
+
+
+@runtime_checkable
+class PipelinedMeshClient(MeshClient, Protocol):
+    """A mesh that takes a second plan before the first one's results are gathered (mesh.Mesh:
+    a rank runs its plans in the order they arrive); engine/step_pipe.py uses it as is."""
+
+    async def send(self, plan: StepPlan) -> None: ...
+
+    async def gather(self, step_id: int) -> list[StepResult]:
+        """The TP leaders' results of a sent step, in partition order (steps in send order)."""
         ...

@@ -17,7 +17,8 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from typing import Any
 
 from dspark_loop.contract.errors import EngineDead
 from dspark_loop.engine.capacity import capacity_problem
@@ -90,7 +91,7 @@ class EngineLoop:
         self._dead_reason: str | None = None
         self._stopping = False
         self.num_steps = 0
-        self.on_mesh_dead: Callable[[str, int], Awaitable[None]] | None = None  # recovery
+        self.on_mesh_dead: Callable[[str, int], Coroutine[Any, Any, None]] | None = None  # recovery
         self._restarting: str | None = None
         self._mesh_yielded = False
         self._last_result_at = 0.0  # perf_counter() when the last gathered step's results came in
@@ -209,7 +210,7 @@ class EngineLoop:
             "verify_policy": policy() if policy is not None else {"name": type(self.scheduler.policy).__name__},
         }
 
-    async def generate(self, g: GenerateRequest) -> AsyncIterator[RequestOutput]:
+    async def generate(self, g: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
         if self.dead_reason is not None or self._stopping:
             yield error_output(g.request_id, f"the engine is not running: {self.dead_reason or 'stopped'}")
             return
@@ -332,7 +333,7 @@ class EngineLoop:
         """Pipeline depth 2: plan and send step N+1, then gather, update and deliver step N
         (the ranks start N+1 as soon as they finish N, while the host applies N)."""
         sched = self.scheduler
-        sent = None  # (step, wall, t0, t1): sent, not yet gathered
+        sent: tuple[ScheduledStep, float, float, float] | None = None  # sent, not yet gathered
         while not self._stopping:
             self._drain_inbox()
             if sent is None and not sched.has_work:
@@ -346,7 +347,7 @@ class EngineLoop:
             if not step.is_empty:
                 await pipe.send(step.plan)
             completed = sent is not None
-            if completed:
+            if sent is not None:
                 await self._complete(pipe, *sent)
             if not step.is_empty:
                 sent = (step, wall, t0, t1)
@@ -414,6 +415,8 @@ class EngineLoop:
 
     def _begin_restart(self, reason: str) -> None:
         """The running requests end with an error; the waiting ones go back to the inbox."""
+        restart = self.on_mesh_dead
+        assert restart is not None, "only a loop with recovery restarts"
         self._restarting = reason
         running, waiting, early = self.scheduler.carry_over()
         self._deliver(early)
@@ -428,7 +431,7 @@ class EngineLoop:
             "rank mesh died (%s): %d running request(s) failed, %d waiting kept", reason, len(running), len(self._inbox)
         )
         self._task = None
-        asyncio.get_running_loop().create_task(self.on_mesh_dead(reason, len(running)), name="mesh-restart")
+        asyncio.get_running_loop().create_task(restart(reason, len(running)), name="mesh-restart")
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         deliver(self._channels, outputs)

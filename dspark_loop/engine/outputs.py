@@ -5,10 +5,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import msgspec
+import numpy as np
 
-from dspark_loop.contract.protocol import DSPARK_K, GREEDY_BELOW
+from dspark_loop.contract.protocol import DSPARK_K
+from dspark_loop.contract.sampling_knobs import SamplingKnobs
+
+
+class TokenConstraint(Protocol):
+    """A logit constraint (api/chat/tool_constraint.ToolConstraint): asked every step for the
+    request's one sampled row (a constrained request never speculates)."""
+
+    def allowed_token_mask(self, generated_ids: list[int], /) -> np.ndarray:
+        """[vocab] bool: the tokens that may follow generated_ids (raises when they broke it)."""
+        ...
 
 
 @dataclass
@@ -21,14 +33,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     seed: int | None = None  # the noise's seed (the API draws one when the client sent none)
     skip_special_tokens: bool = True  # False: special tokens (</think>, ｜DSML｜) appear in text
-    # sampling (workers/sampling/): neutral values = greedy, as before
-    temperature: float = 0.0  # < 1e-5: greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    knobs: SamplingKnobs = field(default_factory=SamplingKnobs)  # the default: greedy
     choice: int = 0  # n > 1: this choice's index (same seed, its own noise)
     logprobs: int = -1  # -1: none; N >= 0: each new token's logprob + the top N
     prompt_logprobs: int = -1  # the same for the prompt's tokens (echo + logprobs)
@@ -37,14 +42,8 @@ class SamplingParams:
     @property
     def needs_sampling_spec(self) -> bool:
         """Anything beyond plain greedy: the ranks must be told (protocol.SamplingSpec)."""
-        return (
-            self.temperature >= GREEDY_BELOW
-            or self.presence_penalty != 0
-            or self.frequency_penalty != 0
-            or self.repetition_penalty != 1
-            or self.logprobs >= 0
-            or self.prompt_logprobs >= 0
-        )
+        k = self.knobs
+        return k.is_random or k.has_penalty or self.logprobs >= 0 or self.prompt_logprobs >= 0
 
 
 @dataclass
@@ -64,10 +63,8 @@ class GenerateRequest:
     params: SamplingParams
     # Parser for chat/tool output may need the raw token ids; text is always produced.
     arrival_time: float = 0.0
-    # Optional logit constraint (tool_choice required/named), see api/ tools; None = free.
-    # Duck-typed: allowed_token_mask(output_ids) -> bool [vocab]; asked every step for the
-    # request's one sampled row (a constrained request never speculates).
-    constraint: object | None = None
+    # Optional logit constraint (tool_choice required/named, strict tools); None = free.
+    constraint: TokenConstraint | None = None
 
 
 class RequestOutput(msgspec.Struct):

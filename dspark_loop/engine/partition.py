@@ -50,6 +50,7 @@ class Partition:
     # ---- leases (K=7) ---------------------------------------------------------------------
     def take_lease(self, req: Request) -> bool:
         """Give an admitted request a lease; True when the ranks must scrub it first."""
+        assert self.leases is not None, "a K=0 partition has no leases"
         req.lease = self.leases.take(req.req_id)
         self.new_leases.append((req.req_id, req.lease))
         if req.num_preemptions:
@@ -63,12 +64,14 @@ class Partition:
         [K] (None: 1.0 each)."""
         if req.lease < 0:
             raise ValueError(f"{req} holds no drafter lease (K=7 running requests only)")
+        assert self.drafts is not None and self.conf is not None  # a lease implies the K=7 draft table
         self.drafts[req.lease] = drafts
         self.conf[req.lease] = 1.0 if conf is None else conf
         req.has_drafts = True
 
     def free_lease(self, req: Request) -> None:
         if req.lease >= 0:
+            assert self.leases is not None  # a lease implies the K=7 pool
             self.leases.free(req.lease)
             req.lease = -1
         req.has_drafts = False

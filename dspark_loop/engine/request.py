@@ -17,7 +17,7 @@ from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.detokenize import Detokenizer
 from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.kv_cache import FamilyPages
-from dspark_loop.engine.outputs import SamplingParams
+from dspark_loop.engine.outputs import SamplingParams, TokenConstraint
 from dspark_loop.engine.spec_counters import VerifyCounts
 
 NEVER = 1 << 62  # a position no request reaches
@@ -119,14 +119,14 @@ class Request(VerifyCounts):
         self.registered_len = 0  # full pages below this position are keyed in the cache
         self.register_pos = NEVER  # at num_computed >= this, another page is full
         self.has_drafts = False  # K=7: drafts for the next anchor wait in Partition.drafts[lease]
-        self.constraint = None  # GenerateRequest.constraint: masks this request's rows (K=0)
+        self.constraint: TokenConstraint | None = None  # GenerateRequest.constraint: masks its rows (K=0)
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.error: str | None = None
         # timings (time.monotonic) and counters
         self.arrival_time = arrival_time
         self.first_token_time: float | None = None
-        self.last_token_time: float | None = None
+        self.last_token_time = 0.0  # meaningful once first_token_time is set
         self.finish_time: float | None = None
         self.inter_token_s = array("d")  # gaps between deliveries (8 bytes each, not a float object)
         self.num_preemptions = 0

@@ -21,18 +21,12 @@ from dspark_loop.engine.request import Request
 def sampling_spec(req: Request) -> SamplingSpec:
     p = req.params
     prompt_ids = b""
-    if p.repetition_penalty != 1:
+    if p.knobs.repetition_penalty != 1:
         prompt_ids = i32(np.unique(req.prompt_ids))
     return SamplingSpec(
         req_id=req.req_id,
         prompt_len=req.prompt_len,
-        temperature=p.temperature,
-        top_p=p.top_p,
-        top_k=p.top_k,
-        min_p=p.min_p,
-        presence_penalty=p.presence_penalty,
-        frequency_penalty=p.frequency_penalty,
-        repetition_penalty=p.repetition_penalty,
+        knobs=p.knobs,
         seed=int(p.seed or 0),
         choice=p.choice,
         num_logprobs=p.logprobs,

@@ -85,6 +85,7 @@ def decode_batch(
     if rows.max() == 1:
         tokens = last
     elif rows.min() == k + 1:  # every request verifies all K drafts: [R, K+1] rows
+        assert drafts is not None and leases is not None, "verify rows need the draft table"
         tile = np.empty((n, k + 1), np.int32)
         tile[:, 0] = last
         tile[:, 1:] = drafts[leases]
@@ -93,6 +94,7 @@ def decode_batch(
             tile[pending, 1:] = PLACEHOLDER
         tokens = tile.reshape(-1)  # [R * (K+1)]
     else:
+        assert drafts is not None and leases is not None, "verify rows need the draft table"
         verify = rows > 1  # [R]
         rows64 = rows.astype(np.int64)
         first = np.cumsum(rows64) - rows64  # [R] each request's first row

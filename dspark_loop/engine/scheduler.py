@@ -223,7 +223,11 @@ class Scheduler:
         not known yet: the policy reads the newest the host has (one step stale), which
         changes speed, never tokens."""
         verify_limit = self.max_model_len - (self.spec_k + 1)
-        reqs, leases, caps, may, counts = [], [], [], [], []
+        reqs: list[Request] = []
+        leases: list[int] = []
+        caps: list[int] = []
+        may: list[bool] = []
+        counts: list[int] = []
         for part in self.partitions:
             first = len(reqs)
             for r in part.running:
@@ -243,8 +247,10 @@ class Scheduler:
         cap = np.array(caps, np.int32)  # [R]
         partition = np.repeat(np.arange(len(counts), dtype=np.int32), counts)  # [R]
         ends = np.cumsum(counts).tolist()
+        tables = [part.conf for part in self.partitions]
+        assert all(t is not None for t in tables)  # K=7 partitions hold a conf table
         conf = np.concatenate(  # [R, K]
-            [part.conf[leases[e - c : e]] for part, c, e in zip(self.partitions, counts, ends) if c]
+            [t[leases[e - c : e]] for t, c, e in zip(tables, counts, ends) if c]  # type: ignore[index]
         )
         conf[cap == 0] = 0.0
         verify_len, draft_next = self.policy.choose(conf, cap, partition)

@@ -66,6 +66,7 @@ class StepApplier:
                 rows.append(j)
                 leases.append(req.lease)
         if rows:
+            assert part.drafts is not None and part.conf is not None  # drafts come only to K=7 partitions
             part.drafts[leases] = drafts[1][rows]
             part.conf[leases] = 1.0 if conf is None else conf[rows]
 
@@ -87,6 +88,7 @@ class StepApplier:
         # NOTE: drafts are for one anchor only: a decode spends them, the ranks sent the
         # next ones with this result (stored here when taken, else by id after this pass)
         if taken:
+            assert part.drafts is not None and part.conf is not None  # drafts come only to K=7 partitions
             leases = d.leases if dn is None else np.asarray(d.leases)[np.asarray(dn, bool)]
             part.drafts[leases] = drafts[1][head:]
             part.conf[leases] = 1.0 if conf is None else conf[head:]
@@ -110,7 +112,7 @@ class StepApplier:
                 out_ids.extend(toks)
                 num_new += a
                 if req.num_computed >= req.register_pos:  # a page became full
-                    self.prefix.register(part.cache, req)
+                    self._register_pages(part, req)
                 req.inter_token_s.append(now - req.last_token_time)
                 req.last_token_time = now
                 det = req.detokenizer
@@ -135,14 +137,16 @@ class StepApplier:
                 req.has_drafts = False
                 req.num_drafter_skips += 1
         if verified is not None:
-            self._count_totals(step, d)  # after the pass: the progress line counts its requests
+            self._count_totals(
+                step, d, verified, d.fallback or []
+            )  # after the pass: the progress line counts its requests
         if drafts is None or (taken and head == 0):
             return None
         return (drafts[0][:head], drafts[1][:head]) if taken else drafts
 
-    def _count_totals(self, step: ScheduledStep, d: DecodeRows) -> None:
+    def _count_totals(self, step: ScheduledStep, d: DecodeRows, verified: list[bool], fallback: list[bool]) -> None:
         """K=7 totals for the step (the per-request counters are kept in the commit pass)."""
-        spec, verified = self.spec, d.verified
+        spec = self.spec
         if d.num_drafts is None:
             step.accepted_num_drafts.extend([DSPARK_K if v else 0 for v in verified])
         else:
@@ -156,7 +160,7 @@ class StepApplier:
         if d.draft_next is not None:
             spec.num_drafter_skips += len(d.draft_next) - sum(d.draft_next)
         if num_verifies < len(verified):
-            for req in compress(d.reqs, d.fallback):  # the 8-row window would pass the position ceiling
+            for req in compress(d.reqs, fallback):  # the 8-row window would pass the position ceiling
                 req.num_fallback_steps += 1
                 spec.num_fallback_steps += 1
         spec.num_verify_steps += num_verifies
@@ -202,4 +206,5 @@ class StepApplier:
 
     def _register_pages(self, part: Partition, req: Request) -> None:
         if req.num_computed >= req.register_pos:  # a page became full (prefix caching is on)
+            assert self.prefix is not None  # register_pos is past every position without it
             self.prefix.register(part.cache, req)

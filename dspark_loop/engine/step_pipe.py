@@ -13,26 +13,27 @@ from __future__ import annotations
 import asyncio
 
 from dspark_loop.contract.protocol import StepPlan, StepResult
-from dspark_loop.engine.interfaces import MeshClient
+from dspark_loop.engine.interfaces import MeshClient, PipelinedMeshClient
 
 
 class StepPipe:
     def __init__(self, mesh: MeshClient) -> None:
         self.mesh = mesh
-        self._native = callable(getattr(mesh, "send", None)) and callable(getattr(mesh, "gather", None))
+        # NOTE: a runtime-checkable Protocol: the mesh has send and gather (and step, dead)
+        self._native = mesh if isinstance(mesh, PipelinedMeshClient) else None
         self._tasks: dict[int, asyncio.Task] = {}  # step id -> its step() task (not native)
         self._last: asyncio.Task | None = None
 
     async def send(self, plan: StepPlan) -> None:
-        if self._native:
-            await self.mesh.send(plan)
+        if self._native is not None:
+            await self._native.send(plan)
             return
         task = asyncio.get_running_loop().create_task(self._after(self._last, plan), name=f"step-{plan.step_id}")
         self._tasks[plan.step_id] = self._last = task
 
     async def gather(self, step_id: int) -> list[StepResult]:
-        if self._native:
-            return await self.mesh.gather(step_id)
+        if self._native is not None:
+            return await self._native.gather(step_id)
         task = self._tasks.pop(step_id)
         return await task
 

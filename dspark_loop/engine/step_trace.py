@@ -19,6 +19,7 @@ def step_trace(sched: Scheduler, step: ScheduledStep, results, num_waiting: int,
     parts = []
     for p, ps in enumerate(step.partitions):
         wasted = [] if ps.live is None or all(ps.live) else [j for j, ok in enumerate(ps.live) if not ok]
+        leases = sched.partitions[p].leases
         parts.append(
             PartitionTrace(
                 prefill_req_ids=[r.req_id for r, _, _ in ps.prefills],
@@ -26,7 +27,7 @@ def step_trace(sched: Scheduler, step: ScheduledStep, results, num_waiting: int,
                 decode_req_ids=[r.req_id for r in ps.decode_reqs],
                 decode_num_rows=int(ps.decode_rows.sum()),
                 free_blocks=sched.num_free_blocks(p),
-                leases_in_use=sched.partitions[p].leases.num_in_use if sched.partitions[p].leases else 0,
+                leases_in_use=leases.num_in_use if leases else 0,
                 verify_rows=int(ps.decode_rows[ps.decode_rows > 1].sum(dtype=np.int64)),
                 num_drafter_skips=0 if ps.draft_next is None else int(len(ps.draft_next) - ps.draft_next.sum()),
                 num_placeholder_rows=ps.num_placeholder_rows,

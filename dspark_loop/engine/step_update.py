@@ -104,7 +104,7 @@ def _read_decode(
     k1 = spec_k + 1
     vd = pstep.verify_drafts
     if vd is not None and len(vd) == n and pstep.verify_lens is None:  # the steady state: all verify K
-        lens = accept_chain(pstep.verify_drafts, tokens.reshape(n, k1)).tolist()
+        lens = accept_chain(vd, tokens.reshape(n, k1)).tolist()
         starts = range(0, n * k1, k1)
         verified, fell_back = [True] * n, [False] * n
         num_drafts = None
@@ -116,6 +116,7 @@ def _read_decode(
         vl = pstep.verify_lens  # [V] or None: every verify has K drafts
         num_drafts = None
         if verify.any():
+            assert pstep.verify_drafts is not None, "a verify row without its drafts"
             if vl is None:
                 preds = tokens[first[verify, None] + np.arange(k1)]  # [V, K+1]
             else:  # ragged: rows past a short window read its last row (ignored)
@@ -138,4 +139,4 @@ def _live_rows(live: list[bool] | None, *columns) -> DecodeRows:
     if live is None or all(live):
         return DecodeRows(*columns)
     keep = [j for j, ok in enumerate(live) if ok]
-    return DecodeRows(*[None if c is None else [c[j] for j in keep] for c in columns])
+    return DecodeRows(*[None if c is None else [c[j] for j in keep] for c in columns])  # type: ignore[arg-type]  # columns in field order

@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 def token_masks(pstep: PartitionStep) -> tuple[list[TokenMask], list[tuple[Request, str]]]:
     """(masks for the plan, [(request, error message)] for constraints that failed)."""
     sampled = [r for r, _, sample in pstep.prefills if sample] + list(pstep.decode_reqs)
-    masks, failed = [], []
+    masks: list[TokenMask] = []
+    failed: list[tuple[Request, str]] = []
     for req in sampled:
         if req.constraint is None:
             continue

@@ -179,7 +179,7 @@ class Mesh:
         )
         self._watcher = asyncio.create_task(self._watch())
 
-    def _remote_loss(self) -> str | None:
+    def remote_loss_reason(self) -> str | None:
         """Why another node counts as lost (an agent or rank connection closed), or None."""
         self.socket.poll_lost()
         return remote_loss(self.nodes, self.socket.peers.lost, self.remote_exits)
@@ -202,7 +202,7 @@ class Mesh:
             except zmq.ZMQError as exc:
                 await self._die(
                     self.procs.exit_reason()
-                    or self._remote_loss()
+                    or self.remote_loss_reason()
                     or f"could not send step {plan.step_id} to rank {rank}: {exc}"
                 )
 
@@ -227,7 +227,7 @@ class Mesh:
         while len(results) < self.world_size:
             if self._dead or self._closing:
                 raise EngineDead(self._dead or "the mesh is closing")
-            got = await self._recv(POLL_S if trouble_since is None else 0.02)
+            got = await self.recv(POLL_S if trouble_since is None else 0.02)
             if got is not None:
                 sender, msg = got
                 if isinstance(msg, RankExited):
@@ -245,7 +245,7 @@ class Mesh:
             now = loop.time()
             if got is None and (hang := self.procs.hang_reason()):  # quiet for POLL_S: look
                 await self._die(f"{hang} during step {step_id}")
-            lost = self._remote_loss()
+            lost = self.remote_loss_reason()
             if trouble_since is None and (errors or self.procs.exited() or lost or self.remote_exits):
                 trouble_since = now
             # NOTE: one failure brings a cascade (a killed rank's peers report "connection
@@ -264,14 +264,14 @@ class Mesh:
         exited = self.procs.exited()
         if exited and exited[0][1] < 0:
             return f"{self.procs.exit_reason()} during step {step_id}"
-        lost = self._remote_loss()
+        lost = self.remote_loss_reason()
         if lost:
             return f"{lost} during step {step_id}"
         if errors:
             return f"rank {errors[0].rank} failed step {errors[0].step_id}: {errors[0].error}"
         return f"{self.procs.exit_reason()} during step {step_id}"
 
-    async def _recv(self, timeout_s: float):
+    async def recv(self, timeout_s: float):
         """(sender, message) from an admitted peer, or None after timeout_s."""
         try:
             return await self.socket.recv(timeout_s)
@@ -280,18 +280,28 @@ class Mesh:
                 raise EngineDead(self._dead or "the mesh is closing") from None
             raise
 
-    async def _send(self, peer: bytes, msg) -> None:
+    async def send_to(self, peer: bytes, msg) -> None:
+        """One message to one connected peer (a peer that is gone is logged, not raised)."""
         try:
             await self.socket.send(peer, msg)
         except zmq.ZMQError as exc:  # that peer is not connected (any more)
             log.warning("could not send %s to %r: %s", type(msg).__name__, peer, exc)
+
+    def forget_peer(self, peer: bytes) -> None:
+        """Stop hearing a peer (a node agent that was refused)."""
+        self.socket.peers.forget(peer)
+
+    @property
+    def auth_refusals(self) -> dict[bytes, str]:
+        """Why peers were refused at the door, by identity (the start-up timeout names them)."""
+        return self.socket.refusals
 
     # ---- liveness and shutdown --------------------------------------------------------------
     async def _watch(self) -> None:
         """Notices a dead rank or a lost node while no step is running (so /health can say 503)."""
         while not self._dead and not self._closing:
             await asyncio.sleep(WATCH_S)
-            reason = self.procs.exit_reason() or self.procs.hang_reason() or self._remote_loss()
+            reason = self.procs.exit_reason() or self.procs.hang_reason() or self.remote_loss_reason()
             if reason and not self._closing and not self._in_step:
                 try:
                     await self._die(reason)
@@ -319,7 +329,7 @@ class Mesh:
             self._agents_told = True
             for agent in self.agents:
                 if agent in self.socket.peers.admitted:
-                    await self._send(agent, msg)
+                    await self.send_to(agent, msg)
 
     async def close(self, grace_s: float = 5.0) -> None:
         """Shut the ranks down in order (Shutdown, then SIGTERM/SIGKILL after grace_s).
@@ -335,7 +345,7 @@ class Mesh:
         if self.socket is not None:
             if self._started and not self._dead:
                 for rank in range(self.world_size):
-                    await self._send(identity(rank), Shutdown("server closing"))
+                    await self.send_to(identity(rank), Shutdown("server closing"))
             failed = self._dead is not None and self._dead != "closed"
             await self._tell_agents(Shutdown(self._dead or "server closing", grace_s=grace_s, error=failed))
         await self.procs.stop(grace_s)

@@ -6,7 +6,8 @@ agent was admitted or refused), or say why not. Torch-free.
       Hello     -> counted; RankExited / a local exit / a lost node -> MeshStartError
       past mesh.start_timeout_s (--dist-timeout) -> which node never joined, and how to start it
 
-A part of Mesh.start() in its own file: it reads the mesh's socket and processes (mesh.py).
+A part of Mesh.start() in its own file, through Mesh's public recv/send_to/remote_loss_reason/
+forget_peer/auth_refusals and its processes (mesh.py).
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ async def await_hellos(mesh: Mesh, poll_s: float) -> list[Hello]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + mesh.start_timeout_s
     roll = RollCall(mesh.nodes, mesh.rank_cfg, _fingerprint(mesh))
-    exit_seen_at = None
+    exit_seen_at: float | None = None
     while not roll.complete:
-        got = await mesh._recv(poll_s)
+        got = await mesh.recv(poll_s)
         if got is not None:
             sender, msg = got
             if isinstance(msg, NodeHello):
@@ -53,11 +54,11 @@ async def await_hellos(mesh: Mesh, poll_s: float) -> list[Hello]:
                     logging.INFO if msg.node_rank in roll.joined else logging.ERROR,
                     "node %d: %s",
                     msg.node_rank,
-                    getattr(answer, "reason", "joined"),
+                    answer.reason if isinstance(answer, Refused) else "joined",
                 )
-                await mesh._send(sender, answer)
+                await mesh.send_to(sender, answer)
                 if isinstance(answer, Refused):
-                    mesh.socket.peers.forget(sender)
+                    mesh.forget_peer(sender)
             elif isinstance(msg, Hello):
                 roll.hello(sender, msg)
                 log.info(
@@ -71,19 +72,20 @@ async def await_hellos(mesh: Mesh, poll_s: float) -> list[Hello]:
                 log.warning("dropped %s from %r during start-up", type(msg).__name__, sender)
             continue
         now = loop.time()
-        reason = mesh.procs.exit_reason() or mesh._remote_loss()
+        reason = mesh.procs.exit_reason() or mesh.remote_loss_reason()
         # NOTE: a failing rank sends Hello(error) and then exits; give its message a
         # moment to arrive so the error says why rather than only "exited with code 2".
-        if reason and exit_seen_at is None:
-            exit_seen_at = now
-        if reason and now - exit_seen_at > EXIT_GRACE_S:
-            raise MeshStartError(f"{reason} before its Hello")
+        if reason:
+            if exit_seen_at is None:
+                exit_seen_at = now
+            if now - exit_seen_at > EXIT_GRACE_S:
+                raise MeshStartError(f"{reason} before its Hello")
         if now >= deadline:
             raise MeshStartError(
                 roll.timeout_message(
                     mesh.start_timeout_s,
                     node_command(mesh.nodes.nnodes, mesh.host, mesh.dist_port),
-                    mesh.socket.refusals,
+                    mesh.auth_refusals,
                 )
             )
     return [roll.hellos[r] for r in range(mesh.world_size)]

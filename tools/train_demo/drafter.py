@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from dspark_loop.contract.model_config import ModelConfig
+from dspark_loop.contract.protocol import DSPARK_K
 from tools.make_checkpoint import make_checkpoint
 from tools.train_demo import calibration, rollout, state, trunk
 from tools.train_demo.anchors import anchors, fill_rings
@@ -33,12 +34,11 @@ from tools.train_demo.shape import shape
 from tools.train_demo.target import LoadBalancer, lr_at
 from workers.comm import LocalComm
 from workers.drafter_weights import checkpoint_name, load_drafter
-from workers.model.drafter import QUERY_ROWS
 from workers.model.layers import linear_rows
 from workers.model.moe import Gate
 from workers.weights import load_model
 
-K = QUERY_ROWS - 1
+K = DSPARK_K
 POS_WEIGHTS = torch.exp(-torch.arange(K, dtype=torch.float32) / 4)  # [7] exp(-(k-1)/4)
 W_CE, W_L1, W_BCE = 0.1, 0.9, 1.0
 

@@ -15,6 +15,8 @@ Ring layout (per stage, rows of head_dim):
 
     block b = lease*6 + ((p // 32) + 7*stage) % 6, row p % 32   (6 blocks = 192 positions)
     blocks num_leases*6 .. +5: zero filler, the target of every masked read; never written
+    (RING_BLOCKS = 6, RING_ROWS = 32, RING_STAGE_SHIFT = 7; the query block is
+    QUERY_ROWS = DSPARK_K + 1 = 8 rows)
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from torch import nn
 
 from dspark_loop.contract.model_config import ModelConfig
+from dspark_loop.contract.protocol import DSPARK_K
 from workers.comm import Comm
 from workers.model.attention import attend
 from workers.model.config import LocalDims
@@ -34,14 +37,18 @@ from workers.model.linear import Linear
 from workers.model.mhc import hc_head, hc_post, hc_pre
 
 RING_ROWS = 32  # rows per ring block
-RING_BLOCKS = 6  # blocks per lease and stage
-QUERY_ROWS = 8  # anchor + 7 noise rows
+RING_BLOCKS = 6  # blocks per lease and stage: a ring holds RING_BLOCKS * RING_ROWS = 192 positions
+# NOTE: each stage has its own ring tensor, so this shift changes no result: it rotates which
+# block of a lease a stage starts at, as the reference runner's layout does
+# (`lease*6 + (logical + 7*layer) % 6`). It is not K.
+RING_STAGE_SHIFT = 7
+QUERY_ROWS = DSPARK_K + 1  # the query block: the anchor + DSPARK_K noise rows
 DRAFTER_ROPE_THETA = 1e4
 
 
 def ring_slots(lease: torch.Tensor, pos: torch.Tensor, stage: int) -> torch.Tensor:
     """Flat ring rows of positions pos [n] for leases lease [n] (both long)."""
-    block = lease * RING_BLOCKS + (pos // RING_ROWS + 7 * stage) % RING_BLOCKS
+    block = lease * RING_BLOCKS + (pos // RING_ROWS + RING_STAGE_SHIFT * stage) % RING_BLOCKS
     return block * RING_ROWS + pos % RING_ROWS
 
 
@@ -68,6 +75,13 @@ class Drafter(nn.Module):
         self.target_layer_ids = sp.target_layer_ids
         self.noise_token_id = sp.noise_token_id
         self.window = cfg.sliding_window
+        # NOTE: the ring is indexed by position modulo its capacity: the window read by a
+        # query block plus the block's own rows must fit, or positions would alias.
+        if self.window + QUERY_ROWS > RING_BLOCKS * RING_ROWS:
+            raise ValueError(
+                f"the drafter ring holds {RING_BLOCKS * RING_ROWS} positions: sliding_window "
+                f"{self.window} + {QUERY_ROWS} query rows do not fit"
+            )
         self.stages = nn.ModuleList(Block(scfg, n + k, dims, dtype, stage_w8a8(k)) for k in range(sp.num_stages))
         d = cfg.hidden_size
         self.main_proj = Linear(len(sp.target_layer_ids) * d, d, dtype, w8a8("mtp.0.main_proj"))

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import torch
 
-from dspark_loop.contract.protocol import GREEDY_BELOW, PartitionPlan, as_i32
+from dspark_loop.contract.protocol import PartitionPlan, SamplingSpec, as_i32
+from dspark_loop.contract.sampling_knobs import KNOB_NAMES
 from workers.comm import Comm
 from workers.sampling.draft_pick import DraftPicker
 from workers.sampling.logprobs import log_softmax_sharded, token_logprobs, top_logprobs
@@ -30,21 +32,15 @@ from workers.sampling.rows import SamplingRows
 from workers.sampling.sampler import sample
 from workers.sampling.step_rows import StepRows
 
-SPEC_FIELDS = (
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "seed",
-    "choice",
-)
+ROW_FIELDS = (*KNOB_NAMES, "seed", "choice")  # the SamplingRows fields a spec fills
+NEUTRAL_VALUES = tuple(SamplingRows.NEUTRAL[name] for name in ROW_FIELDS)
 
 
-def _has_penalty(spec) -> bool:
-    return spec.presence_penalty != 0 or spec.frequency_penalty != 0 or spec.repetition_penalty != 1
+def _row_values(spec: SamplingSpec | None) -> tuple:
+    """A request's SamplingRows values, in ROW_FIELDS order (None: greedy, seed 0)."""
+    if spec is None:
+        return NEUTRAL_VALUES
+    return (*msgspec.structs.astuple(spec.knobs), spec.seed, spec.choice)
 
 
 @dataclass
@@ -62,7 +58,7 @@ class StepLogprobs:
 class RankSampler:
     def __init__(self, vocab_offset: int, local_vocab: int, device: torch.device | str = "cpu") -> None:
         self.offset, self.local_vocab, self.device = vocab_offset, local_vocab, torch.device(device)
-        self.specs: dict[int, object] = {}  # req_id -> SamplingSpec
+        self.specs: dict[int, SamplingSpec] = {}  # req_id -> SamplingSpec
         self.ledger = PenaltyLedger(vocab_offset, local_vocab, device)
         self.shared_noise_drafts = True  # False: the drafter proposes greedily (benchmarks)
 
@@ -71,10 +67,10 @@ class RankSampler:
         for r in part.freed_req_ids:
             self.specs.pop(r, None)
             self.ledger.forget(r)
-        for spec in getattr(part, "sampling", ()):
+        for spec in part.sampling:
             self.specs[spec.req_id] = spec
-            if _has_penalty(spec):
-                prompt_ids = as_i32(spec.prompt_token_ids) if spec.repetition_penalty != 1 else None
+            if spec.knobs.has_penalty:
+                prompt_ids = as_i32(spec.prompt_token_ids) if spec.knobs.repetition_penalty != 1 else None
                 self.ledger.admit(spec.req_id, spec.prompt_len, as_i32(spec.output_token_ids), prompt_ids)
 
     def wants_prompt_logprobs(self, req_id: int) -> bool:
@@ -84,16 +80,16 @@ class RankSampler:
     def draft_picker(self, req_ids: list[int], anchor_pos: torch.Tensor, comm: Comm) -> DraftPicker | None:
         """How the drafter picks for these anchors' requests (None: all greedy, the argmax).
         NOTE: every rank of the group sees the same specs, so all agree on None."""
-        if not self.shared_noise_drafts or not any(
-            r in self.specs and self.specs[r].temperature >= GREEDY_BELOW for r in req_ids
-        ):
+        if not self.shared_noise_drafts or not any(r in self.specs and self.specs[r].knobs.is_random for r in req_ids):
             return None
-        values = {
-            name: [getattr(self.specs[r], name) if r in self.specs else SamplingRows.NEUTRAL[name] for r in req_ids]
-            for name in SPEC_FIELDS
-        }
-        rows = SamplingRows.make(len(req_ids), self.device, **values)
+        rows = SamplingRows.make(len(req_ids), self.device, **self._columns([self.specs.get(r) for r in req_ids]))
         return DraftPicker(rows, anchor_pos, comm, self.offset)
+
+    @staticmethod
+    def _columns(specs: list[SamplingSpec | None]) -> dict[str, list]:
+        """SamplingRows.make's values: one list per ROW_FIELDS name, one entry per spec."""
+        columns = list(zip(*(_row_values(s) for s in specs))) or [() for _ in ROW_FIELDS]
+        return {name: list(col) for name, col in zip(ROW_FIELDS, columns)}
 
     def is_plain(self, rows: StepRows) -> bool:
         """No row of this step needs more than the greedy argmax."""
@@ -111,11 +107,7 @@ class RankSampler:
         return tokens, self._logprobs(rows, logits, tokens, comm)
 
     def _sampling_rows(self, rows: StepRows) -> SamplingRows:
-        values = {name: [] for name in SPEC_FIELDS}
-        for i in rows.sample_rows:
-            spec = self.specs.get(rows.req_ids[i])
-            for name in SPEC_FIELDS:
-                values[name].append(getattr(spec, name) if spec is not None else SamplingRows.NEUTRAL[name])
+        values = self._columns([self.specs.get(rows.req_ids[i]) for i in rows.sample_rows])
         return SamplingRows.make(
             len(rows.sample_rows), self.device, position=[rows.positions[i] for i in rows.sample_rows], **values
         )

@@ -6,17 +6,20 @@ tile). `position` is the absolute position of the token the row SAMPLES (the row
 position + 1): the noise coordinate, the same for a K=0 step and the verify row that
 predicts that token, and for the drafter's proposal of it.
 
-Neutral values switch a processor off: temperature 0 (greedy), top_k 0, top_p 1, min_p 0,
-presence/frequency 0, repetition 1.
+One tensor per knob of dspark_loop.contract.sampling_knobs.SamplingKnobs (neutral values
+switch a processor off; all neutral is greedy), plus the noise's coordinates: seed, choice
+and position. NOTE: a knob added to SamplingKnobs without its tensor here is refused at
+import (the assertion below), so the rank can never drop one silently.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+import msgspec
 import torch
 
-from dspark_loop.contract.protocol import GREEDY_BELOW
+from dspark_loop.contract.sampling_knobs import GREEDY_BELOW, KNOB_NAMES, SamplingKnobs
 
 
 @dataclass
@@ -32,18 +35,7 @@ class SamplingRows:
     choice: torch.Tensor  # [L] int64 (n > 1: the choice's index)
     position: torch.Tensor  # [L] int64, absolute position of the sampled token
 
-    NEUTRAL = dict(
-        temperature=0.0,
-        top_k=0,
-        top_p=1.0,
-        min_p=0.0,
-        presence_penalty=0.0,
-        frequency_penalty=0.0,
-        repetition_penalty=1.0,
-        seed=0,
-        choice=0,
-        position=0,
-    )
+    NEUTRAL = {**msgspec.structs.asdict(SamplingKnobs()), "seed": 0, "choice": 0, "position": 0}
 
     @classmethod
     def make(cls, num_rows: int, device: str | torch.device = "cpu", **values) -> SamplingRows:
@@ -78,3 +70,7 @@ class SamplingRows:
     @property
     def has_penalty(self) -> torch.Tensor:  # [L] bool
         return (self.presence_penalty != 0) | (self.frequency_penalty != 0) | (self.repetition_penalty != 1)
+
+
+assert {f.name for f in fields(SamplingRows)} == set(SamplingRows.NEUTRAL), "one tensor per SamplingKnobs field"
+assert set(KNOB_NAMES) <= set(SamplingRows.NEUTRAL)

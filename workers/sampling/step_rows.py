@@ -51,7 +51,7 @@ def step_rows(part: PartitionPlan, wants_prompt_logprobs) -> StepRows:
         toks = as_i32(c.token_ids)
         n = len(toks)
         if wants_prompt_logprobs(c.req_id):
-            nxt = int(getattr(c, "next_token_id", -1))
+            nxt = c.next_token_id
             targets = [*toks[1:].tolist(), -1 if c.sample else nxt]
             for j in range(n):
                 rows._add(c.req_id, c.start_pos + j + 1, targets[j], c.sample and j == n - 1)

@@ -116,6 +116,7 @@ class ChatCompletion(Generation):
         chunks = [self.chunk(delta, continuous=continuous, logprobs=self.take_logprobs())] if delta else []
         if not out.finished:
             return chunks, None
+        assert out.finish_reason is not None  # a finished output says why
         reason = self.output.finish_reason(out.finish_reason)
         chunks.append(
             self.chunk(tail or {}, reason, out.stop_reason, continuous, None if chunks else self.take_logprobs())
@@ -200,7 +201,6 @@ class ChatCompletionsRoute(GenerationRoute):
             ctx.max_model_len,
             default_max_tokens=ctx.max_model_len - len(prompt_ids),
             sampling_defaults=ctx.sampling_defaults,
-            chat=True,
         )
         params = dataclasses.replace(params, skip_special_tokens=False)
         tools = [] if req.tool_choice == "none" else declared_tools(req)
@@ -231,7 +231,8 @@ class ChatCompletionsRoute(GenerationRoute):
             return await run_choices(self, request, g)
         return await super().run(request, g)
 
-    async def prepare(self, c: ChatCompletion) -> None:
+    async def prepare(self, c: Generation) -> None:
+        assert isinstance(c, ChatCompletion)  # what accept() builds
         if c.constrained:
             c.generate.constraint = await asyncio.to_thread(
                 build_constraint,
@@ -243,7 +244,8 @@ class ChatCompletionsRoute(GenerationRoute):
                 parallel_tool_calls=c.parallel_tool_calls,
             )
 
-    def log_received(self, c: ChatCompletion) -> None:
+    def log_received(self, c: Generation) -> None:
+        assert isinstance(c, ChatCompletion)  # what accept() builds
         log.info(
             "request %s received: prompt_tokens=%d max_tokens=%d stream=%s thinking=%s tools=%d constrained=%s",
             c.request_id,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from dspark_loop.api.errors import ApiError, bad_request
+from dspark_loop.engine.outputs import TokenConstraint
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ def needs_constraint(tools: list[dict], tool_choice) -> bool:
 
 def build_constraint(
     tokenizer, tools: list[dict], tool_choice, *, start_in_reasoning: bool, vocab_size: int, parallel_tool_calls: bool
-):
+) -> TokenConstraint:
     """A ToolConstraint, or ApiError(400) when it cannot be had. Slow the first time (the
     vocab is compiled once per tokenizer): call it off the event loop."""
     try:

@@ -12,6 +12,8 @@ Raises ToolParseError (chat_parse) when the model writes a malformed tool block.
 
 from __future__ import annotations
 
+from typing import Any
+
 from dspark_loop.api.chat.parse import ChatDelta, StreamingChatParser, new_call_id
 
 
@@ -63,7 +65,12 @@ class ChatOutput:
 
     def message(self) -> dict:
         reasoning = self.reasoning_content
-        msg = {"role": "assistant", "content": self.content, "reasoning_content": reasoning, "reasoning": reasoning}
+        msg: dict[str, Any] = {
+            "role": "assistant",
+            "content": self.content,
+            "reasoning_content": reasoning,
+            "reasoning": reasoning,
+        }
         if self.tool_calls:
             msg["tool_calls"] = [{**c, "function": dict(c["function"])} for c in self.tool_calls]
         return msg
@@ -79,6 +86,7 @@ class ChatOutput:
                 content.append(d.text)
             else:
                 tc = d.tool_call
+                assert tc is not None  # a "tool_call" delta carries one
                 if self.max_calls is not None and tc["index"] >= self.max_calls:
                     continue
                 merged = calls.setdefault(tc["index"], {"index": tc["index"]})

@@ -15,6 +15,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
+from typing import NoReturn
 
 from dspark_loop.api.chat.render import (
     DSML,
@@ -112,7 +113,7 @@ class StreamingChatParser:
             raise
         return out
 
-    def _fail(self, what: str) -> None:
+    def _fail(self, what: str) -> NoReturn:
         raise ToolParseError(f"malformed tool call block: {what} (at {self._buf[:60]!r})")
 
     def _expect(self, options: tuple[str, ...]) -> str | None:
@@ -221,6 +222,7 @@ class StreamingChatParser:
             self._param, self._buf, self._state = (name, is_string), buf[end + 1 :], "param_value"
             return True
         if state == "param_value":
+            assert self._param is not None  # set with the param_value state
             name, is_string = self._param
             end, dsml = buf.find(PARAMETER_END), buf.find(DSML)
             if (

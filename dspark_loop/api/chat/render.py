@@ -153,7 +153,8 @@ def _turns(messages: list[dict]) -> list[dict]:
         role = msg["role"]
         if role == "tool":
             result = f"{TOOL_RESULT_START}{message_text(msg.get('content'))}{TOOL_RESULT_END}"
-            rank = call_order.get(msg.get("tool_call_id"), len(call_order))
+            call_id = msg.get("tool_call_id")
+            rank = len(call_order) if call_id is None else call_order.get(call_id, len(call_order))
             if not turns or turns[-1]["role"] != "user" or turns[-1]["text_parts"]:
                 turns.append({"role": "user", "results": [], "text_parts": []})
             turns[-1]["results"].append((rank, len(turns[-1]["results"]), result))

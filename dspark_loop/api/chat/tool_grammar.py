@@ -84,8 +84,8 @@ class _Builder:
             return self.add("enum", " | ".join(lit(json.dumps(o, ensure_ascii=False)) for o in keep)) if keep else None
         for key in ("anyOf", "oneOf"):
             if key in schema:
-                alts = [self.value(s, f"{where}.{key}[{i}]", strings=strings) for i, s in enumerate(schema[key])]
-                alts = [a for a in alts if a]
+                found = [self.value(s, f"{where}.{key}[{i}]", strings=strings) for i, s in enumerate(schema[key])]
+                alts = [a for a in found if a]
                 return self.add("any", " | ".join(alts)) if alts else None
         if not types:
             return (

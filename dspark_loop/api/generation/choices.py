@@ -109,7 +109,7 @@ async def _stream(ctx, request: web.Request, cs: Choices) -> web.StreamResponse:
         for ch in cs.choices:
             for chunk in ch.opening_chunks(continuous):
                 await sse.send(chunk)
-        token_ids = {id(ch): [] for ch in cs.choices}
+        token_ids: dict[int, list[int]] = {id(ch): [] for ch in cs.choices}
         done = 0
         while True:
             if out is None:
@@ -144,6 +144,7 @@ async def _stream(ctx, request: web.Request, cs: Choices) -> web.StreamResponse:
     finally:
         for t in tasks:
             t.cancel()
+    assert sse is not None  # every path that did not raise opened the stream
     return sse.response
 
 

@@ -16,7 +16,8 @@ import json
 import logging
 import os
 
-from dspark_loop.api.generation.sampling_ranges import SamplingDefaults
+from dspark_loop.api.generation.sampling_ranges import DEFAULT_TEMPERATURE, SamplingDefaults
+from dspark_loop.contract.sampling_knobs import SamplingKnobs
 
 log = logging.getLogger(__name__)
 FILE_NAME = "generation_config.json"
@@ -49,4 +50,5 @@ def sampling_defaults(model_dir: str | None, overrides: dict | None = None) -> S
     values.update({k: v for k, v in (overrides or {}).items() if k in KEYS and v is not None})
     if values.get("top_k", 0) < 0:
         values["top_k"] = 0  # -1 = off, as vLLM
-    return SamplingDefaults(**values)
+    seed = values.pop("seed", None)
+    return SamplingDefaults(SamplingKnobs(**{"temperature": DEFAULT_TEMPERATURE, **values}), seed)

@@ -29,7 +29,10 @@ class LogprobsFormatter:
 
     def completion(self, entries: list[TokenLogprob], text_offset: int = 0) -> dict:
         """entries: one per token; text_offset: where the first one starts in the answer's text."""
-        tokens, lps, tops, offsets = [], [], [], []
+        tokens: list[str] = []
+        lps: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
+        offsets: list[int] = []
         for e in entries:
             offsets.append(text_offset)
             text = self.token_text(e.token_id)
@@ -40,7 +43,7 @@ class LogprobsFormatter:
                 tops.append(None)
                 continue
             lps.append(_lp(e.logprob))
-            top = {}
+            top: dict[str, float] = {}
             for tid, lp in e.top:
                 top.setdefault(self.token_text(tid), _lp(lp))
             tops.append(top)
@@ -51,8 +54,8 @@ class LogprobsFormatter:
             text = self.token_text(tid)
             return {"token": text, "logprob": _lp(lp), "bytes": list(text.encode("utf-8"))}
 
-        return {
-            "content": [
-                {**one(e.token_id, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]} for e in entries
-            ]
-        }
+        def entry(e: TokenLogprob) -> dict:
+            assert e.logprob is not None  # generated tokens always have one (a prompt's first has not)
+            return {**one(e.token_id, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]}
+
+        return {"content": [entry(e) for e in entries]}

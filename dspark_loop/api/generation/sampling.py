@@ -8,6 +8,7 @@ is capped to the context left after the prompt rather than refused.
 
 from __future__ import annotations
 
+from dspark_loop.api.chat.schemas import ChatCompletionRequest
 from dspark_loop.api.errors import bad_request, unsupported
 from dspark_loop.api.generation.sampling_ranges import NO_LOGPROBS, SamplingDefaults, sampling_fields
 from dspark_loop.api.prompt import PromptEncoder
@@ -60,20 +61,19 @@ def stop_strings(req: GenerationFields, defaults: GenerateDefaults) -> list[str]
 
 
 def sampling_params(
-    req: GenerationFields,
+    req: CompletionRequest | ChatCompletionRequest,
     defaults: GenerateDefaults,
     encoder: PromptEncoder,
     prompt_len: int,
     max_model_len: int,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     sampling_defaults: SamplingDefaults | None = None,
-    chat: bool = False,
 ) -> SamplingParams:
     """Validated params; the caller has already checked prompt_len < max_model_len.
     default_max_tokens: when the request and --generate-config name no length.
     sampling_defaults: generation_config.json + --generate-config (None: vLLM's own)."""
     check_unsupported(req)
-    s = sampling_fields(req, sampling_defaults or SamplingDefaults(), chat)
+    s = sampling_fields(req, sampling_defaults or SamplingDefaults())
     wanted = requested_max_tokens(req, defaults, default_max_tokens)
     max_tokens = min(wanted, max_model_len - prompt_len)
     min_tokens = req.min_tokens or 0
@@ -90,15 +90,9 @@ def sampling_params(
         ignore_eos=defaults.ignore_eos if req.ignore_eos is None else req.ignore_eos,
         include_stop_str_in_output=bool(req.include_stop_str_in_output),
         seed=s.seed,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        min_p=s.min_p,
-        presence_penalty=s.presence_penalty,
-        frequency_penalty=s.frequency_penalty,
-        repetition_penalty=s.repetition_penalty,
+        knobs=s.knobs,
         logprobs=s.num_logprobs,
-        prompt_logprobs=s.num_logprobs if not chat and getattr(req, "echo", None) else NO_LOGPROBS,
+        prompt_logprobs=s.num_logprobs if isinstance(req, CompletionRequest) and req.echo else NO_LOGPROBS,
         max_draft_tokens=max_draft_tokens(req),
     )
 

@@ -22,44 +22,36 @@ from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from dspark_loop.api.chat.schemas import ChatCompletionRequest
 from dspark_loop.api.errors import bad_request, unsupported
+from dspark_loop.api.limits import MAX_LOGPROBS, MAX_N, SEED_RANGE
+from dspark_loop.api.schemas import CompletionRequest
+from dspark_loop.contract.sampling_knobs import SamplingKnobs
 
-MAX_N = 128
-MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
-SEED_RANGE = (-(1 << 63), 1 << 64)
 NO_LOGPROBS = -1
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's and vLLM's, when neither the request nor a default names one
 
 
 @dataclass(frozen=True)
 class SamplingDefaults:
-    """Defaults for fields a request leaves out (generation_config.json, then --generate-config)."""
+    """Defaults for fields a request leaves out (generation_config.json, then --generate-config):
+    the knobs (all but the penalties presence/frequency may come from there) and the seed."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
+    knobs: SamplingKnobs = field(default_factory=lambda: SamplingKnobs(temperature=DEFAULT_TEMPERATURE))
     seed: int | None = None
 
 
 @dataclass(frozen=True)
 class SamplingFields:
-    temperature: float
-    top_p: float
-    top_k: int  # 0 = off
-    min_p: float
-    presence_penalty: float
-    frequency_penalty: float
-    repetition_penalty: float
+    knobs: SamplingKnobs  # checked, defaults filled; top_k 0 = off
     seed: int  # always set: drawn when the request has none
     n: int
     num_logprobs: int  # NO_LOGPROBS, or how many top entries besides the sampled token
 
 
-def _number(req, name: str, default: float) -> float:
-    value = getattr(req, name, None)
+def _number(value: float | None, name: str, default: float) -> float:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -73,15 +65,15 @@ def _in_range(name: str, value: float, lo: float, hi: float, lo_open: bool = Fal
         raise bad_request(f"`{name}` must be in {left}{lo:g}, {hi:g}], got {value:g}.", name)
 
 
-def _num_logprobs(req, chat: bool) -> int:
-    if not chat:
-        value = getattr(req, "logprobs", None)
+def _num_logprobs(req: CompletionRequest | ChatCompletionRequest) -> int:
+    if isinstance(req, CompletionRequest):
+        value = req.logprobs
         if value is None:
             return NO_LOGPROBS
         if not 0 <= value <= MAX_LOGPROBS:
             raise bad_request(f"`logprobs` must be in [0, {MAX_LOGPROBS}], got {value}.", "logprobs")
         return value
-    wanted, top = getattr(req, "logprobs", None), getattr(req, "top_logprobs", None)
+    wanted, top = req.logprobs, req.top_logprobs
     if top is not None and not 0 <= top <= MAX_LOGPROBS:
         raise bad_request(f"`top_logprobs` must be in [0, {MAX_LOGPROBS}], got {top}.", "top_logprobs")
     if top is not None and top > 0 and not wanted:
@@ -89,39 +81,49 @@ def _num_logprobs(req, chat: bool) -> int:
     return (top or 0) if wanted else NO_LOGPROBS
 
 
-def sampling_fields(req, defaults: SamplingDefaults, chat: bool = False) -> SamplingFields:
-    """Checked sampling fields of a completions or chat request (any object with vLLM's names)."""
-    temperature = _number(req, "temperature", defaults.temperature)
+def _knobs(req: CompletionRequest | ChatCompletionRequest, defaults: SamplingKnobs) -> SamplingKnobs:
+    temperature = _number(req.temperature, "temperature", defaults.temperature)
     if temperature < 0:
         raise bad_request(f"`temperature` must be >= 0, got {temperature:g}.", "temperature")
-    top_p = _number(req, "top_p", defaults.top_p)
+    top_p = _number(req.top_p, "top_p", defaults.top_p)
     _in_range("top_p", top_p, 0.0, 1.0, lo_open=True)
-    top_k = getattr(req, "top_k", None)
-    top_k = defaults.top_k if top_k is None else top_k
+    top_k = defaults.top_k if req.top_k is None else req.top_k
     if top_k < -1:
         raise bad_request(f"`top_k` must be -1 or 0 (off) or at least 1, got {top_k}.", "top_k")
-    min_p = _number(req, "min_p", defaults.min_p)
+    min_p = _number(req.min_p, "min_p", defaults.min_p)
     _in_range("min_p", min_p, 0.0, 1.0)
-    presence = _number(req, "presence_penalty", 0.0)
+    presence = _number(req.presence_penalty, "presence_penalty", 0.0)
     _in_range("presence_penalty", presence, -2.0, 2.0)
-    frequency = _number(req, "frequency_penalty", 0.0)
+    frequency = _number(req.frequency_penalty, "frequency_penalty", 0.0)
     _in_range("frequency_penalty", frequency, -2.0, 2.0)
-    repetition = _number(req, "repetition_penalty", defaults.repetition_penalty)
+    repetition = _number(req.repetition_penalty, "repetition_penalty", defaults.repetition_penalty)
     if repetition <= 0:
         raise bad_request(f"`repetition_penalty` must be > 0, got {repetition:g}.", "repetition_penalty")
-    seed = getattr(req, "seed", None)
-    seed = defaults.seed if seed is None else seed
+    return SamplingKnobs(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=max(top_k, 0),
+        min_p=min_p,
+        presence_penalty=presence,
+        frequency_penalty=frequency,
+        repetition_penalty=repetition,
+    )
+
+
+def sampling_fields(req: CompletionRequest | ChatCompletionRequest, defaults: SamplingDefaults) -> SamplingFields:
+    """Checked sampling fields of a completions or chat request."""
+    knobs = _knobs(req, defaults.knobs)
+    seed = defaults.seed if req.seed is None else req.seed
     if seed is not None and not SEED_RANGE[0] <= seed < SEED_RANGE[1]:
         raise bad_request(f"`seed` must be a 64-bit integer, got {seed}.", "seed")
     if seed is None:
         seed = secrets.randbits(63)  # NOTE: drawn here, so the ranks' noise stays a pure function
     if seed >= 1 << 63:
         seed -= 1 << 64  # the same 64 bits as a signed value (the ranks hold it in int64)
-    n = getattr(req, "n", None)
-    n = 1 if n is None else n
+    n = 1 if req.n is None else req.n
     if not 1 <= n <= MAX_N:
         raise bad_request(f"`n` must be in [1, {MAX_N}], got {n}.", "n")
-    best_of = getattr(req, "best_of", None)
+    best_of = req.best_of if isinstance(req, CompletionRequest) else None
     if best_of is not None and best_of != n:
         if best_of < 1:
             raise bad_request(f"`best_of` must be at least 1, got {best_of}.", "best_of")
@@ -130,15 +132,4 @@ def sampling_fields(req, defaults: SamplingDefaults, chat: bool = False) -> Samp
             f"best_of {best_of} is not supported (it would rank {best_of} "
             f"candidates and return {n}); send best_of equal to n or omit it.",
         )
-    return SamplingFields(
-        temperature,
-        top_p,
-        max(top_k, 0),
-        min_p,
-        presence,
-        frequency,
-        repetition,
-        int(seed),
-        n,
-        _num_logprobs(req, chat),
-    )
+    return SamplingFields(knobs, int(seed), n, _num_logprobs(req))

@@ -214,6 +214,7 @@ class GenerationRoute:
         if reason not in OK_REASONS:
             g.log_finished(reason)
             raise engine_failure(self.ctx, last)
+        assert last is not None  # an OK reason came with the last output
         choice, reason = g.whole_choice(reason, last, token_ids)
         g.log_finished(reason)
         return web.json_response({**g.envelope([choice]), "usage": g.usage(), **g.extras()})
@@ -222,7 +223,7 @@ class GenerationRoute:
     async def stream(self, request: web.Request, g: Generation, gen) -> web.StreamResponse:
         opts = g.req.stream_options
         include_usage = bool(opts and opts.include_usage)
-        continuous = include_usage and bool(opts.continuous_usage_stats)
+        continuous = bool(opts and opts.include_usage and opts.continuous_usage_stats)
         first = await anext(gen, None)
         if first is None or (first.finished and first.finish_reason not in OK_REASONS and not first.new_token_ids):
             g.log_finished(first.finish_reason if first else None)

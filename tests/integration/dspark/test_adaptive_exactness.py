@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from dspark_loop.contract.sampling_knobs import SamplingKnobs
 from dspark_loop.engine.outputs import SamplingParams
 from dspark_testing.scripted_drafter import ScriptedDrafter
 from tests.integration.dspark.harness import prompt, run
@@ -39,11 +40,9 @@ def requests(sampled: bool, n: int = 5):
             k: SamplingParams(
                 max_tokens=26,
                 seed=100 + i,
-                temperature=0.8,
-                top_p=0.9,
+                knobs=SamplingKnobs(temperature=0.8, top_p=0.9, presence_penalty=0.3),
                 logprobs=2,
                 ignore_eos=True,
-                presence_penalty=0.3,
             )
             for i, k in enumerate(prompts)
         }

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dspark_loop.contract.sampling_knobs import SamplingKnobs
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import SamplingParams
 from dspark_testing.scripted_drafter import ScriptedDrafter
@@ -16,13 +17,15 @@ from tests.integration.dspark.harness import prompt, run
 VOCAB = 1024
 MAX_MODEL_LEN = 96
 SAMPLED = dict(
-    temperature=0.8,
-    top_p=0.9,
-    top_k=40,
-    min_p=0.02,
-    presence_penalty=0.4,
-    frequency_penalty=0.3,
-    repetition_penalty=1.15,
+    knobs=SamplingKnobs(
+        temperature=0.8,
+        top_p=0.9,
+        top_k=40,
+        min_p=0.02,
+        presence_penalty=0.4,
+        frequency_penalty=0.3,
+        repetition_penalty=1.15,
+    ),
     ignore_eos=True,
 )
 
@@ -56,7 +59,10 @@ def requests(n_others: int):
     for i in range(n_others):
         prompts[f"o{i}"] = prompt(100 + i, 5 + 3 * i % 40, VOCAB)
         params[f"o{i}"] = SamplingParams(
-            max_tokens=12 + i % 9, seed=i, temperature=0.3 + (i % 5) * 0.3, top_p=1.0 if i % 2 else 0.8, ignore_eos=True
+            max_tokens=12 + i % 9,
+            seed=i,
+            knobs=SamplingKnobs(temperature=0.3 + (i % 5) * 0.3, top_p=1.0 if i % 2 else 0.8),
+            ignore_eos=True,
         )
     return prompts, params
 
@@ -151,7 +157,9 @@ def test_logprobs_and_prompt_logprobs_equal_log_softmax_of_the_models_logits(ckp
 
     model = DeepseekV4ForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
     p = prompt(7, 12, VOCAB)
-    params = SamplingParams(max_tokens=6, seed=9, temperature=1.0, logprobs=3, prompt_logprobs=2, ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=6, seed=9, knobs=SamplingKnobs(temperature=1.0), logprobs=3, prompt_logprobs=2, ignore_eos=True
+    )
     # NOTE: 5-token chunks: a chunk's last row is about the next chunk's first token
     got = run(ckpt, 0, {"r": p}, {"r": params}, max_model_len=MAX_MODEL_LEN, long_prefill_token_threshold=5)
     out = got.tokens["r"]

@@ -16,6 +16,7 @@ from dspark_loop.config.server_config import (
     is_flash,
     validate,
 )
+from dspark_loop.contract.model_config import ModelConfig
 from tests.unit.config.models import flash_model, tiny_config_dict, tiny_model, write_checkpoint_stub
 
 FLASH_16 = dict(dp=4, tp=4, ep=16, block_size=32, max_model_len=1024, max_num_seqs=8)
@@ -53,8 +54,8 @@ FLASH_VIOLATIONS = [
     ),
     (
         dict(FLASH_16, speculative=SpeculativeConfig("dspark", 3)),
-        "--speculative-config num_speculative_tokens must be 0 or 7: DSpark's query width is "
-        "fixed at DSPARK_QUERY_WIDTH = 7 (got 3)",
+        "--speculative-config num_speculative_tokens must be 0 or 7: DSpark drafts a fixed block "
+        "of DSPARK_K = 7 tokens (got 3)",
     ),
 ]
 
@@ -105,6 +106,26 @@ def test_k7_needs_the_three_mtp_stages_in_the_checkpoint_files(tmp_path):
     validate(replace(cfg, model=full), tiny_model())
 
 
+def test_k7_refuses_a_drafter_whose_block_is_not_dspark_k_drafts():
+    """A checkpoint whose dspark_block_size differs from DSPARK_K must be refused at K=7, naming
+    the field; K=0 never runs the drafter and must still accept it."""
+    model = ModelConfig.from_dict({**tiny_config_dict(), "dspark_block_size": 5})
+    assert problems(model, speculative=SpeculativeConfig("dspark", 7)) == [
+        "--speculative-config num_speculative_tokens=7: the checkpoint's dspark_block_size is 5, but DSpark "
+        "here drafts DSPARK_K = 7 tokens per block (dspark_block_size must be 7)"
+    ]
+    assert problems(model, speculative=SpeculativeConfig("dspark", 0)) == []
+
+
+def test_k7_looks_for_as_many_mtp_stages_as_the_checkpoint_declares(tmp_path):
+    """The drafter's stage count comes from config.json (dspark_num_stages): a 2-stage drafter
+    must not be asked for mtp.2."""
+    config = {**tiny_config_dict(), "dspark_num_stages": 2}
+    path = write_checkpoint_stub(str(tmp_path / "two"), config, [f"mtp.{i}.norm.weight" for i in range(2)])
+    cfg = fill_defaults(ServerConfig(model=path, speculative=SpeculativeConfig("dspark", 7)))
+    validate(cfg, ModelConfig.from_dict(config))
+
+
 GENERAL_VIOLATIONS = [
     (dict(ep=3, dp=3), "--ep 3 must divide the checkpoint's n_routed_experts (16)"),
     (dict(dp=2, tp=2, ep=2), "--ep must equal --dp x --tp = 2 x 2 = 4 (got 2)"),
@@ -117,8 +138,8 @@ GENERAL_VIOLATIONS = [
     (dict(dp=2, max_num_seqs=1), "--max-num-seqs must be at least --dp = 2: one request per cache partition (got 1)"),
     (
         dict(speculative=SpeculativeConfig("dspark", 4)),
-        "--speculative-config num_speculative_tokens must be 0 or 7: DSpark's query width is "
-        "fixed at DSPARK_QUERY_WIDTH = 7 (got 4)",
+        "--speculative-config num_speculative_tokens must be 0 or 7: DSpark drafts a fixed block "
+        "of DSPARK_K = 7 tokens (got 4)",
     ),
     (
         dict(max_num_batched_tokens=0, long_prefill_token_threshold=8),

@@ -1,15 +1,20 @@
 """The sampling fields' ranges: every out-of-range value is a 400 naming its field."""
 
-from types import SimpleNamespace
-
 import pytest
 
+from dspark_loop.api.chat.schemas import ChatCompletionRequest
 from dspark_loop.api.errors import ApiError
 from dspark_loop.api.generation.sampling_ranges import NO_LOGPROBS, SamplingDefaults, sampling_fields
+from dspark_loop.api.schemas import CompletionRequest
+from dspark_loop.contract.sampling_knobs import SamplingKnobs
 
 
-def req(**fields):
-    return SimpleNamespace(**fields)
+def req(**fields) -> CompletionRequest:
+    return CompletionRequest(prompt="x", **fields)
+
+
+def chat(**fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], **fields)
 
 
 BAD = [  # (fields, the param the 400 must name)
@@ -52,7 +57,7 @@ def test_out_of_range_values_answer_400_naming_the_field(fields, param):
 def test_chat_top_logprobs_need_logprobs_and_a_small_count(fields, param):
     """Chat's top_logprobs must be in [0, 20] and come with logprobs: true."""
     with pytest.raises(ApiError) as e:
-        sampling_fields(req(**fields), SamplingDefaults(), chat=True)
+        sampling_fields(chat(**fields), SamplingDefaults())
     assert e.value.param == param
 
 
@@ -74,21 +79,21 @@ def test_edges_and_neutral_values_are_accepted():
         ),
         SamplingDefaults(),
     )
-    assert (f.temperature, f.top_k, f.seed, f.n, f.num_logprobs) == (0.0, 0, -1, 128, 20)
+    assert (f.knobs.temperature, f.knobs.top_k, f.seed, f.n, f.num_logprobs) == (0.0, 0, -1, 128, 20)
 
 
 def test_absent_fields_take_the_defaults_and_a_missing_seed_is_drawn():
     """Absent fields must take the generation defaults; two requests without a seed must get
     (almost surely) different drawn seeds; logprobs absent means none."""
-    d = SamplingDefaults(temperature=0.6, top_p=0.95, top_k=20, min_p=0.01, repetition_penalty=1.1)
+    d = SamplingDefaults(SamplingKnobs(temperature=0.6, top_p=0.95, top_k=20, min_p=0.01, repetition_penalty=1.1))
     a, b = sampling_fields(req(), d), sampling_fields(req(), d)
-    assert (a.temperature, a.top_p, a.top_k, a.min_p, a.repetition_penalty) == (0.6, 0.95, 20, 0.01, 1.1)
+    assert a.knobs == SamplingKnobs(temperature=0.6, top_p=0.95, top_k=20, min_p=0.01, repetition_penalty=1.1)
     assert a.seed != b.seed and a.num_logprobs == NO_LOGPROBS
     assert sampling_fields(req(seed=None), SamplingDefaults(seed=7)).seed == 7
 
 
 def test_chat_logprobs_bool_gives_the_sampled_token_only_or_top_n():
     """Chat logprobs: true alone -> 0 top entries; with top_logprobs N -> N."""
-    assert sampling_fields(req(logprobs=True), SamplingDefaults(), chat=True).num_logprobs == 0
-    assert sampling_fields(req(logprobs=True, top_logprobs=5), SamplingDefaults(), chat=True).num_logprobs == 5
-    assert sampling_fields(req(logprobs=False), SamplingDefaults(), chat=True).num_logprobs == NO_LOGPROBS
+    assert sampling_fields(chat(logprobs=True), SamplingDefaults()).num_logprobs == 0
+    assert sampling_fields(chat(logprobs=True, top_logprobs=5), SamplingDefaults()).num_logprobs == 5
+    assert sampling_fields(chat(logprobs=False), SamplingDefaults()).num_logprobs == NO_LOGPROBS

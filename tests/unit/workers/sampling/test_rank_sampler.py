@@ -2,13 +2,13 @@
 (filters and penalties on), and the logprob entries name the right positions and tokens."""
 
 import hashlib
-from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 from dspark_loop.contract.acceptance import accept_chain
-from dspark_loop.contract.protocol import DecodeBatch, PrefillChunk, i8, i32
+from dspark_loop.contract.protocol import DecodeBatch, PartitionPlan, PrefillChunk, SamplingSpec, i8, i32
+from dspark_loop.contract.sampling_knobs import KNOB_NAMES, SamplingKnobs
 from tests.unit.workers.sampling.sharded import run_sharded
 from workers.comm import LocalComm
 from workers.sampling.logprobs import log_softmax_sharded
@@ -19,10 +19,8 @@ V = 64
 PROMPT = [5, 9, 2, 7]
 
 
-def spec(req_id, **kw):
-    base = dict(
-        req_id=req_id,
-        prompt_len=len(PROMPT),
+def spec(req_id, **kw) -> SamplingSpec:
+    knobs = dict(
         temperature=0.9,
         top_k=20,
         top_p=0.9,
@@ -30,6 +28,10 @@ def spec(req_id, **kw):
         presence_penalty=0.3,
         frequency_penalty=0.2,
         repetition_penalty=1.2,
+    )
+    base = dict(
+        req_id=req_id,
+        prompt_len=len(PROMPT),
         seed=1234,
         choice=0,
         num_logprobs=-1,
@@ -37,8 +39,9 @@ def spec(req_id, **kw):
         output_token_ids=b"",
         prompt_token_ids=i32(PROMPT),
     )
-    base.update(kw)
-    return SimpleNamespace(**base)
+    for k, v in kw.items():
+        (knobs if k in KNOB_NAMES else base)[k] = v
+    return SamplingSpec(knobs=SamplingKnobs(**knobs), **base)
 
 
 def fake_logits(tokens) -> torch.Tensor:
@@ -48,10 +51,8 @@ def fake_logits(tokens) -> torch.Tensor:
     return torch.randn(V, generator=g) * 2.5
 
 
-def plan(prefills=(), decode=None, sampling=(), freed=()):
-    return SimpleNamespace(
-        prefills=list(prefills), decode=decode, sampling=list(sampling), freed_req_ids=list(freed), token_masks=[]
-    )
+def plan(prefills=(), decode=None, sampling=(), freed=()) -> PartitionPlan:
+    return PartitionPlan(prefills=list(prefills), decode=decode, sampling=list(sampling), freed_req_ids=list(freed))
 
 
 def run_step(sampler, part, seq_of_row):
