@@ -143,7 +143,8 @@ def reconcile(pstep: PartitionStep, draft_table: np.ndarray) -> None:
     and starts the ranks filled, rebuilt from the host's own state, which the earlier
     step's update has brought to exactly what the ranks used (the same acceptance, the
     same drafts). A request that ended meanwhile gets any row (its results are dropped)."""
-    j = pstep.filled  # [F]
+    j, vd, leases = pstep.filled, pstep.verify_drafts, pstep.decode_leases  # [F], [V, K], [R]
+    assert j is not None and leases is not None, "reconcile() of a step the ranks filled nothing in"
     reqs = [pstep.decode_reqs[i] for i in j.tolist()]
     pstep.decode_start[j] = [r.num_computed for r in reqs]
     verify = pstep.decode_rows > 1  # [R]
@@ -152,8 +153,9 @@ def reconcile(pstep: PartitionStep, draft_table: np.ndarray) -> None:
         for req, v in zip(reqs, verify[j].tolist()):
             if v and not req.has_drafts and req.status == Status.RUNNING:
                 raise RuntimeError(f"{req} verified drafts the host never received")
+        assert vd is not None
         vidx = (np.cumsum(verify) - 1)[jv]  # [F'] rows of verify_drafts
-        pstep.verify_drafts[vidx] = draft_table[pstep.decode_leases[jv]]
+        vd[vidx] = draft_table[leases[jv]]
     pstep.filled = None
 
 
@@ -182,7 +184,7 @@ def plan_positions(running: list[Request], inflight: int, spec_k: int, max_model
             req.plan_pos, req.plan_pending, req.plan_open = end, True, False
             # NOTE: the ranks draft from an anchor at P iff P + K + 1 <= max_model_len (and
             # the step did not skip the request's drafter pass)
-            req.plan_drafts = spec_k and req.inflight_drafted and end + k1 <= max_model_len
+            req.plan_drafts = bool(spec_k) and req.inflight_drafted and end + k1 <= max_model_len
         else:
             # NOTE: that verify started at num_computed too; the longest outcome accepts
             # all its rows, and an anchor there still gets drafts

@@ -428,7 +428,7 @@ class Scheduler:
             self._unanswered.remove(step.step_id)
         check_live = self._ended_in_step or step.overlapped or bool(self._unanswered)
         for part, pstep in zip(self.partitions, step.partitions):
-            if pstep.filled is not None:
+            if pstep.filled is not None and part.drafts is not None:
                 reconcile(pstep, part.drafts)
         updates = read_results(step, results, self.spec_k, self.max_model_len, check_live)
         for part, update in zip(self.partitions, updates):
