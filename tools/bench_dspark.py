@@ -34,7 +34,7 @@ def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, dra
     runner = ModelRunner(
         RankConfig(model=path, block_size=32, num_blocks=8 * n, spec_k=spec_k, num_leases=n, max_model_len=4096),
         quiet=True,
-        test_drafter=drafter,
+        proposer=drafter,
     )
     sched = model_scheduler(cfg, 32, runner.num_blocks, max_num_seqs=n, spec_k=spec_k)
     engine = EngineLoop(sched, LocalMesh([runner]), Tokenizer.from_file(os.path.join(path, "tokenizer.json")))

@@ -58,7 +58,7 @@ def make_engine(
         max_model_len=max_model_len,
     )
     runners = [
-        ModelRunner(rank_cfg, quiet=True, test_drafter=test_drafter() if callable(test_drafter) else test_drafter)
+        ModelRunner(rank_cfg, quiet=True, proposer=test_drafter() if callable(test_drafter) else test_drafter)
         for _ in range(dp)
     ]
     sched = model_scheduler(
