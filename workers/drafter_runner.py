@@ -25,28 +25,9 @@ from dspark_loop.contract.protocol import PartitionPlan, RankConfig, as_i8, as_i
 from workers.comm import Comm, ShardSpec
 from workers.model.drafter import QUERY_ROWS
 from workers.model.dsv4 import ForwardOutput
-from workers.proposer import DrafterProposer, Proposer
+from workers.proposer import DraftBatch, DrafterProposer, Proposer
 
 log = logging.getLogger(__name__)
-
-
-class DraftBatch:
-    """This step's drafter work: context rows to write, anchors to draft from."""
-
-    def __init__(self) -> None:
-        self.ctx_req, self.ctx_pos, self.ctx_rows = [], [], []  # per context row
-        self.q_req, self.q_pos, self.q_tok = [], [], []  # per anchor
-
-    def context(self, req: int, first_pos: int, first_row: int, n: int) -> None:
-        self.ctx_req += [req] * n
-        self.ctx_pos += range(first_pos, first_pos + n)
-        self.ctx_rows += range(first_row, first_row + n)
-
-    def anchor(self, req: int, pos: int, tok: int, max_model_len: int) -> None:
-        if pos + QUERY_ROWS <= max_model_len:
-            self.q_req.append(req)
-            self.q_pos.append(pos)
-            self.q_tok.append(tok)
 
 
 def plan_drafts(part: PartitionPlan, tokens: np.ndarray, window: int, max_model_len: int) -> DraftBatch:

@@ -1,12 +1,13 @@
 """Proposer: what SpecRunner (drafter_runner.py) drafts with at K=7, behind one interface:
 the DSpark drafter over its rings (DrafterProposer, here) or a test's scripted drafter
 (dspark_testing.scripted_drafter, chosen by DSPARK_TEST_DRAFTER or ModelRunner(proposer=)).
-SpecRunner keeps the leases and decides what to draft (DraftBatch); the proposer drafts.
+SpecRunner keeps the leases and decides what to draft (a DraftBatch, plan_drafts); the
+proposer drafts it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -14,11 +15,27 @@ import torch
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import PrefillChunk
 from workers.comm import Comm
-from workers.model.drafter import RING_BLOCKS, RING_ROWS, Drafter
+from workers.model.drafter import QUERY_ROWS, RING_BLOCKS, RING_ROWS, Drafter
 from workers.model.dsv4 import ForwardOutput
 
-if TYPE_CHECKING:
-    from workers.drafter_runner import DraftBatch
+
+class DraftBatch:
+    """This step's drafter work: context rows to write, anchors to draft from."""
+
+    def __init__(self) -> None:
+        self.ctx_req, self.ctx_pos, self.ctx_rows = [], [], []  # per context row
+        self.q_req, self.q_pos, self.q_tok = [], [], []  # per anchor
+
+    def context(self, req: int, first_pos: int, first_row: int, n: int) -> None:
+        self.ctx_req += [req] * n
+        self.ctx_pos += range(first_pos, first_pos + n)
+        self.ctx_rows += range(first_row, first_row + n)
+
+    def anchor(self, req: int, pos: int, tok: int, max_model_len: int) -> None:
+        if pos + QUERY_ROWS <= max_model_len:
+            self.q_req.append(req)
+            self.q_pos.append(pos)
+            self.q_tok.append(tok)
 
 
 class Proposer(Protocol):
