@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dspark_loop.contract.protocol import DSPARK_K, DecodeBatch, StepPlan
+from dspark_loop.contract.protocol import DSPARK_K, BlockUpdate, DecodeBatch, PartitionPlan, PrefillChunk, StepPlan
+from dspark_loop.engine.partition import Partition
 from dspark_loop.engine.request import Request
+from dspark_loop.engine.sampling_wire import next_prompt_token
 
 
 @dataclass
@@ -92,3 +94,34 @@ def decode_batch(decodes: list[Request], pstep: PartitionStep, drafts: np.ndarra
         num_rows=rows.tobytes(),
         token_ids=tokens.tobytes(),
     )
+
+
+def partition_step(
+    part: Partition, prefills: list[tuple[Request, int]], decodes: list[Request], updates: list[BlockUpdate]
+) -> tuple[PartitionStep, PartitionPlan]:
+    """Phase 4 of Scheduler.schedule: a partition's PartitionStep (what the results will
+    mean) and its wire plan; the freed ids and new leases since the last sent plan go in."""
+    pstep = PartitionStep()
+    for req, n in prefills:
+        start = req.num_computed
+        pstep.prefills.append((req, n, start + n == req.prefill_target))
+    pplan = PartitionPlan(block_updates=updates)
+    pplan.prefills = [
+        PrefillChunk(
+            r.req_id,
+            r.num_computed,
+            r.token_bytes(r.num_computed, r.num_computed + n),
+            s,
+            next_prompt_token(r, r.num_computed + n, s),
+        )
+        for r, n, s in pstep.prefills
+    ]
+    if decodes:
+        pstep.decode_reqs = decodes
+        pplan.decode = decode_batch(decodes, pstep, part.drafts)
+    if pstep.is_empty:
+        pplan.freed_req_ids = []  # keep them for a plan that is actually sent
+    else:
+        pplan.freed_req_ids, part.freed_req_ids = part.freed_req_ids, []
+    part.take_lease_fields(pplan)  # admissions only happen in a non-empty step
+    return pstep, pplan

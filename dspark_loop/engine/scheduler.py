@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from dspark_loop.contract.cache_layout import CacheLayout
-from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK, BlockUpdate, PartitionPlan, PrefillChunk, StepPlan
+from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK, BlockUpdate, PartitionPlan, StepPlan
 from dspark_loop.engine.admission import Admission
 from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.kv_cache import PartitionCache
@@ -18,8 +18,7 @@ from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.partition import Partition
 from dspark_loop.engine.prefix_cache import PrefixCache
 from dspark_loop.engine.request import Request, Status
-from dspark_loop.engine.sampling_wire import next_prompt_token
-from dspark_loop.engine.scheduled_step import PartitionStep, ScheduledStep, decode_batch
+from dspark_loop.engine.scheduled_step import PartitionStep, ScheduledStep, partition_step
 from dspark_loop.engine.spec_counters import SpecCounters
 from dspark_loop.engine.step_apply import StepApplier
 from dspark_loop.engine.step_update import read_results
@@ -188,7 +187,7 @@ class Scheduler:
         if not did_preempt:
             for req, message in self.admission.admit(part, budget, prefills, updates):
                 self._report_error(req, message)
-        pstep, pplan = self._plan(part, prefills, decodes, updates)
+        pstep, pplan = partition_step(part, prefills, decodes, updates)
         if self.num_constrained:
             self._mask(part, pstep, pplan)
         return pstep, pplan
@@ -263,35 +262,6 @@ class Scheduler:
             if victim is req:
                 return False
         return True
-
-    def _plan(
-        self, part: Partition, prefills: list[tuple[Request, int]], decodes: list[Request], updates: list[BlockUpdate]
-    ) -> tuple[PartitionStep, PartitionPlan]:
-        """Phase 4: the PartitionStep (what the results will mean) and its wire plan."""
-        pstep = PartitionStep()
-        for req, n in prefills:
-            start = req.num_computed
-            pstep.prefills.append((req, n, start + n == req.prefill_target))
-        pplan = PartitionPlan(block_updates=updates)
-        pplan.prefills = [
-            PrefillChunk(
-                r.req_id,
-                r.num_computed,
-                r.token_bytes(r.num_computed, r.num_computed + n),
-                s,
-                next_prompt_token(r, r.num_computed + n, s),
-            )
-            for r, n, s in pstep.prefills
-        ]
-        if decodes:
-            pstep.decode_reqs = decodes
-            pplan.decode = decode_batch(decodes, pstep, part.drafts)
-        if pstep.is_empty:
-            pplan.freed_req_ids = []  # keep them for a plan that is actually sent
-        else:
-            pplan.freed_req_ids, part.freed_req_ids = part.freed_req_ids, []
-        part.take_lease_fields(pplan)  # admissions only happen in a non-empty step
-        return pstep, pplan
 
     def _mask(self, part: Partition, pstep: PartitionStep, pplan: PartitionPlan) -> None:
         """Phase 5: allowed-token masks of constrained requests; a constraint that fails
