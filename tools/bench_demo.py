@@ -26,9 +26,10 @@ from tokenizers import Tokenizer
 from dspark_loop.config.default_model import DEMO_DIR, DEMO_MANIFEST
 from dspark_loop.contract.acceptance import accept_chain
 from dspark_loop.contract.model_config import ModelConfig
-from dspark_loop.contract.protocol import DSPARK_K, RankConfig, StepResult, as_i8, as_i32, f32, i32
+from dspark_loop.contract.protocol import DSPARK_K, RankConfig, as_i8, as_i32
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
+from dspark_testing.local_mesh import LocalMesh
 from dspark_testing.schedulers import model_scheduler
 from workers.runner import ModelRunner
 
@@ -36,13 +37,12 @@ BLOCK = 32
 K = DSPARK_K
 
 
-class TimedMesh:
-    """mesh.step() over one in-process runner; times every step and tallies each verify's
-    matched drafts (the host's accept_chain on the plan's drafts and the step's tokens)."""
+class TimedMesh(LocalMesh):
+    """LocalMesh over one runner; times every step and tallies each verify's matched
+    drafts (the host's accept_chain on the plan's drafts and the step's tokens)."""
 
     def __init__(self, runner: ModelRunner) -> None:
-        self.runner = runner
-        self.dead: str | None = None  # EngineLoop reads it (an in-process mesh never dies)
+        super().__init__([runner])
         self.step_s: list[tuple[int, float]] = []  # (rows per decode request, seconds) of decode-only steps
         self.drafter_s: list[float] = []
         self.matched = np.zeros(K + 1, np.int64)  # histogram of matched drafts per verify
@@ -56,10 +56,9 @@ class TimedMesh:
 
             runner.spec.after_forward = timed
 
-    async def step(self, plan):
-        part = plan.partitions[0]
+    def execute(self, group: int, part):
         t0 = time.perf_counter()
-        tokens = self.runner.execute(part)
+        tokens = super().execute(group, part)
         dt = time.perf_counter() - t0
         d = part.decode
         if d is not None and not part.prefills:
@@ -71,12 +70,7 @@ class TimedMesh:
                     a = accept_chain(toks[cu + 1 : cu + k][None, :], tokens[li : li + k][None, :])[0]
                     self.matched[int(a) - 1] += 1
                 li, cu = li + k, cu + k
-        res = StepResult(plan.step_id, 0, i32(tokens))
-        drafts = self.runner.take_drafts()
-        if drafts is not None:
-            res.draft_req_ids, res.draft_token_ids = i32(drafts[0]), i32(drafts[1])
-            res.draft_confidence = f32(drafts[2])
-        return [res]
+        return tokens
 
 
 def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int) -> dict:

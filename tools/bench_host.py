@@ -38,8 +38,7 @@ import time
 import numpy as np
 
 from dspark_loop.contract.acceptance import accept_chain
-from dspark_loop.contract.placeholders import LastSamples
-from dspark_loop.contract.protocol import DSPARK_K, ENCODER, StepResult, as_i8, as_i32, f32, i32
+from dspark_loop.contract.protocol import DSPARK_K, ENCODER, StepResult, as_i8, as_i32
 from dspark_loop.contract.sampling_knobs import SamplingKnobs
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
@@ -47,6 +46,7 @@ from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.event_loop import EVENT_LOOPS, loop_factory, loop_name
 from dspark_loop.observe.metrics import Metrics
 from dspark_loop.observe.tap_publisher import TapPublisher
+from dspark_testing.local_mesh import LocalMesh
 from dspark_testing.schedulers import make_scheduler
 from tools.bench_engine import flash_layout, tiny_tokenizer
 
@@ -76,61 +76,75 @@ class TraceRecorder(EngineObserver):
         self.traces.append(trace)
 
 
-class InstantMesh:
-    dead = None
+class InstantRunner:
+    """One partition's scripted leader (a workers Runner): every row predicts
+    `token % 500 + 3`; at K=7 it proposes the next drafts, right for a rotating count."""
 
-    def __init__(self, spec_k: int) -> None:
+    num_blocks: list[int] = []
+
+    def __init__(self, mesh: InstantMesh) -> None:
+        self.mesh = mesh
+        self.drafts = None
+
+    def execute(self, part) -> np.ndarray:
+        toks, draft_ids, anchors = [], [], []
+        for c in part.prefills:
+            if c.sample:
+                t = predict(as_i32(c.token_ids)[-1:])
+                toks.append(t)
+                draft_ids.append(c.req_id)
+                anchors.append(t)
+        d = part.decode
+        spec_k = self.mesh.spec_k
+        if d is not None:
+            rows = as_i8(d.num_rows).astype(np.int64)
+            preds = predict(as_i32(d.token_ids))
+            toks.append(preds)
+            if spec_k:
+                ends = np.cumsum(rows)
+                verify = rows > 1
+                last = preds[ends - 1].copy()
+                if verify.any():
+                    starts = ends[verify] - rows[verify]
+                    inputs = as_i32(d.token_ids)
+                    r = starts[:, None] + np.arange(DSPARK_K + 1)
+                    a = accept_chain(inputs[r[:, 1:]], preds[r])
+                    last[verify] = preds[starts + a - 1]
+                draft_ids.append(as_i32(d.req_ids))
+                anchors.append(last)
+        if spec_k and draft_ids:
+            first = np.concatenate(anchors)
+            req_ids = np.concatenate([np.atleast_1d(x) for x in draft_ids])
+            conf = np.ones((len(first), DSPARK_K), np.float32)
+            self.drafts = (req_ids, chain(first, self.mesh.num_steps % 8), conf)
+        return np.concatenate(toks) if toks else np.zeros(0, np.int32)
+
+    def take_drafts(self):
+        drafts, self.drafts = self.drafts, None
+        return drafts
+
+    def take_logprobs(self) -> None:
+        return None
+
+
+class InstantMesh(LocalMesh):
+    """LocalMesh over InstantRunners; times the plan's msgpack encode (a real mesh's cost)."""
+
+    def __init__(self, spec_k: int, num_partitions: int) -> None:
         self.spec_k = spec_k
         self.encode_s: list[float] = []
         self.num_steps = 0
-        self.samples: list[LastSamples] = []  # per partition: placeholder inputs (async scheduling)
-
-    async def step(self, plan) -> list[StepResult]:
-        return self.answer(plan)
+        super().__init__([InstantRunner(self) for _ in range(num_partitions)])
 
     def answer(self, plan) -> list[StepResult]:
+        return self.run(plan)
+
+    def run(self, plan) -> list[StepResult]:
         t0 = time.perf_counter()
         ENCODER.encode(plan)
         self.encode_s.append(time.perf_counter() - t0)
         self.num_steps += 1
-        results = []
-        while len(self.samples) < len(plan.partitions):
-            self.samples.append(LastSamples())
-        for p, part in enumerate(plan.partitions):
-            part = self.samples[p].resolve(part)
-            toks, draft_ids, anchors = [], [], []
-            for c in part.prefills:
-                if c.sample:
-                    t = predict(as_i32(c.token_ids)[-1:])
-                    toks.append(t)
-                    draft_ids.append(c.req_id)
-                    anchors.append(t)
-            d = part.decode
-            if d is not None:
-                rows = as_i8(d.num_rows).astype(np.int64)
-                preds = predict(as_i32(d.token_ids))
-                toks.append(preds)
-                if self.spec_k:
-                    ends = np.cumsum(rows)
-                    verify = rows > 1
-                    last = preds[ends - 1].copy()
-                    if verify.any():
-                        starts = ends[verify] - rows[verify]
-                        inputs = as_i32(d.token_ids)
-                        r = starts[:, None] + np.arange(DSPARK_K + 1)
-                        a = accept_chain(inputs[r[:, 1:]], preds[r])
-                        last[verify] = preds[starts + a - 1]
-                    draft_ids.append(as_i32(d.req_ids))
-                    anchors.append(last)
-            res = StepResult(plan.step_id, p, i32(np.concatenate(toks) if toks else []))
-            if self.spec_k and draft_ids:
-                first = np.concatenate(anchors)
-                res.draft_req_ids = i32(np.concatenate([np.atleast_1d(x) for x in draft_ids]))
-                res.draft_token_ids = i32(chain(first, self.num_steps % 8))
-                res.draft_confidence = f32(np.ones((len(first), DSPARK_K), np.float32))
-            self.samples[p].record(part, as_i32(res.token_ids))
-            results.append(res)
-        return results
+        return super().run(plan)
 
 
 class DeviceMesh(InstantMesh):
@@ -139,8 +153,8 @@ class DeviceMesh(InstantMesh):
     a timer thread (sleeping, not spinning) releases them device_s after the device is free
     (one step at a time, in send order). Native send/gather: two steps may be in flight."""
 
-    def __init__(self, spec_k: int, device_s: float) -> None:
-        super().__init__(spec_k)
+    def __init__(self, spec_k: int, num_partitions: int, device_s: float) -> None:
+        super().__init__(spec_k, num_partitions)
         self.device_s = device_s
         self.answer_s: list[float] = []
         self.done_at: dict[int, float] = {}  # step id -> perf_counter() when gathered
@@ -213,7 +227,7 @@ async def run(
         enable_prefix_caching=prefix_caching,
     )
     tap = TapPublisher(tap_addr)
-    mesh = InstantMesh(spec_k) if device_s is None else DeviceMesh(spec_k, device_s)
+    mesh = InstantMesh(spec_k, num_partitions) if device_s is None else DeviceMesh(spec_k, num_partitions, device_s)
     recorder = TraceRecorder()
     engine = EngineLoop(
         sched, mesh, tiny_tokenizer(), observers=[Metrics("bench"), tap, recorder], async_scheduling=async_scheduling

@@ -15,6 +15,7 @@ lockstep, see docs/architecture.md "Overlap").
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 
 from dspark_loop.contract.protocol import PartitionPlan, as_i8, as_i32
@@ -50,10 +51,7 @@ class LastSamples:
             raise ValueError(f"req {e.args[0]}: a placeholder input with no sample to resolve it") from None
         filled = tokens.copy()
         filled[holes] = found
-        d2 = type(d)(d.req_ids, d.start_pos, d.num_rows, filled.tobytes())
-        out = type(part)(*[getattr(part, f) for f in part.__struct_fields__])
-        out.decode = d2
-        return out
+        return msgspec.structs.replace(part, decode=msgspec.structs.replace(d, token_ids=filled.tobytes()))
 
     def run(self, part: PartitionPlan, execute) -> tuple[PartitionPlan, object]:
         """(the resolved part, execute(resolved part)) with the samples recorded: a rank's

@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from dspark_loop.contract.cache_layout import CacheLayout
-from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK, BlockUpdate, PartitionPlan, PrefillChunk, StepPlan
+from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK, BlockUpdate, PartitionPlan, StepPlan
 from dspark_loop.engine.admission import Admission
 from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.kv_cache import PartitionCache
@@ -20,12 +20,11 @@ from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.partition import Partition
 from dspark_loop.engine.prefix_cache import PrefixCache
 from dspark_loop.engine.request import Request, Status
-from dspark_loop.engine.sampling_wire import next_prompt_token
 from dspark_loop.engine.scheduled_step import (
     PartitionStep,
     ScheduledStep,
-    decode_batch,
     note_inflight,
+    partition_step,
     plan_positions,
 )
 from dspark_loop.engine.spec_counters import SpecCounters
@@ -269,7 +268,7 @@ class Scheduler:
         if not did_preempt:
             for req, message in self.admission.admit(part, budget, prefills, updates):
                 self._report_error(req, message)
-        pstep, pplan = self._plan(part, prefills, decodes, updates, masked)
+        pstep, pplan = partition_step(part, prefills, decodes, updates, masked)
         if self.num_constrained:
             self._mask(part, pstep, pplan)
         return pstep, pplan
@@ -350,39 +349,6 @@ class Scheduler:
             if victim is req:
                 return False
         return True
-
-    def _plan(
-        self,
-        part: Partition,
-        prefills: list[tuple[Request, int]],
-        decodes: list[Request],
-        updates: list[BlockUpdate],
-        masked: bool = False,
-    ) -> tuple[PartitionStep, PartitionPlan]:
-        """Phase 4: the PartitionStep (what the results will mean) and its wire plan."""
-        pstep = PartitionStep()
-        for req, n in prefills:
-            pstep.prefills.append((req, n, req.plan_pos + n == req.prefill_target))
-        pplan = PartitionPlan(block_updates=updates)
-        pplan.prefills = [
-            PrefillChunk(
-                r.req_id,
-                r.plan_pos,
-                r.token_bytes(r.plan_pos, r.plan_pos + n),
-                s,
-                next_prompt_token(r, r.plan_pos + n, s),
-            )
-            for r, n, s in pstep.prefills
-        ]
-        if decodes:
-            pstep.decode_reqs = decodes
-            pplan.decode = decode_batch(decodes, pstep, part.drafts, masked)
-        if pstep.is_empty:
-            pplan.freed_req_ids = []  # keep them for a plan that is actually sent
-        else:
-            pplan.freed_req_ids, part.freed_req_ids = part.freed_req_ids, []
-        part.take_lease_fields(pplan)  # admissions only happen in a non-empty step
-        return pstep, pplan
 
     def _mask(self, part: Partition, pstep: PartitionStep, pplan: PartitionPlan) -> None:
         """Phase 5: allowed-token masks of constrained requests; a constraint that fails

@@ -80,7 +80,7 @@ def test_a_scrubbed_lease_is_all_zero_and_other_leases_keep_their_rows(ckpt):
     runner = new_runner(ckpt)
     admit(runner, 1, 2, prompt(1, 30, 1024))
     admit(runner, 2, 3, prompt(2, 30, 1024))
-    spec = runner.spec
+    spec = runner.spec.proposer
     assert all(spec.lease_rows(2, k).abs().sum() > 0 for k in range(3))
     keep = [spec.lease_rows(3, k).clone() for k in range(3)]
     runner.execute(PartitionPlan(freed_req_ids=[1], scrub_lease_ids=i32([2])))

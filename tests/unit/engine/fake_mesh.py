@@ -20,12 +20,14 @@ import asyncio
 
 from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.errors import EngineDead
-from dspark_loop.contract.placeholders import LastSamples
-from dspark_loop.contract.protocol import StepPlan, StepResult, as_i8, as_i32, i32
+from dspark_loop.contract.protocol import StepPlan, StepResult, as_i8, as_i32
+from dspark_testing.local_mesh import LocalMesh
 
 
 class FakeRank:
-    """One partition's TP leader."""
+    """One partition's TP leader: a runner (workers/runner_interface.py) without a model."""
+
+    num_blocks: list[int] = []  # the fake keeps no pools: the scheduler's are the truth
 
     def __init__(self, layout: CacheLayout, model):
         self.layout = layout
@@ -35,12 +37,8 @@ class FakeRank:
         self.store: list[dict[int, tuple]] = [{} for _ in layout.families]  # slot -> tag
         self.chains: dict[int, list[int]] = {}  # req_id -> chain per position [0, written)
         self.lineage: dict[int, int] = {}  # chain -> parent chain (0 before position 0)
-        self.samples = LastSamples()  # placeholder inputs (async scheduling), as a rank
 
-    def run(self, part) -> list[int]:
-        return self.samples.run(part, self._run)[1]
-
-    def _run(self, part) -> list[int]:
+    def execute(self, part) -> list[int]:
         for rid in part.freed_req_ids:
             assert rid in self.tables, f"freed unknown req {rid}"
             del self.tables[rid]
@@ -78,6 +76,12 @@ class FakeRank:
             # NOTE: exact for prefill and 1-row decode; an upper bound for verify rows
             self.next_pos[rid] = start + len(toks)
         return out
+
+    def take_drafts(self) -> None:
+        return None
+
+    def take_logprobs(self) -> None:
+        return None
 
     def _slot(self, rid: int, fam, pos_or_row: int) -> tuple[int, int]:
         per = fam.rows_per_page
@@ -170,8 +174,8 @@ def default_model(allowed: list[int]):
     return model
 
 
-class FakeMesh:
-    """`step(plan)` as the real mesh: one leader StepResult per partition."""
+class FakeMesh(LocalMesh):
+    """`step(plan)` as the real mesh: one leader StepResult per partition, from FakeRanks."""
 
     def __init__(self, layout: CacheLayout, num_partitions: int, allowed: list[int], script=None):
         base = default_model(allowed)
@@ -181,19 +185,14 @@ class FakeMesh:
             forced = self.script(tok, prev, pos) if self.script else None
             return base(tok, prev, pos) if forced is None else forced
 
-        self.ranks = [FakeRank(layout, model) for _ in range(num_partitions)]
-        self.dead: str | None = None
+        super().__init__([FakeRank(layout, model) for _ in range(num_partitions)])
         self.fail_at_step: int | None = None  # raise EngineDead on this step id
         self.delay_s = 0.0
         self.plans: list[StepPlan] = []
 
     def run(self, plan: StepPlan) -> list[StepResult]:
         self.plans.append(plan)
-        assert len(plan.partitions) == len(self.ranks)
-        return [
-            StepResult(plan.step_id, p, i32(rank.run(part)))
-            for p, (rank, part) in enumerate(zip(self.ranks, plan.partitions))
-        ]
+        return super().run(plan)
 
     async def step(self, plan: StepPlan) -> list[StepResult]:
         if self.fail_at_step is not None and plan.step_id >= self.fail_at_step:
