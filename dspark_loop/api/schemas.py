@@ -8,11 +8,19 @@ refused when set (a 400 saying so): logit_bias, suffix, best_of != n. Ignored: u
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 from dspark_loop.api.errors import ApiError
+
+RESPONSE_FORMAT_DOC = (
+    'OpenAI\'s output format: {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
+    '"json_schema": {"name", "schema", "strict"}} (decoding is constrained by the schema)'
+)
+STRUCTURED_OUTPUTS_DOC = 'vLLM\'s structured outputs: {"json": schema} or {"json_object": true}'
+ResponseFormat = Annotated[dict[str, Any] | None, msgspec.Meta(description=RESPONSE_FORMAT_DOC)]
+StructuredOutputs = Annotated[dict[str, Any] | None, msgspec.Meta(description=STRUCTURED_OUTPUTS_DOC)]
 
 
 class Strict(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -59,6 +67,8 @@ class CompletionRequest(GenerationFields):
     best_of: int | None = None  # only == n
     logprobs: int | None = None  # top entries per token (0..20); with echo: the prompt's too
     suffix: str | None = None  # refused
+    response_format: ResponseFormat = None  # text | json_object | json_schema (api/structured/)
+    structured_outputs: StructuredOutputs = None  # vLLM's: {"json": schema} | {"json_object": true}
 
 
 class TokenizeRequest(Strict):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dspark_loop.api.schemas import GenerationFields
+from dspark_loop.api.schemas import GenerationFields, ResponseFormat, StructuredOutputs
 
 
 class ChatCompletionRequest(GenerationFields):
@@ -21,7 +21,8 @@ class ChatCompletionRequest(GenerationFields):
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None  # DeepSeek's API: {"type": "enabled" | "disabled"}
-    response_format: dict[str, Any] | None = None  # {"type": "text"} only
+    response_format: ResponseFormat = None  # text | json_object | json_schema (api/structured/)
+    structured_outputs: StructuredOutputs = None  # vLLM's: {"json": schema} | {"json_object": true}
     logprobs: bool | None = None
     top_logprobs: int | None = None
 

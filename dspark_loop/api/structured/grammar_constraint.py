@@ -1,0 +1,128 @@
+"""GrammarConstraint: the tokens a constrained request may write next, row by row.
+
+One compiled xgrammar grammar (a JSON schema, json_object, or the DSML tool-call tag) and
+its matcher. In thinking mode the grammar starts after the `</think>` token; before it every
+token is allowed except `reasoning_refused` (e.g. `｜DSML｜`, or EOS while a call is
+required). The engine asks once per step for the masks of a request's rows:
+
+    c.row_masks(output_ids, drafts)  # [packed mask] for rows 0..m: row i follows drafts[:i]
+
+At K=0 (no drafts) that is one mask; at K=7 the matcher is advanced along the drafts,
+filling a mask at each position, and stops after the first draft the grammar refuses (its
+row's masked pick can never equal it, so nothing after it is accepted); the drafts are
+rolled back afterwards, and the accepted tokens are taken in at the next ask.
+Masks are np.packbits(allowed, bitorder="little") bytes (protocol.TokenMask.bits): the
+matcher's int32 bitmask words, little-endian, are exactly that layout.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import xgrammar as xg
+
+from dspark_loop.contract.protocol import DSPARK_K, pack_mask, unpack_mask
+
+MAX_ROLLBACK = 4 * (DSPARK_K + 1)  # a verify window's drafts, with room to spare
+
+
+class GrammarConstraint:
+    def __init__(
+        self,
+        compiled: xg.CompiledGrammar,
+        vocab_size: int,
+        *,
+        eos_id: int,
+        think_end_id: int | None = None,
+        reasoning_refused: tuple[int, ...] = (),
+    ):
+        self._matcher = xg.GrammarMatcher(compiled, max_rollback_tokens=MAX_ROLLBACK)
+        self.vocab_size = vocab_size
+        self._nbytes = (vocab_size + 7) // 8
+        self._think_end_id = think_end_id
+        self._reasoning_refused = frozenset(reasoning_refused)
+        reasoning = np.ones(vocab_size, dtype=bool)
+        reasoning[list(self._reasoning_refused)] = False
+        self._reasoning_bits = pack_mask(reasoning)
+        only_eos = np.zeros(vocab_size, dtype=bool)
+        only_eos[eos_id] = True
+        self._eos_bits = pack_mask(only_eos)  # after EOS nothing may follow but padding
+        self._all_bits = pack_mask(np.ones(vocab_size, dtype=bool))
+        self._ids: list[int] = []  # every token taken in so far
+        self._grammar_start = 0 if think_end_id is None else None  # index where the grammar began
+        self._bitmask = np.zeros(xg.get_bitmask_shape(1, vocab_size), dtype=np.int32)  # [1, words]
+
+    # ---- what the engine asks ------------------------------------------------------------
+    def row_masks(self, output_ids, drafts=()) -> list[bytes]:
+        """Packed masks for rows 0..m (m <= len(drafts)): row i is what may follow
+        output_ids + drafts[:i]; the list ends after the first refused draft."""
+        self._sync(output_ids)
+        base = len(self._ids)
+        masks = []
+        for i in range(len(drafts) + 1):
+            masks.append(self._packed())
+            if i == len(drafts) or self.is_terminated() or not self.accept(int(drafts[i])):
+                break
+        self._truncate(base)
+        return masks
+
+    def allowed_token_mask(self, output_ids) -> np.ndarray:
+        """[vocab] bool: the tokens that may follow `output_ids`."""
+        return unpack_mask(self.row_masks(output_ids)[0], 0, self.vocab_size)
+
+    # ---- the matcher -----------------------------------------------------------------------
+    def accept(self, token_id: int) -> bool:
+        """Advance by one token; False (and no change) if the grammar forbids it."""
+        if self._grammar_start is None:
+            if token_id in self._reasoning_refused:
+                return False
+            self._ids.append(token_id)
+            if token_id == self._think_end_id:
+                self._grammar_start = len(self._ids)
+            return True
+        if not self._matcher.accept_token(token_id):
+            return False
+        self._ids.append(token_id)
+        return True
+
+    def is_terminated(self) -> bool:
+        return self._grammar_start is not None and self._matcher.is_terminated()
+
+    def _packed(self) -> bytes:
+        if self._grammar_start is None:
+            return self._reasoning_bits
+        if self._matcher.is_terminated():
+            return self._eos_bits
+        if not self._matcher.fill_next_token_bitmask(self._bitmask):
+            return self._all_bits
+        return self._bitmask.view(np.uint8)[0, : self._nbytes].tobytes()
+
+    def _truncate(self, n: int) -> None:
+        """Forget self._ids[n:] (the matcher rolls back the grammar's part of them)."""
+        start = self._grammar_start
+        if start is not None and len(self._ids) > max(n, start):
+            self._matcher.rollback(len(self._ids) - max(n, start))
+        if start is not None and n < start:  # back into the reasoning
+            self._grammar_start = None
+        del self._ids[n:]
+
+    def _sync(self, output_ids) -> None:
+        """Make the taken-in history equal `output_ids`."""
+        ids = self._ids
+        common = 0
+        for a, b in zip(ids, output_ids):
+            if a != b:
+                break
+            common += 1
+        if common < len(ids):
+            start = self._grammar_start if self._grammar_start is not None else len(ids)
+            if len(ids) - max(common, min(start, len(ids))) <= MAX_ROLLBACK:
+                self._truncate(common)
+            else:
+                # NOTE: beyond the matcher's rollback window: replay from the start.
+                self._matcher.reset()
+                self._ids = []
+                self._grammar_start = 0 if self._think_end_id is None else None
+                common = 0
+        for tid in list(output_ids[len(self._ids) :]):
+            if not self.accept(int(tid)):
+                raise ValueError(f"token {tid} breaks the output grammar")
