@@ -63,9 +63,9 @@ class GenerateRequest:
     params: SamplingParams
     # Parser for chat/tool output may need the raw token ids; text is always produced.
     arrival_time: float = 0.0
-    # Optional logit constraint (tool_choice required/named), see api/ tools; None = free.
-    # Duck-typed: allowed_token_mask(output_ids) -> bool [vocab]; asked every step for the
-    # request's one sampled row (a constrained request never speculates).
+    # Optional logit constraint (response_format, tool_choice required/named; api/structured/);
+    # None = free. Duck-typed: row_masks(output_ids, drafts) -> [packed mask per row], asked
+    # once per step for the request's sampled rows (engine/token_masks.py).
     constraint: object | None = None
 
 

@@ -66,7 +66,7 @@ class Scheduler:
         self._early_finished: list[Request] = []
         self.num_preemptions = 0
         self._ended_in_step = False  # a scheduled request ended before its results came back
-        self.num_constrained = 0  # live requests with a token constraint (tool grammars)
+        self.num_constrained = 0  # live requests with a token constraint (output grammars)
 
     # ---- intake -----------------------------------------------------------------------
     def make_request(self, g: GenerateRequest, detokenizer=None) -> Request:
@@ -198,7 +198,7 @@ class Scheduler:
             if req.num_computed < req.prefill_target:
                 req.sched_n = 0
                 prefilling.append(req)
-            elif spec_k and req.has_drafts and req.constraint is None and req.num_computed <= verify_limit:
+            elif spec_k and req.has_drafts and req.num_computed <= verify_limit:
                 if verify_n <= budget:
                     req.sched_n = verify_n
                     budget -= verify_n
@@ -275,7 +275,7 @@ class Scheduler:
         part.take_lease_fields(pplan)  # admissions only happen in a non-empty step
         failed = []
         if self.num_constrained:
-            pplan.token_masks, failed = token_masks(pstep)
+            pplan.token_masks, failed = token_masks(pstep, part.drafts if spec_k else None)
         for req, message in failed:
             # NOTE: the row still runs (it is in the plan); update() skips a request that
             # is no longer running, and its pages are freed in the next plan.
