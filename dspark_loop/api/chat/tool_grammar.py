@@ -28,6 +28,9 @@ from dspark_loop.api.chat.render import DSML, INVOKE_END, TOOL_CALLS_END, TOOL_C
 from dspark_loop.api.structured.schema_support import UnsupportedSchema, check_schema
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+# NOTE: whitespace between parameters (and inside JSON values) is bounded: an unbounded run
+# lets a weak model spend its whole max_tokens on newlines inside an open block.
+MAX_SPACE = 2
 NESTED = ("properties", "patternProperties", "$defs", "definitions")
 NESTED_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 NESTED_ONE = ("items", "additionalProperties")
@@ -81,7 +84,9 @@ def tool_call_tag(tools: list[dict], tool_choice, *, parallel_tool_calls: bool =
     invokes = [
         TagFormat(
             begin=f'<{DSML}invoke name="{t["function"]["name"]}">\n',
-            content=JSONSchemaFormat(json_schema=tool_parameters(t), style="deepseek_xml", excludes=[DSML]),
+            content=JSONSchemaFormat(
+                json_schema=tool_parameters(t), style="deepseek_xml", excludes=[DSML], max_whitespace_cnt=MAX_SPACE
+            ),
             end=f"\n{INVOKE_END}",
         )
         for t in chosen
