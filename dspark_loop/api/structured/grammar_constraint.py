@@ -23,6 +23,14 @@ import xgrammar as xg
 from dspark_loop.contract.protocol import DSPARK_K, pack_mask, unpack_mask
 
 MAX_ROLLBACK = 4 * (DSPARK_K + 1)  # a verify window's drafts, with room to spare
+_batch: xg.BatchGrammarMatcher | None = None
+
+
+def _batch_matcher() -> xg.BatchGrammarMatcher:
+    global _batch
+    if _batch is None:
+        _batch = xg.BatchGrammarMatcher(max_threads="auto")
+    return _batch
 
 
 class GrammarConstraint:
@@ -64,6 +72,46 @@ class GrammarConstraint:
                 break
         self._truncate(base)
         return masks
+
+    @staticmethod
+    def batch_row_masks(constraints: list, outputs: list, drafts: list) -> list:
+        """row_masks for many requests at once: per row index one batched fill over every
+        matcher still in its window (xgrammar's threads, without the GIL). Per request its
+        masks, or the exception its history raised (that request alone fails)."""
+        out: list = [[] for _ in constraints]
+        live = []  # indices still in their window
+        for j, (c, ids) in enumerate(zip(constraints, outputs)):
+            try:
+                c._sync(ids)
+            except Exception as e:  # noqa: BLE001 -- one request's history
+                out[j] = e
+                continue
+            c._base = len(c._ids)
+            live.append(j)
+        words = xg.get_bitmask_shape(1, constraints[0].vocab_size)[1] if constraints else 0
+        step = 0
+        while live:
+            fill = [j for j in live if constraints[j]._grammar_start is not None and not constraints[j].is_terminated()]
+            if fill:
+                bitmask = np.empty((len(fill), words), np.int32)  # [n, words]
+                _batch_matcher().batch_fill_next_token_bitmask([constraints[j]._matcher for j in fill], bitmask)
+                rows = bitmask.view(np.uint8)  # [n, 4 * words]
+                for n, j in enumerate(fill):
+                    out[j].append(rows[n, : constraints[j]._nbytes].tobytes())
+            filled = set(fill)
+            nxt = []
+            for j in live:
+                c = constraints[j]
+                if j not in filled:
+                    out[j].append(c._packed())
+                d = drafts[j]
+                if step < len(d) and not c.is_terminated() and c.accept(int(d[step])):
+                    nxt.append(j)
+                else:
+                    c._truncate(c._base)
+            live = nxt
+            step += 1
+        return out
 
     def allowed_token_mask(self, output_ids) -> np.ndarray:
         """[vocab] bool: the tokens that may follow `output_ids`."""

@@ -233,3 +233,18 @@ def test_masks_along_drafts_equal_the_masks_of_the_drafts_taken_one_by_one(tok, 
                 if i == len(drafts) or not unpack(want[-1])[drafts[i]]:
                     break
             assert c.row_masks(ids[:at], drafts) == want
+
+
+def test_batched_masks_equal_each_requests_own(tok):
+    """batch_row_masks over many requests (one batched fill per row index) must give each
+    request exactly the masks its own row_masks gives, and leave each at its outputs."""
+    ids = greedy_random(build(tok, TOOLS, "required", start_in_reasoning=True), 7, force={3: THINK_END_ID})
+    rng = np.random.default_rng(1)
+    cuts = [0, 2, 4, 9, 20, 33, len(ids) // 2, len(ids) - 3]
+    drafts = [ids[a : a + 7] if k % 2 else [*ids[a : a + 3], int(rng.integers(VOCAB))] for k, a in enumerate(cuts)]
+    batch = [build(tok, TOOLS, "required", start_in_reasoning=True) for _ in cuts]
+    single = [build(tok, TOOLS, "required", start_in_reasoning=True) for _ in cuts]
+    for _ in range(2):  # the second ask starts from where the first left each constraint
+        got = GrammarConstraint.batch_row_masks(batch, [ids[:a] for a in cuts], drafts)
+        want = [c.row_masks(ids[:a], d) for c, a, d in zip(single, cuts, drafts)]
+        assert got == want
