@@ -265,17 +265,19 @@ class Scheduler:
             )
             for r, n, s in pstep.prefills
         ]
+        failed = []
         if decodes:
             pstep.decode_reqs = decodes
+        if self.num_constrained:
+            # NOTE: before the tile is built: a verify's forced tokens replace its drafts
+            pplan.token_masks, failed = token_masks(pstep, part.drafts if spec_k else None)
+        if decodes:
             pplan.decode = decode_batch(decodes, pstep, part.drafts)
         if pstep.is_empty:
             pplan.freed_req_ids = []  # keep them for a plan that is actually sent
         else:
             pplan.freed_req_ids, part.freed_req_ids = part.freed_req_ids, []
         part.take_lease_fields(pplan)  # admissions only happen in a non-empty step
-        failed = []
-        if self.num_constrained:
-            pplan.token_masks, failed = token_masks(pstep, part.drafts if spec_k else None)
         for req, message in failed:
             # NOTE: the row still runs (it is in the plan); update() skips a request that
             # is no longer running, and its pages are freed in the next plan.

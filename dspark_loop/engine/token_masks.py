@@ -4,6 +4,7 @@ A constrained request's sampled rows are a finishing prefill chunk's last row, a
 row, or a K=7 verify tile of 8 rows. Its constraint (duck-typed) is asked once per step:
 
     constraint.row_masks(output_ids, drafts) -> [packed mask] for rows 0..m, m <= len(drafts)
+    (it may change `drafts`, a list, in place: a token the grammar forces replaces its draft)
 
 row i being what may follow the outputs and drafts[:i]. The list ends after the first draft
 the grammar refuses: that row's masked pick cannot equal the draft, so acceptance stops
@@ -29,7 +30,8 @@ def token_masks(
     pstep: PartitionStep, drafts: np.ndarray | None = None
 ) -> tuple[list[TokenMask], list[tuple[Request, str]]]:
     """(masks for the plan, [(request, error message)] for constraints that failed).
-    drafts: the partition's draft table [leases, K] (K=7), read for verifying requests."""
+    drafts: the partition's draft table [leases, K] (K=7), read for verifying requests and
+    written back with the forced tokens: call it before the plan's tile is built."""
     sampled = [r for r, _, sample in pstep.prefills if sample] + list(pstep.decode_reqs)
     bound = [r for r in sampled if r.constraint is not None]
     if not bound:
@@ -39,6 +41,9 @@ def token_masks(
         verifying = req.sched_n > 1 and req.num_computed >= req.prefill_target and drafts is not None
         row_drafts.append(drafts[req.lease].tolist() if verifying else [])  # [K] or []
     answers = _ask(bound, row_drafts)
+    for req, d in zip(bound, row_drafts):
+        if d:  # NOTE: forced tokens go back into the draft table, which the plan's tile reads
+            drafts[req.lease] = d
     masks, failed = [], []
     for req, rows in zip(bound, answers):
         if not isinstance(rows, Exception) and (not rows or not any(rows[0])):

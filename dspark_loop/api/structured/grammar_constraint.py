@@ -11,6 +11,10 @@ At K=0 (no drafts) that is one mask; at K=7 the matcher is advanced along the dr
 filling a mask at each position, and stops after the first draft the grammar refuses (its
 row's masked pick can never equal it, so nothing after it is accepted); the drafts are
 rolled back afterwards, and the accepted tokens are taken in at the next ask.
+NOTE: where a row's mask allows exactly one token (the schema's skeleton: keys, quotes,
+brackets), that token replaces the draft in place: the row's masked pick can only be it,
+so the draft is accepted whatever the drafter proposed; the tokens are still each row's own
+pick (K=7 == K=0), only the acceptance grows.
 Masks are np.packbits(allowed, bitorder="little") bytes (protocol.TokenMask.bits): the
 matcher's int32 bitmask words, little-endian, are exactly that layout.
 """
@@ -24,6 +28,15 @@ from dspark_loop.contract.protocol import DSPARK_K, pack_mask, unpack_mask
 
 MAX_ROLLBACK = 4 * (DSPARK_K + 1)  # a verify window's drafts, with room to spare
 _batch: xg.BatchGrammarMatcher | None = None
+
+
+def forced_token(words: np.ndarray) -> int | None:
+    """The one id a bitmask row [words] int32 allows, or None (none or several)."""
+    nz = np.flatnonzero(words)
+    if len(nz) != 1:
+        return None
+    w = int(words[nz[0]]) & 0xFFFFFFFF
+    return None if w & (w - 1) else int(nz[0]) * 32 + w.bit_length() - 1
 
 
 def _batch_matcher() -> xg.BatchGrammarMatcher:
@@ -58,16 +71,23 @@ class GrammarConstraint:
         self._ids: list[int] = []  # every token taken in so far
         self._grammar_start = 0 if think_end_id is None else None  # index where the grammar began
         self._bitmask = np.zeros(xg.get_bitmask_shape(1, vocab_size), dtype=np.int32)  # [1, words]
+        self._filled = False
 
     # ---- what the engine asks ------------------------------------------------------------
     def row_masks(self, output_ids, drafts=()) -> list[bytes]:
         """Packed masks for rows 0..m (m <= len(drafts)): row i is what may follow
-        output_ids + drafts[:i]; the list ends after the first refused draft."""
+        output_ids + drafts[:i]; the list ends after the first refused draft. A draft
+        whose row allows one token only becomes that token (drafts is a list, changed in
+        place)."""
         self._sync(output_ids)
         base = len(self._ids)
         masks = []
         for i in range(len(drafts) + 1):
             masks.append(self._packed())
+            if i < len(drafts) and self._filled:
+                forced = forced_token(self._bitmask[0])
+                if forced is not None:
+                    drafts[i] = forced
             if i == len(drafts) or self.is_terminated() or not self.accept(int(drafts[i])):
                 break
         self._truncate(base)
@@ -77,7 +97,8 @@ class GrammarConstraint:
     def batch_row_masks(constraints: list, outputs: list, drafts: list) -> list:
         """row_masks for many requests at once: per row index one batched fill over every
         matcher still in its window (xgrammar's threads, without the GIL). Per request its
-        masks, or the exception its history raised (that request alone fails)."""
+        masks, or the exception its history raised (that request alone fails). Forced
+        drafts are replaced in place, as in row_masks."""
         out: list = [[] for _ in constraints]
         live = []  # indices still in their window
         for j, (c, ids) in enumerate(zip(constraints, outputs)):
@@ -98,6 +119,10 @@ class GrammarConstraint:
                 rows = bitmask.view(np.uint8)  # [n, 4 * words]
                 for n, j in enumerate(fill):
                     out[j].append(rows[n, : constraints[j]._nbytes].tobytes())
+                    if step < len(drafts[j]):
+                        forced = forced_token(bitmask[n])
+                        if forced is not None:
+                            drafts[j][step] = forced
             filled = set(fill)
             nxt = []
             for j in live:
@@ -136,12 +161,14 @@ class GrammarConstraint:
         return self._grammar_start is not None and self._matcher.is_terminated()
 
     def _packed(self) -> bytes:
+        self._filled = False  # whether self._bitmask holds this row's mask
         if self._grammar_start is None:
             return self._reasoning_bits
         if self._matcher.is_terminated():
             return self._eos_bits
         if not self._matcher.fill_next_token_bitmask(self._bitmask):
             return self._all_bits
+        self._filled = True
         return self._bitmask.view(np.uint8)[0, : self._nbytes].tobytes()
 
     def _truncate(self, n: int) -> None:

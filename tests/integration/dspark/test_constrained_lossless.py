@@ -119,9 +119,10 @@ def test_constrained_k7_with_the_real_drafter_equals_k0(ckpt, sampled, dp):
 
 @pytest.mark.parametrize("error_at", [2, 7])
 def test_grammar_valid_drafts_are_accepted_under_the_masks(ckpt, error_at):
-    """A drafter that proposes the K=0 continuation (wrong at draft m) must have m+1 tokens
-    accepted per verify of a constrained request (the grammar allows every right draft), and
-    the output must still equal K=0's."""
+    """A drafter that proposes the K=0 continuation (wrong at draft m) must have at least m+1
+    tokens accepted per verify of a constrained request (the grammar allows every right
+    draft; a wrong one the grammar forces is replaced by the forced token), and the output
+    must still equal K=0's."""
     prompts, params, constraints = table(ckpt, False)
     kw = dict(max_model_len=MAX_MODEL_LEN, constraints=constraints)
     ref = run(ckpt, 0, prompts, params, **kw)
@@ -132,5 +133,5 @@ def test_grammar_valid_drafts_are_accepted_under_the_masks(ckpt, error_at):
     for rid in ("r0", "r1", "r2"):
         st = traces.stats[rid]
         assert st.num_verify_steps > 1
-        # every verify but the last (which may end the request early) accepts m + 1
-        assert st.num_accepted - (st.num_verify_steps - 1) * (error_at + 1) in range(1, error_at + 2)
+        # every verify but the last (which may end the request early) accepts m + 1 or more
+        assert st.num_accepted >= (st.num_verify_steps - 1) * (error_at + 1) + 1

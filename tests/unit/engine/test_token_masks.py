@@ -129,3 +129,30 @@ def test_a_failing_constraint_ends_only_its_request_with_an_error():
     assert sum(len(o.new_token_ids) for o in got[free.request_id]) == 5
     sched.check_integrity()
     assert all(p.cache.num_free() == [pool.num_blocks for pool in p.cache.pools] for p in sched.partitions)
+
+
+class ForcingConstraint(RecordingConstraint):
+    """Also replaces every draft by the first allowed token of its row (a forced token)."""
+
+    def row_masks(self, output_ids, drafts):
+        for i in range(len(drafts)):
+            drafts[i] = int(np.flatnonzero(self.allowed(len(output_ids) + i))[0])
+        return super().row_masks(output_ids, drafts)
+
+
+def test_tokens_the_grammar_forces_replace_the_drafts_in_the_verify_tile():
+    """Drafts a constraint rewrote (tokens its grammar forces) must be the ones the plan's
+    verify tile carries, and the ones acceptance is checked against."""
+    sched = make_scheduler(spec_k=7)
+    (bound,) = make_requests(sched, 1, prompt_len=4, max_tokens=20)
+    c = ForcingConstraint()
+    bound.constraint = c
+    sched.add(bound)
+    mesh = make_mesh(sched)
+    run_step(sched, mesh)  # prefill
+    sched.partitions[bound.partition].set_drafts(bound, np.full(7, tiny_tokenizer().token_to_id("</think>"), np.int32))
+    n = len(bound.output_ids)
+    step, _ = run_step(sched, mesh)
+    tile = np.frombuffer(step.plan.partitions[0].decode.token_ids, np.int32)
+    assert tile[1:].tolist() == [int(np.flatnonzero(c.allowed(n + i))[0]) for i in range(7)]
+    assert step.partitions[0].verify_drafts[0].tolist() == tile[1:].tolist()

@@ -218,8 +218,9 @@ def unpack(bits: bytes) -> np.ndarray:
 @pytest.mark.parametrize("think", [False, True])
 def test_masks_along_drafts_equal_the_masks_of_the_drafts_taken_one_by_one(tok, think):
     """row_masks(outputs, drafts)[i] must equal the mask a fresh constraint gives after
-    outputs + drafts[:i], and stop after the first refused draft; the constraint must be
-    left as if only the outputs had been seen (asks at any history agree with fresh ones)."""
+    outputs + drafts[:i], a draft whose row allows one token only must become that token,
+    and the list must stop after the first refused draft; the constraint must be left as if
+    only the outputs had been seen (asks at any history agree with fresh ones)."""
     ids = greedy_random(build(tok, TOOLS, "required", start_in_reasoning=think), 5, force={4: THINK_END_ID})
     rng = np.random.default_rng(0)
     c = build(tok, TOOLS, "required", start_in_reasoning=think)
@@ -227,12 +228,20 @@ def test_masks_along_drafts_equal_the_masks_of_the_drafts_taken_one_by_one(tok, 
         good = ids[at : at + 7]
         bad = [*good[:2], int(rng.integers(VOCAB)), *good[3:]]
         for drafts in (good, bad):
-            want = []
+            want, forced = [], list(drafts)
             for i in range(len(drafts) + 1):
-                want.append(build(tok, TOOLS, "required", start_in_reasoning=think).row_masks(ids[:at] + drafts[:i])[0])
-                if i == len(drafts) or not unpack(want[-1])[drafts[i]]:
+                fresh = build(tok, TOOLS, "required", start_in_reasoning=think)
+                want.append(fresh.row_masks(ids[:at] + forced[:i])[0])
+                if i == len(drafts) or fresh.is_terminated():
                     break
-            assert c.row_masks(ids[:at], drafts) == want
+                allowed = unpack(want[-1])
+                if allowed.sum() == 1:
+                    forced[i] = int(np.flatnonzero(allowed)[0])
+                if not allowed[forced[i]]:
+                    break
+            got = list(drafts)
+            assert c.row_masks(ids[:at], got) == want
+            assert got == forced
 
 
 def test_batched_masks_equal_each_requests_own(tok):
@@ -245,6 +254,7 @@ def test_batched_masks_equal_each_requests_own(tok):
     batch = [build(tok, TOOLS, "required", start_in_reasoning=True) for _ in cuts]
     single = [build(tok, TOOLS, "required", start_in_reasoning=True) for _ in cuts]
     for _ in range(2):  # the second ask starts from where the first left each constraint
-        got = GrammarConstraint.batch_row_masks(batch, [ids[:a] for a in cuts], drafts)
-        want = [c.row_masks(ids[:a], d) for c, a, d in zip(single, cuts, drafts)]
-        assert got == want
+        batch_drafts, single_drafts = [list(d) for d in drafts], [list(d) for d in drafts]
+        got = GrammarConstraint.batch_row_masks(batch, [ids[:a] for a in cuts], batch_drafts)
+        want = [c.row_masks(ids[:a], d) for c, a, d in zip(single, cuts, single_drafts)]
+        assert got == want and batch_drafts == single_drafts
