@@ -62,6 +62,7 @@ def format_constraint(tokenizer, fmt, *, start_in_reasoning: bool, vocab_size: i
         eos_id=eos,
         think_end_id=_special(tokenizer, THINK_END) if start_in_reasoning else None,
         reasoning_refused=(eos,),
+        encode=_encoder(tokenizer),
     )
 
 
@@ -98,7 +99,13 @@ def tool_constraint(
         eos_id=eos,
         think_end_id=_special(tokenizer, THINK_END) if start_in_reasoning else None,
         reasoning_refused=tuple(t for t in refused if t is not None),
+        encode=_encoder(tokenizer),
     )
+
+
+def _encoder(tokenizer):
+    """text -> ids, as the drafts of a string the grammar forces (jump-forward)."""
+    return lambda text: tokenizer.encode(text, add_special_tokens=False).ids
 
 
 def _first_line(e: Exception) -> str:

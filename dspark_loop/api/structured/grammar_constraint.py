@@ -11,10 +11,12 @@ At K=0 (no drafts) that is one mask; at K=7 the matcher is advanced along the dr
 filling a mask at each position, and stops after the first draft the grammar refuses (its
 row's masked pick can never equal it, so nothing after it is accepted); the drafts are
 rolled back afterwards, and the accepted tokens are taken in at the next ask.
-NOTE: where a row's mask allows exactly one token (the schema's skeleton: keys, quotes,
-brackets), that token replaces the draft in place: the row's masked pick can only be it,
-so the draft is accepted whatever the drafter proposed; the tokens are still each row's own
-pick (K=7 == K=0), only the acceptance grows.
+NOTE: drafts are repaired in place (the tokens are still each row's own pick, K=7 == K=0;
+only the acceptance grows): where a row's mask allows exactly one token (the schema's
+skeleton: keys, quotes, brackets), that token replaces the draft, since the row's masked pick
+can only be it; where the grammar refuses the draft and forces a string from here on
+(xgrammar's jump-forward string, e.g. `", "age": `), the string's tokens (`encode`)
+replace the drafts from there.
 Masks are np.packbits(allowed, bitorder="little") bytes (protocol.TokenMask.bits): the
 matcher's int32 bitmask words, little-endian, are exactly that layout.
 """
@@ -55,6 +57,7 @@ class GrammarConstraint:
         eos_id: int,
         think_end_id: int | None = None,
         reasoning_refused: tuple[int, ...] = (),
+        encode=None,
     ):
         self._matcher = xg.GrammarMatcher(compiled, max_rollback_tokens=MAX_ROLLBACK)
         self.vocab_size = vocab_size
@@ -72,6 +75,7 @@ class GrammarConstraint:
         self._grammar_start = 0 if think_end_id is None else None  # index where the grammar began
         self._bitmask = np.zeros(xg.get_bitmask_shape(1, vocab_size), dtype=np.int32)  # [1, words]
         self._filled = False
+        self._encode = encode  # text -> token ids (jump-forward drafts); None: off
 
     # ---- what the engine asks ------------------------------------------------------------
     def row_masks(self, output_ids, drafts=()) -> list[bytes]:
@@ -85,9 +89,7 @@ class GrammarConstraint:
         for i in range(len(drafts) + 1):
             masks.append(self._packed())
             if i < len(drafts) and self._filled:
-                forced = forced_token(self._bitmask[0])
-                if forced is not None:
-                    drafts[i] = forced
+                self._repair(drafts, i, self._bitmask[0])
             if i == len(drafts) or self.is_terminated() or not self.accept(int(drafts[i])):
                 break
         self._truncate(base)
@@ -120,9 +122,7 @@ class GrammarConstraint:
                 for n, j in enumerate(fill):
                     out[j].append(rows[n, : constraints[j]._nbytes].tobytes())
                     if step < len(drafts[j]):
-                        forced = forced_token(bitmask[n])
-                        if forced is not None:
-                            drafts[j][step] = forced
+                        constraints[j]._repair(drafts[j], step, bitmask[n])
             filled = set(fill)
             nxt = []
             for j in live:
@@ -159,6 +159,21 @@ class GrammarConstraint:
 
     def is_terminated(self) -> bool:
         return self._grammar_start is not None and self._matcher.is_terminated()
+
+    def _repair(self, drafts: list, i: int, words: np.ndarray) -> None:
+        """Draft i (and maybe those after it) from what the grammar forces at row i, whose
+        mask is `words` [words] int32."""
+        forced = forced_token(words)
+        if forced is not None:
+            drafts[i] = forced
+            return
+        d = int(drafts[i])
+        if self._encode is None or (0 <= d < self.vocab_size and (int(words[d >> 5]) >> (d & 31)) & 1):
+            return
+        jump = self._matcher.find_jump_forward_string()
+        if jump:
+            ids = self._encode(jump)[: len(drafts) - i]
+            drafts[i : i + len(ids)] = ids
 
     def _packed(self) -> bytes:
         self._filled = False  # whether self._bitmask holds this row's mask

@@ -218,30 +218,33 @@ def unpack(bits: bytes) -> np.ndarray:
 @pytest.mark.parametrize("think", [False, True])
 def test_masks_along_drafts_equal_the_masks_of_the_drafts_taken_one_by_one(tok, think):
     """row_masks(outputs, drafts)[i] must equal the mask a fresh constraint gives after
-    outputs + drafts[:i], a draft whose row allows one token only must become that token,
-    and the list must stop after the first refused draft; the constraint must be left as if
-    only the outputs had been seen (asks at any history agree with fresh ones)."""
+    outputs + drafts[:i] (drafts as repaired: a row allowing one token only must carry it,
+    a refused draft may become the grammar's forced string), every draft but the last row's
+    must be allowed, and the list must stop only at the end, at EOS, or at a refused draft;
+    the constraint must be left as if only the outputs had been seen."""
     ids = greedy_random(build(tok, TOOLS, "required", start_in_reasoning=think), 5, force={4: THINK_END_ID})
     rng = np.random.default_rng(0)
     c = build(tok, TOOLS, "required", start_in_reasoning=think)
+    repaired = 0
     for at in range(0, len(ids) - 1, 5):
         good = ids[at : at + 7]
         bad = [*good[:2], int(rng.integers(VOCAB)), *good[3:]]
         for drafts in (good, bad):
-            want, forced = [], list(drafts)
-            for i in range(len(drafts) + 1):
-                fresh = build(tok, TOOLS, "required", start_in_reasoning=think)
-                want.append(fresh.row_masks(ids[:at] + forced[:i])[0])
-                if i == len(drafts) or fresh.is_terminated():
-                    break
-                allowed = unpack(want[-1])
-                if allowed.sum() == 1:
-                    forced[i] = int(np.flatnonzero(allowed)[0])
-                if not allowed[forced[i]]:
-                    break
             got = list(drafts)
-            assert c.row_masks(ids[:at], got) == want
-            assert got == forced
+            masks = c.row_masks(ids[:at], got)
+            repaired += got != drafts
+            for i, bits in enumerate(masks):
+                fresh = build(tok, TOOLS, "required", start_in_reasoning=think)
+                assert bits == fresh.row_masks(ids[:at] + got[:i])[0]
+                allowed = unpack(bits)
+                if i < len(got) and allowed.sum() == 1 and not fresh.is_terminated():
+                    assert allowed[got[i]]
+                if i < len(masks) - 1:
+                    assert allowed[got[i]]
+            n = len(masks)
+            ended = ids[:at] + got[: n - 1]
+            assert n == len(got) + 1 or (ended and ended[-1] == EOS_ID) or not unpack(masks[-1])[got[n - 1]]
+    assert repaired
 
 
 def test_batched_masks_equal_each_requests_own(tok):
