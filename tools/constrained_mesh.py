@@ -89,13 +89,21 @@ class Shadows:
             preds[row] = nearest_allowed(unpack_mask(m.bits, 0, VOCAB), int(preds[row]))
 
     def accepted(self, req_id: int, tokens) -> None:
-        if req_id in self.grammar:
-            self.outputs[req_id] += [int(t) for t in tokens]
+        """NOTE: the engine ends a request at its EOS; the tokens after it are not outputs."""
+        out = self.outputs.get(req_id)
+        if out is None or (out and out[-1] == EOS):
+            return
+        for t in tokens:
+            out.append(int(t))
+            if t == EOS:
+                break
 
     def drafts(self, req_id: int, num_right: int, predict) -> np.ndarray:
         """7 grammar-valid drafts after the request's outputs, right for num_right."""
         out = np.zeros(DSPARK_K, np.int32)  # id 0 (pad) is never allowed: a refused draft
         ids = self.outputs[req_id]
+        if ids and ids[-1] == EOS:  # finished: the engine asks nothing more
+            return out
         g = self.grammar[req_id]
         prev = ids[-1]
         walk = []
