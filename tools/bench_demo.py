@@ -2,13 +2,16 @@
 process (one runner, LocalComm), greedy, on the manifest's held-out Python prompts.
 
     python -m tools.bench_demo [--streams 1 4 16] [--max-tokens 64] [--model DIR] [--json FILE]
+                               [--constrained]
 
 Per stream count (all held-out prompts, in rounds of that many streams): per-user tok/s
 (output tokens / (finish - arrival), mean over users), total tok/s (all output tokens /
 wall), mean accepted length per verify, acceptance per draft position (P(draft s and all
 before it match)), and step costs: a K=0 decode step (1 row per request), a K=7 step
 (8-row verify + the drafter pass) and the drafter pass alone. K=7 tokens are checked
-against K=0 (speculation must never change them).
+against K=0 (speculation must never change them). --constrained: every request decodes
+under a small JSON schema (SCHEMA, through api/structured; needs xgrammar) and stops at its
+EOS; the host's schedule + update time per step (its mask fills) is reported too.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dspark_loop.contract.acceptance import accept_chain
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import DSPARK_K, RankConfig, as_i8, as_i32
 from dspark_loop.engine.loop import EngineLoop
+from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_testing.local_mesh import LocalMesh
 from dspark_testing.schedulers import model_scheduler
@@ -35,6 +39,24 @@ from workers.runner import ModelRunner
 
 BLOCK = 32
 K = DSPARK_K
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "args": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4},
+        "returns": {"enum": ["int", "str", "list", "None"]},
+        "pure": {"type": "boolean"},
+    },
+    "required": ["name", "args", "returns", "pure"],
+}
+
+
+class HostTimes(EngineObserver):
+    def __init__(self) -> None:
+        self.host_s: list[float] = []
+
+    def on_step(self, trace) -> None:
+        self.host_s.append(trace.schedule_s + trace.update_s)
 
 
 class TimedMesh(LocalMesh):
@@ -73,7 +95,7 @@ class TimedMesh(LocalMesh):
         return tokens
 
 
-def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int) -> dict:
+def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, constrained: bool = False) -> dict:
     cfg = ModelConfig.from_dir(path)
     n = len(prompts)
     longest = max(map(len, prompts)) + max_tokens + 8
@@ -90,7 +112,16 @@ def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int) -> 
     )
     mesh = TimedMesh(runner)
     sched = model_scheduler(cfg, BLOCK, runner.num_blocks, max_num_seqs=n, spec_k=spec_k)
-    engine = EngineLoop(sched, mesh, Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
+    tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+    host = HostTimes()
+    engine = EngineLoop(sched, mesh, tok, observers=[host])
+
+    def constraint():
+        from dspark_loop.api.structured.build import format_constraint
+        from dspark_loop.api.structured.output_format import OutputFormat
+
+        fmt = OutputFormat(SCHEMA, "response_format")
+        return format_constraint(tok, fmt, start_in_reasoning=False, vocab_size=cfg.vocab_size)
 
     async def main():
         engine.start()
@@ -98,8 +129,11 @@ def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int) -> 
 
         async def one(i, p):
             t0, toks = time.perf_counter(), []
-            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-            async for out in engine.generate(GenerateRequest(f"u{i}", p, params)):
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=not constrained)
+            g = GenerateRequest(f"u{i}", p, params)
+            if constrained:
+                g.constraint = constraint()
+            async for out in engine.generate(g):
                 toks += out.new_token_ids
             per_user.append(len(toks) / (time.perf_counter() - t0))
             return toks
@@ -125,6 +159,7 @@ def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int) -> 
         "acceptance_per_position": survive,
         "step_ms": 1e3 * float(np.median(steps)) if steps else None,
         "drafter_ms": 1e3 * float(np.median(mesh.drafter_s)) if mesh.drafter_s else None,
+        "host_ms": 1e3 * float(np.median(host.host_s)) if host.host_s else None,
     }
 
 
@@ -141,7 +176,7 @@ def merge(runs: list[dict]) -> dict:
             float(sum(wi * r["acceptance_per_position"][j] for wi, r in zip(w, runs))) for j in range(K)
         ],
     }
-    for key in ("step_ms", "drafter_ms"):
+    for key in ("step_ms", "drafter_ms", "host_ms"):
         vals = [r[key] for r in runs if r[key] is not None]
         out[key] = float(np.median(vals)) if vals else None
     return out
@@ -160,6 +195,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=DEMO_DIR, help="a demo checkpoint directory with manifest.json")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None, help="also write the figures here")
+    ap.add_argument("--constrained", action="store_true", help="every request under the JSON schema SCHEMA")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     tok = Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
@@ -171,8 +207,8 @@ def main(argv=None) -> int:
         k0, k7 = [], []
         for r in range(max(1, len(pool) // n)):
             prompts = [pool[(r * n + i) % len(pool)] for i in range(n)]
-            k0.append(bench(args.model, 0, prompts, args.max_tokens))
-            k7.append(bench(args.model, K, prompts, args.max_tokens))
+            k0.append(bench(args.model, 0, prompts, args.max_tokens, args.constrained))
+            k7.append(bench(args.model, K, prompts, args.max_tokens, args.constrained))
         k0, k7 = merge(k0), merge(k7)
         same = k7["outputs"] == k0["outputs"]
         row = {
@@ -188,6 +224,8 @@ def main(argv=None) -> int:
             "k0_step_ms": k0["step_ms"],
             "k7_step_ms": k7["step_ms"],
             "drafter_ms": k7["drafter_ms"],
+            "k0_host_ms": k0["host_ms"],
+            "k7_host_ms": k7["host_ms"],
             "verify_step_cost_vs_1row": k7["step_ms"] / k0["step_ms"] if k0["step_ms"] else None,
             "tokens_equal": same,
         }
@@ -198,13 +236,15 @@ def main(argv=None) -> int:
             f"K=7 per-user {row['k7_per_user_tok_s']:6.1f} ({row['per_user_speedup']:.2f}x) total "
             f"{row['k7_total_tok_s']:6.1f} ({row['total_speedup']:.2f}x) | accepted {row['mean_accepted_len']:.2f} "
             f"| step {row['k0_step_ms']:.1f} -> {row['k7_step_ms']:.1f} ms ({row['verify_step_cost_vs_1row']:.2f}x, "
-            f"drafter {row['drafter_ms']:.1f} ms) | {'tokens == K=0' if same else 'TOKENS DIFFER FROM K=0'}",
+            f"drafter {row['drafter_ms']:.1f} ms) | host {row['k0_host_ms']:.2f} -> {row['k7_host_ms']:.2f} ms | "
+            f"{'tokens == K=0' if same else 'TOKENS DIFFER FROM K=0'}",
             flush=True,
         )
         print(f"           acceptance per position {row['acceptance_per_position']}", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"max_tokens": args.max_tokens, "threads": args.threads, "rows": rows}, f, indent=1)
+            figures = {"max_tokens": args.max_tokens, "threads": args.threads, "constrained": args.constrained}
+            json.dump({**figures, "rows": rows}, f, indent=1)
     return 0 if all(r["tokens_equal"] for r in rows) else 1
 
 

@@ -3,12 +3,21 @@ the results back (which request each sampled token belongs to)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from dspark_loop.contract.placeholders import PLACEHOLDER
-from dspark_loop.contract.protocol import DSPARK_K, BlockUpdate, DecodeBatch, PartitionPlan, PrefillChunk, StepPlan
+from dspark_loop.contract.protocol import (
+    DSPARK_K,
+    BlockUpdate,
+    DecodeBatch,
+    PartitionPlan,
+    PrefillChunk,
+    StepPlan,
+    TokenMask,
+)
 from dspark_loop.engine.partition import Partition
 from dspark_loop.engine.request import Request
 from dspark_loop.engine.sampling_wire import next_prompt_token
@@ -153,6 +162,7 @@ def partition_step(
     decodes: list[Request],
     updates: list[BlockUpdate],
     masked: bool = False,
+    mask: Callable[[Partition, PartitionStep], list[TokenMask]] | None = None,
 ) -> tuple[PartitionStep, PartitionPlan]:
     """Phase 4 of Scheduler.schedule: a partition's PartitionStep (what the results will
     mean) and its wire plan; the freed ids and new leases since the last sent plan go in.
@@ -173,6 +183,9 @@ def partition_step(
     ]
     if decodes:
         pstep.decode_reqs = decodes
+    if mask is not None:  # NOTE: before the tile: a verify's forced tokens replace its drafts
+        pplan.token_masks = mask(part, pstep)
+    if decodes:
         pplan.decode = decode_batch(decodes, pstep, part.drafts, masked)
     if pstep.is_empty:
         pplan.freed_req_ids = []  # keep them for a plan that is actually sent

@@ -8,11 +8,12 @@ rows -> finished (stop / length / abort / error); running -> waiting again on pr
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import numpy as np
 
 from dspark_loop.contract.cache_layout import CacheLayout
-from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK, BlockUpdate, PartitionPlan, StepPlan
+from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK, BlockUpdate, PartitionPlan, StepPlan, TokenMask
 from dspark_loop.engine.admission import Admission
 from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.kv_cache import PartitionCache
@@ -77,7 +78,7 @@ class Scheduler:
         self._ended_in_step = False  # a scheduled request ended before its results came back
         self.plans_ahead = False  # the loop sends a step before the previous one is answered
         self._unanswered: list[int] = []  # ids of sent (non-empty) steps not yet updated, oldest first
-        self.num_constrained = 0  # live requests with a token constraint (tool grammars)
+        self.num_constrained = 0  # live requests with a token constraint (output grammars)
         # K=7 adaptive verification: who chooses the windows and drafter skips (FullVerify:
         # the fixed chain, no per-step call); live requests with max_draft_tokens < K
         self.policy: VerifyPolicy = policy if policy is not None else FullVerify()
@@ -227,8 +228,8 @@ class Scheduler:
                 if r.num_computed >= r.prefill_target:
                     reqs.append(r)
                     leases.append(r.lease)
-                    m = r.max_draft_tokens if r.constraint is None else 0
-                    # NOTE: a request that may never verify (its own cap 0, a grammar) never drafts
+                    m = r.max_draft_tokens
+                    # NOTE: a request that may never verify (its own cap 0) never drafts
                     may.append(m > 0)
                     caps.append(m if r.has_drafts and r.num_computed <= verify_limit else 0)
             counts.append(len(reqs) - first)
@@ -268,9 +269,15 @@ class Scheduler:
         if not did_preempt:
             for req, message in self.admission.admit(part, budget, prefills, updates):
                 self._report_error(req, message)
-        pstep, pplan = partition_step(part, prefills, decodes, updates, masked)
-        if self.num_constrained:
-            self._mask(part, pstep, pplan)
+        if not self.num_constrained:
+            return partition_step(part, prefills, decodes, updates, masked)
+        failed: list[tuple[Request, str]] = []
+        pstep, pplan = partition_step(part, prefills, decodes, updates, masked, partial(self._mask, failed))
+        for req, message in failed:
+            # NOTE: after the plan is built: the row still runs (it is in the plan); update()
+            # skips a request that is no longer running, and its pages are freed in the next plan.
+            self._fail(req, message)
+            self._ended_in_step = True
         return pstep, pplan
 
     def _budget(self, part: Partition, inflight: int = -1, adaptive: bool = False) -> tuple[int, list[Request]]:
@@ -299,7 +306,7 @@ class Scheduler:
             if req.plan_pos < req.prefill_target:
                 req.sched_n = 0
                 prefilling.append(req)
-            elif spec_k and req.has_drafts and req.constraint is None and req.plan_pos <= verify_limit:
+            elif spec_k and req.has_drafts and req.plan_pos <= verify_limit:
                 n = 1 + req.verify_len if adaptive else verify_n  # 1 + l rows (l = 0: one row)
                 if n <= budget:
                     req.sched_n = n
@@ -350,15 +357,13 @@ class Scheduler:
                 return False
         return True
 
-    def _mask(self, part: Partition, pstep: PartitionStep, pplan: PartitionPlan) -> None:
-        """Phase 5: allowed-token masks of constrained requests; a constraint that fails
-        ends its request."""
-        pplan.token_masks, failed = token_masks(pstep)
-        for req, message in failed:
-            # NOTE: the row still runs (it is in the plan); update() skips a request that
-            # is no longer running, and its pages are freed in the next plan.
-            self._fail(req, message)
-            self._ended_in_step = True
+    def _mask(self, failed: list, part: Partition, pstep: PartitionStep) -> list[TokenMask]:
+        """Phase 5, inside partition_step before the tile is built (a verify's forced tokens
+        replace its drafts): the allowed-token masks of constrained requests' rows; the
+        constraints that failed go to `failed` (their requests end once the plan is built)."""
+        masks, bad = token_masks(pstep, part.drafts if self.spec_k else None)
+        failed.extend(bad)
+        return masks
 
     # ---- step 5 -----------------------------------------------------------------------
     def update(self, step: ScheduledStep, results, now: float | None = None) -> list[RequestOutput]:

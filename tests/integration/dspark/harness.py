@@ -112,10 +112,15 @@ def run(
     prompts: dict[str, list[int]],
     params: dict[str, SamplingParams],
     abort_after: dict[str, int] | None = None,
+    constraints: dict | None = None,
     **engine_kw,
 ) -> Run:
+    """constraints: request id -> a factory of its output constraint (a fresh one per run)."""
     engine, runners = make_engine(path, spec_k, **engine_kw)
     reqs = [GenerateRequest(rid, list(p), params[rid]) for rid, p in prompts.items()]
+    for g in reqs:
+        if constraints and g.request_id in constraints:
+            g.constraint = constraints[g.request_id]()
 
     async def main():
         try:

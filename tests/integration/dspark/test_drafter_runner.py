@@ -148,4 +148,7 @@ def test_a_skipped_drafter_pass_keeps_the_ring_so_later_drafts_are_unchanged(ckp
         runner.execute(PartitionPlan(decode=d))
         nxt.append(runner.take_drafts())
     assert np.array_equal(nxt[0][1], nxt[1][1]) and np.array_equal(nxt[0][2], nxt[1][2])
-    assert all(torch.equal(runners[0].spec.proposer.lease_rows(0, k), runners[1].spec.proposer.lease_rows(0, k)) for k in range(3))
+    assert all(
+        torch.equal(runners[0].spec.proposer.lease_rows(0, k), runners[1].spec.proposer.lease_rows(0, k))
+        for k in range(3)
+    )

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from dspark_loop.contract.placeholders import PLACEHOLDER
-from dspark_loop.contract.protocol import as_i32
+from dspark_loop.contract.protocol import as_i32, pack_mask
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_testing.tiny_tokenizer import eos_id, tiny_tokenizer
@@ -98,10 +98,10 @@ async def test_a_request_with_a_grammar_constraint_sits_out_the_overlapped_step(
     input, and must still finish with the tokens lockstep gives it."""
 
     class AllowAll:
-        def allowed_token_mask(self, output_ids):
+        def row_masks(self, output_ids, drafts=()):
             import numpy as np
 
-            return np.ones(tiny_tokenizer().get_vocab_size(), bool)
+            return [pack_mask(np.ones(tiny_tokenizer().get_vocab_size(), bool))]
 
     async def tokens(overlap: bool):
         sched = make_scheduler(num_partitions=1, max_num_seqs=4)
