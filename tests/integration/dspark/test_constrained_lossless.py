@@ -11,6 +11,7 @@ from tokenizers import Tokenizer
 
 from dspark_loop.api.structured.build import format_constraint, tool_constraint
 from dspark_loop.api.structured.output_format import OutputFormat
+from dspark_loop.contract.sampling_knobs import SamplingKnobs
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import SamplingParams
 from dspark_testing.scripted_drafter import ScriptedDrafter
@@ -75,7 +76,7 @@ def table(ckpt: str, sampled: bool):
     def p(i: int) -> SamplingParams:
         if not sampled:
             return SamplingParams(max_tokens=60)
-        return SamplingParams(max_tokens=60, temperature=0.9, top_p=0.95, seed=100 + i)
+        return SamplingParams(max_tokens=60, knobs=SamplingKnobs(temperature=0.9, top_p=0.95), seed=100 + i)
 
     params = {rid: p(i) for i, rid in enumerate(prompts)}
     params["r4"] = SamplingParams(max_tokens=30, ignore_eos=True)  # free, next to the others
