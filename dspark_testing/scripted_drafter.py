@@ -1,8 +1,9 @@
 """A scripted drafter for tests (K=7): it knows each prompt's true greedy continuation and is
 wrong on purpose at one draft index, so every verify accepts exactly a chosen length.
 
-Selected only by a test-only option: env DSPARK_TEST_DRAFTER=/path/spec.json read by the
-rank (the only time the product imports this module), or ModelRunner(test_drafter=...).
+A Proposer (workers/proposer.py), selected only by a test-only option: env
+DSPARK_TEST_DRAFTER=/path/spec.json read by the rank (the only time the product imports
+this module), or ModelRunner(proposer=...).
 The spec:
 
     {"cases": [{"prompt": [ids], "reference": [ids], "error_at": m}, ...]}
@@ -18,7 +19,7 @@ import json
 
 import numpy as np
 
-from dspark_loop.contract.protocol import DSPARK_K
+from dspark_loop.contract.protocol import DSPARK_K, PrefillChunk, as_i32
 
 
 class ScriptedDrafter:
@@ -35,8 +36,11 @@ class ScriptedDrafter:
         self.vocab_size, self.noise = vocab_size, noise_token_id
         self.case_of: dict[int, int] = {}  # req_id -> case index (-1: no case matches)
 
-    def observe(self, req_id: int, start_pos: int, token_ids: np.ndarray) -> None:
+    tap_layers: tuple[int, ...] = ()  # reads no hidden rows
+
+    def observe(self, chunk: PrefillChunk) -> None:
         """A prefill chunk's tokens: the first chunk of a request picks its case."""
+        req_id, start_pos, token_ids = chunk.req_id, chunk.start_pos, as_i32(chunk.token_ids)
         if req_id in self.case_of:
             return
         n = len(token_ids)
@@ -52,8 +56,13 @@ class ScriptedDrafter:
     def forget(self, req_id: int) -> None:
         self.case_of.pop(req_id, None)
 
-    def propose(self, req_ids: list[int], anchor_pos: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """-> drafts int32 [R, 7], confidence float32 [R, 7] (1 up to the planted error, then 0)."""
+    def scrub(self, lease: int) -> None:
+        pass  # keeps no per-lease state
+
+    def propose(self, b, leases, out, comm, sampler=None) -> tuple[np.ndarray, np.ndarray]:
+        """b: the step's DraftBatch (its anchors; context rows are not needed) -> drafts
+        int32 [R, 7], confidence float32 [R, 7] (1 up to the planted error, then 0)."""
+        req_ids, anchor_pos = b.q_req, b.q_pos
         drafts = np.full((len(req_ids), DSPARK_K), self.noise, np.int32)
         conf = np.zeros((len(req_ids), DSPARK_K), np.float32)
         for r, (req, pos) in enumerate(zip(req_ids, anchor_pos)):

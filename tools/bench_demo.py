@@ -2,17 +2,20 @@
 process (one runner, LocalComm), greedy, on the manifest's held-out Python prompts.
 
     python -m tools.bench_demo [--streams 1 4 16] [--max-tokens 64] [--model DIR] [--json FILE]
-                               [--async-scheduling off|on|both]
+                               [--constrained] [--async-scheduling off|on|both]
 
 Per stream count (all held-out prompts, in rounds of that many streams): per-user tok/s
 (output tokens / (finish - arrival), mean over users), total tok/s (all output tokens /
 wall), mean accepted length per verify, acceptance per draft position (P(draft s and all
 before it match)), and step costs: a K=0 decode step (1 row per request), a K=7 step
 (8-row verify + the drafter pass) and the drafter pass alone. K=7 tokens are checked
-against K=0 (speculation must never change them). --async-scheduling both runs every
-round with the engine planning one step ahead and in lockstep, checks the tokens are the
-same and reports tok/s on / off per K (one in-process runner shares the engine's thread
-and cores, so no gain is expected here: the figure to watch is "no loss").
+against K=0 (speculation must never change them). --constrained: every request decodes
+under a small JSON schema (SCHEMA, through api/structured; needs xgrammar) and stops at its
+EOS; the host's schedule + update time per step (its mask fills) is reported too.
+--async-scheduling (default on, as the server): both runs every round planning one step
+ahead and in lockstep, checks the tokens are the same and reports tok/s on / off per K (one
+in-process runner shares the engine's thread and cores, so no gain is expected here: the
+figure to watch is "no loss").
 """
 
 from __future__ import annotations
@@ -30,26 +33,42 @@ from tokenizers import Tokenizer
 from dspark_loop.config.default_model import DEMO_DIR, DEMO_MANIFEST
 from dspark_loop.contract.acceptance import accept_chain
 from dspark_loop.contract.model_config import ModelConfig
-from dspark_loop.contract.placeholders import LastSamples
-from dspark_loop.contract.protocol import DSPARK_K, RankConfig, StepResult, as_i8, as_i32, f32, i32
+from dspark_loop.contract.protocol import DSPARK_K, RankConfig, as_i8, as_i32
 from dspark_loop.engine.loop import EngineLoop
+from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
+from dspark_testing.local_mesh import LocalMesh
 from dspark_testing.schedulers import model_scheduler
 from workers.runner import ModelRunner
 
 BLOCK = 32
 K = DSPARK_K
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "args": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4},
+        "returns": {"enum": ["int", "str", "list", "None"]},
+        "pure": {"type": "boolean"},
+    },
+    "required": ["name", "args", "returns", "pure"],
+}
 
 
-class TimedMesh:
-    """mesh.step() over one in-process runner; times every step and tallies each verify's
-    matched drafts (the host's accept_chain on the plan's drafts and the step's tokens).
-    Placeholder inputs (async scheduling) are filled as a rank fills them."""
+class HostTimes(EngineObserver):
+    def __init__(self) -> None:
+        self.host_s: list[float] = []
+
+    def on_step(self, trace) -> None:
+        self.host_s.append(trace.schedule_s + trace.update_s)
+
+
+class TimedMesh(LocalMesh):
+    """LocalMesh over one runner; times every step and tallies each verify's matched
+    drafts (the host's accept_chain on the plan's drafts and the step's tokens)."""
 
     def __init__(self, runner: ModelRunner) -> None:
-        self.runner = runner
-        self.samples = LastSamples()
-        self.dead: str | None = None  # EngineLoop reads it (an in-process mesh never dies)
+        super().__init__([runner])
         self.step_s: list[tuple[int, float]] = []  # (rows per decode request, seconds) of decode-only steps
         self.drafter_s: list[float] = []
         self.matched = np.zeros(K + 1, np.int64)  # histogram of matched drafts per verify
@@ -63,11 +82,9 @@ class TimedMesh:
 
             runner.spec.after_forward = timed
 
-    async def step(self, plan):
+    def execute(self, group: int, part):
         t0 = time.perf_counter()
-        part, tokens = self.samples.run(plan.partitions[0], self.runner.execute)
-        drafts = self.runner.take_drafts()
-        self.samples.record_drafts(part, drafts)
+        tokens = super().execute(group, part)
         dt = time.perf_counter() - t0
         d = part.decode
         if d is not None and not part.prefills:
@@ -79,14 +96,17 @@ class TimedMesh:
                     a = accept_chain(toks[cu + 1 : cu + k][None, :], tokens[li : li + k][None, :])[0]
                     self.matched[int(a) - 1] += 1
                 li, cu = li + k, cu + k
-        res = StepResult(plan.step_id, 0, i32(tokens))
-        if drafts is not None:
-            res.draft_req_ids, res.draft_token_ids = i32(drafts[0]), i32(drafts[1])
-            res.draft_confidence = f32(drafts[2])
-        return [res]
+        return tokens
 
 
-def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, async_scheduling: bool = False) -> dict:
+def bench(
+    path: str,
+    spec_k: int,
+    prompts: list[list[int]],
+    max_tokens: int,
+    constrained: bool = False,
+    async_scheduling: bool = True,
+) -> dict:
     cfg = ModelConfig.from_dir(path)
     n = len(prompts)
     longest = max(map(len, prompts)) + max_tokens + 8
@@ -104,7 +124,15 @@ def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, asy
     mesh = TimedMesh(runner)
     sched = model_scheduler(cfg, BLOCK, runner.num_blocks, max_num_seqs=n, spec_k=spec_k)
     tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
-    engine = EngineLoop(sched, mesh, tok, async_scheduling=async_scheduling)
+    host = HostTimes()
+    engine = EngineLoop(sched, mesh, tok, observers=[host], async_scheduling=async_scheduling)
+
+    def constraint():
+        from dspark_loop.api.structured.build import format_constraint
+        from dspark_loop.api.structured.output_format import OutputFormat
+
+        fmt = OutputFormat(SCHEMA, "response_format")
+        return format_constraint(tok, fmt, start_in_reasoning=False, vocab_size=cfg.vocab_size)
 
     async def main():
         engine.start()
@@ -112,8 +140,11 @@ def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, asy
 
         async def one(i, p):
             t0, toks = time.perf_counter(), []
-            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-            async for out in engine.generate(GenerateRequest(f"u{i}", p, params)):
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=not constrained)
+            g = GenerateRequest(f"u{i}", p, params)
+            if constrained:
+                g.constraint = constraint()
+            async for out in engine.generate(g):
                 toks += out.new_token_ids
             per_user.append(len(toks) / (time.perf_counter() - t0))
             return toks
@@ -139,6 +170,7 @@ def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, asy
         "acceptance_per_position": survive,
         "step_ms": 1e3 * float(np.median(steps)) if steps else None,
         "drafter_ms": 1e3 * float(np.median(mesh.drafter_s)) if mesh.drafter_s else None,
+        "host_ms": 1e3 * float(np.median(host.host_s)) if host.host_s else None,
     }
 
 
@@ -155,7 +187,7 @@ def merge(runs: list[dict]) -> dict:
             float(sum(wi * r["acceptance_per_position"][j] for wi, r in zip(w, runs))) for j in range(K)
         ],
     }
-    for key in ("step_ms", "drafter_ms"):
+    for key in ("step_ms", "drafter_ms", "host_ms"):
         vals = [r[key] for r in runs if r[key] is not None]
         out[key] = float(np.median(vals)) if vals else None
     return out
@@ -174,10 +206,11 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=DEMO_DIR, help="a demo checkpoint directory with manifest.json")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None, help="also write the figures here")
+    ap.add_argument("--constrained", action="store_true", help="every request under the JSON schema SCHEMA")
     ap.add_argument(
         "--async-scheduling",
         choices=("off", "on", "both"),
-        default="off",
+        default="on",
         help="plan each step while the previous one runs; both: lockstep and ahead, compared",
     )
     args = ap.parse_args(argv)
@@ -189,12 +222,12 @@ def main(argv=None) -> int:
     rows = []
     for n in args.streams:
         # NOTE: every count sees all the held-out prompts: len(pool) // n rounds of n streams
-        runs = {(k, a): [] for k in (0, K) for a in modes}
+        runs: dict[tuple[int, bool], list[dict]] = {(k, a): [] for k in (0, K) for a in modes}
         for r in range(max(1, len(pool) // n)):
             prompts = [pool[(r * n + i) % len(pool)] for i in range(n)]
             for a in modes:  # NOTE: interleaved, so a load change on a shared box hits both
                 for k in (0, K):
-                    runs[k, a].append(bench(args.model, k, prompts, args.max_tokens, a))
+                    runs[k, a].append(bench(args.model, k, prompts, args.max_tokens, args.constrained, a))
         merged = {key: merge(v) for key, v in runs.items()}
         k0, k7 = merged[0, modes[0]], merged[K, modes[0]]
         same = k7["outputs"] == k0["outputs"]
@@ -212,6 +245,8 @@ def main(argv=None) -> int:
             "k0_step_ms": k0["step_ms"],
             "k7_step_ms": k7["step_ms"],
             "drafter_ms": k7["drafter_ms"],
+            "k0_host_ms": k0["host_ms"],
+            "k7_host_ms": k7["host_ms"],
             "verify_step_cost_vs_1row": k7["step_ms"] / k0["step_ms"] if k0["step_ms"] else None,
             "tokens_equal": same,
         }
@@ -228,7 +263,8 @@ def main(argv=None) -> int:
             f"K=7 per-user {row['k7_per_user_tok_s']:6.1f} ({row['per_user_speedup']:.2f}x) total "
             f"{row['k7_total_tok_s']:6.1f} ({row['total_speedup']:.2f}x) | accepted {row['mean_accepted_len']:.2f} "
             f"| step {row['k0_step_ms']:.1f} -> {row['k7_step_ms']:.1f} ms ({row['verify_step_cost_vs_1row']:.2f}x, "
-            f"drafter {row['drafter_ms']:.1f} ms) | {'tokens == K=0' if same else 'TOKENS DIFFER FROM K=0'}",
+            f"drafter {row['drafter_ms']:.1f} ms) | host {row['k0_host_ms']:.2f} -> {row['k7_host_ms']:.2f} ms | "
+            f"{'tokens == K=0' if same else 'TOKENS DIFFER FROM K=0'}",
             flush=True,
         )
         print(f"           acceptance per position {row['acceptance_per_position']}", flush=True)
@@ -241,7 +277,8 @@ def main(argv=None) -> int:
             )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"max_tokens": args.max_tokens, "threads": args.threads, "rows": rows}, f, indent=1)
+            figures = {"max_tokens": args.max_tokens, "threads": args.threads, "constrained": args.constrained}
+            json.dump({**figures, "rows": rows}, f, indent=1)
     return 0 if all(r["tokens_equal"] for r in rows) else 1
 
 

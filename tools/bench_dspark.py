@@ -19,27 +19,13 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from dspark_loop.contract.model_config import ModelConfig
-from dspark_loop.contract.protocol import DSPARK_K, RankConfig, StepResult, f32, i32
+from dspark_loop.contract.protocol import DSPARK_K, RankConfig
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
+from dspark_testing.local_mesh import LocalMesh
 from dspark_testing.schedulers import model_scheduler
 from dspark_testing.scripted_drafter import ScriptedDrafter
 from workers.runner import ModelRunner
-
-
-class InProcessMesh:
-    def __init__(self, runner: ModelRunner) -> None:
-        self.runner = runner
-        self.dead: str | None = None
-
-    async def step(self, plan):
-        tokens = self.runner.execute(plan.partitions[0])
-        res = StepResult(plan.step_id, 0, i32(tokens))
-        drafts = self.runner.take_drafts()
-        if drafts is not None:
-            res.draft_req_ids, res.draft_token_ids = i32(drafts[0]), i32(drafts[1])
-            res.draft_confidence = f32(drafts[2])
-        return [res]
 
 
 def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, drafter=None):
@@ -48,10 +34,10 @@ def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, dra
     runner = ModelRunner(
         RankConfig(model=path, block_size=32, num_blocks=8 * n, spec_k=spec_k, num_leases=n, max_model_len=4096),
         quiet=True,
-        test_drafter=drafter,
+        proposer=drafter,
     )
     sched = model_scheduler(cfg, 32, runner.num_blocks, max_num_seqs=n, spec_k=spec_k)
-    engine = EngineLoop(sched, InProcessMesh(runner), Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
+    engine = EngineLoop(sched, LocalMesh([runner]), Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
 
     async def main():
         engine.start()

@@ -1,7 +1,7 @@
 """The engine's host work per step at the production tile, from the engine's StepTraces.
 
     python -m tools.bench_host [--requests 256] [--partitions 4] [--steps 300] [--repeats 3]
-                               [--aligned] [--prefix-caching] [--loop asyncio]
+                               [--aligned] [--prefix-caching] [--loop asyncio] [--constrained N]
 
 A real EngineLoop (scheduler, acceptance, delivery to per-request channels, the Metrics
 observer and a TapPublisher) drives an instant scripted mesh: every row predicts
@@ -13,7 +13,9 @@ tokens, so requests cross page boundaries in different steps as in real traffic;
 gives every request 64 (all map and release pages in the same steps: the p99 worst case).
 Prefix caching is off unless --prefix-caching (the server's default is on: each page that
 fills is hashed and keyed). The event loop is the server's (--loop auto: uvloop when installed); --loop asyncio measures
-the standard one. K=0 and K=7 runs alternate --repeats times; the summary is the median of
+the standard one. --constrained N: the first N requests decode under a JSON schema at a
+129,280-id vocab (tools/constrained_mesh.py; needs xgrammar), so schedule includes their mask
+fills (up to 8 per request per step at K=7). K=0 and K=7 runs alternate --repeats times; the summary is the median of
 the runs' medians and p99s, with their range (one run on a shared machine swings ~10-20%).
 
     python -m tools.bench_host --device-ms 5 [--json FILE]
@@ -38,8 +40,7 @@ import time
 import numpy as np
 
 from dspark_loop.contract.acceptance import accept_chain
-from dspark_loop.contract.placeholders import LastSamples
-from dspark_loop.contract.protocol import DSPARK_K, ENCODER, StepResult, as_i8, as_i32, f32, i32
+from dspark_loop.contract.protocol import DSPARK_K, ENCODER, StepResult, as_i8, as_i32
 from dspark_loop.contract.sampling_knobs import SamplingKnobs
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
@@ -47,8 +48,15 @@ from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.event_loop import EVENT_LOOPS, loop_factory, loop_name
 from dspark_loop.observe.metrics import Metrics
 from dspark_loop.observe.tap_publisher import TapPublisher
+from dspark_testing.local_mesh import LocalMesh
 from dspark_testing.schedulers import make_scheduler
 from tools.bench_engine import flash_layout, tiny_tokenizer
+
+
+def new_constraint():
+    from tools.constrained_mesh import new_constraint as make
+
+    return make()
 
 
 def predict(tokens: np.ndarray) -> np.ndarray:
@@ -76,65 +84,118 @@ class TraceRecorder(EngineObserver):
         self.traces.append(trace)
 
 
-class InstantMesh:
-    dead = None
+class InstantRunner:
+    """One partition's scripted leader (a workers Runner): every row predicts
+    `token % 500 + 3`; at K=7 it proposes the next drafts, right for a rotating count."""
 
-    def __init__(self, spec_k: int) -> None:
+    num_blocks: list[int] = []
+
+    def __init__(self, mesh: InstantMesh) -> None:
+        self.mesh = mesh
+        self.drafts = None
+        self._first = np.zeros(0, np.int32)
+
+    def execute(self, part) -> np.ndarray:
+        toks, draft_ids, anchors = [], [], []
+        sampled = [c for c in part.prefills if c.sample]
+        d = part.decode
+        shadows = self.mesh.shadows
+        preds = predict(as_i32(d.token_ids)) if d is not None else np.zeros(0, np.int32)
+        if shadows is not None and part.token_masks:
+            preds = self._masked(part, sampled, preds)
+        for i, c in enumerate(sampled):
+            t = predict(as_i32(c.token_ids)[-1:]) if shadows is None else self._first[i : i + 1]
+            toks.append(t)
+            draft_ids.append(c.req_id)
+            anchors.append(t)
+        spec_k = self.mesh.spec_k
+        if d is not None:
+            rows = as_i8(d.num_rows).astype(np.int64)
+            toks.append(preds)
+            if spec_k:
+                ends = np.cumsum(rows)
+                verify = rows > 1
+                last = preds[ends - 1].copy()
+                if verify.any():
+                    starts = ends[verify] - rows[verify]
+                    inputs = as_i32(d.token_ids)
+                    r = starts[:, None] + np.arange(DSPARK_K + 1)
+                    a = accept_chain(inputs[r[:, 1:]], preds[r])
+                    last[verify] = preds[starts + a - 1]
+                draft_ids.append(as_i32(d.req_ids))
+                anchors.append(last)
+            if shadows is not None:
+                self._accept(d, preds)
+        if spec_k and draft_ids:
+            first = np.concatenate(anchors)
+            req_ids = np.concatenate([np.atleast_1d(x) for x in draft_ids])
+            drafts = chain(first, self.mesh.num_steps % 8)
+            if shadows is not None:
+                for j, rid in enumerate(req_ids.tolist()):
+                    if rid in shadows.grammar:
+                        drafts[j] = shadows.drafts(rid, self.mesh.num_steps % 8, predict)
+            conf = np.ones((len(first), DSPARK_K), np.float32)
+            self.drafts = (req_ids, drafts, conf)
+        return np.concatenate(toks) if toks else np.zeros(0, np.int32)
+
+    def _masked(self, part, sampled, preds: np.ndarray) -> np.ndarray:
+        """Constrained rows (prefill samples first, then decode rows) -> their nearest allowed id."""
+        sh = self.mesh.shadows
+        masked_reqs = {m.req_id for m in part.token_masks}
+        first = predict(np.array([as_i32(c.token_ids)[-1] for c in sampled], np.int32))
+        rows = np.concatenate([first, preds])  # protocol order
+        at, n = {}, len(first)
+        for i, c in enumerate(sampled):
+            at[c.req_id] = i
+            if c.req_id in masked_reqs:
+                sh.grammar[c.req_id], sh.outputs[c.req_id] = new_constraint(), []
+        if part.decode is not None:
+            for rid, k in zip(as_i32(part.decode.req_ids).tolist(), as_i8(part.decode.num_rows).tolist()):
+                at[rid] = n
+                n += k
+        sh.masked_rows(part, at, rows)
+        self._first = rows[: len(first)]
+        for c, t in zip(sampled, self._first.tolist()):
+            sh.accepted(c.req_id, [t])
+        return rows[len(first) :]
+
+    def _accept(self, d, preds: np.ndarray) -> None:
+        """The shadow outputs take each constrained request's accepted tokens."""
+        inputs = as_i32(d.token_ids)
+        cu = 0
+        for rid, k in zip(as_i32(d.req_ids).tolist(), as_i8(d.num_rows).tolist()):
+            if rid in self.mesh.shadows.grammar:
+                a = 1 if k == 1 else int(accept_chain(inputs[None, cu + 1 : cu + k], preds[None, cu : cu + k])[0])
+                self.mesh.shadows.accepted(rid, preds[cu : cu + a])
+            cu += k
+
+    def take_drafts(self):
+        drafts, self.drafts = self.drafts, None
+        return drafts
+
+    def take_logprobs(self) -> None:
+        return None
+
+
+class InstantMesh(LocalMesh):
+    """LocalMesh over InstantRunners; times the plan's msgpack encode (a real mesh's cost)."""
+
+    def __init__(self, spec_k: int, num_partitions: int, shadows=None) -> None:
         self.spec_k = spec_k
         self.encode_s: list[float] = []
         self.num_steps = 0
-        self.samples: list[LastSamples] = []  # per partition: placeholder inputs (async scheduling)
-
-    async def step(self, plan) -> list[StepResult]:
-        return self.answer(plan)
+        self.shadows = shadows  # constrained_mesh.Shadows (--constrained), else None
+        super().__init__([InstantRunner(self) for _ in range(num_partitions)])
 
     def answer(self, plan) -> list[StepResult]:
+        return self.run(plan)
+
+    def run(self, plan) -> list[StepResult]:
         t0 = time.perf_counter()
         ENCODER.encode(plan)
         self.encode_s.append(time.perf_counter() - t0)
         self.num_steps += 1
-        results = []
-        while len(self.samples) < len(plan.partitions):
-            self.samples.append(LastSamples())
-        for p, part in enumerate(plan.partitions):
-            part = self.samples[p].resolve(part)
-            toks, draft_ids, anchors = [], [], []
-            for c in part.prefills:
-                if c.sample:
-                    t = predict(as_i32(c.token_ids)[-1:])
-                    toks.append(t)
-                    draft_ids.append(c.req_id)
-                    anchors.append(t)
-            d = part.decode
-            if d is not None:
-                rows = as_i8(d.num_rows).astype(np.int64)
-                preds = predict(as_i32(d.token_ids))
-                toks.append(preds)
-                if self.spec_k:
-                    ends = np.cumsum(rows)
-                    verify = rows > 1
-                    last = preds[ends - 1].copy()
-                    if verify.any():
-                        starts = ends[verify] - rows[verify]
-                        inputs = as_i32(d.token_ids)
-                        r = starts[:, None] + np.arange(DSPARK_K + 1)
-                        a = accept_chain(inputs[r[:, 1:]], preds[r])
-                        last[verify] = preds[starts + a - 1]
-                    draft_ids.append(as_i32(d.req_ids))
-                    anchors.append(last)
-            res = StepResult(plan.step_id, p, i32(np.concatenate(toks) if toks else []))
-            if self.spec_k and draft_ids:
-                first = np.concatenate(anchors)
-                res.draft_req_ids = i32(np.concatenate([np.atleast_1d(x) for x in draft_ids]))
-                res.draft_token_ids = i32(chain(first, self.num_steps % 8))
-                res.draft_confidence = f32(np.ones((len(first), DSPARK_K), np.float32))
-            self.samples[p].record(part, as_i32(res.token_ids))
-            if self.spec_k and draft_ids:
-                self.samples[p].record_drafts(
-                    part, (as_i32(res.draft_req_ids), as_i32(res.draft_token_ids).reshape(-1, DSPARK_K))
-                )
-            results.append(res)
-        return results
+        return super().run(plan)
 
 
 class DeviceMesh(InstantMesh):
@@ -143,8 +204,8 @@ class DeviceMesh(InstantMesh):
     a timer thread (sleeping, not spinning) releases them device_s after the device is free
     (one step at a time, in send order). Native send/gather: two steps may be in flight."""
 
-    def __init__(self, spec_k: int, device_s: float) -> None:
-        super().__init__(spec_k)
+    def __init__(self, spec_k: int, num_partitions: int, device_s: float) -> None:
+        super().__init__(spec_k, num_partitions)
         self.device_s = device_s
         self.answer_s: list[float] = []
         self.done_at: dict[int, float] = {}  # step id -> perf_counter() when gathered
@@ -203,6 +264,7 @@ async def run(
     prefix_caching: bool = False,
     device_s: float | None = None,
     async_scheduling: bool = False,
+    constrained: int = 0,
 ):
     sampling = sampling or {}
     sched = make_scheduler(
@@ -217,7 +279,16 @@ async def run(
         enable_prefix_caching=prefix_caching,
     )
     tap = TapPublisher(tap_addr)
-    mesh = InstantMesh(spec_k) if device_s is None else DeviceMesh(spec_k, device_s)
+    shadows = None
+    if constrained:
+        from tools.constrained_mesh import Shadows
+
+        shadows = Shadows()
+    mesh = (
+        InstantMesh(spec_k, num_partitions, shadows)
+        if device_s is None
+        else DeviceMesh(spec_k, num_partitions, device_s)
+    )
     recorder = TraceRecorder()
     engine = EngineLoop(
         sched, mesh, tiny_tokenizer(), observers=[Metrics("bench"), tap, recorder], async_scheduling=async_scheduling
@@ -226,10 +297,19 @@ async def run(
     engine.start()
 
     async def consume(i: int):
-        params = SamplingParams(max_tokens=num_steps * 8 + 64, ignore_eos=True, **sampling, seed=i)
+        bound = i < constrained  # a JSON document ends with EOS: then a new request starts
+        params = SamplingParams(max_tokens=num_steps * 8 + 64, ignore_eos=not bound, **sampling, seed=i)
         prompt_len = 64 if aligned else 64 + i % 32  # staggered: page crossings spread over steps
-        async for _ in engine.generate(GenerateRequest(f"r{i}", list(range(3, 3 + prompt_len)), params)):
-            if mesh.num_steps >= num_steps + 20:
+        n = 0
+        while mesh.num_steps < num_steps + 20:
+            g = GenerateRequest(f"r{i}.{n}", list(range(3, 3 + prompt_len)), params)
+            if bound:
+                g.constraint = new_constraint()
+            n += 1
+            async for _ in engine.generate(g):
+                if mesh.num_steps >= num_steps + 20:
+                    break
+            if not bound:
                 break
 
     await asyncio.gather(*(consume(i) for i in range(num_requests)))
@@ -325,6 +405,12 @@ def main() -> None:
         "async scheduling off and on, K=0 and K=7",
     )
     ap.add_argument("--json", default="", help="with --device-ms: write the results here")
+    ap.add_argument(
+        "--constrained",
+        type=int,
+        default=0,
+        help="the first N requests decode under a JSON schema at a 129,280-id vocab (mask fills in schedule)",
+    )
     args = ap.parse_args()
     new_loop = loop_factory(args.loop)
     print(f"event loop: {loop_name(new_loop())}")
@@ -355,6 +441,7 @@ def main() -> None:
                         sampling,
                         args.aligned,
                         args.prefix_caching,
+                        constrained=args.constrained,
                     )
                 )
             if not steady:

@@ -28,8 +28,8 @@ from dspark_loop.contract.protocol import DSPARK_K, RankConfig
 from dspark_loop.contract.sampling_knobs import SamplingKnobs
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
+from dspark_testing.local_mesh import LocalMesh
 from dspark_testing.schedulers import model_scheduler
-from tools.bench_dspark import InProcessMesh
 from workers.runner import ModelRunner
 
 
@@ -44,7 +44,7 @@ def bench(
     )
     runner.sampler.shared_noise_drafts = shared_noise
     sched = model_scheduler(cfg, 32, runner.num_blocks, max_num_seqs=n, spec_k=spec_k)
-    engine = EngineLoop(sched, InProcessMesh(runner), Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
+    engine = EngineLoop(sched, LocalMesh([runner]), Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
 
     async def main():
         engine.start()

@@ -19,7 +19,6 @@ from a complete ring, whenever the host next asks.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,32 +27,11 @@ from dspark_loop.contract.acceptance import accept_chain
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import DSPARK_K, PartitionPlan, RankConfig, as_i8, as_i32
 from workers.comm import Comm, ShardSpec
-from workers.model.drafter import QUERY_ROWS, RING_BLOCKS, RING_ROWS, Drafter
+from workers.model.drafter import QUERY_ROWS
 from workers.model.dsv4 import ForwardOutput
-
-if TYPE_CHECKING:
-    from dspark_testing.scripted_drafter import ScriptedDrafter
+from workers.proposer import DraftBatch, DrafterProposer, Proposer
 
 log = logging.getLogger(__name__)
-
-
-class DraftBatch:
-    """This step's drafter work: context rows to write, anchors to draft from."""
-
-    def __init__(self) -> None:
-        self.ctx_req, self.ctx_pos, self.ctx_rows = [], [], []  # per context row
-        self.q_req, self.q_pos, self.q_tok = [], [], []  # per anchor
-
-    def context(self, req: int, first_pos: int, first_row: int, n: int) -> None:
-        self.ctx_req += [req] * n
-        self.ctx_pos += range(first_pos, first_pos + n)
-        self.ctx_rows += range(first_row, first_row + n)
-
-    def anchor(self, req: int, pos: int, tok: int, max_model_len: int) -> None:
-        if pos + QUERY_ROWS <= max_model_len:
-            self.q_req.append(req)
-            self.q_pos.append(pos)
-            self.q_tok.append(tok)
 
 
 def plan_drafts(part: PartitionPlan, tokens: np.ndarray, window: int, max_model_len: int) -> DraftBatch:
@@ -103,6 +81,9 @@ def _plan_decode_drafts(b: DraftBatch, d, preds: np.ndarray, first_row: int, max
 
 
 class SpecRunner:
+    """K=7 on a rank: the drafter leases of its partition, what each step drafts
+    (plan_drafts), and the Proposer that drafts it (workers/proposer.py)."""
+
     def __init__(
         self,
         cfg: ModelConfig,
@@ -110,8 +91,11 @@ class SpecRunner:
         shard: ShardSpec,
         dtype: torch.dtype,
         device: torch.device,
-        test_drafter: ScriptedDrafter | None = None,
+        trunk: tuple,
+        proposer: Proposer | None = None,
     ) -> None:
+        """trunk: (embed, head), shared with the drafter. proposer None: the checkpoint's
+        DSpark drafter."""
         model_dir, num_leases = rank_cfg.model, rank_cfg.num_leases
         if cfg.dspark is None:
             raise ValueError(
@@ -122,100 +106,43 @@ class SpecRunner:
             raise ValueError(f"{model_dir}/config.json: {problem}")
         if num_leases < 1:
             raise ValueError(f"K=7 needs at least one drafter lease per group, got {num_leases}")
-        self.cfg, self.device = cfg, device
         self.num_leases, self.max_model_len = num_leases, rank_cfg.max_model_len
         self.window = cfg.sliding_window
-        self.test_drafter = test_drafter
         self.leases: dict[int, int] = {}  # req_id -> lease
-        self.drafter: Drafter | None = None
-        self.rings: list[torch.Tensor] = []
-        self.filler_row = num_leases * RING_BLOCKS * RING_ROWS
-        if test_drafter is None:
+        if proposer is None:
             from workers.drafter_weights import load_drafter
 
-            self.drafter = load_drafter(model_dir, cfg, shard, dtype, str(device))
-            rows = (num_leases + 1) * RING_BLOCKS * RING_ROWS  # + the zero filler blocks
-            self.rings = [
-                torch.zeros(rows, cfg.head_dim, dtype=dtype, device=device) for _ in range(cfg.dspark.num_stages)
-            ]
+            drafter = load_drafter(model_dir, cfg, shard, dtype, str(device))
+            proposer = DrafterProposer(drafter, cfg, num_leases, dtype, device, *trunk)
+        self.proposer = proposer
         self.last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
     def tap_layers(self) -> tuple[int, ...]:
-        return () if self.drafter is None else tuple(self.cfg.dspark.target_layer_ids)
+        return self.proposer.tap_layers
 
     def begin(self, part: PartitionPlan) -> None:
         """Before the forward: forget freed requests, take new leases, scrub."""
         for r in part.freed_req_ids:
             self.leases.pop(r, None)
-            if self.test_drafter is not None:
-                self.test_drafter.forget(r)
+            self.proposer.forget(r)
         for r, lease in zip(as_i32(part.lease_req_ids).tolist(), as_i32(part.lease_ids).tolist()):
             if not 0 <= lease < self.num_leases:
                 raise ValueError(f"lease {lease} outside [0, {self.num_leases})")
             self.leases[r] = lease
         for lease in as_i32(part.scrub_lease_ids).tolist():
-            self.scrub(lease)
-        if self.test_drafter is not None:
-            for c in part.prefills:
-                self.test_drafter.observe(c.req_id, c.start_pos, as_i32(c.token_ids))
-
-    def scrub(self, lease: int) -> None:
-        lo = lease * RING_BLOCKS * RING_ROWS
-        for ring in self.rings:
-            ring[lo : lo + RING_BLOCKS * RING_ROWS] = 0
-
-    def lease_rows(self, lease: int, stage: int) -> torch.Tensor:
-        lo = lease * RING_BLOCKS * RING_ROWS
-        return self.rings[stage][lo : lo + RING_BLOCKS * RING_ROWS]
+            self.proposer.scrub(lease)
+        for c in part.prefills:
+            self.proposer.observe(c)
 
     def after_forward(
         self, part: PartitionPlan, out: ForwardOutput, tokens: np.ndarray, comm: Comm, sampler=None
     ) -> None:
-        """Runs the drafter (every rank, every K=7 step: its MoE is collective); keeps the
-        drafts for take(). sampler: the runner's RankSampler (sampling requests draft with
-        their own noise); None: greedy drafts."""
+        """Drafts (every rank, every K=7 step: the drafter's MoE is collective); keeps them
+        for take(). sampler: the runner's RankSampler; None: greedy drafts."""
         b = plan_drafts(part, tokens, self.window, self.max_model_len)
-        if self.test_drafter is not None:
-            drafts, conf = self.test_drafter.propose(b.q_req, b.q_pos)
-            self.last = (np.asarray(b.q_req, np.int32), drafts, conf)
-            return
-        dev = self.device
-
-        def lease_of(reqs):
-            try:
-                return torch.tensor([self.leases[r] for r in reqs], dtype=torch.long, device=dev)
-            except KeyError as e:
-                raise ValueError(f"request {e.args[0]} runs at K=7 without a drafter lease") from None
-
-        if b.ctx_rows:
-            rows = torch.tensor(b.ctx_rows, dtype=torch.long, device=dev)
-            ctx = self.drafter.context_rows(out.taps, rows)  # [n, d]
-            self.drafter.write_context(
-                self.rings, lease_of(b.ctx_req), torch.tensor(b.ctx_pos, dtype=torch.long, device=dev), ctx
-            )
-        anchor_pos = torch.tensor(b.q_pos, dtype=torch.long, device=dev)
-        pick = None if sampler is None else sampler.draft_picker(b.q_req, anchor_pos, comm)
-        drafts, conf = self.drafter.propose(
-            self.rings,
-            self.filler_row,
-            self.embed,
-            self.head,
-            comm,
-            lease_of(b.q_req),
-            anchor_pos,
-            torch.tensor(b.q_tok, dtype=torch.long, device=dev),
-            pick,
-        )
-        self.last = (
-            np.asarray(b.q_req, np.int32),
-            drafts.to(torch.int32).cpu().numpy(),
-            conf.cpu().numpy().astype(np.float32),
-        )
-
-    def bind_trunk(self, embed, head) -> None:
-        """The drafter shares the trunk's embed and head."""
-        self.embed, self.head = embed, head
+        drafts, conf = self.proposer.propose(b, self.leases, out, comm, sampler)
+        self.last = (np.asarray(b.q_req, np.int32), drafts, conf)
 
     def take(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         last, self.last = self.last, None

@@ -37,12 +37,23 @@ def mask_logits(
     rows = logit_row_of(part) if rows is None else rows
     local_vocab = logits.shape[1]
     masked = logits.clone()  # [L, V/tp]
-    for m in part.token_masks:
-        row = rows.get(m.req_id)
-        if row is None:
+    masks = part.token_masks
+    at = []
+    for m in masks:
+        first = rows.get(m.req_id)
+        if first is None:
             raise ValueError(f"token mask for request {m.req_id}, which has no logit row")
-        allowed = torch.from_numpy(unpack_mask(m.bits, vocab_offset, vocab_offset + local_vocab))
-        masked[row].masked_fill_(~allowed.to(masked.device), float("-inf"))
+        at.append(first + m.row)  # row i of a verify tile: the request's first row + i
+    if len(masks) == 1 or len({len(m.bits) for m in masks}) > 1:
+        allowed = np.stack([unpack_mask(m.bits, vocab_offset, vocab_offset + local_vocab) for m in masks])
+    else:  # one unpack for every mask of the step
+        packed = np.frombuffer(b"".join(m.bits for m in masks), np.uint8).reshape(len(masks), -1)  # [M, V/8]
+        bits = np.unpackbits(packed, axis=1, bitorder="little")[:, vocab_offset : vocab_offset + local_vocab]
+        allowed = np.zeros((len(masks), local_vocab), dtype=bool)  # [M, V/tp]; ids past the mask refused
+        allowed[:, : bits.shape[1]] = bits
+    idx = torch.tensor(at, dtype=torch.long, device=masked.device)  # [M]
+    refused = ~torch.from_numpy(allowed).to(masked.device)  # [M, V/tp]
+    masked[idx] = masked[idx].masked_fill(refused, float("-inf"))
     return masked
 
 

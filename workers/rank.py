@@ -20,9 +20,9 @@ import signal
 import threading
 import time
 import traceback
+from functools import partial
 
 import msgspec
-import numpy as np
 import zmq
 
 from dspark_loop.contract.checkpoint_fingerprint import checkpoint_fingerprint
@@ -38,11 +38,10 @@ from dspark_loop.contract.protocol import (
     Shutdown,
     StepPlan,
     StepResult,
-    f32,
-    i32,
     identity,
 )
 from workers.runner_interface import Runner
+from workers.step_result import step_result
 
 log = logging.getLogger("workers.rank")
 
@@ -138,23 +137,17 @@ class Rank:
             )
         t0 = time.perf_counter()
         part, tokens = self.samples.run(plan.partitions[self.group], self.runner.execute)
-        drafts = self.runner.take_drafts()
-        self.samples.record_drafts(part, drafts)  # K=7: the next step's placeholder drafts
         compute_s = time.perf_counter() - t0
-        token_ids = np.ascontiguousarray(tokens, dtype=np.int32).tobytes() if self.is_leader else b""
-        result = StepResult(plan.step_id, self.rank, token_ids, compute_s)
-        if drafts is not None and self.is_leader:
-            req_ids, tokens7, conf = drafts
-            result.draft_req_ids = i32(req_ids)
-            result.draft_token_ids = i32(tokens7)
-            result.draft_confidence = f32(conf)
-        lp = self.runner.take_logprobs()
-        if lp is not None and self.is_leader:
-            result.lp_req_ids, result.lp_positions = i32(lp.req_ids), i32(lp.positions)
-            result.lp_token_ids, result.lp_values = i32(lp.token_ids), f32(lp.values)
-            result.lp_num_top = int(lp.top_ids.shape[1])
-            result.lp_top_ids, result.lp_top_values = i32(lp.top_ids), f32(lp.top_values)
-        return result
+        # NOTE: every rank records its drafts: the next plan's placeholders may ask for them (K=7)
+        return step_result(
+            plan.step_id,
+            self.rank,
+            tokens,
+            self.runner,
+            compute_s,
+            self.is_leader,
+            partial(self.samples.record_drafts, part),
+        )
 
     def serve(self) -> int:
         """The step loop; returns the process exit code."""

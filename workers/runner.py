@@ -27,6 +27,7 @@ from workers.drafter_runner import SpecRunner
 from workers.kv_pool import SCRATCH_ROWS, KVPool, blocks_for_budget
 from workers.logit_masks import mask_logits, masked_argmax
 from workers.model.dsv4 import ForwardOutput
+from workers.proposer import Proposer
 from workers.sampling.rank_sampler import RankSampler, StepLogprobs
 from workers.sampling.step_rows import StepRows, step_rows
 from workers.staging import BlockTables, Segment, stage
@@ -95,7 +96,7 @@ class ModelRunner:
         scratch_rows: int = SCRATCH_ROWS,
         hadamard: bool = True,
         quiet: bool = False,
-        test_drafter=None,
+        proposer: Proposer | None = None,
     ) -> None:
         self.dtype = torch_dtype(cfg.dtype)
         self.comm = comm or LocalComm()
@@ -124,15 +125,15 @@ class ModelRunner:
             if cfg.spec_k != DSPARK_K:
                 raise ValueError(f"num_speculative_tokens must be 0 or {DSPARK_K}, got {cfg.spec_k}")
             spec_path = os.environ.get(SCRIPTED_DRAFTER_ENV)
-            if test_drafter is None and spec_path:
+            if proposer is None and spec_path:
                 # NOTE: a test double, imported only when a test asks for it
                 from dspark_testing.scripted_drafter import ScriptedDrafter
 
-                test_drafter = ScriptedDrafter(
+                proposer = ScriptedDrafter(
                     spec_path, self.cfg.vocab_size, self.cfg.dspark.noise_token_id if self.cfg.dspark else 0
                 )
-            self.spec = SpecRunner(self.cfg, cfg, self.shard, self.dtype, self.device, test_drafter)
-            self.spec.bind_trunk(self.model.embed, self.model.head)
+            trunk = (self.model.embed, self.model.head)
+            self.spec = SpecRunner(self.cfg, cfg, self.shard, self.dtype, self.device, trunk, proposer)
 
     @property
     def num_blocks(self) -> list[int]:

@@ -34,6 +34,14 @@ Seed = Annotated[int, msgspec.Meta(ge=SEED_RANGE[0], extra_json_schema={"maximum
 NumLogprobs = Annotated[int, msgspec.Meta(ge=0, le=MAX_LOGPROBS)]
 Refused = Annotated[str, msgspec.Meta(max_length=0)]  # any non-empty value is unsupported
 
+RESPONSE_FORMAT_DOC = (
+    'OpenAI\'s output format: {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
+    '"json_schema": {"name", "schema", "strict"}} (decoding is constrained by the schema)'
+)
+STRUCTURED_OUTPUTS_DOC = 'vLLM\'s structured outputs: {"json": schema} or {"json_object": true}'
+ResponseFormat = Annotated[dict[str, Any] | None, msgspec.Meta(description=RESPONSE_FORMAT_DOC)]
+StructuredOutputs = Annotated[dict[str, Any] | None, msgspec.Meta(description=STRUCTURED_OUTPUTS_DOC)]
+
 
 class Strict(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
     # rules across fields that the document states beside the fields' own schemas
@@ -103,6 +111,8 @@ class CompletionRequest(GenerationFields, kw_only=True):
     best_of: AtLeastOne | None = None  # only == n
     logprobs: NumLogprobs | None = None  # top entries per token; with echo: the prompt's too
     suffix: Refused | None = None
+    response_format: ResponseFormat = None  # text | json_object | json_schema (api/structured/)
+    structured_outputs: StructuredOutputs = None  # vLLM's: {"json": schema} | {"json_object": true}
 
 
 class TokenizeRequest(Strict):

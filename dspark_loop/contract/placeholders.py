@@ -21,6 +21,7 @@ before it reads step N+1 (scheduled_step.reconcile).
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 
 from dspark_loop.contract.acceptance import accept_chain
@@ -76,11 +77,8 @@ class LastSamples:
                 start[open_] = np.fromiter(map(self.next_pos.__getitem__, rids), np.int32, len(rids))
         except KeyError as e:
             raise ValueError(f"req {e.args[0]}: a placeholder with nothing to resolve it") from None
-        d2 = type(d)(*[getattr(d, f) for f in d.__struct_fields__])
-        d2.start_pos, d2.token_ids = start.tobytes(), filled.tobytes()
-        out = type(part)(*[getattr(part, f) for f in part.__struct_fields__])
-        out.decode = d2
-        return out
+        d2 = msgspec.structs.replace(d, start_pos=start.tobytes(), token_ids=filled.tobytes())
+        return msgspec.structs.replace(part, decode=d2)
 
     def run(self, part: PartitionPlan, execute) -> tuple[PartitionPlan, object]:
         """(the resolved part, execute(resolved part)) with the samples recorded: a rank's

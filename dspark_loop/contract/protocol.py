@@ -16,7 +16,7 @@ A step plan carries only what the ranks cannot derive themselves:
                        rows 1.. = drafts (K=7) -- num_rows[r] is 1 + l, l in 0..7 drafts
                        verified (ragged; the fixed chain sends 1 or 8); all rows publish;
                        draft_mask: which requests run their drafter pass (empty: all)
-        token_masks    TokenMask(req_id, bits): argmax of that request's row over allowed ids
+        token_masks    TokenMask(req_id, bits, row): that request's row picks among allowed ids
 
 Every rank receives the whole plan and runs its own partition's part (an empty part
 still runs the forward: the expert exchange needs every rank at every layer). Every rank
@@ -148,10 +148,11 @@ class BlockUpdate(msgspec.Struct, array_like=True):
 
 
 class TokenMask(msgspec.Struct, array_like=True):
-    """The tokens a constrained request's logit row may pick (tool-call grammars)."""
+    """The tokens a constrained request's logit row may pick (output grammars)."""
 
     req_id: int
     bits: bytes  # uint8 [ceil(vocab/8)], np.packbits(allowed, bitorder="little")
+    row: int = 0  # which of the request's rows (a K=7 verify tile has 8; rows without a mask pick freely)
 
 
 class SamplingSpec(msgspec.Struct, array_like=True):
@@ -175,7 +176,7 @@ class PartitionPlan(msgspec.Struct, array_like=True):
     freed_req_ids: list[int] = []
     prefills: list[PrefillChunk] = []
     decode: DecodeBatch | None = None
-    token_masks: list[TokenMask] = []  # K=0 rows only: a constrained request never speculates
+    token_masks: list[TokenMask] = []  # constrained requests' rows (engine/token_masks.py)
     # DSpark (K=7): drafter leases (group-local ids) given to requests admitted in this plan,
     # and leases whose ring blocks the ranks must zero first (a re-admitted request)
     lease_req_ids: bytes = b""  # int32 [n]

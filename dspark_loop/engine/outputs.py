@@ -8,18 +8,19 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import msgspec
-import numpy as np
 
 from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.contract.sampling_knobs import SamplingKnobs
 
 
 class TokenConstraint(Protocol):
-    """A logit constraint (api/chat/tool_constraint.ToolConstraint): asked every step for the
-    request's one sampled row (a constrained request never speculates)."""
+    """A logit constraint (api/structured/grammar_constraint.GrammarConstraint), asked once per
+    step for the masks of the request's sampled rows (engine/token_masks.py)."""
 
-    def allowed_token_mask(self, generated_ids: list[int], /) -> np.ndarray:
-        """[vocab] bool: the tokens that may follow generated_ids (raises when they broke it)."""
+    def row_masks(self, output_ids: list[int], drafts: list[int], /) -> list[bytes]:
+        """Packed masks for rows 0..m (m <= len(drafts)): row i is what may follow output_ids
+        + drafts[:i]; the list ends after the first draft it refuses. It may replace drafts
+        in place (a token the grammar forces). Raises when output_ids broke it."""
         ...
 
 
@@ -63,7 +64,8 @@ class GenerateRequest:
     params: SamplingParams
     # Parser for chat/tool output may need the raw token ids; text is always produced.
     arrival_time: float = 0.0
-    # Optional logit constraint (tool_choice required/named, strict tools); None = free.
+    # Optional logit constraint (response_format, tool_choice required/named; api/structured/);
+    # None = free. Asked once per step for the request's sampled rows (engine/token_masks.py).
     constraint: TokenConstraint | None = None
 
 

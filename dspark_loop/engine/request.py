@@ -119,7 +119,7 @@ class Request(VerifyCounts):
         self.registered_len = 0  # full pages below this position are keyed in the cache
         self.register_pos = NEVER  # at num_computed >= this, another page is full
         self.has_drafts = False  # K=7: drafts for the next anchor wait in Partition.drafts[lease]
-        self.constraint: TokenConstraint | None = None  # GenerateRequest.constraint: masks its rows (K=0)
+        self.constraint: TokenConstraint | None = None  # GenerateRequest.constraint: masks this request's rows
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.error: str | None = None

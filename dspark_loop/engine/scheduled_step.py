@@ -3,13 +3,24 @@ the results back (which request each sampled token belongs to)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from dspark_loop.contract.placeholders import PLACEHOLDER
-from dspark_loop.contract.protocol import DSPARK_K, DecodeBatch, StepPlan
+from dspark_loop.contract.protocol import (
+    DSPARK_K,
+    BlockUpdate,
+    DecodeBatch,
+    PartitionPlan,
+    PrefillChunk,
+    StepPlan,
+    TokenMask,
+)
+from dspark_loop.engine.partition import Partition
 from dspark_loop.engine.request import Request, Status
+from dspark_loop.engine.sampling_wire import next_prompt_token
 
 
 @dataclass
@@ -207,3 +218,42 @@ def note_inflight(step: ScheduledStep) -> None:
         for j, req in enumerate(pstep.decode_reqs):
             req.inflight_step, req.inflight_end, req.inflight_samples = sid, req.plan_pos + req.sched_n, True
             req.inflight_rows, req.inflight_drafted = req.sched_n, dn is None or bool(dn[j])
+
+
+def partition_step(
+    part: Partition,
+    prefills: list[tuple[Request, int]],
+    decodes: list[Request],
+    updates: list[BlockUpdate],
+    masked: bool = False,
+    mask: Callable[[Partition, PartitionStep], list[TokenMask]] | None = None,
+) -> tuple[PartitionStep, PartitionPlan]:
+    """Phase 4 of Scheduler.schedule: a partition's PartitionStep (what the results will
+    mean) and its wire plan; the freed ids and new leases since the last sent plan go in.
+    Rows start at each request's plan_pos (num_computed, or past an unanswered step)."""
+    pstep = PartitionStep()
+    for req, n in prefills:
+        pstep.prefills.append((req, n, req.plan_pos + n == req.prefill_target))
+    pplan = PartitionPlan(block_updates=updates)
+    pplan.prefills = [
+        PrefillChunk(
+            r.req_id,
+            r.plan_pos,
+            r.token_bytes(r.plan_pos, r.plan_pos + n),
+            s,
+            next_prompt_token(r, r.plan_pos + n, s),
+        )
+        for r, n, s in pstep.prefills
+    ]
+    if decodes:
+        pstep.decode_reqs = decodes
+    if mask is not None:  # NOTE: before the tile: a verify's forced tokens replace its drafts
+        pplan.token_masks = mask(part, pstep)
+    if decodes:
+        pplan.decode = decode_batch(decodes, pstep, part.drafts, masked)
+    if pstep.is_empty:
+        pplan.freed_req_ids = []  # keep them for a plan that is actually sent
+    else:
+        pplan.freed_req_ids, part.freed_req_ids = part.freed_req_ids, []
+    part.take_lease_fields(pplan)  # admissions only happen in a non-empty step
+    return pstep, pplan

@@ -8,11 +8,12 @@ rows -> finished (stop / length / abort / error); running -> waiting again on pr
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import numpy as np
 
 from dspark_loop.contract.cache_layout import CacheLayout
-from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK, BlockUpdate, PartitionPlan, PrefillChunk, StepPlan
+from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK, BlockUpdate, PartitionPlan, StepPlan, TokenMask
 from dspark_loop.engine.admission import Admission
 from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.kv_cache import PartitionCache
@@ -20,12 +21,11 @@ from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.partition import Partition
 from dspark_loop.engine.prefix_cache import PrefixCache
 from dspark_loop.engine.request import Request, Status
-from dspark_loop.engine.sampling_wire import next_prompt_token
 from dspark_loop.engine.scheduled_step import (
     PartitionStep,
     ScheduledStep,
-    decode_batch,
     note_inflight,
+    partition_step,
     plan_positions,
     reconcile,
 )
@@ -79,7 +79,7 @@ class Scheduler:
         self._ended_in_step = False  # a scheduled request ended before its results came back
         self.plans_ahead = False  # the loop sends a step before the previous one is answered
         self._unanswered: list[int] = []  # ids of sent (non-empty) steps not yet updated, oldest first
-        self.num_constrained = 0  # live requests with a token constraint (tool grammars)
+        self.num_constrained = 0  # live requests with a token constraint (output grammars)
         # K=7 adaptive verification: who chooses the windows and drafter skips (FullVerify:
         # the fixed chain, no per-step call); live requests with max_draft_tokens < K
         self.policy: VerifyPolicy = policy if policy is not None else FullVerify()
@@ -235,8 +235,8 @@ class Scheduler:
                 if pos >= r.prefill_target:
                     reqs.append(r)
                     leases.append(r.lease)
-                    m = r.max_draft_tokens if r.constraint is None else 0
-                    # NOTE: a request that may never verify (its own cap 0, a grammar) never drafts
+                    m = r.max_draft_tokens
+                    # NOTE: a request that may never verify (its own cap 0) never drafts
                     may.append(m > 0)
                     drafted = r.plan_drafts if inflight >= 0 and r.plan_pending else r.has_drafts
                     caps.append(m if drafted and pos <= verify_limit else 0)
@@ -275,9 +275,15 @@ class Scheduler:
         if not did_preempt:
             for req, message in self.admission.admit(part, budget, prefills, updates):
                 self._report_error(req, message)
-        pstep, pplan = self._plan(part, prefills, decodes, updates, masked)
-        if self.num_constrained:
-            self._mask(part, pstep, pplan)
+        if not self.num_constrained:
+            return partition_step(part, prefills, decodes, updates, masked)
+        failed: list[tuple[Request, str]] = []
+        pstep, pplan = partition_step(part, prefills, decodes, updates, masked, partial(self._mask, failed))
+        for req, message in failed:
+            # NOTE: after the plan is built: the row still runs (it is in the plan); update()
+            # skips a request that is no longer running, and its pages are freed in the next plan.
+            self._fail(req, message)
+            self._ended_in_step = True
         return pstep, pplan
 
     def _budget(self, part: Partition, inflight: int = -1, adaptive: bool = False) -> tuple[int, list[Request]]:
@@ -306,12 +312,7 @@ class Scheduler:
             if req.plan_pos < req.prefill_target:
                 req.sched_n = 0
                 prefilling.append(req)
-            elif (
-                spec_k
-                and (req.plan_drafts if req.plan_pending else req.has_drafts)
-                and req.constraint is None
-                and req.plan_pos <= verify_limit
-            ):
+            elif spec_k and (req.plan_drafts if req.plan_pending else req.has_drafts) and req.plan_pos <= verify_limit:
                 n = 1 + req.verify_len if adaptive else verify_n  # 1 + l rows (l = 0: one row)
                 if n <= budget:
                     req.sched_n = n
@@ -370,48 +371,13 @@ class Scheduler:
                 return False
         return True
 
-    def _plan(
-        self,
-        part: Partition,
-        prefills: list[tuple[Request, int]],
-        decodes: list[Request],
-        updates: list[BlockUpdate],
-        masked: bool = False,
-    ) -> tuple[PartitionStep, PartitionPlan]:
-        """Phase 4: the PartitionStep (what the results will mean) and its wire plan."""
-        pstep = PartitionStep()
-        for req, n in prefills:
-            pstep.prefills.append((req, n, req.plan_pos + n == req.prefill_target))
-        pplan = PartitionPlan(block_updates=updates)
-        pplan.prefills = [
-            PrefillChunk(
-                r.req_id,
-                r.plan_pos,
-                r.token_bytes(r.plan_pos, r.plan_pos + n),
-                s,
-                next_prompt_token(r, r.plan_pos + n, s),
-            )
-            for r, n, s in pstep.prefills
-        ]
-        if decodes:
-            pstep.decode_reqs = decodes
-            pplan.decode = decode_batch(decodes, pstep, part.drafts, masked)
-        if pstep.is_empty:
-            pplan.freed_req_ids = []  # keep them for a plan that is actually sent
-        else:
-            pplan.freed_req_ids, part.freed_req_ids = part.freed_req_ids, []
-        part.take_lease_fields(pplan)  # admissions only happen in a non-empty step
-        return pstep, pplan
-
-    def _mask(self, part: Partition, pstep: PartitionStep, pplan: PartitionPlan) -> None:
-        """Phase 5: allowed-token masks of constrained requests; a constraint that fails
-        ends its request."""
-        pplan.token_masks, failed = token_masks(pstep)
-        for req, message in failed:
-            # NOTE: the row still runs (it is in the plan); update() skips a request that
-            # is no longer running, and its pages are freed in the next plan.
-            self._fail(req, message)
-            self._ended_in_step = True
+    def _mask(self, failed: list, part: Partition, pstep: PartitionStep) -> list[TokenMask]:
+        """Phase 5, inside partition_step before the tile is built (a verify's forced tokens
+        replace its drafts): the allowed-token masks of constrained requests' rows; the
+        constraints that failed go to `failed` (their requests end once the plan is built)."""
+        masks, bad = token_masks(pstep, part.drafts if self.spec_k else None)
+        failed.extend(bad)
+        return masks
 
     # ---- step 5 -----------------------------------------------------------------------
     def update(self, step: ScheduledStep, results, now: float | None = None) -> list[RequestOutput]:

@@ -1,9 +1,16 @@
-"""Allowed-token masks for constrained requests (tool-call grammars), one per sampled row.
+"""Allowed-token masks for constrained requests (grammars), one per masked logit row.
 
-A constrained request has exactly one sampled row per step (a finishing prefill chunk or
-a K=0 decode row); its constraint is asked which tokens may follow the outputs so far, and
-the answer travels packed in the plan. A constraint that fails finishes only its request:
-token_masks() returns it with its message, and the Scheduler fails it.
+A constrained request's sampled rows are a finishing prefill chunk's last row, a K=0 decode
+row, or a K=7 verify tile of 8 rows. Its constraint (duck-typed) is asked once per step:
+
+    constraint.row_masks(output_ids, drafts) -> [packed mask] for rows 0..m, m <= len(drafts)
+    (it may change `drafts`, a list, in place: a token the grammar forces replaces its draft)
+
+row i being what may follow the outputs and drafts[:i]. The list ends after the first draft
+the grammar refuses: that row's masked pick cannot equal the draft, so acceptance stops
+there by itself and the rows after it (left unmasked) are never used. The masks travel
+packed in the plan as TokenMask(req_id, bits, row). A constraint that fails finishes only
+its request: token_masks() returns it with its message, and the Scheduler fails it.
 """
 
 from __future__ import annotations
@@ -12,28 +19,67 @@ import logging
 
 import numpy as np
 
-from dspark_loop.contract.protocol import TokenMask, pack_mask
+from dspark_loop.contract.protocol import TokenMask
 from dspark_loop.engine.request import Request
 from dspark_loop.engine.scheduled_step import PartitionStep
 
 log = logging.getLogger(__name__)
 
 
-def token_masks(pstep: PartitionStep) -> tuple[list[TokenMask], list[tuple[Request, str]]]:
-    """(masks for the plan, [(request, error message)] for constraints that failed)."""
+def token_masks(
+    pstep: PartitionStep, drafts: np.ndarray | None = None
+) -> tuple[list[TokenMask], list[tuple[Request, str]]]:
+    """(masks for the plan, [(request, error message)] for constraints that failed).
+    drafts: the partition's draft table [leases, K] (K=7), read for verifying requests and
+    written back with the forced tokens: call it before the plan's tile is built."""
     sampled = [r for r, _, sample in pstep.prefills if sample] + list(pstep.decode_reqs)
-    masks: list[TokenMask] = []
-    failed: list[tuple[Request, str]] = []
-    for req in sampled:
-        if req.constraint is None:
+    bound = [r for r in sampled if r.constraint is not None]
+    if not bound:
+        return [], []
+    row_drafts: list[list[int]] = []
+    for req in bound:
+        verifying = req.sched_n > 1 and req.num_computed >= req.prefill_target
+        # the request's window: its first sched_n - 1 drafts (adaptive verification may verify fewer than K)
+        window = drafts[req.lease, : req.sched_n - 1].tolist() if verifying and drafts is not None else []
+        row_drafts.append(window)  # [l] or []
+    answers = _ask(bound, row_drafts)
+    for req, d in zip(bound, row_drafts):
+        if d and drafts is not None:  # NOTE: forced tokens go back into the draft table, which the tile reads
+            drafts[req.lease, : len(d)] = d
+    masks, failed = [], []
+    for req, rows in zip(bound, answers):
+        if not isinstance(rows, Exception) and (not rows or not any(rows[0])):
+            rows = ValueError("the constraint allows no token")
+        if isinstance(rows, Exception):
+            log.error("constraint of request %s failed: %s", req.request_id, rows)
+            failed.append((req, f"the output constraint failed: {type(rows).__name__}: {rows}"))
             continue
-        try:
-            allowed = req.constraint.allowed_token_mask(req.output_ids)  # [vocab] bool
-            if not np.any(allowed):
-                raise ValueError("the constraint allows no token")
-        except Exception as e:  # noqa: BLE001 -- one request's constraint, not the engine
-            log.exception("constraint of request %s failed", req.request_id)
-            failed.append((req, f"the output constraint failed: {type(e).__name__}: {e}"))
-            continue
-        masks.append(TokenMask(req.req_id, pack_mask(allowed)))
+        masks += [TokenMask(req.req_id, bits, i) for i, bits in enumerate(rows)]
     return masks, failed
+
+
+def _ask(bound: list[Request], row_drafts: list[list[int]]) -> list:
+    """Each request's masks (or the exception it raised). NOTE: constraints of one kind that
+    offer a batch_row_masks are asked together (one batched fill per row index, off the GIL
+    in xgrammar's threads); others one by one."""
+    answers: list = [None] * len(bound)
+    kinds: dict[type, list[int]] = {}
+    for i, req in enumerate(bound):
+        kinds.setdefault(type(req.constraint), []).append(i)
+    for kind, idx in kinds.items():
+        batch = getattr(kind, "batch_row_masks", None)
+        if batch is not None and len(idx) > 1:
+            got = batch(
+                [bound[i].constraint for i in idx], [bound[i].output_ids for i in idx], [row_drafts[i] for i in idx]
+            )
+            for i, a in zip(idx, got):
+                answers[i] = a
+            continue
+        for i in idx:
+            c = bound[i].constraint
+            assert c is not None  # bound: the constrained requests
+            try:
+                answers[i] = c.row_masks(bound[i].output_ids, row_drafts[i])
+            except Exception as e:  # noqa: BLE001 -- one request's constraint, not the engine
+                answers[i] = e
+    return answers

@@ -1,7 +1,8 @@
 """POST /v1/chat/completions: messages -> DeepSeek-V4 prompt -> engine -> OpenAI chat answer.
 
     validate (chat_validate, 400s) -> render (chat_render, BOS first, no special tokens
-    added) -> [constraint for required/named/strict tools, built off the loop] ->
+    added) -> [constraint for required/named/strict tools or a response_format schema,
+    built off the loop] ->
     engine.generate -> ChatOutput splits reasoning / content / tool_calls
 
 Streaming, usage, finish reasons and engine failures are the shared skeleton's
@@ -17,7 +18,7 @@ import dataclasses
 import logging
 import time
 
-from dspark_loop.api.chat.constraint import build_constraint, needs_constraint
+from dspark_loop.api.chat.constraint import needs_constraint
 from dspark_loop.api.chat.output import ChatOutput
 from dspark_loop.api.chat.parse import ToolParseError
 from dspark_loop.api.chat.render import THINK_START, chat_options, render_messages
@@ -29,6 +30,8 @@ from dspark_loop.api.generation.choices import Choices, run_choices
 from dspark_loop.api.generation.logprobs_format import LogprobsFormatter
 from dspark_loop.api.generation.sampling import sampling_params
 from dspark_loop.api.generation.skeleton import Generation, GenerationRoute, OutputError
+from dspark_loop.api.structured.build import format_constraint, tool_constraint
+from dspark_loop.api.structured.output_format import OutputFormat, check_constrained_options, output_format
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput, TokenLogprob
 
 log = logging.getLogger(__name__)
@@ -49,9 +52,11 @@ class ChatCompletion(Generation):
         prompt_text: str,
         generate: GenerateRequest,
         tools: list[dict],
+        fmt: OutputFormat | None = None,
     ):
         super().__init__(ctx, req, prompt_ids, generate)
         self.tools = tools
+        self.format = fmt  # response_format / structured_outputs (None: free text)
         self.start_in_reasoning = prompt_text.endswith(THINK_START)
         self.parallel_tool_calls = req.parallel_tool_calls is not False
         self.output = ChatOutput(self.start_in_reasoning, parallel_tool_calls=self.parallel_tool_calls)
@@ -70,8 +75,12 @@ class ChatCompletion(Generation):
         return self.formatter.chat(entries)
 
     @property
-    def constrained(self) -> bool:
+    def constrained_tools(self) -> bool:
         return needs_constraint(self.tools, self.req.tool_choice)
+
+    @property
+    def constrained(self) -> bool:
+        return self.format is not None or self.constrained_tools
 
     def chunk(
         self,
@@ -143,10 +152,6 @@ def malformed_as_output_error():
 
 
 def check_chat_options(req: ChatCompletionRequest) -> None:
-    if req.response_format is not None and req.response_format.get("type") != "text":
-        raise unsupported(
-            "response_format", 'response_format other than {"type": "text"} is not supported by this server.'
-        )
     if req.thinking is not None and req.thinking.get("type") not in ("enabled", "disabled"):
         raise bad_request('`thinking.type` must be "enabled" or "disabled".', "thinking.type")
     messages = req.messages
@@ -182,6 +187,7 @@ class ChatCompletionsRoute(GenerationRoute):
         for w in warnings:
             log.debug("chat request: %s", w)
         check_chat_options(req)
+        fmt = output_format(req.response_format, req.structured_outputs)
         # NOTE: tool_choice "none" leaves the request's tools out of the prompt: the model
         # cannot call what it was not shown, and the answer is plain text as OpenAI promises.
         tools = None if req.tool_choice == "none" else req.tools
@@ -212,18 +218,17 @@ class ChatCompletionsRoute(GenerationRoute):
                 dataclasses.replace(params, choice=j),
                 arrival_time=time.monotonic(),
             )
-            choices.append(ChatCompletion(ctx, req, prompt_ids, prompt_text, g, tools))
+            choices.append(ChatCompletion(ctx, req, prompt_ids, prompt_text, g, tools, fmt))
             choices[-1].index = j
         c = choices[0]
+        if fmt is not None and c.constrained_tools:
+            raise unsupported(
+                fmt.param,
+                f"{fmt.param} cannot be combined with constrained tool calls "
+                "(tool_choice required/named, strict tools).",
+            )
         if c.constrained:
-            # NOTE: the grammar ends with EOS; tokens forced past it would break the grammar.
-            for name, value in (("ignore_eos", params.ignore_eos), ("min_tokens", params.min_tokens)):
-                if value:
-                    raise unsupported(
-                        name,
-                        f"{name} cannot be combined with constrained tool "
-                        "calls (tool_choice required/named, strict tools).",
-                    )
+            check_constrained_options(params)
         return c if len(choices) == 1 else Choices(ctx, req, choices)
 
     async def run(self, request, g):
@@ -233,15 +238,20 @@ class ChatCompletionsRoute(GenerationRoute):
 
     async def prepare(self, c: Generation) -> None:
         assert isinstance(c, ChatCompletion)  # what accept() builds
-        if c.constrained:
+        tokenizer, vocab_size = self.ctx.encoder.tokenizer, self.ctx.encoder.vocab_size
+        if c.constrained_tools:
             c.generate.constraint = await asyncio.to_thread(
-                build_constraint,
-                self.ctx.encoder.tokenizer,
+                tool_constraint,
+                tokenizer,
                 c.tools,
                 c.req.tool_choice,
                 start_in_reasoning=c.start_in_reasoning,
-                vocab_size=self.ctx.encoder.vocab_size,
+                vocab_size=vocab_size,
                 parallel_tool_calls=c.parallel_tool_calls,
+            )
+        elif c.format is not None:
+            c.generate.constraint = await asyncio.to_thread(
+                format_constraint, tokenizer, c.format, start_in_reasoning=c.start_in_reasoning, vocab_size=vocab_size
             )
 
     def log_received(self, c: Generation) -> None:

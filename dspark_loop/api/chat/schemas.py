@@ -17,7 +17,7 @@ import msgspec
 
 from dspark_loop.api.chat.render import EFFORT_ALIASES
 from dspark_loop.api.chat.validate import ROLES, TOOL_CHOICES, TOOL_NAME
-from dspark_loop.api.schemas import GenerationFields, NumLogprobs
+from dspark_loop.api.schemas import GenerationFields, NumLogprobs, ResponseFormat, StructuredOutputs
 
 _NAME = {"type": "string", "pattern": f"^{TOOL_NAME.pattern}$"}
 _TEXT_PART = {
@@ -111,13 +111,8 @@ class ChatCompletionRequest(GenerationFields, kw_only=True):
         ]
         | None
     ) = None
-    response_format: (
-        Annotated[
-            dict[str, Any],
-            msgspec.Meta(extra_json_schema={"required": ["type"], "properties": {"type": {"const": "text"}}}),
-        ]
-        | None
-    ) = None  # {"type": "text"} only
+    response_format: ResponseFormat = None  # text | json_object | json_schema (api/structured/)
+    structured_outputs: StructuredOutputs = None  # vLLM's: {"json": schema} | {"json_object": true}
     logprobs: bool | None = None
     top_logprobs: NumLogprobs | None = None
 

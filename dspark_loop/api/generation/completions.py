@@ -10,6 +10,7 @@ choice index (their own noise). NOTE: siblings admitted in one step each prefill
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 
@@ -20,6 +21,7 @@ from dspark_loop.api.generation.logprobs_format import LogprobsFormatter
 from dspark_loop.api.generation.sampling import check_completion_options, sampling_params
 from dspark_loop.api.generation.skeleton import Generation, GenerationRoute
 from dspark_loop.api.schemas import CompletionRequest
+from dspark_loop.api.structured.output_format import OutputFormat, check_constrained_options, output_format
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput, TokenLogprob
 
 MAX_CHOICES = 1024  # engine requests one /v1/completions request may start
@@ -46,6 +48,7 @@ class Completion(Generation):
         self.sent = 0  # entries already answered
         self.text_offset = 0  # logprobs' text_offset of the next entry
         self.formatter = LogprobsFormatter(lambda t: ctx.encoder.decode([t]))
+        self.format: OutputFormat | None = None  # OutputFormat: response_format / structured_outputs (None: free text)
 
     @property
     def wants_logprobs(self) -> bool:
@@ -150,6 +153,7 @@ class CompletionsRoute(GenerationRoute):
         for ids, _ in prompts:
             ctx.check_context(len(ids))
         check_completion_options(req)
+        fmt = output_format(req.response_format, req.structured_outputs)
         if len(prompts) * (req.n or 1) > MAX_CHOICES:
             raise bad_request(
                 f"{len(prompts)} prompts x n {req.n or 1} make more than {MAX_CHOICES} "
@@ -161,15 +165,31 @@ class CompletionsRoute(GenerationRoute):
             params = sampling_params(
                 req, ctx.defaults, ctx.encoder, len(ids), ctx.max_model_len, sampling_defaults=ctx.sampling_defaults
             )
+            if fmt is not None:
+                check_constrained_options(params)
             n = req.n or 1
             for j in range(n):
                 g = GenerateRequest(
                     ctx.new_request_id(), ids, dataclasses.replace(params, choice=j), arrival_time=time.monotonic()
                 )
                 choices.append(Completion(ctx, req, ids, text, g, index=i * n + j))
+                choices[-1].format = fmt
         return choices[0] if len(choices) == 1 else Choices(ctx, req, choices)
 
     async def run(self, request, g):
         if isinstance(g, Choices):
             return await run_choices(self, request, g)
         return await super().run(request, g)
+
+    async def prepare(self, c: Generation) -> None:
+        assert isinstance(c, Completion)  # what accept() builds
+        if c.format is not None:  # response_format / structured_outputs: a JSON grammar
+            from dspark_loop.api.structured.build import format_constraint
+
+            c.generate.constraint = await asyncio.to_thread(
+                format_constraint,
+                self.ctx.encoder.tokenizer,
+                c.format,
+                start_in_reasoning=False,
+                vocab_size=self.ctx.encoder.vocab_size,
+            )

@@ -12,46 +12,14 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from dspark_loop.contract.model_config import ModelConfig
-from dspark_loop.contract.placeholders import LastSamples
-from dspark_loop.contract.protocol import RankConfig, StepResult, f32, i32
+from dspark_loop.contract.protocol import RankConfig
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
+from dspark_testing.local_mesh import LocalMesh
 from dspark_testing.schedulers import model_scheduler
 from workers.runner import ModelRunner
 
 BLOCK_SIZE = 8
-
-
-class LocalMesh:
-    """mesh.step() over one in-process runner per partition (what a TP leader answers)."""
-
-    def __init__(self, runners: list[ModelRunner]) -> None:
-        self.runners = runners
-        self.num_blocks = runners[0].num_blocks
-        self.dead: str | None = None
-        self.samples = [LastSamples() for _ in runners]  # the ranks' placeholder resolution
-
-    async def step(self, plan) -> list[StepResult]:
-        out = []
-        for g, (runner, part) in enumerate(zip(self.runners, plan.partitions)):
-            part, tokens = self.samples[g].run(part, runner.execute)
-            res = StepResult(plan.step_id, g, i32(tokens))
-            drafts = runner.take_drafts()
-            self.samples[g].record_drafts(part, drafts)
-            if drafts is not None:
-                res.draft_req_ids, res.draft_token_ids, res.draft_confidence = (
-                    i32(drafts[0]),
-                    i32(drafts[1]),
-                    f32(drafts[2]),
-                )
-            lp = runner.take_logprobs()
-            if lp is not None:
-                res.lp_req_ids, res.lp_positions = i32(lp.req_ids), i32(lp.positions)
-                res.lp_token_ids, res.lp_values = i32(lp.token_ids), f32(lp.values)
-                res.lp_num_top = int(lp.top_ids.shape[1])
-                res.lp_top_ids, res.lp_top_values = i32(lp.top_ids), f32(lp.top_values)
-            out.append(res)
-        return out
 
 
 @dataclass
@@ -92,7 +60,7 @@ def make_engine(
         max_model_len=max_model_len,
     )
     runners = [
-        ModelRunner(rank_cfg, quiet=True, test_drafter=test_drafter() if callable(test_drafter) else test_drafter)
+        ModelRunner(rank_cfg, quiet=True, proposer=test_drafter() if callable(test_drafter) else test_drafter)
         for _ in range(dp)
     ]
     sched = model_scheduler(
@@ -144,10 +112,15 @@ def run(
     prompts: dict[str, list[int]],
     params: dict[str, SamplingParams],
     abort_after: dict[str, int] | None = None,
+    constraints: dict | None = None,
     **engine_kw,
 ) -> Run:
+    """constraints: request id -> a factory of its output constraint (a fresh one per run)."""
     engine, runners = make_engine(path, spec_k, **engine_kw)
     reqs = [GenerateRequest(rid, list(p), params[rid]) for rid, p in prompts.items()]
+    for g in reqs:
+        if constraints and g.request_id in constraints:
+            g.constraint = constraints[g.request_id]()
 
     async def main():
         try:

@@ -80,7 +80,7 @@ def test_a_scrubbed_lease_is_all_zero_and_other_leases_keep_their_rows(ckpt):
     runner = new_runner(ckpt)
     admit(runner, 1, 2, prompt(1, 30, 1024))
     admit(runner, 2, 3, prompt(2, 30, 1024))
-    spec = runner.spec
+    spec = runner.spec.proposer
     assert all(spec.lease_rows(2, k).abs().sum() > 0 for k in range(3))
     keep = [spec.lease_rows(3, k).clone() for k in range(3)]
     runner.execute(PartitionPlan(freed_req_ids=[1], scrub_lease_ids=i32([2])))
@@ -148,4 +148,7 @@ def test_a_skipped_drafter_pass_keeps_the_ring_so_later_drafts_are_unchanged(ckp
         runner.execute(PartitionPlan(decode=d))
         nxt.append(runner.take_drafts())
     assert np.array_equal(nxt[0][1], nxt[1][1]) and np.array_equal(nxt[0][2], nxt[1][2])
-    assert all(torch.equal(runners[0].spec.lease_rows(0, k), runners[1].spec.lease_rows(0, k)) for k in range(3))
+    assert all(
+        torch.equal(runners[0].spec.proposer.lease_rows(0, k), runners[1].spec.proposer.lease_rows(0, k))
+        for k in range(3)
+    )

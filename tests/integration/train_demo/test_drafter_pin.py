@@ -43,7 +43,7 @@ def test_training_forward_reproduces_served_drafts(ckpt, prompt_len):
     prev = torch.tensor([[anchor] + drafts[0, :6].tolist()])
     with torch.no_grad():
         logits, conf_logit = block_outputs(
-            runner.spec.drafter, runner.model, ro, np.array([0]), np.array([prompt_len]), prev
+            runner.spec.proposer.drafter, runner.model, ro, np.array([0]), np.array([prompt_len]), prev
         )
     assert logits.argmax(-1).tolist() == drafts.tolist()
     assert torch.equal(torch.sigmoid(conf_logit), torch.from_numpy(conf))

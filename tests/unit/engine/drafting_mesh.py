@@ -24,7 +24,7 @@ class DraftingMesh(FakeMesh):
 
     def run(self, plan: StepPlan) -> list[StepResult]:
         results = super().run(plan)
-        ranks = getattr(self, "ranks", None) or self.runners  # FakeRanks (runners over a LocalMesh)
+        ranks = self.runners  # FakeRanks (runners over a LocalMesh)
         for res, rank, part in zip(results, ranks, plan.partitions):
             anchors = self._anchors(part, as_i32(res.token_ids))  # (req_id, pos, token, prev token)
             if not anchors:

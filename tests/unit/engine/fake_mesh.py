@@ -23,14 +23,17 @@ import numpy as np
 from dspark_loop.contract.acceptance import accept_chain
 from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.errors import EngineDead
-from dspark_loop.contract.placeholders import LastSamples
-from dspark_loop.contract.protocol import DSPARK_K, StepPlan, StepResult, as_i8, as_i32, f32, i32
+from dspark_loop.contract.protocol import DSPARK_K, StepPlan, StepResult, as_i8, as_i32
+from dspark_testing.local_mesh import LocalMesh
 
 
 class FakeRank:
-    """One partition's TP leader. draft_len: K=7, a drafter that proposes the model's own
-    continuation of each anchor at P (with P + 8 <= draft_len, the context ceiling) with one
-    planted error at index (P + req_id) % 8 (7: none); 0: no drafter."""
+    """One partition's TP leader: a runner (workers/runner_interface.py) without a model.
+    draft_len: K=7, a drafter that proposes the model's own continuation of each anchor at
+    P (with P + 8 <= draft_len, the context ceiling) with one planted error at index
+    (P + req_id) % 8 (7: none); 0: no drafter."""
+
+    num_blocks: list[int] = []  # the fake keeps no pools: the scheduler's are the truth
 
     def __init__(self, layout: CacheLayout, model, draft_len: int = 0):
         self.layout = layout
@@ -42,14 +45,8 @@ class FakeRank:
         self.store: list[dict[int, tuple]] = [{} for _ in layout.families]  # slot -> tag
         self.chains: dict[int, list[int]] = {}  # req_id -> chain per position [0, written)
         self.lineage: dict[int, int] = {}  # chain -> parent chain (0 before position 0)
-        self.samples = LastSamples()  # placeholder inputs (async scheduling), as a rank
 
-    def run(self, part) -> list[int]:
-        part, out = self.samples.run(part, self._run)
-        self.samples.record_drafts(part, self.drafts)
-        return out
-
-    def _run(self, part) -> list[int]:
+    def execute(self, part) -> list[int]:
         for rid in part.freed_req_ids:
             assert rid in self.tables, f"freed unknown req {rid}"
             del self.tables[rid]
@@ -113,6 +110,16 @@ class FakeRank:
             ids.append(rid)
             rows.append(chain)
         return ids, np.array(rows, np.int32).reshape(len(ids), DSPARK_K)
+
+    def take_drafts(self):
+        """(req ids [n], drafts [n, K], confidences [n, K]) of the last step, or None."""
+        if self.drafts is None:
+            return None
+        (ids, drafts), self.drafts = self.drafts, None
+        return np.array(ids, np.int32), drafts, np.ones(drafts.shape, np.float32)
+
+    def take_logprobs(self) -> None:
+        return None
 
     def _slot(self, rid: int, fam, pos_or_row: int) -> tuple[int, int]:
         per = fam.rows_per_page
@@ -205,8 +212,8 @@ def default_model(allowed: list[int]):
     return model
 
 
-class FakeMesh:
-    """`step(plan)` as the real mesh: one leader StepResult per partition."""
+class FakeMesh(LocalMesh):
+    """`step(plan)` as the real mesh: one leader StepResult per partition, from FakeRanks."""
 
     def __init__(self, layout: CacheLayout, num_partitions: int, allowed: list[int], script=None, draft_len: int = 0):
         base = default_model(allowed)
@@ -216,24 +223,14 @@ class FakeMesh:
             forced = self.script(tok, prev, pos) if self.script else None
             return base(tok, prev, pos) if forced is None else forced
 
-        self.ranks = [FakeRank(layout, model, draft_len) for _ in range(num_partitions)]
-        self.dead: str | None = None
+        super().__init__([FakeRank(layout, model, draft_len) for _ in range(num_partitions)])
         self.fail_at_step: int | None = None  # raise EngineDead on this step id
         self.delay_s = 0.0
         self.plans: list[StepPlan] = []
 
     def run(self, plan: StepPlan) -> list[StepResult]:
         self.plans.append(plan)
-        assert len(plan.partitions) == len(self.ranks)
-        results = []
-        for p, (rank, part) in enumerate(zip(self.ranks, plan.partitions)):
-            res = StepResult(plan.step_id, p, i32(rank.run(part)))
-            if rank.drafts is not None and rank.drafts[0]:
-                ids, drafts = rank.drafts
-                res.draft_req_ids, res.draft_token_ids = i32(ids), i32(drafts)
-                res.draft_confidence = f32(np.ones(drafts.shape, np.float32))
-            results.append(res)
-        return results
+        return super().run(plan)
 
     async def step(self, plan: StepPlan) -> list[StepResult]:
         if self.fail_at_step is not None and plan.step_id >= self.fail_at_step:

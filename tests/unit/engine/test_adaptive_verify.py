@@ -240,7 +240,7 @@ def test_stale_rows_of_a_rejected_long_window_outlive_a_shorter_one_and_are_neve
     got = []
     while not r.has_drafts:
         got += tokens_of(run_step(sched, mesh)[1])
-    part, rank = sched.partitions[0], mesh.ranks[0]
+    part, rank = sched.partitions[0], mesh.runners[0]
     part.set_drafts(
         r, np.array(allowed_tokens()[:7], np.int32)
     )  # wrong from draft 0 (the model never emits them in a row)

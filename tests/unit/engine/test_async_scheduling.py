@@ -7,7 +7,7 @@ import random
 import pytest
 
 from dspark_loop.contract.placeholders import PLACEHOLDER
-from dspark_loop.contract.protocol import as_i8, as_i32
+from dspark_loop.contract.protocol import as_i8, as_i32, pack_mask
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_testing.tiny_tokenizer import eos_id, tiny_tokenizer
@@ -157,10 +157,10 @@ async def test_a_request_with_a_grammar_constraint_sits_out_the_overlapped_step(
     input, and must still finish with the tokens lockstep gives it."""
 
     class AllowAll:
-        def allowed_token_mask(self, output_ids):
+        def row_masks(self, output_ids, drafts=()):
             import numpy as np
 
-            return np.ones(tiny_tokenizer().get_vocab_size(), bool)
+            return [pack_mask(np.ones(tiny_tokenizer().get_vocab_size(), bool))]
 
     async def tokens(overlap: bool):
         sched = make_scheduler(num_partitions=1, max_num_seqs=4)
@@ -197,10 +197,10 @@ async def test_k7_overlap_maps_pages_for_the_longest_outcome_and_no_further():
     (one request, far from its limits)."""
     sched = make_scheduler(spec_k=7, max_model_len=512, num_blocks=[64, 32])
     mesh = make_mesh(sched, drafts=True)
-    rank = mesh.ranks[0]
+    rank = mesh.runners[0]
     swa = sched.layout.families[0]
     mapped, reach, runs = [0], [], []
-    run_resolved = rank._run
+    run_resolved = rank.execute
 
     def spy(part):
         for u in part.block_updates:
@@ -212,7 +212,7 @@ async def test_k7_overlap_maps_pages_for_the_longest_outcome_and_no_further():
         runs.append(part.decode is not None)
         return run_resolved(part)
 
-    rank._run = spy
+    rank.execute = spy
     engine = EngineLoop(sched, mesh, tiny_tokenizer(), async_scheduling=True)
     engine.start()
     g = GenerateRequest("r", prompt_ids(1, 20), SamplingParams(max_tokens=120, ignore_eos=True))

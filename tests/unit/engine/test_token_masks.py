@@ -1,6 +1,6 @@
 """The scheduler asks a constrained request's constraint for one mask per sampled row and
-ships it packed in the plan; constrained requests never verify drafts; a failing
-constraint ends only its own request."""
+ships it packed in the plan; at K=7 a constrained request verifies its drafts under masks
+advanced along them; a failing constraint ends only its own request."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ class RecordingConstraint:
 
     def __init__(self, fail_at: int | None = None):
         self.asked: list[list[int]] = []
+        self.asked_drafts: list[list[int]] = []
         self.fail_at = fail_at
 
     def allowed(self, n: int) -> np.ndarray:
@@ -38,6 +39,16 @@ class RecordingConstraint:
         if self.fail_at is not None and len(output_ids) >= self.fail_at:
             raise ValueError("grammar broke")
         return self.allowed(len(output_ids))
+
+    def row_masks(self, output_ids: list[int], drafts: list[int]) -> list[bytes]:
+        """Row i follows output_ids + drafts[:i]; stops after the first refused draft."""
+        self.asked_drafts.append(list(drafts))
+        masks = [pack_mask(self.allowed_token_mask(output_ids))]
+        for i, d in enumerate(drafts):
+            if not self.allowed(len(output_ids) + i)[d]:
+                break
+            masks.append(pack_mask(self.allowed(len(output_ids) + i + 1)))
+        return masks
 
 
 def test_pack_and_unpack_round_trip_any_vocab_slice():
@@ -73,23 +84,33 @@ def test_each_sampled_row_of_a_constrained_request_carries_its_mask():
     assert [list(np.flatnonzero(s)) for s in seen] == [list(np.flatnonzero(c.allowed(n))) for n in range(3)]
 
 
-def test_constrained_requests_decode_one_row_even_with_drafts():
-    """With K=7 a constrained request must be scheduled one row per step even when it has
-    drafts; an unconstrained neighbour with drafts verifies 8 rows."""
+def test_constrained_requests_verify_drafts_under_masks_that_follow_the_drafts():
+    """With K=7 a constrained request with drafts must verify 8 rows like its unconstrained
+    neighbour; its rows must carry the masks of the grammar advanced along the drafts (row i
+    after drafts[:i]) up to and including the row of the first draft the grammar refuses."""
     sched = make_scheduler(spec_k=7)
     free, bound = make_requests(sched, 2, prompt_len=4, max_tokens=20)
-    bound.constraint = RecordingConstraint()
+    c = RecordingConstraint()
+    bound.constraint = c
     sched.add(free)
     sched.add(bound)
     mesh = make_mesh(sched)
     run_step(sched, mesh)  # prefill both
+    ok = allowed_tokens()
+    n = len(bound.output_ids)
+    # drafts 0..2 follow the constraint (allowed(n + i) holds ok[(n+i) % len] and the next);
+    # draft 3 is refused
+    drafts = [ok[(n + i) % len(ok)] for i in range(3)] + [tiny_tokenizer().token_to_id("</think>")] * 4
     for r in (free, bound):
-        sched.partitions[r.partition].set_drafts(r, np.full(7, allowed_tokens()[0], np.int32))
+        sched.partitions[r.partition].set_drafts(r, np.array(drafts, np.int32))
     step, _ = run_step(sched, mesh)
-    decode = step.plan.partitions[0].decode
-    rows = dict(zip(np.frombuffer(decode.req_ids, np.int32).tolist(), as_i8(decode.num_rows).tolist()))
-    assert rows == {free.req_id: 8, bound.req_id: 1}
-    assert [m.req_id for m in step.plan.partitions[0].token_masks] == [bound.req_id]
+    pplan = step.plan.partitions[0]
+    rows = dict(zip(np.frombuffer(pplan.decode.req_ids, np.int32).tolist(), as_i8(pplan.decode.num_rows).tolist()))
+    assert rows == {free.req_id: 8, bound.req_id: 8}
+    assert c.asked_drafts[-1] == drafts
+    assert [(m.req_id, m.row) for m in pplan.token_masks] == [(bound.req_id, i) for i in range(4)]
+    for m in pplan.token_masks:
+        assert np.array_equal(unpack_mask(m.bits, 0, VOCAB), c.allowed(n + m.row))
 
 
 def test_a_failing_constraint_ends_only_its_request_with_an_error():
@@ -108,3 +129,30 @@ def test_a_failing_constraint_ends_only_its_request_with_an_error():
     assert sum(len(o.new_token_ids) for o in got[free.request_id]) == 5
     sched.check_integrity()
     assert all(p.cache.num_free() == [pool.num_blocks for pool in p.cache.pools] for p in sched.partitions)
+
+
+class ForcingConstraint(RecordingConstraint):
+    """Also replaces every draft by the first allowed token of its row (a forced token)."""
+
+    def row_masks(self, output_ids, drafts):
+        for i in range(len(drafts)):
+            drafts[i] = int(np.flatnonzero(self.allowed(len(output_ids) + i))[0])
+        return super().row_masks(output_ids, drafts)
+
+
+def test_tokens_the_grammar_forces_replace_the_drafts_in_the_verify_tile():
+    """Drafts a constraint rewrote (tokens its grammar forces) must be the ones the plan's
+    verify tile carries, and the ones acceptance is checked against."""
+    sched = make_scheduler(spec_k=7)
+    (bound,) = make_requests(sched, 1, prompt_len=4, max_tokens=20)
+    c = ForcingConstraint()
+    bound.constraint = c
+    sched.add(bound)
+    mesh = make_mesh(sched)
+    run_step(sched, mesh)  # prefill
+    sched.partitions[bound.partition].set_drafts(bound, np.full(7, tiny_tokenizer().token_to_id("</think>"), np.int32))
+    n = len(bound.output_ids)
+    step, _ = run_step(sched, mesh)
+    tile = np.frombuffer(step.plan.partitions[0].decode.token_ids, np.int32)
+    assert tile[1:].tolist() == [int(np.flatnonzero(c.allowed(n + i))[0]) for i in range(7)]
+    assert step.partitions[0].verify_drafts[0].tolist() == tile[1:].tolist()

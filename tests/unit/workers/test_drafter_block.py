@@ -21,7 +21,7 @@ def test_the_rank_refuses_a_checkpoint_whose_drafter_block_is_not_dspark_k():
     cfg = ModelConfig.from_dict({**tiny_config_dict(), "dspark_block_size": DSPARK_K - 2})
     rank_cfg = RankConfig(model="/nonexistent", spec_k=DSPARK_K, num_leases=1)
     with pytest.raises(ValueError, match="dspark_block_size is 5, but DSpark here drafts DSPARK_K = 7"):
-        SpecRunner(cfg, rank_cfg, ShardSpec(), torch.float32, torch.device("cpu"))
+        SpecRunner(cfg, rank_cfg, ShardSpec(), torch.float32, torch.device("cpu"), trunk=(None, None))
 
 
 def test_the_query_block_is_the_anchor_and_dspark_k_drafts():

@@ -65,3 +65,16 @@ def test_tp_ranks_mask_their_vocab_slices_and_agree_on_the_global_choice():
     )
     assert results[0] == results[1] == want
     assert want[0] in (5, 50) and want[1] == 33 and want[9] in (1, 2, 3)
+
+
+def test_a_verify_tiles_masks_land_on_their_own_rows():
+    """TokenMask.row i of a verify tile must mask the request's first row + i, each row
+    with its own mask; the tile's rows without a mask keep the plain argmax."""
+    logits = torch.randn(10, VOCAB, generator=torch.Generator().manual_seed(2))
+    p = plan({})
+    p.token_masks = [TokenMask(7, pack_mask(allow(11)), 0), TokenMask(7, pack_mask(allow(12, 13)), 3)]
+    got = masked_argmax(logits, p, LocalComm(), 0)
+    want = logits.argmax(dim=-1)
+    want[1] = 11
+    want[4] = max((12, 13), key=lambda t: logits[4, t])
+    assert got.tolist() == want.tolist()

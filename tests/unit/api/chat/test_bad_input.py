@@ -72,7 +72,7 @@ CASES = {
     "top_logprobs_21": ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     "logprobs_not_a_bool": ({"logprobs": 3}, "logprobs"),
     "min_p_negative": ({"min_p": -0.1}, "min_p"),
-    "json_response_format": ({"response_format": {"type": "json_object"}}, "response_format"),
+    "unknown_response_format": ({"response_format": {"type": "xml"}}, "response_format.type"),
     "unknown_field": ({"functions": []}, "functions"),
     "max_tokens_zero": ({"max_tokens": 0}, "max_tokens"),
     "wrong_type": ({"stream": "yes"}, "stream"),

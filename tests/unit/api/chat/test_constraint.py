@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from dspark_loop.api.chat.constraint import MISSING_XGRAMMAR, needs_constraint
+from dspark_loop.api.chat.constraint import needs_constraint
+from dspark_loop.api.structured.build import MISSING_XGRAMMAR
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.api.harness import serving
 from tests.unit.api.scripted import chat_engine
@@ -70,13 +71,13 @@ async def test_plain_auto_tools_decode_unconstrained():
 
 
 async def test_a_schema_the_grammar_cannot_enforce_is_a_400_before_generation():
-    """A JSON Schema keyword the grammar cannot honour (pattern) must answer 400 naming
-    `tools` when decoding is constrained, and the engine must not be called."""
+    """A JSON Schema keyword the grammar cannot honour (uniqueItems) must answer 400 naming
+    `tools` and the keyword when decoding is constrained, and the engine must not be called."""
     tool = {
         "type": "function",
         "function": {
             "name": "f",
-            "parameters": {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]+$"}}},
+            "parameters": {"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}},
         },
     }
     async with serving(chat_engine()) as client:
@@ -84,14 +85,42 @@ async def test_a_schema_the_grammar_cannot_enforce_is_a_400_before_generation():
         out = await r.json()
         assert client.engine.requests == []
     assert r.status == 400 and out["error"]["param"] == "tools"
-    assert out["error"]["code"] == "unsupported_tool_schema"
+    assert out["error"]["code"] == "unsupported_tool_schema" and "uniqueItems" in out["error"]["message"]
+
+
+STRICT_KEYWORDS = {
+    "maxLength": {"type": "string", "maxLength": 5},
+    "minimum": {"type": "integer", "minimum": 1},
+    "pattern": {"type": "string", "pattern": "^[A-Z]+$"},
+    "format": {"type": "string", "format": "date"},
+    "minItems": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+}
+
+
+@pytest.mark.parametrize("schema", STRICT_KEYWORDS.values(), ids=STRICT_KEYWORDS.keys())
+async def test_strict_tools_with_ordinary_schema_keywords_are_accepted(schema):
+    """A strict tool whose parameters use maxLength, minimum, pattern, format or minItems
+    must be served under the grammar (xgrammar enforces them), not refused."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "strict": True,
+            "parameters": {"type": "object", "properties": {"a": schema}, "required": ["a"]},
+        },
+    }
+    async with serving(chat_engine()) as client:
+        r = await client.post("/v1/chat/completions", json={"messages": HI, "tools": [tool], **NO_THINKING})
+        assert r.status == 200, await r.text()
+        assert client.engine.requests[0].constraint is not None
 
 
 async def test_without_xgrammar_constrained_requests_get_a_400_naming_the_extra(monkeypatch):
     """With xgrammar not installed a constrained request must answer 400 telling the user
     to install dspark-loop[tools]; unconstrained requests keep working."""
     monkeypatch.setitem(sys.modules, "xgrammar", None)  # import xgrammar -> ImportError
-    monkeypatch.delitem(sys.modules, "dspark_loop.api.chat.tool_constraint", raising=False)
+    monkeypatch.delitem(sys.modules, "dspark_loop.api.structured.grammar_constraint", raising=False)
+    monkeypatch.delitem(sys.modules, "dspark_loop.api.structured.compiler", raising=False)
     async with serving(chat_engine()) as client:
         r = await client.post(
             "/v1/chat/completions", json={"messages": HI, "tools": [WEATHER], "tool_choice": "required"}

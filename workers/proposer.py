@@ -1,0 +1,131 @@
+"""Proposer: what SpecRunner (drafter_runner.py) drafts with at K=7, behind one interface:
+the DSpark drafter over its rings (DrafterProposer, here) or a test's scripted drafter
+(dspark_testing.scripted_drafter, chosen by DSPARK_TEST_DRAFTER or ModelRunner(proposer=)).
+SpecRunner keeps the leases and decides what to draft (a DraftBatch, plan_drafts); the
+proposer drafts it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from dspark_loop.contract.model_config import ModelConfig
+from dspark_loop.contract.protocol import PrefillChunk
+from workers.comm import Comm
+from workers.model.drafter import QUERY_ROWS, RING_BLOCKS, RING_ROWS, Drafter
+from workers.model.dsv4 import ForwardOutput
+
+
+class DraftBatch:
+    """This step's drafter work: context rows to write, anchors to draft from."""
+
+    def __init__(self) -> None:
+        self.ctx_req, self.ctx_pos, self.ctx_rows = [], [], []  # per context row
+        self.q_req, self.q_pos, self.q_tok = [], [], []  # per anchor
+
+    def context(self, req: int, first_pos: int, first_row: int, n: int) -> None:
+        self.ctx_req += [req] * n
+        self.ctx_pos += range(first_pos, first_pos + n)
+        self.ctx_rows += range(first_row, first_row + n)
+
+    def anchor(self, req: int, pos: int, tok: int, max_model_len: int) -> None:
+        if pos + QUERY_ROWS <= max_model_len:
+            self.q_req.append(req)
+            self.q_pos.append(pos)
+            self.q_tok.append(tok)
+
+
+class Proposer(Protocol):
+    @property
+    def tap_layers(self) -> tuple[int, ...]:
+        """Trunk layers whose hidden rows propose() reads from ForwardOutput.taps."""
+        ...
+
+    def forget(self, req_id: int) -> None:
+        """req_id was freed (its lease goes back separately)."""
+        ...
+
+    def scrub(self, lease: int) -> None:
+        """Zero a lease's state before a re-admitted request takes it."""
+        ...
+
+    def observe(self, chunk: PrefillChunk) -> None:
+        """A prefill chunk of this step, before the forward."""
+        ...
+
+    def propose(
+        self, b: DraftBatch, leases: dict[int, int], out: ForwardOutput, comm: Comm, sampler=None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """After the forward: write b's context rows, draft from b's anchors. leases: req_id
+        -> lease. -> drafts int32 [n, K], confidence float32 [n, K] (n = len(b.q_req))."""
+        ...
+
+
+class DrafterProposer:
+    """The DSpark drafter: per-lease rings of context rows (RING_BLOCKS x RING_ROWS per
+    stage, then zero filler blocks), filled from the trunk's taps, read by its block pass."""
+
+    def __init__(
+        self, drafter: Drafter, cfg: ModelConfig, num_leases: int, dtype: torch.dtype, device: torch.device, embed, head
+    ) -> None:
+        self.drafter, self.cfg, self.device = drafter, cfg, device
+        self.embed, self.head = embed, head  # shared with the trunk
+        self.filler_row = num_leases * RING_BLOCKS * RING_ROWS
+        rows = (num_leases + 1) * RING_BLOCKS * RING_ROWS  # + the zero filler blocks
+        self.rings = [torch.zeros(rows, cfg.head_dim, dtype=dtype, device=device) for _ in range(cfg.dspark.num_stages)]
+
+    @property
+    def tap_layers(self) -> tuple[int, ...]:
+        return tuple(self.cfg.dspark.target_layer_ids)
+
+    def forget(self, req_id: int) -> None:
+        pass  # its lease's rows are scrubbed when the lease is taken again by a re-admission
+
+    def observe(self, chunk: PrefillChunk) -> None:
+        pass  # context comes from the forward's taps
+
+    def scrub(self, lease: int) -> None:
+        lo = lease * RING_BLOCKS * RING_ROWS
+        for ring in self.rings:
+            ring[lo : lo + RING_BLOCKS * RING_ROWS] = 0
+
+    def lease_rows(self, lease: int, stage: int) -> torch.Tensor:
+        lo = lease * RING_BLOCKS * RING_ROWS
+        return self.rings[stage][lo : lo + RING_BLOCKS * RING_ROWS]
+
+    def propose(
+        self, b: DraftBatch, leases: dict[int, int], out: ForwardOutput, comm: Comm, sampler=None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """sampler: the runner's RankSampler (sampling requests draft with their own noise);
+        None: greedy drafts."""
+        dev = self.device
+
+        def lease_of(reqs):
+            try:
+                return torch.tensor([leases[r] for r in reqs], dtype=torch.long, device=dev)
+            except KeyError as e:
+                raise ValueError(f"request {e.args[0]} runs at K=7 without a drafter lease") from None
+
+        if b.ctx_rows:
+            rows = torch.tensor(b.ctx_rows, dtype=torch.long, device=dev)
+            ctx = self.drafter.context_rows(out.taps, rows)  # [n, d]
+            self.drafter.write_context(
+                self.rings, lease_of(b.ctx_req), torch.tensor(b.ctx_pos, dtype=torch.long, device=dev), ctx
+            )
+        anchor_pos = torch.tensor(b.q_pos, dtype=torch.long, device=dev)
+        pick = None if sampler is None else sampler.draft_picker(b.q_req, anchor_pos, comm)
+        drafts, conf = self.drafter.propose(
+            self.rings,
+            self.filler_row,
+            self.embed,
+            self.head,
+            comm,
+            lease_of(b.q_req),
+            anchor_pos,
+            torch.tensor(b.q_tok, dtype=torch.long, device=dev),
+            pick,
+        )
+        return drafts.to(torch.int32).cpu().numpy(), conf.cpu().numpy().astype(np.float32)
