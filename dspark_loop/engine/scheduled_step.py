@@ -186,7 +186,7 @@ def plan_positions(running: list[Request], inflight: int, spec_k: int, max_model
             req.plan_pos, req.plan_pending = req.num_computed, False
         elif not req.inflight_samples:  # a prompt chunk that samples nothing: the next follows it
             req.plan_pos, req.plan_pending = req.inflight_end, False
-        elif req.constraint is not None or len(req.output_ids) + max(1, req.inflight_rows) >= req.length_at:
+        elif req.constraint is not None:
             req.plan_pos, req.plan_pending = -1, False
         elif req.inflight_rows <= 1:  # a prompt's last chunk or a 1-row decode: one token
             # NOTE: every step before the unanswered one is applied, so its decode row

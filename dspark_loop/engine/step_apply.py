@@ -89,7 +89,11 @@ class StepApplier:
         # next ones with this result (stored here when taken, else by id after this pass)
         if taken:
             assert part.drafts is not None and part.conf is not None  # drafts come only to K=7 partitions
-            leases = d.leases if dn is None else np.asarray(d.leases)[np.asarray(dn, bool)]
+            # NOTE: int64 even when no decode row is left (_live_rows makes lists: an empty
+            # one would index as floats): every row can be dropped when steps fly ahead
+            leases = np.asarray(d.leases, np.int64)
+            if dn is not None:
+                leases = leases[np.asarray(dn, bool)]
             part.drafts[leases] = drafts[1][head:]
             part.conf[leases] = 1.0 if conf is None else conf[head:]
         commit, emit = self.commit, outputs.append
