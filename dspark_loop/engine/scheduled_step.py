@@ -177,8 +177,8 @@ def plan_positions(running: list[Request], inflight: int, spec_k: int, max_model
     K=7: after a verify the start is the ranks' (plan_open; plan_pos is the latest it can
     be, so pages are mapped for the longest outcome) and the drafts are (plan_drafts).
     NOTE: a request sits out one step when its next rows need what the unanswered step
-    returns: a grammar mask over the new token, a token that may be its last (the length
-    limit), or at K=7 a verify window the ranks might have no drafts for (the ceiling)."""
+    returns (a grammar mask over the new token), when that step surely ends it (its length
+    limit), or at K=7 when its window could pass the position ceiling."""
     k1 = spec_k + 1
     # NOTE: plan_open and plan_drafts are read only when plan_pending is set
     for req in running:
@@ -186,7 +186,9 @@ def plan_positions(running: list[Request], inflight: int, spec_k: int, max_model
             req.plan_pos, req.plan_pending = req.num_computed, False
         elif not req.inflight_samples:  # a prompt chunk that samples nothing: the next follows it
             req.plan_pos, req.plan_pending = req.inflight_end, False
-        elif req.constraint is not None:
+        elif req.constraint is not None or len(req.output_ids) + 1 >= req.length_at:
+            # NOTE: the second: that step surely ends it (it commits at least one token);
+            # one that only may (a verify that accepts enough) runs, and wastes its rows if it did
             req.plan_pos, req.plan_pending = -1, False
         elif req.inflight_rows <= 1:  # a prompt's last chunk or a 1-row decode: one token
             # NOTE: every step before the unanswered one is applied, so its decode row
