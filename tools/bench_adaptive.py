@@ -139,9 +139,9 @@ def merge(runs: list[dict]) -> dict:
 
 
 def warm_up(path: str, pool, policy: AdaptiveVerify, streams: list[int], max_tokens: int) -> None:
-    """Adaptive runs over the stream counts until the cost model is trusted (at most 4
+    """Adaptive runs over the stream counts until the cost model is trusted (at most 8
     rounds), greedy and sampled, so its start-up profile sees every load."""
-    for rnd in range(4):
+    for rnd in range(8):
         for i, n in enumerate(streams):
             prompts = [pool[(rnd + j) % len(pool)] for j in range(n)]
             run(path, "adaptive", prompts, max_tokens, 0.8 if (rnd + i) % 2 else 0.0, policy)

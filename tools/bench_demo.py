@@ -58,9 +58,9 @@ class TimedMesh:
 
     async def step(self, plan):
         part = plan.partitions[0]
-        t0 = time.perf_counter()
+        t0, w0 = time.perf_counter(), time.process_time()
         tokens = self.runner.execute(part)
-        dt = time.perf_counter() - t0
+        dt, work_s = time.perf_counter() - t0, time.process_time() - w0
         d = part.decode
         if d is not None and not part.prefills:
             self.step_s.append((int(as_i8(d.num_rows).max()), dt))
@@ -71,7 +71,9 @@ class TimedMesh:
                     a = accept_chain(toks[cu + 1 : cu + k][None, :], tokens[li : li + k][None, :])[0]
                     self.matched[int(a) - 1] += 1
                 li, cu = li + k, cu + k
-        res = StepResult(plan.step_id, 0, i32(tokens))
+        # NOTE: work_s as a CPU rank reports it (Backend.work_clock): the runner runs in this
+        # process, on this thread and torch's intra-op threads
+        res = StepResult(plan.step_id, 0, i32(tokens), dt, work_s=work_s)
         drafts = self.runner.take_drafts()
         if drafts is not None:
             res.draft_req_ids, res.draft_token_ids = i32(drafts[0]), i32(drafts[1])

@@ -125,6 +125,7 @@ class SpecRunner:
         self.cfg, self.device = cfg, device
         self.num_leases, self.max_model_len = num_leases, rank_cfg.max_model_len
         self.window = cfg.sliding_window
+        self.world_size = shard.world_size
         self.test_drafter = test_drafter
         self.leases: dict[int, int] = {}  # req_id -> lease
         self.drafter: Drafter | None = None
@@ -194,6 +195,12 @@ class SpecRunner:
             self.drafter.write_context(
                 self.rings, lease_of(b.ctx_req), torch.tensor(b.ctx_pos, dtype=torch.long, device=dev), ctx
             )
+        if not b.q_req and self.world_size == 1:
+            # NOTE: no anchor (every drafter pass skipped): an empty pass is a few hundred
+            # ops of pure overhead; only a rank that is alone may leave it out (with peers,
+            # its MoE exchange is collective and every rank must take part)
+            self.last = (np.zeros(0, np.int32), np.zeros((0, DSPARK_K), np.int32), np.zeros((0, DSPARK_K), np.float32))
+            return
         anchor_pos = torch.tensor(b.q_pos, dtype=torch.long, device=dev)
         pick = None if sampler is None else sampler.draft_picker(b.q_req, anchor_pos, comm)
         drafts, conf = self.drafter.propose(

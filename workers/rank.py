@@ -89,6 +89,7 @@ class Rank:
         self.is_leader = rank % cfg.tp == 0
         self.group = rank // cfg.tp
         self.samples = LastSamples()  # resolves the plans' placeholder inputs (async scheduling)
+        self.work_clock = time.process_time  # Backend.work_clock once loaded
 
     def load(self) -> None:
         import torch
@@ -101,6 +102,7 @@ class Rank:
         torch.set_num_threads(max(1, cfg.threads))
         backend = select_backend(cfg.backend, cfg.device_id(self.rank))
         backend.activate()
+        self.work_clock = backend.work_clock()
         shard = ShardSpec(rank=self.rank, world_size=cfg.world_size, tp_size=cfg.tp)
         groups = init_distributed(shard, cfg.dist_init, backend.dist_backend, cfg.dist_timeout_s)
         comm = GlooComm(shard, groups[shard.group])
@@ -136,11 +138,11 @@ class Rank:
             raise ValueError(
                 f"plan has {len(plan.partitions)} partitions, the mesh has {self.cfg.num_groups} TP groups"
             )
-        t0 = time.perf_counter()
+        t0, w0 = time.perf_counter(), self.work_clock()
         _, tokens = self.samples.run(plan.partitions[self.group], self.runner.execute)
         compute_s = time.perf_counter() - t0
         token_ids = np.ascontiguousarray(tokens, dtype=np.int32).tobytes() if self.is_leader else b""
-        result = StepResult(plan.step_id, self.rank, token_ids, compute_s)
+        result = StepResult(plan.step_id, self.rank, token_ids, compute_s, work_s=self.work_clock() - w0)
         drafts = self.runner.take_drafts()
         if drafts is not None and self.is_leader:
             req_ids, tokens7, conf = drafts

@@ -221,3 +221,19 @@ def test_probes_back_off_while_they_do_not_pay_and_return_when_one_does():
         if policy.probe_every == 8:
             break
     assert policy.probe_every == 8
+
+
+def test_sampled_and_greedy_requests_learn_their_own_acceptance_scale():
+    """Sampled requests accept fewer drafts than their confidences say, greedy ones as
+    many: the sampled scale must fall and the greedy one stay, so a greedy request keeps
+    its full window next to (or after) sampled ones."""
+    policy = AdaptiveVerify(explore_every=0)
+    conf, cap, part = batch(8, c=0.8)
+    sampled = np.arange(8) >= 4
+    greedy_extra = 4 * sum(0.8 ** (j + 1) for j in range(K))
+    sampled_extra = 4 * sum(0.4 ** (j + 1) for j in range(K))
+    for _ in range(300):
+        policy.choose(conf, cap, part, sampled)
+        policy.observe_tokens(np.array([4, 4]), np.array([round(4 + greedy_extra), round(4 + sampled_extra)]))
+    assert 0.95 < policy.accept_scale < 1.05
+    assert 0.4 < policy.sampled_scale < 0.6
