@@ -160,7 +160,7 @@ class AdaptiveVerify:
         self, surv: np.ndarray, cap: np.ndarray, partition: np.ndarray, sampled: np.ndarray
     ) -> tuple[VerifyChoice, float]:
         R = len(cap)
-        c0, c_row, c_req, c_draft, c_ctx = self.cost.coef
+        c0, c_row, c_req, c_draft, c_ctx, c_pass = self.cost.coef
         P = int(partition.max()) + 1 if R else 1
         num_requests = np.bincount(partition, minlength=P)  # [P]
         context = self.last_context if self.last_context is not None and len(self.last_context) == P else 0.0
@@ -168,7 +168,7 @@ class AdaptiveVerify:
         fixed = c0 + (c_row + c_req) * num_requests + c_ctx * context  # [P]
         drafted = self.last_drafted if self.last_drafted is not None and len(self.last_drafted) == P else num_requests
         drafts_s = linear_drafts(c_row)
-        first = solve_budget(surv, cap, fixed + c_draft * drafted, drafts_s, partition)
+        first = solve_budget(surv, cap, fixed + c_draft * drafted + c_pass * (drafted > 0), drafts_s, partition)
         theta = first.expected_tokens / first.step_s  # tokens per second at this load
         has_drafts = cap > 0
         pays = first.gain >= theta * (c_draft + c_row * first.verify_len)  # [R]
@@ -182,11 +182,21 @@ class AdaptiveVerify:
         self._back_off(has_drafts, pays)
         turn = (np.arange(R) + self.num_steps) % self.probe_every == 0  # [R]
         draft_next = np.where(has_drafts, pays, prior_pays | turn)  # [R]
+        # NOTE: the drafter pass has a cost of its own (c_pass) that no single request's
+        # marginal test sees: the requests chosen to draft must pay for it together, or
+        # none drafts but the rotation's probes
+        gain = np.where(has_drafts, first.gain, self.drafted_gain[cls])  # [R]
+        lens = np.where(has_drafts, first.verify_len, self.drafted_len[cls])  # [R]
+        if draft_next.any() and gain[draft_next].sum() < theta * (
+            c_pass + float((c_draft + c_row * lens[draft_next]).sum())
+        ):
+            draft_next = ~has_drafts & turn
+            prior_pays = np.zeros(R, bool)
         self.probed = ~has_drafts & turn & ~prior_pays
         num_drafted = np.bincount(partition, draft_next, P)  # [P]
         if np.array_equal(num_drafted, drafted):  # the steady state: the first solve stands
             return VerifyChoice(first.verify_len, draft_next), first.expected_tokens
-        final = solve_budget(surv, cap, fixed + c_draft * num_drafted, drafts_s, partition)
+        final = solve_budget(surv, cap, fixed + c_draft * num_drafted + c_pass * (num_drafted > 0), drafts_s, partition)
         return VerifyChoice(final.verify_len, draft_next), final.expected_tokens
 
     def _back_off(self, has_drafts: np.ndarray, pays: np.ndarray) -> None:

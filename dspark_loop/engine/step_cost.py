@@ -1,10 +1,14 @@
 """The step cost model: seconds per engine step as a linear function of its shape,
 
     step_s ~ c0 + c_row * rows + c_req * requests + c_draft * drafted + c_ctx * context
+             + c_pass * [drafted > 0]
 
 learned online by least squares over a window of the latest observed steps (rows: every
 row the step computed, prefill included; requests: decode requests; drafted: drafter
-passes run; context: the decode requests' positions summed, for attention's reads). With
+passes run; context: the decode requests' positions summed, for attention's reads;
+[drafted > 0]: the drafter runs at all, a step-level cost of its own: on the demo's CPU
+rank the drafter pass is ~10 ms for 1 anchor and ~20 ms for 8, so most of it is the pass,
+not the anchors). With
 several partitions the step's time is the busiest one's: the policy feeds that one.
 Coefficients are kept non-negative (a negative one is dropped and the rest refit), and a
 feature that did not vary over the window is left out (its cost is folded
@@ -20,7 +24,7 @@ Once trusted, a refit replaces the coefficients only when it would be trusted it
 window that stopped varying (a steady load that no longer speculates has constant rows and
 no drafter passes) cannot tell the terms apart, and must not send the policy back to
 full verification; the last trusted fit stands. A model pinned from
-a JSON file ({"c0": s, "c_row": s, "c_req": s, "c_draft": s, "c_ctx": s}; absent terms
+a JSON file ({"c0": s, "c_row": s, "c_req": s, "c_draft": s, "c_ctx": s, "c_pass": s}; absent terms
 0) is trusted and never
 refit: runs that use it choose the same verify lengths for the same confidences.
 """
@@ -31,7 +35,7 @@ import json
 
 import numpy as np
 
-TERMS = ("c0", "c_row", "c_req", "c_draft", "c_ctx")
+TERMS = ("c0", "c_row", "c_req", "c_draft", "c_ctx", "c_pass")
 
 
 class StepCost:
@@ -51,10 +55,10 @@ class StepCost:
         self.max_term_error = max_term_error
         self.max_condition = max_condition
         self.refit_every = refit_every
-        self.x = np.zeros((window, len(TERMS)))  # [window, 5] ring of step shapes
+        self.x = np.zeros((window, len(TERMS)))  # [window, 6] ring of step shapes
         self.y = np.zeros(window)  # [window] their step times
         self.num_samples = 0  # observed over the model's life
-        self.coef = np.zeros(len(TERMS))  # [5] seconds per unit of each term
+        self.coef = np.zeros(len(TERMS))  # [6] seconds per unit of each term
         self.rel_residual = float("inf")  # RMS of (fit - y) / y over the window
         self.well_posed = False
         self.inlier_frac = 1.0  # share of the window the last fit kept (the rest: outliers)
@@ -93,8 +97,9 @@ class StepCost:
 
     def predict(self, num_rows, num_requests, num_drafted, context=0):
         """Seconds for a step of this shape (numpy arrays broadcast)."""
-        c0, c_row, c_req, c_draft, c_ctx = self.coef
-        return c0 + c_row * num_rows + c_req * num_requests + c_draft * num_drafted + c_ctx * context
+        c0, c_row, c_req, c_draft, c_ctx, c_pass = self.coef
+        passes = np.asarray(num_drafted) > 0
+        return c0 + c_row * num_rows + c_req * num_requests + c_draft * num_drafted + c_ctx * context + c_pass * passes
 
     def observe(self, num_rows: int, num_requests: int, num_drafted: int, context: int, step_s: float) -> None:
         if step_s <= 0 or num_rows <= 0:
@@ -106,7 +111,7 @@ class StepCost:
         if self.pinned:
             return
         slot = self.num_samples % self.window
-        self.x[slot] = (1.0, num_rows, num_requests, num_drafted, context)
+        self.x[slot] = (1.0, num_rows, num_requests, num_drafted, context, float(num_drafted > 0))
         self.y[slot] = step_s
         self.num_samples += 1
         if self.num_samples % self.refit_every == 0 or self.num_samples == self.min_samples:
@@ -116,7 +121,7 @@ class StepCost:
         n = min(self.num_samples, self.window)
         if n < 2:
             return
-        x, y = self.x[:n], self.y[:n]  # [n, 5], [n]
+        x, y = self.x[:n], self.y[:n]  # [n, 6], [n]
         kept = (self.coef, self.rel_residual, self.well_posed, self.inlier_frac, self.term_error)
         coef = self._fit(x, y)
         # NOTE: a step slowed by something else (a shared CPU, a GC pause) is an outlier on
@@ -175,7 +180,7 @@ class StepCost:
         """rows and drafted must each vary on their own, not only together with requests."""
         if np.ptp(x[:, 1]) == 0 or np.ptp(x[:, 3]) == 0:
             return False
-        cols = [0, 1, 3] + [t for t in (2, 4) if np.ptp(x[:, t]) > 0]
+        cols = [0, 1, 3] + [t for t in (2, 4, 5) if np.ptp(x[:, t]) > 0]
         z = x[:, cols] / np.maximum(np.abs(x[:, cols]).max(axis=0), 1e-12)  # [n, m] columns scaled to <= 1
         s = np.linalg.svd(z, compute_uv=False)
         return bool(s[-1] > 0 and s[0] / s[-1] <= self.max_condition)

@@ -120,7 +120,7 @@ def test_observe_feeds_the_busiest_partition_to_the_cost_model():
     partition that computed the most rows."""
     policy = AdaptiveVerify()
     policy.observe(np.array([10, 80]), np.array([10, 10]), np.array([10, 10]), np.array([500, 700]), 0.05)
-    assert policy.cost.x[0].tolist() == [1.0, 80.0, 10.0, 10.0, 700.0]
+    assert policy.cost.x[0].tolist() == [1.0, 80.0, 10.0, 10.0, 700.0, 1.0]
 
 
 def test_expected_tokens_count_one_per_request_plus_verified_survival():
