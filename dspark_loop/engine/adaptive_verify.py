@@ -12,7 +12,9 @@ Per step (choose):
      drops -- or it is its turn in a rotation over row indices (every `probe_every`
      steps per index), so no request is starved of drafting at a steady high load. The
      rotation backs off (doubling up to MAX_PROBE_EVERY) while probed requests' drafts do
-     not pay, and returns to `redraft_every` when one does.
+     not pay, and returns to `redraft_every` when one does. The drafter pass's own cost
+     (c_pass) is paid together: if the chosen requests' gains do not cover theta *
+     (c_pass + their marginal costs), none drafts but the rotation's probes.
   4. Budget again with the chosen drafter count: the final l.
 The confidences are scaled by `accept_scale` (greedy requests) and `sampled_scale`
 (requests that sample), each learned online from its class's realised decode tokens

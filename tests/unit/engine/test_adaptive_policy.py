@@ -237,3 +237,18 @@ def test_sampled_and_greedy_requests_learn_their_own_acceptance_scale():
         policy.observe_tokens(np.array([4, 4]), np.array([round(4 + greedy_extra), round(4 + sampled_extra)]))
     assert 0.95 < policy.accept_scale < 1.05
     assert 0.4 < policy.sampled_scale < 0.6
+
+
+def test_the_drafting_requests_must_pay_for_the_drafter_pass_together():
+    """Each request's drafts pay for its own anchor and rows, but not for the drafter pass's
+    own cost: with a dear pass and modest gains no request may draft (probes aside); with
+    the same pass and confident drafts they all must."""
+    cost = dict(c_row=1e-5, c_draft=1e-5, c_pass=0.02)
+    policy = AdaptiveVerify(pinned(**cost), explore_every=0, redraft_every=1 << 20)
+    conf, cap, part = batch(4, c=0.3)
+    choice = policy.choose(conf, cap, part)
+    assert not choice.draft_next.any()
+    policy = AdaptiveVerify(pinned(**cost), explore_every=0, redraft_every=1 << 20)
+    conf, cap, part = batch(4, c=0.95)
+    choice = policy.choose(conf, cap, part)
+    assert choice.draft_next.all()
