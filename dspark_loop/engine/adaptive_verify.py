@@ -9,10 +9,10 @@ Per step (choose):
      pays for its drafter pass and rows at the step's rate: gain >= theta * (c_draft +
      c_row * l). A request without drafts (skipped, or just started) is re-drafted iff the
      average drafted request's gain (EMA) pays at this rate -- so all re-draft when the load
-     drops -- or it is its turn in a rotation over row indices (every `probe_every`
-     steps per index), so no request is starved of drafting at a steady high load. The
-     rotation backs off (doubling up to MAX_PROBE_EVERY) while probed requests' drafts do
-     not pay, and returns to `redraft_every` when one does. The drafter pass's own cost
+     drops -- or at a probe step (every `probe_every` steps, up to PROBE_SIZE of them at
+     once, in rotation: the drafter pass is paid once), so no request is starved of drafting at a steady high
+     load. Probing backs off (doubling up to MAX_PROBE_EVERY) while the probed requests'
+     drafts do not pay together, and returns to `redraft_every` when they do. The drafter pass's own cost
      (c_pass) is paid together: if the chosen requests' gains do not cover theta *
      (c_pass + their marginal costs), none drafts but the rotation's probes.
   4. Budget again with the chosen drafter count: the final l.
@@ -42,6 +42,7 @@ EMA = 0.05  # weight of a step in the drafted-gain averages
 SCALE_RATE = 0.1  # step size of accept_scale's log update
 SCALE_RANGE = (0.05, 2.0)
 MAX_PROBE_EVERY = 256  # the longest a request without drafts waits for a probe
+PROBE_SIZE = 8  # requests a probe step re-drafts
 
 
 def per_class(v) -> np.ndarray:
@@ -65,6 +66,7 @@ class AdaptiveVerify:
         self.redraft_every = redraft_every
         self.probe_every = redraft_every  # the rotation's period now (backs off, see _solve)
         self.probed: np.ndarray | None = None  # [R] bool: rows re-drafted as a probe last step
+        self.num_probes = 0
         self.explore_every = explore_every
         self.rng = np.random.default_rng(seed)
         self.num_steps = 0
@@ -181,38 +183,47 @@ class AdaptiveVerify:
                 self.drafted_gain[k] += EMA * (float(first.gain[mine].mean()) - self.drafted_gain[k])
                 self.drafted_len[k] += EMA * (float(first.verify_len[mine].mean()) - self.drafted_len[k])
         prior_pays = (self.drafted_gain >= theta * (c_draft + c_row * self.drafted_len))[cls]  # [R]
-        self._back_off(has_drafts, pays)
-        turn = (np.arange(R) + self.num_steps) % self.probe_every == 0  # [R]
-        draft_next = np.where(has_drafts, pays, prior_pays | turn)  # [R]
-        # NOTE: the drafter pass has a cost of its own (c_pass) that no single request's
-        # marginal test sees: the requests chosen to draft must pay for it together, or
-        # none drafts but the rotation's probes
         gain = np.where(has_drafts, first.gain, self.drafted_gain[cls])  # [R]
         lens = np.where(has_drafts, first.verify_len, self.drafted_len[cls])  # [R]
-        if draft_next.any() and gain[draft_next].sum() < theta * (
-            c_pass + float((c_draft + c_row * lens[draft_next]).sum())
-        ):
-            draft_next = ~has_drafts & turn
+
+        def together(chosen: np.ndarray) -> bool:
+            """NOTE: the drafter pass has a cost of its own (c_pass) that no request's
+            marginal test sees: the requests that draft must pay for it together."""
+            cost = c_pass + float((c_draft + c_row * lens[chosen]).sum())
+            return bool(gain[chosen].sum() >= theta * cost)
+
+        self._back_off(has_drafts, together)
+        # NOTE: a probe step re-drafts up to PROBE_SIZE requests without drafts at once (a
+        # rotation over them), so probing pays the drafter pass once per probe_every steps
+        probe = np.zeros(R, bool)  # [R]
+        if self.num_steps % self.probe_every == 0:
+            idle = np.flatnonzero(~has_drafts)
+            self.num_probes += 1
+            probe[np.roll(idle, -(self.num_probes * PROBE_SIZE) % max(1, len(idle)))[:PROBE_SIZE]] = True
+        draft_next = np.where(has_drafts, pays, prior_pays | probe)  # [R]
+        if draft_next.any() and not together(draft_next):
+            draft_next = ~has_drafts & probe
             prior_pays = np.zeros(R, bool)
-        self.probed = ~has_drafts & turn & ~prior_pays
+        self.probed = ~has_drafts & probe & ~prior_pays
         num_drafted = np.bincount(partition, draft_next, P)  # [P]
         if np.array_equal(num_drafted, drafted):  # the steady state: the first solve stands
             return VerifyChoice(first.verify_len, draft_next), first.expected_tokens
         final = solve_budget(surv, cap, fixed + c_draft * num_drafted + c_pass * (num_drafted > 0), drafts_s, partition)
         return VerifyChoice(final.verify_len, draft_next), final.expected_tokens
 
-    def _back_off(self, has_drafts: np.ndarray, pays: np.ndarray) -> None:
-        """Double the probe period when last step's probes (rows re-drafted by their turn)
-        brought drafts that do not pay, back to redraft_every when one does. NOTE: rows are
-        matched by index; a request finishing in between shifts them, which only mixes
-        up whose probe is judged, not whether probing pays."""
+    def _back_off(self, has_drafts: np.ndarray, together) -> None:
+        """Double the probe period when last step's probes (requests re-drafted by a probe
+        step) brought drafts that do not pay together (drafter pass included), back to
+        redraft_every when they do. NOTE: rows are matched by index; a request finishing in
+        between shifts them, which only mixes up whose probe is judged, not whether probing
+        pays."""
         probed, self.probed = self.probed, None
         if probed is None or len(probed) != len(has_drafts):
             return
         judged = probed & has_drafts
         if not judged.any():
             return
-        if pays[judged].any():
+        if together(judged):
             self.probe_every = self.redraft_every
         else:
             self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
