@@ -173,45 +173,53 @@ class AdaptiveVerify:
         drafted = self.last_drafted if self.last_drafted is not None and len(self.last_drafted) == P else num_requests
         drafts_s = linear_drafts(c_row)
         first = solve_budget(surv, cap, fixed + c_draft * drafted + c_pass * (drafted > 0), drafts_s, partition)
-        theta = first.expected_tokens / first.step_s  # tokens per second at this load
         has_drafts = cap > 0
-        pays = first.gain >= theta * (c_draft + c_row * first.verify_len)  # [R]
         cls = sampled.astype(np.int64)  # [R] 0 greedy, 1 sampled
         for k in range(2):
             mine = has_drafts & (cls == k)
             if mine.any():
                 self.drafted_gain[k] += EMA * (float(first.gain[mine].mean()) - self.drafted_gain[k])
                 self.drafted_len[k] += EMA * (float(first.verify_len[mine].mean()) - self.drafted_len[k])
-        prior_pays = (self.drafted_gain >= theta * (c_draft + c_row * self.drafted_len))[cls]  # [R]
+        # What drafting a request buys in the steady state: its gain at its window (the class
+        # prior for one without drafts) for its anchor and rows; the drafter pass's own cost
+        # (c_pass) is shared. NOTE: the choice compares whole operating points, tokens per
+        # second with the drafting set D against none, not each request against the rate of
+        # the step it is in: a step that drafts is slow, and against ITS rate drafting
+        # always looks cheap (at 64 streams greedy that kept every request drafting at
+        # 0.72x K=0). With several partitions their costs are pooled (conservative).
         gain = np.where(has_drafts, first.gain, self.drafted_gain[cls])  # [R]
         lens = np.where(has_drafts, first.verify_len, self.drafted_len[cls])  # [R]
+        cost = c_draft + c_row * lens  # [R]
+        base = float(fixed.max())  # the step with nobody verifying or drafting
 
-        def together(chosen: np.ndarray) -> bool:
-            """NOTE: the drafter pass has a cost of its own (c_pass) that no request's
-            marginal test sees: the requests that draft must pay for it together."""
-            cost = c_pass + float((c_draft + c_row * lens[chosen]).sum())
-            return bool(gain[chosen].sum() >= theta * cost)
+        def rate(chosen: np.ndarray) -> float:
+            if not chosen.any():
+                return R / base
+            return (R + float(gain[chosen].sum())) / (base + c_pass + float(cost[chosen].sum()))
 
-        self._back_off(has_drafts, together)
+        self._back_off(has_drafts, lambda judged: rate(judged) >= R / base)
+        order = np.argsort(-gain / np.maximum(cost, 1e-12), kind="stable")  # [R] best value first
+        rates = (R + np.concatenate(([0.0], np.cumsum(gain[order])))) / (
+            base + np.concatenate(([0.0], c_pass + np.cumsum(cost[order])))
+        )  # [R + 1]: drafting the first k
+        chosen = np.zeros(R, bool)
+        chosen[order[: R - int(np.argmax(rates[::-1]))]] = True  # the LAST maximum: free drafting drafts all
         # NOTE: a probe step re-drafts up to PROBE_SIZE requests without drafts at once (a
         # rotation over them), so probing pays the drafter pass once per probe_every steps
         probe = np.zeros(R, bool)  # [R]
         if self.num_steps % self.probe_every == 0:
-            idle = np.flatnonzero(~has_drafts)
+            idle = np.flatnonzero(~has_drafts & ~chosen)
             self.num_probes += 1
             probe[np.roll(idle, -(self.num_probes * PROBE_SIZE) % max(1, len(idle)))[:PROBE_SIZE]] = True
-        draft_next = np.where(has_drafts, pays, prior_pays | probe)  # [R]
-        if draft_next.any() and not together(draft_next):
-            draft_next = ~has_drafts & probe
-            prior_pays = np.zeros(R, bool)
-        self.probed = ~has_drafts & probe & ~prior_pays
+        draft_next = chosen | probe  # [R]
+        self.probed = probe
         num_drafted = np.bincount(partition, draft_next, P)  # [P]
         if np.array_equal(num_drafted, drafted):  # the steady state: the first solve stands
             return VerifyChoice(first.verify_len, draft_next), first.expected_tokens
         final = solve_budget(surv, cap, fixed + c_draft * num_drafted + c_pass * (num_drafted > 0), drafts_s, partition)
         return VerifyChoice(final.verify_len, draft_next), final.expected_tokens
 
-    def _back_off(self, has_drafts: np.ndarray, together) -> None:
+    def _back_off(self, has_drafts: np.ndarray, pays) -> None:
         """Double the probe period when last step's probes (requests re-drafted by a probe
         step) brought drafts that do not pay together (drafter pass included), back to
         redraft_every when they do. NOTE: rows are matched by index; a request finishing in
@@ -223,7 +231,7 @@ class AdaptiveVerify:
         judged = probed & has_drafts
         if not judged.any():
             return
-        if together(judged):
+        if pays(judged):
             self.probe_every = self.redraft_every
         else:
             self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
