@@ -5,16 +5,16 @@ step cost, to maximise tokens per second.
 Per step (choose):
   1. survival a = cumprod(calibrated confidence); cost terms from StepCost per partition.
   2. Budget with last step's drafter count (verify_budget.solve_budget): l and tau / T.
-  3. Drafter: a request with drafts keeps drafting iff its expected gain at its chosen l
-     pays for its drafter pass and rows at the step's rate: gain >= theta * (c_draft +
-     c_row * l). A request without drafts (skipped, or just started) is re-drafted iff the
-     average drafted request's gain (EMA) pays at this rate -- so all re-draft when the load
-     drops -- or at a probe step (every `probe_every` steps, up to PROBE_SIZE of them at
-     once, in rotation: the drafter pass is paid once), so no request is starved of drafting at a steady high
-     load. Probing backs off (doubling up to MAX_PROBE_EVERY) while the probed requests'
-     drafts do not pay together, and returns to `redraft_every` when they do. The drafter pass's own cost
-     (c_pass) is paid together: if the chosen requests' gains do not cover theta *
-     (c_pass + their marginal costs), none drafts but the rotation's probes.
+  3. Drafter: drafting request r buys its expected gain g_r at its chosen l (the class's
+     average for a request without drafts) for c_draft + c_row * l_r, and any drafting
+     pays the pass's own c_pass: the requests ranked by value g_r / cost_r, the prefix
+     that maximises (R + sum g) / (T0 + c_pass + sum cost) drafts, nobody when R / T0 (the
+     step without drafting or verifying) is better. Requests without drafts are also
+     re-drafted at a probe step (every `probe_every` steps, up to PROBE_SIZE of them at
+     once, in rotation: the drafter pass is paid once), so no request is starved of
+     drafting at a steady high load. Probing backs off (doubling up to MAX_PROBE_EVERY)
+     while the probed requests' drafts do not pay (pass included), and returns to
+     `redraft_every` when they do.
   4. Budget again with the chosen drafter count: the final l.
 The confidences are scaled by `accept_scale` (greedy requests) and `sampled_scale`
 (requests that sample), each learned online from its class's realised decode tokens
