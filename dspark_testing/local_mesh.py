@@ -6,6 +6,7 @@ partition g and answers as its TP leader, with the rank's own StepResult builder
 
 from __future__ import annotations
 
+import time
 from functools import partial
 
 from dspark_loop.contract.placeholders import LastSamples
@@ -29,10 +30,12 @@ class LocalMesh:
             raise ValueError(f"plan has {len(plan.partitions)} partitions, the mesh {len(self.runners)} runners")
         out = []
         for g, (runner, part) in enumerate(zip(self.runners, plan.partitions)):
+            w0 = time.process_time()
             part, tokens = self.samples[g].run(part, partial(self.execute, g))  # the rank's own resolution
-            out.append(
-                step_result(plan.step_id, g, tokens, runner, on_drafts=partial(self.samples[g].record_drafts, part))
-            )
+            # NOTE: work_s as a CPU rank reports it (Backend.work_clock): the runner runs in this process
+            work_s = time.process_time() - w0
+            record = partial(self.samples[g].record_drafts, part)
+            out.append(step_result(plan.step_id, g, tokens, runner, on_drafts=record, work_s=work_s))
         return out
 
     def execute(self, group: int, part):

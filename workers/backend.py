@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import importlib.util
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +62,22 @@ class Backend:
             torch.npu.set_device(self.device_id)
         elif self.name == "cuda":
             torch.cuda.set_device(self.device_id)
+
+    def work_clock(self) -> Callable[[], float]:
+        """The clock a rank times its share of a step with (StepResult.work_s), for the
+        verify policy's cost model: on the CPU the process's CPU time (its intra-op threads
+        included), which other processes sharing the cores do not inflate the way they do
+        wall time; on an accelerator wall time after a device sync (the queued kernels are
+        the work; the host thread mostly waits)."""
+        if self.name == "cpu":
+            return time.process_time
+        sync = getattr(torch, self.name).synchronize  # torch.cuda / torch.npu
+
+        def clock() -> float:
+            sync()
+            return time.perf_counter()
+
+        return clock
 
 
 def select_backend(name: str, device_id: int = 0) -> Backend:

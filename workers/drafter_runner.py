@@ -113,7 +113,7 @@ class SpecRunner:
             from workers.drafter_weights import load_drafter
 
             drafter = load_drafter(model_dir, cfg, shard, dtype, str(device))
-            proposer = DrafterProposer(drafter, cfg, num_leases, dtype, device, *trunk)
+            proposer = DrafterProposer(drafter, cfg, num_leases, dtype, device, *trunk, alone=shard.world_size == 1)
         self.proposer = proposer
         self.last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 

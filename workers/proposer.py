@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from dspark_loop.contract.model_config import ModelConfig
-from dspark_loop.contract.protocol import PrefillChunk
+from dspark_loop.contract.protocol import DSPARK_K, PrefillChunk
 from workers.comm import Comm
 from workers.model.drafter import QUERY_ROWS, RING_BLOCKS, RING_ROWS, Drafter
 from workers.model.dsv4 import ForwardOutput
@@ -69,9 +69,18 @@ class DrafterProposer:
     stage, then zero filler blocks), filled from the trunk's taps, read by its block pass."""
 
     def __init__(
-        self, drafter: Drafter, cfg: ModelConfig, num_leases: int, dtype: torch.dtype, device: torch.device, embed, head
+        self,
+        drafter: Drafter,
+        cfg: ModelConfig,
+        num_leases: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        embed,
+        head,
+        alone: bool = False,
     ) -> None:
         self.drafter, self.cfg, self.device = drafter, cfg, device
+        self.alone = alone  # the only rank: no peer waits on this rank's drafter collectives
         self.embed, self.head = embed, head  # shared with the trunk
         self.filler_row = num_leases * RING_BLOCKS * RING_ROWS
         rows = (num_leases + 1) * RING_BLOCKS * RING_ROWS  # + the zero filler blocks
@@ -115,6 +124,11 @@ class DrafterProposer:
             self.drafter.write_context(
                 self.rings, lease_of(b.ctx_req), torch.tensor(b.ctx_pos, dtype=torch.long, device=dev), ctx
             )
+        if not b.q_req and self.alone:
+            # NOTE: no anchor (every drafter pass skipped): an empty pass is a few hundred ops
+            # of pure overhead; only a rank that is alone may leave it out (with peers, its
+            # MoE exchange is collective and every rank must take part)
+            return np.zeros((0, DSPARK_K), np.int32), np.zeros((0, DSPARK_K), np.float32)
         anchor_pos = torch.tensor(b.q_pos, dtype=torch.long, device=dev)
         pick = None if sampler is None else sampler.draft_picker(b.q_req, anchor_pos, comm)
         drafts, conf = self.drafter.propose(

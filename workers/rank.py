@@ -88,6 +88,7 @@ class Rank:
         self.is_leader = rank % cfg.tp == 0
         self.group = rank // cfg.tp
         self.samples = LastSamples()  # resolves the plans' placeholder inputs (async scheduling)
+        self.work_clock = time.process_time  # Backend.work_clock once loaded
 
     def load(self) -> None:
         import torch
@@ -100,6 +101,7 @@ class Rank:
         torch.set_num_threads(max(1, cfg.threads))
         backend = select_backend(cfg.backend, cfg.device_id(self.rank))
         backend.activate()
+        self.work_clock = backend.work_clock()
         shard = ShardSpec(rank=self.rank, world_size=cfg.world_size, tp_size=cfg.tp)
         groups = init_distributed(shard, cfg.dist_init, backend.dist_backend, cfg.dist_timeout_s)
         comm = GlooComm(shard, groups[shard.group])
@@ -135,9 +137,9 @@ class Rank:
             raise ValueError(
                 f"plan has {len(plan.partitions)} partitions, the mesh has {self.cfg.num_groups} TP groups"
             )
-        t0 = time.perf_counter()
+        t0, w0 = time.perf_counter(), self.work_clock()
         part, tokens = self.samples.run(plan.partitions[self.group], self.runner.execute)
-        compute_s = time.perf_counter() - t0
+        compute_s, work_s = time.perf_counter() - t0, self.work_clock() - w0
         # NOTE: every rank records its drafts: the next plan's placeholders may ask for them (K=7)
         return step_result(
             plan.step_id,
@@ -147,6 +149,7 @@ class Rank:
             compute_s,
             self.is_leader,
             partial(self.samples.record_drafts, part),
+            work_s=work_s,
         )
 
     def serve(self) -> int:

@@ -22,12 +22,14 @@ def step_result(
     compute_s: float = 0.0,
     leader: bool = True,
     on_drafts: Callable[[object], None] | None = None,
+    work_s: float = 0.0,
 ) -> StepResult:
     """tokens: int32 [n] what runner.execute returned. NOTE: the runner's drafts and
     logprobs are taken on every rank (they are per-step state), sent by TP leaders only.
     on_drafts: told the drafts (or None) on every rank (LastSamples.record_drafts: the
-    next plan's placeholders may ask for them)."""
-    res = StepResult(step_id, rank, i32(tokens) if leader else b"", compute_s)
+    next plan's placeholders may ask for them). work_s: the work the step cost the rank
+    (Backend.work_clock: CPU time on the CPU backend), what adaptive verification learns from."""
+    res = StepResult(step_id, rank, i32(tokens) if leader else b"", compute_s, work_s=work_s)
     drafts = runner.take_drafts()
     if on_drafts is not None:
         on_drafts(drafts)

@@ -216,6 +216,10 @@ class StepResult(msgspec.Struct, array_like=True, tag=4):
     lp_num_top: int = 0  # N: the widest request's top count this step
     lp_top_ids: bytes = b""  # int32 [n, N] best first (ties: lowest id)
     lp_top_values: bytes = b""  # float32 [n, N]
+    # the work this step cost the rank (workers/backend.py Backend.work_clock: CPU seconds on
+    # the CPU backend, synced wall seconds on an accelerator); 0: not measured. The verify
+    # policy's cost model learns from it; compute_s (wall) stays the tap's and the metrics'.
+    work_s: float = 0.0
 
 
 def identity(rank: int) -> bytes:

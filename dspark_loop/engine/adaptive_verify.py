@@ -5,19 +5,24 @@ step cost, to maximise tokens per second.
 Per step (choose):
   1. survival a = cumprod(calibrated confidence); cost terms from StepCost per partition.
   2. Budget with last step's drafter count (verify_budget.solve_budget): l and tau / T.
-  3. Drafter: a request with drafts keeps drafting iff its expected gain at its chosen l
-     pays for its drafter pass and rows at the step's rate: gain >= theta * (c_draft +
-     c_row * l). A request without drafts (skipped, or just started) is re-drafted iff the
-     average drafted request's gain (EMA) pays at this rate -- so all re-draft when the load
-     drops -- or it is its turn in a rotation over row indices (every `probe_every`
-     steps per index), so no request is starved of drafting at a steady high load. The
-     rotation backs off (doubling up to MAX_PROBE_EVERY) while probed requests' drafts do
-     not pay, and returns to `redraft_every` when one does.
+  3. Drafter: drafting request r buys its expected gain g_r at its chosen l (the class's
+     average for a request without drafts) for c_draft + c_row * l_r, and any drafting
+     pays the pass's own c_pass: the requests ranked by value g_r / cost_r, the prefix
+     that maximises (R + sum g) / (T0 + c_pass + sum cost) drafts, nobody when R / T0 (the
+     step without drafting or verifying) is better. Requests without drafts are also
+     re-drafted at a probe step (every `probe_every` steps, up to PROBE_SIZE of them at
+     once, in rotation: the drafter pass is paid once), so no request is starved of
+     drafting at a steady high load. Probing backs off (doubling up to MAX_PROBE_EVERY)
+     while the probed requests' drafts do not pay (pass included), and returns to
+     `redraft_every` when they do.
   4. Budget again with the chosen drafter count: the final l.
-The confidences are scaled by `accept_scale`, learned online from each step's realised
-decode tokens against the expected ones (observe_tokens): the drafter's head predicts a
-match with the greedy token, and under sampling (or drift) fewer drafts are accepted; a
-policy that believed it would verify and draft too much.
+The confidences are scaled by `accept_scale` (greedy requests) and `sampled_scale`
+(requests that sample), each learned online from its class's realised decode tokens
+against the expected ones (observe_tokens): the drafter's head predicts a match with the
+greedy token, and under sampling (or drift) fewer drafts are accepted; a policy that
+believed it would verify and draft too much. NOTE: one scale for both classes would be
+pulled down by the sampled requests and cut the greedy ones' windows (a 1-stream greedy
+run after a sampled one verified 5 rows of 8 instead of 8).
 A cost model not yet trusted verifies the full window and drafts everything, except one
 step in `explore_every`, which takes random verify lengths and skips (tokens do not depend
 on them) so rows, requests and drafter passes vary independently and the fit can tell
@@ -37,6 +42,13 @@ EMA = 0.05  # weight of a step in the drafted-gain averages
 SCALE_RATE = 0.1  # step size of accept_scale's log update
 SCALE_RANGE = (0.05, 2.0)
 MAX_PROBE_EVERY = 256  # the longest a request without drafts waits for a probe
+PROBE_SIZE = 8  # requests a probe step re-drafts
+
+
+def per_class(v) -> np.ndarray:
+    """[2] (greedy, sampled) from a [2] array, or from one number (all greedy)."""
+    v = np.asarray(v, np.float64)
+    return v if v.ndim else np.array([float(v), 0.0])
 
 
 class AdaptiveVerify:
@@ -54,6 +66,7 @@ class AdaptiveVerify:
         self.redraft_every = redraft_every
         self.probe_every = redraft_every  # the rotation's period now (backs off, see _solve)
         self.probed: np.ndarray | None = None  # [R] bool: rows re-drafted as a probe last step
+        self.num_probes = 0
         self.explore_every = explore_every
         self.rng = np.random.default_rng(seed)
         self.num_steps = 0
@@ -63,29 +76,37 @@ class AdaptiveVerify:
         self.num_verified = 0  # drafts chosen for verification
         self.num_capped = 0  # drafts the requests had (sum of cap)
         self.expected_tokens = 0.0  # sum of tau over steps: compare with tokens accepted
-        self.drafted_gain = 1.0  # EMA of a drafted request's expected gain (optimistic start)
-        self.drafted_len = float(DSPARK_K)  # EMA of its verify length
+        # NOTE: per class (greedy, sampled): a sampled load's low gains must not keep the
+        # greedy requests that follow it from drafting again
+        self.drafted_gain = np.ones(2)  # [2] EMA of a drafted request's expected gain (optimistic start)
+        self.drafted_len = np.full(2, float(DSPARK_K))  # [2] EMA of its verify length
         self.last_drafted: np.ndarray | None = None  # [P] drafter passes chosen last step
         self.last_context: np.ndarray | None = None  # [P] context observed last step
-        self.accept_scale = 1.0  # multiplies the confidences (observe_tokens)
-        self.pending_extra: float | None = None  # expected tokens beyond one per request, last choose
+        self.accept_scale = 1.0  # multiplies greedy requests' confidences (observe_tokens)
+        self.sampled_scale = 1.0  # the same for requests that sample
+        self.pending = np.zeros(2)  # [2] expected tokens beyond one per request, last choose, per class
+        self.pending_extra: float | None = None  # their sum (None: not yet chosen)
 
     # ---- VerifyPolicy -------------------------------------------------------------------
-    def choose(self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray) -> VerifyChoice:
+    def choose(
+        self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray, sampled: np.ndarray | None = None
+    ) -> VerifyChoice:
         cap = np.asarray(cap, np.int32)  # [R]
         partition = np.asarray(partition, np.int64)  # [R]
         R = len(cap)
+        sampled = np.zeros(R, bool) if sampled is None else np.asarray(sampled, bool)  # [R]
         self.num_steps += 1
-        surv = survival(self.calibrated(conf), cap)  # [R, K]
+        surv = survival(self.calibrated(conf, sampled), cap)  # [R, K]
         self.num_capped += int(cap.sum())
         if not self.cost.trusted:
             choice = self._untrusted(cap)
-            lens = choice.verify_len
-            tau = R + float(surv[np.arange(DSPARK_K)[None, :] < lens[:, None]].sum())
         else:
-            choice, tau = self._solve(surv, cap, partition)
-        self.expected_tokens += tau
-        self.pending_extra = tau - R
+            choice, _ = self._solve(surv, cap, partition, sampled)
+        verified = np.arange(DSPARK_K)[None, :] < choice.verify_len[:, None]  # [R, K]
+        extra = np.where(verified, surv, 0.0).sum(axis=1)  # [R] expected tokens beyond the first
+        self.pending = np.bincount(sampled.astype(np.int64), weights=extra, minlength=2).astype(np.float64)  # [2]
+        self.pending_extra = float(self.pending.sum())
+        self.expected_tokens += R + self.pending_extra
         self.num_drafter_skips += int(R - choice.draft_next.sum())
         self.num_verified += int(choice.verify_len.sum())
         P = int(partition.max()) + 1 if R else 1
@@ -102,25 +123,33 @@ class AdaptiveVerify:
         self.cost.observe(int(num_rows[p]), int(num_requests[p]), int(num_drafted[p]), int(context[p]), step_s)
         self.last_context = np.asarray(context, np.float64)
 
-    def observe_tokens(self, num_requests: int, num_tokens: int) -> None:
-        """The last step's decode requests and the tokens they appended: moves accept_scale
-        so that expected tokens beyond one per request match the realised ones."""
-        expected, self.pending_extra = self.pending_extra, None
-        if expected is None or expected < 0.5:  # nothing verified: nothing to learn
+    def observe_tokens(self, num_requests, num_tokens) -> None:
+        """The last step's decode requests and the tokens they appended, per class ([2]:
+        greedy, sampled; ints: all greedy): moves each class's scale so that expected
+        tokens beyond one per request match the realised ones."""
+        if self.pending_extra is None:
             return
-        # NOTE: +0.5 on both sides keeps a step that accepted nothing from slamming the scale
-        ratio = (num_tokens - num_requests + 0.5) / (expected + 0.5)
-        scale = self.accept_scale * ratio**SCALE_RATE
-        self.accept_scale = float(min(max(scale, SCALE_RANGE[0]), SCALE_RANGE[1]))
+        self.pending_extra = None
+        num_requests, num_tokens = per_class(num_requests), per_class(num_tokens)  # [2], [2]
+        scales = [self.accept_scale, self.sampled_scale]
+        for k in range(2):
+            if self.pending[k] < 0.5:  # nothing verified: nothing to learn
+                continue
+            # NOTE: +0.5 on both sides keeps a step that accepted nothing from slamming the scale
+            ratio = max(num_tokens[k] - num_requests[k] + 0.5, 0.5) / (self.pending[k] + 0.5)
+            scales[k] = float(min(max(scales[k] * ratio**SCALE_RATE, SCALE_RANGE[0]), SCALE_RANGE[1]))
+        self.accept_scale, self.sampled_scale = scales
 
     # ---- steps ----------------------------------------------------------------------------
-    def calibrated(self, conf: np.ndarray) -> np.ndarray:
-        """Per-position temperature scaling, c' = sigmoid(logit(c) / T_j), then accept_scale."""
+    def calibrated(self, conf: np.ndarray, sampled: np.ndarray | None = None) -> np.ndarray:
+        """Per-position temperature scaling, c' = sigmoid(logit(c) / T_j), then the request's
+        class scale (accept_scale, or sampled_scale where sampled [R] is True)."""
         conf = np.asarray(conf, np.float64)  # [R, K]
         if self.temperatures is not None:
             c = np.clip(conf, 1e-7, 1 - 1e-7)
             conf = 1.0 / (1.0 + np.exp(-(np.log(c) - np.log1p(-c)) / self.temperatures[None, :]))
-        return conf if self.accept_scale == 1.0 else np.minimum(conf * self.accept_scale, 1.0)
+        scale = self.accept_scale if sampled is None else np.where(sampled, self.sampled_scale, self.accept_scale)
+        return np.minimum(conf * np.reshape(scale, (-1, 1)), 1.0)
 
     def _untrusted(self, cap: np.ndarray) -> VerifyChoice:
         R = len(cap)
@@ -131,9 +160,11 @@ class AdaptiveVerify:
         self.num_full_steps += 1
         return VerifyChoice(cap.copy(), np.ones(R, bool))
 
-    def _solve(self, surv: np.ndarray, cap: np.ndarray, partition: np.ndarray) -> tuple[VerifyChoice, float]:
+    def _solve(
+        self, surv: np.ndarray, cap: np.ndarray, partition: np.ndarray, sampled: np.ndarray
+    ) -> tuple[VerifyChoice, float]:
         R = len(cap)
-        c0, c_row, c_req, c_draft, c_ctx = self.cost.coef
+        c0, c_row, c_req, c_draft, c_ctx, c_pass = self.cost.coef
         P = int(partition.max()) + 1 if R else 1
         num_requests = np.bincount(partition, minlength=P)  # [P]
         context = self.last_context if self.last_context is not None and len(self.last_context) == P else 0.0
@@ -141,37 +172,66 @@ class AdaptiveVerify:
         fixed = c0 + (c_row + c_req) * num_requests + c_ctx * context  # [P]
         drafted = self.last_drafted if self.last_drafted is not None and len(self.last_drafted) == P else num_requests
         drafts_s = linear_drafts(c_row)
-        first = solve_budget(surv, cap, fixed + c_draft * drafted, drafts_s, partition)
-        theta = first.expected_tokens / first.step_s  # tokens per second at this load
+        first = solve_budget(surv, cap, fixed + c_draft * drafted + c_pass * (drafted > 0), drafts_s, partition)
         has_drafts = cap > 0
-        pays = first.gain >= theta * (c_draft + c_row * first.verify_len)  # [R]
-        if has_drafts.any():
-            w = EMA
-            self.drafted_gain = (1 - w) * self.drafted_gain + w * float(first.gain[has_drafts].mean())
-            self.drafted_len = (1 - w) * self.drafted_len + w * float(first.verify_len[has_drafts].mean())
-        prior_pays = self.drafted_gain >= theta * (c_draft + c_row * self.drafted_len)
-        self._back_off(has_drafts, pays)
-        turn = (np.arange(R) + self.num_steps) % self.probe_every == 0  # [R]
-        draft_next = np.where(has_drafts, pays, prior_pays | turn)  # [R]
-        self.probed = ~has_drafts & turn & ~prior_pays
+        cls = sampled.astype(np.int64)  # [R] 0 greedy, 1 sampled
+        for k in range(2):
+            mine = has_drafts & (cls == k)
+            if mine.any():
+                self.drafted_gain[k] += EMA * (float(first.gain[mine].mean()) - self.drafted_gain[k])
+                self.drafted_len[k] += EMA * (float(first.verify_len[mine].mean()) - self.drafted_len[k])
+        # What drafting a request buys in the steady state: its gain at its window (the class
+        # prior for one without drafts) for its anchor and rows; the drafter pass's own cost
+        # (c_pass) is shared. NOTE: the choice compares whole operating points, tokens per
+        # second with the drafting set D against none, not each request against the rate of
+        # the step it is in: a step that drafts is slow, and against ITS rate drafting
+        # always looks cheap (at 64 streams greedy that kept every request drafting at
+        # 0.72x K=0). With several partitions their costs are pooled (conservative).
+        gain = np.where(has_drafts, first.gain, self.drafted_gain[cls])  # [R]
+        lens = np.where(has_drafts, first.verify_len, self.drafted_len[cls])  # [R]
+        cost = c_draft + c_row * lens  # [R]
+        base = float(fixed.max())  # the step with nobody verifying or drafting
+
+        def rate(chosen: np.ndarray) -> float:
+            if not chosen.any():
+                return R / base
+            return (R + float(gain[chosen].sum())) / (base + c_pass + float(cost[chosen].sum()))
+
+        self._back_off(has_drafts, lambda judged: rate(judged) >= R / base)
+        order = np.argsort(-gain / np.maximum(cost, 1e-12), kind="stable")  # [R] best value first
+        rates = (R + np.concatenate(([0.0], np.cumsum(gain[order])))) / (
+            base + np.concatenate(([0.0], c_pass + np.cumsum(cost[order])))
+        )  # [R + 1]: drafting the first k
+        chosen = np.zeros(R, bool)
+        chosen[order[: R - int(np.argmax(rates[::-1]))]] = True  # the LAST maximum: free drafting drafts all
+        # NOTE: a probe step re-drafts up to PROBE_SIZE requests without drafts at once (a
+        # rotation over them), so probing pays the drafter pass once per probe_every steps
+        probe = np.zeros(R, bool)  # [R]
+        if self.num_steps % self.probe_every == 0:
+            idle = np.flatnonzero(~has_drafts & ~chosen)
+            self.num_probes += 1
+            probe[np.roll(idle, -(self.num_probes * PROBE_SIZE) % max(1, len(idle)))[:PROBE_SIZE]] = True
+        draft_next = chosen | probe  # [R]
+        self.probed = probe
         num_drafted = np.bincount(partition, draft_next, P)  # [P]
         if np.array_equal(num_drafted, drafted):  # the steady state: the first solve stands
             return VerifyChoice(first.verify_len, draft_next), first.expected_tokens
-        final = solve_budget(surv, cap, fixed + c_draft * num_drafted, drafts_s, partition)
+        final = solve_budget(surv, cap, fixed + c_draft * num_drafted + c_pass * (num_drafted > 0), drafts_s, partition)
         return VerifyChoice(final.verify_len, draft_next), final.expected_tokens
 
-    def _back_off(self, has_drafts: np.ndarray, pays: np.ndarray) -> None:
-        """Double the probe period when last step's probes (rows re-drafted by their turn)
-        brought drafts that do not pay, back to redraft_every when one does. NOTE: rows are
-        matched by index; a request finishing in between shifts them, which only mixes
-        up whose probe is judged, not whether probing pays."""
+    def _back_off(self, has_drafts: np.ndarray, pays) -> None:
+        """Double the probe period when last step's probes (requests re-drafted by a probe
+        step) brought drafts that do not pay together (drafter pass included), back to
+        redraft_every when they do. NOTE: rows are matched by index; a request finishing in
+        between shifts them, which only mixes up whose probe is judged, not whether probing
+        pays."""
         probed, self.probed = self.probed, None
         if probed is None or len(probed) != len(has_drafts):
             return
         judged = probed & has_drafts
         if not judged.any():
             return
-        if pays[judged].any():
+        if pays(judged):
             self.probe_every = self.redraft_every
         else:
             self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
@@ -188,5 +248,6 @@ class AdaptiveVerify:
             "num_available_drafts": self.num_capped,
             "expected_tokens": self.expected_tokens,
             "accept_scale": self.accept_scale,
+            "sampled_scale": self.sampled_scale,
             "probe_every": self.probe_every,
         }

@@ -289,22 +289,24 @@ class EngineLoop:
                     self._wakeup.clear()
                     await self._idle_wait()
                     continue
-                wall, t0 = time.time(), time.perf_counter()
+                wall, t0, h0 = time.time(), time.perf_counter(), time.thread_time()
                 # 2. schedule
                 step = sched.schedule()
-                t1 = time.perf_counter()
+                t1, h1 = time.perf_counter(), time.thread_time()
                 # 3-4. send the plan, gather the leaders' results
                 results = [] if step.is_empty else await self._step_mesh(step)
-                t2 = time.perf_counter()
+                t2, h2 = time.perf_counter(), time.thread_time()
                 # 5. update
                 outputs = sched.update(step, results)
                 t3 = time.perf_counter()
                 # 6. deliver
                 self._deliver(outputs)
-                t4 = time.perf_counter()
+                t4, h4 = time.perf_counter(), time.thread_time()
                 self.num_steps += 1
                 if results and sched.observes_steps:  # the verify policy learns the step's cost
-                    sched.observe_step(step, results, t2 - t1)
+                    # NOTE: the host's share is its own thread's CPU time (schedule, update,
+                    # deliver): like the ranks' work_s, immune to other processes on the cores
+                    sched.observe_step(step, results, t4 - t0, (h1 - h0) + (h4 - h2))
                 self._observe(step, results, wall, t0, t1, t2, t3, t4)
                 if step.is_empty and not outputs:
                     # nothing could run (e.g. every queue waits on pages): do not spin

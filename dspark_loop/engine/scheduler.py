@@ -227,6 +227,7 @@ class Scheduler:
         leases: list[int] = []
         caps: list[int] = []
         may: list[bool] = []
+        sampled: list[bool] = []
         counts: list[int] = []
         for part in self.partitions:
             first = len(reqs)
@@ -238,6 +239,7 @@ class Scheduler:
                     m = r.max_draft_tokens
                     # NOTE: a request that may never verify (its own cap 0) never drafts
                     may.append(m > 0)
+                    sampled.append(r.params.knobs.is_random)
                     drafted = r.plan_drafts if inflight >= 0 and r.plan_pending else r.has_drafts
                     caps.append(m if drafted and pos <= verify_limit else 0)
             counts.append(len(reqs) - first)
@@ -253,7 +255,7 @@ class Scheduler:
             [t[leases[e - c : e]] for t, c, e in zip(tables, counts, ends) if c]  # type: ignore[index]
         )
         conf[cap == 0] = 0.0
-        verify_len, draft_next = self.policy.choose(conf, cap, partition)
+        verify_len, draft_next = self.policy.choose(conf, cap, partition, np.array(sampled, bool))
         if len(verify_len) != n or len(draft_next) != n:
             raise ValueError(f"verify policy answered {len(verify_len)}/{len(draft_next)} choices for {n} requests")
         drafting = np.asarray(draft_next, bool) & np.array(may, bool)  # [R]
@@ -406,9 +408,13 @@ class Scheduler:
         """Whether the loop must report step times (a verify policy that learns from them)."""
         return bool(self.spec_k) and type(self.policy) is not FullVerify
 
-    def observe_step(self, step: ScheduledStep, results, step_s: float) -> None:
-        """Tell the verify policy what a finished step computed (per partition) and how long
-        it took (plan sent -> last result in)."""
+    def observe_step(self, step: ScheduledStep, results, wall_s: float, host_s: float | None = None) -> None:
+        """Tell the verify policy what a finished step computed (per partition) and what it
+        cost: with host_s (the host's own CPU time for the step) and every leader reporting
+        its work (StepResult.work_s), the busiest leader's work + host_s; else wall_s (the
+        step's host-observed wall time), which a machine shared with other work inflates."""
+        work = [r.work_s for r in results]
+        step_s = max(work) + host_s if host_s is not None and work and min(work) > 0 else wall_s
         parts = step.partitions
         num_rows = np.array([sum(n for _, n, _ in p.prefills) + int(p.decode_rows.sum()) for p in parts], np.int64)
         num_requests = np.array([len(p.decode_reqs) for p in parts], np.int64)
@@ -417,7 +423,11 @@ class Scheduler:
         self.policy.observe(num_rows, num_requests, num_drafted, context, step_s)
         observe_tokens = getattr(self.policy, "observe_tokens", None)
         if observe_tokens is not None:  # the policy's acceptance calibration (AdaptiveVerify)
-            observe_tokens(len(step.accepted_lens), sum(step.accepted_lens))
+            reqs = [r for p in parts for r in p.decode_reqs]
+            if len(reqs) == len(step.accepted_lens):  # in plan order (StepApplier)
+                cls = np.array([r.params.knobs.is_random for r in reqs], np.int64)  # [R] 0 greedy, 1 sampled
+                num_tokens = np.bincount(cls, weights=step.accepted_lens, minlength=2)  # [2]
+                observe_tokens(np.bincount(cls, minlength=2), num_tokens.astype(np.int64))
 
     # ---- finishing ------------------------------------------------------------------------
     def _end(self, req: Request, reason: str) -> None:

@@ -8,7 +8,7 @@ group; `partition` says which group each request is in), before any partition is
 planned; a step without decode requests makes no call. With `FullVerify` (the default)
 there is no call at all: the plans are the seeds' fixed chain.
 
-    choose(conf, cap, partition) -> VerifyChoice(verify_len, draft_next)
+    choose(conf, cap, partition, sampled) -> VerifyChoice(verify_len, draft_next)
         conf       [R, DSPARK_K] float32  calibrated per-draft confidences of each decode
                                           request's pending drafts (0 where it has none)
         cap        [R] int32 in 0..K      the most this request may verify: K with drafts,
@@ -18,6 +18,9 @@ there is no call at all: the plans are the seeds' fixed chain.
                                           `SamplingParams.max_draft_tokens`, fixed at
                                           admission: the API's per-request cap)
         partition  [R] int32              the request's partition (TP group) index
+        sampled    [R] bool               the request samples (temperature > 0): its drafts
+                                          match its token less often than the confidences
+                                          (trained on greedy matches) say
         verify_len [R] int in 0..cap[r]   drafts verified this step, a contiguous prefix
                                           (the request computes 1 + verify_len rows)
         draft_next [R] bool               run the request's drafter pass after this step's
@@ -35,7 +38,13 @@ clipped by the scheduler; `draft_next` is forced False for a request whose
         num_requests  decode requests in the partition
         num_drafted   drafter passes (anchors) the partition ran
         context       sum over its decode requests of their first row's position
-        step_s        the step's host-observed time (plan sent -> last result in)
+        step_s        what the step cost: the busiest leader's work (StepResult.work_s)
+                      + the host's CPU time for it, or its wall time where the ranks do
+                      not report work (Scheduler.observe_step)
+
+    observe_tokens(num_requests, num_tokens) -> None   (optional)
+        called after observe, [2] int arrays per class (greedy, sampled): the step's decode
+        requests and the tokens they appended
 
 Whatever the policy chooses, tokens are the same (acceptance is exact: a draft is accepted
 iff it equals its row's token); a policy changes speed only.
@@ -56,7 +65,9 @@ class VerifyChoice(NamedTuple):
 
 
 class VerifyPolicy(Protocol):
-    def choose(self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray) -> VerifyChoice: ...
+    def choose(
+        self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray, sampled: np.ndarray | None = None
+    ) -> VerifyChoice: ...
 
     def observe(
         self,
@@ -72,7 +83,9 @@ class FullVerify:
     """The seeds' fixed chain: verify every draft a request has, draft every step. The
     scheduler recognises it and skips the per-step call (today's hot path)."""
 
-    def choose(self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray) -> VerifyChoice:
+    def choose(
+        self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray, sampled: np.ndarray | None = None
+    ) -> VerifyChoice:
         return VerifyChoice(np.asarray(cap, np.int32).copy(), np.ones(len(cap), bool))
 
     def observe(self, num_rows, num_requests, num_drafted, context, step_s: float) -> None:

@@ -33,7 +33,7 @@ def test_a_cost_model_file_pins_the_policy_cost(tmp_path):
     spec = {"num_speculative_tokens": 7, "enable_adaptive_verification": True, "cost_model": str(path)}
     policy = verify_policy(config(tmp_path, spec))
     assert policy.cost.pinned and policy.cost.trusted
-    assert policy.cost.coef.tolist() == [0.01, 0.0001, 0.0002, 0.001, 0.0]
+    assert policy.cost.coef.tolist() == [0.01, 0.0001, 0.0002, 0.001, 0.0, 0.0]
 
 
 def write_safetensors_header(path, names):

@@ -15,7 +15,7 @@ class RandomPolicy:
         self.calls: list[tuple[np.ndarray, np.ndarray, np.ndarray, VerifyChoice]] = []
         self.observed: list[tuple] = []
 
-    def choose(self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray) -> VerifyChoice:
+    def choose(self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray, sampled=None) -> VerifyChoice:
         choice = VerifyChoice(self.rng.integers(0, cap + 1).astype(np.int32), self.rng.random(len(cap)) < self.p_draft)
         self.calls.append((conf.copy(), cap.copy(), partition.copy(), choice))
         return choice

@@ -91,16 +91,17 @@ def test_a_skipped_request_is_redrafted_when_the_load_drops():
 
 def test_no_request_is_starved_of_drafting_at_a_steady_high_load():
     """At a load where drafting never pays on average, every request without drafts must
-    still be re-drafted at least once every redraft_every steps (its turn in the
-    rotation), so a request whose drafts would pay again is found."""
+    still be re-drafted once in a while (a probe step every redraft_every steps re-drafts
+    PROBE_SIZE of them: one drafter pass), so a request whose drafts would pay again is
+    found."""
     policy = AdaptiveVerify(pinned(c_row=0.0002, c_req=0.0002, c_draft=0.01), redraft_every=8)
     conf, cap, part = batch(64, c=0.05)
     policy.choose(conf, cap, part)
     conf, cap, part = batch(64, c=0.0, cap=0)
     drafted = np.zeros(64, int)
-    for _ in range(8):
+    for _ in range(8 * 8):
         choice = policy.choose(conf, cap, part)
-        assert choice.draft_next.sum() <= 64 // 8 + 1  # only the ones whose turn it is
+        assert choice.draft_next.sum() in (0, 8)  # nobody, or a probe step's 8
         drafted += choice.draft_next
     assert np.all(drafted >= 1)
 
@@ -120,7 +121,7 @@ def test_observe_feeds_the_busiest_partition_to_the_cost_model():
     partition that computed the most rows."""
     policy = AdaptiveVerify()
     policy.observe(np.array([10, 80]), np.array([10, 10]), np.array([10, 10]), np.array([500, 700]), 0.05)
-    assert policy.cost.x[0].tolist() == [1.0, 80.0, 10.0, 10.0, 700.0]
+    assert policy.cost.x[0].tolist() == [1.0, 80.0, 10.0, 10.0, 700.0, 1.0]
 
 
 def test_expected_tokens_count_one_per_request_plus_verified_survival():
@@ -221,3 +222,34 @@ def test_probes_back_off_while_they_do_not_pay_and_return_when_one_does():
         if policy.probe_every == 8:
             break
     assert policy.probe_every == 8
+
+
+def test_sampled_and_greedy_requests_learn_their_own_acceptance_scale():
+    """Sampled requests accept fewer drafts than their confidences say, greedy ones as
+    many: the sampled scale must fall and the greedy one stay, so a greedy request keeps
+    its full window next to (or after) sampled ones."""
+    policy = AdaptiveVerify(explore_every=0)
+    conf, cap, part = batch(8, c=0.8)
+    sampled = np.arange(8) >= 4
+    greedy_extra = 4 * sum(0.8 ** (j + 1) for j in range(K))
+    sampled_extra = 4 * sum(0.4 ** (j + 1) for j in range(K))
+    for _ in range(300):
+        policy.choose(conf, cap, part, sampled)
+        policy.observe_tokens(np.array([4, 4]), np.array([round(4 + greedy_extra), round(4 + sampled_extra)]))
+    assert 0.95 < policy.accept_scale < 1.05
+    assert 0.4 < policy.sampled_scale < 0.6
+
+
+def test_the_drafting_requests_must_pay_for_the_drafter_pass_together():
+    """Each request's drafts pay for its own anchor and rows, but not for the drafter pass's
+    own cost: with a dear pass and modest gains no request may draft (probes aside); with
+    the same pass and confident drafts they all must."""
+    cost = dict(c_row=1e-5, c_draft=1e-5, c_pass=0.02)
+    policy = AdaptiveVerify(pinned(**cost), explore_every=0, redraft_every=1 << 20)
+    conf, cap, part = batch(4, c=0.3)
+    choice = policy.choose(conf, cap, part)
+    assert not choice.draft_next.any()
+    policy = AdaptiveVerify(pinned(**cost), explore_every=0, redraft_every=1 << 20)
+    conf, cap, part = batch(4, c=0.95)
+    choice = policy.choose(conf, cap, part)
+    assert choice.draft_next.all()

@@ -103,7 +103,7 @@ def test_a_skipped_drafter_pass_leaves_the_request_without_drafts_and_one_row_ne
         def __init__(self):
             self.skip = False
 
-        def choose(self, conf, cap, partition):
+        def choose(self, conf, cap, partition, sampled=None):
             return VerifyChoice(cap.copy(), np.full(len(cap), not self.skip))
 
         def observe(self, *a):
@@ -226,7 +226,7 @@ def test_stale_rows_of_a_rejected_long_window_outlive_a_shorter_one_and_are_neve
         def __init__(self, lens):
             self.lens = list(lens)
 
-        def choose(self, conf, cap, partition):
+        def choose(self, conf, cap, partition, sampled=None):
             want = self.lens.pop(0) if self.lens else 7
             return VerifyChoice(np.minimum(cap, want).astype(np.int32), np.ones(len(cap), bool))
 
