@@ -1,6 +1,8 @@
 """Fused CPU kernels for the small exact compositions that cost hundreds of torch calls a step
 (the Sinkhorn's 20 rounds, the hc stream mixes and weights, rope, the MoE routing plan and
-combine), as plain C (kernels_c.py, kernels_c_select.py) loaded with ctypes.
+combine), as plain C loaded with ctypes: kernels_mhc.c (the mHC mixes and Sinkhorn, rope, attention
+logits) and kernels_select.c (index selection and MoE routing: the indexer's top-k, the router's
+top-k, the tile plan, row gather, combine, SwiGLU), both beside this file and shipped as package data.
 
 Each kernel performs the SAME IEEE float32 operations in the SAME order as the torch code it
 replaces (layers.py), so its bits are identical: only + - * / (correctly rounded), products
@@ -26,14 +28,17 @@ import os
 import shutil
 import subprocess
 import tempfile
+from importlib import resources
 
 import torch
 
-from workers.model import kernels_c, kernels_c_select
-
 log = logging.getLogger(__name__)
 
-SOURCE = kernels_c.SOURCE + kernels_c_select.SOURCE
+# The two C files joined, read as text (the build's cache key hashes exactly this string).
+SOURCE = "".join(
+    resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+    for name in ("kernels_mhc.c", "kernels_select.c")
+)
 
 # -O3 vectorises the elementwise loops (hc_post 400 -> 103 us at 512 rows): lanes do the same
 # IEEE ops per element, and without -ffast-math no reduction is reassociated, so the bits stay.

@@ -1,7 +1,4 @@
-"""C source for workers/model/kernels.py, part two: index selection and MoE routing (the indexer's
-top-k, the router's top-k, the tile plan, row gather, combine, SwiGLU). Same rules as part one."""
 
-SOURCE = r"""
 /* MoE routing plan over assignments a = token*k + slot with expert ids flat [num]: this rank's
    experts lo..hi-1 get whole 8-row tiles in ascending expert id, assignments ascending inside
    an expert. pos[a] = the assignment's tile row (-1: another rank's expert), tile_src [tiles*8]
@@ -143,4 +140,3 @@ void route_topk(const float *scores, const float *bias, long *idx, float *w, lon
         for (int j = 0; j < k; ++j) w[r * k + j] = s[ir[j]];
     }
 }
-"""

@@ -1,7 +1,4 @@
-"""C source for workers/model/kernels.py, part one: the mHC mixes and Sinkhorn, rope, attention logits
-(see kernels.py for the rules every kernel follows; part two is kernels_c_select.py)."""
 
-SOURCE = r"""
 #define LANES 16
 
 /* sinkhorn() on nb <= LANES rows at once, row l of the block in lane l of every temporary:
@@ -178,4 +175,3 @@ void attn_logits(const float *raw, const unsigned char *mask, const float *sink,
         }
     }
 }
-"""
