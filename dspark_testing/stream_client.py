@@ -3,10 +3,12 @@
 stream = await open_stream(session, url, body)     # status checked, headers in
 async for event in stream.events(): ...             # dicts, then "[DONE]"
 result = await stream_completion(session, url, body)  # everything, collected
+readers = await read_while_flowing(streams)           # one task each, once tokens flow on all
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -89,12 +91,39 @@ async def stream_completion(
     result = StreamResult()
     async with stream.response:
         async for event in stream.events():
-            if (
-                result.first_token_s is None
-                and isinstance(event, dict)
-                and any(c.get("token_ids") or c.get("text") for c in event.get("choices", []))
-            ):
+            if result.first_token_s is None and has_tokens(event):
                 result.first_token_s = time.perf_counter() - stream.sent_at
             result.events.append(event)
     result.total_s = time.perf_counter() - stream.sent_at
     return result
+
+
+def has_tokens(event) -> bool:
+    """Whether an event is a chunk that carries tokens."""
+    return isinstance(event, dict) and any(c.get("token_ids") or c.get("text") for c in event.get("choices", []))
+
+
+async def read_to_end(stream: Stream, flowing: asyncio.Event | None = None) -> list:
+    """Every event of the stream (dicts, then "[DONE]"), to its end; sets `flowing` once the
+    first chunk with tokens is in."""
+    events = []
+    async for event in stream.events():
+        events.append(event)
+        if flowing is not None and has_tokens(event):
+            flowing.set()
+    return events
+
+
+async def read_while_flowing(streams: list[Stream], timeout_s: float = 60.0) -> list[asyncio.Task]:
+    """One task per stream reading it to its end (read_to_end's events), returned once every
+    stream has delivered its first tokens: a test acts mid-stream on that event, not after a
+    sleep. TimeoutError (the readers cancelled) if a stream has none within timeout_s."""
+    flowing = [asyncio.Event() for _ in streams]
+    readers = [asyncio.create_task(read_to_end(s, f)) for s, f in zip(streams, flowing, strict=True)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(f.wait() for f in flowing)), timeout_s)
+    except TimeoutError:
+        for r in readers:
+            r.cancel()
+        raise
+    return readers

@@ -13,7 +13,7 @@ import pytest
 
 from dspark_testing.prompts import token_prompt
 from dspark_testing.server_process import ServerProcess, wait_gone
-from dspark_testing.stream_client import open_stream
+from dspark_testing.stream_client import open_stream, read_while_flowing
 
 
 @pytest.fixture
@@ -21,13 +21,6 @@ def doomed_server(tiny_ckpt):
     server = ServerProcess(["--model", tiny_ckpt, "--tp", "2", "--ep", "2", "--max-rank-restarts", "0"])
     yield server
     server.stop()
-
-
-async def read_until_end(stream) -> list:
-    events = []
-    async for event in stream.events():
-        events.append(event)
-    return events
 
 
 async def test_killed_rank_ends_every_open_stream_with_an_error(doomed_server, http):
@@ -43,8 +36,7 @@ async def test_killed_rank_ends_every_open_stream_with_an_error(doomed_server, h
         )
         for i in range(3)
     ]
-    readers = [asyncio.create_task(read_until_end(s)) for s in streams]
-    await asyncio.sleep(1.0)  # tokens are flowing
+    readers = await read_while_flowing(streams)  # tokens are flowing on every stream
     assert not any(r.done() for r in readers)
     os.kill(ranks[1], signal.SIGKILL)
     killed_at = time.monotonic()

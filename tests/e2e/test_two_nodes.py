@@ -14,7 +14,7 @@ import pytest
 
 from dspark_testing.prompts import TEXTS, token_prompt
 from dspark_testing.server_process import ServerProcess, pools_full, wait_gone
-from dspark_testing.stream_client import open_stream
+from dspark_testing.stream_client import open_stream, read_while_flowing
 from tests.e2e.nodes import SECRET_ENV_VARS, NodeProcess, free_port_pair, node_args
 
 PROMPTS = [TEXTS[0], token_prompt(40, seed=3), [0]]
@@ -97,10 +97,6 @@ def test_wrong_secret_other_checkpoint_or_flags_on_node_1_are_refused(tiny_ckpt,
         node0.stop()
 
 
-async def read_until_end(stream) -> list:
-    return [event async for event in stream.events()]
-
-
 async def test_losing_node_1_mid_stream_ends_every_stream_with_an_error(tiny_ckpt, http):
     """With recovery off (--max-rank-restarts 0), SIGKILL on node 1 (its agent and its ranks,
     a host losing power) while 3 streams run must end each stream with one error event naming
@@ -118,8 +114,7 @@ async def test_losing_node_1_mid_stream_ends_every_stream_with_an_error(tiny_ckp
             )
             for i in range(3)
         ]
-        readers = [asyncio.create_task(read_until_end(s)) for s in streams]
-        await asyncio.sleep(1.0)  # tokens are flowing
+        readers = await read_while_flowing(streams)  # tokens are flowing on every stream
         assert not any(r.done() for r in readers)
         gone = node1.kill()
         killed_at = time.monotonic()

@@ -12,9 +12,9 @@ import pytest
 
 from dspark_testing.prompts import token_prompt
 from dspark_testing.server_process import ServerProcess, pools_full, wait_gone
-from dspark_testing.stream_client import open_stream
+from dspark_testing.stream_client import open_stream, read_while_flowing
 from tests.e2e.nodes import SECRET_ENV_VARS, NodeProcess, free_port_pair, node_args
-from tests.e2e.test_rank_recovery import read_all, wait_health
+from tests.e2e.test_rank_recovery import wait_health
 
 PROBES = [[5, 6, 7], token_prompt(30, seed=11)]
 MAX_TOKENS = 8
@@ -40,8 +40,7 @@ async def test_a_lost_node_rejoins_and_the_server_serves_the_same_greedy_tokens(
             )
             for i in range(2)
         ]
-        readers = [asyncio.create_task(read_all(s)) for s in streams]
-        await asyncio.sleep(1.0)  # tokens are flowing
+        readers = await read_while_flowing(streams)  # tokens are flowing on every stream
         assert not any(r.done() for r in readers)
         gone = node1.kill()
         lost_at = time.monotonic()

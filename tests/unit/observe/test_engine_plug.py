@@ -43,6 +43,15 @@ class Reader(threading.Thread):
         self.sock.close(0)
 
 
+async def wait_until(cond, timeout_s: float = 10.0) -> None:
+    """Polls cond until it holds; AssertionError after timeout_s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not cond():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
 async def test_engine_run_counts_match_the_requests_outputs():
     """After a batch of requests, token and request counters must equal the outputs' own
     totals, the gauges must read idle, and every trace the tap sent must arrive in order."""
@@ -51,8 +60,7 @@ async def test_engine_run_counts_match_the_requests_outputs():
     tap = TapPublisher("tcp://127.0.0.1:*")
     reader = Reader(tap.bound_addr)
     reader.start()
-    while not tap.has_subscribers:
-        await asyncio.sleep(0.005)
+    await wait_until(lambda: tap.has_subscribers)
     rec = Recorder()
     loop = EngineLoop(sched, make_mesh(sched), tiny_tokenizer(), [metrics, tap, rec])
     loop.start()
@@ -65,7 +73,8 @@ async def test_engine_run_counts_match_the_requests_outputs():
         outs = await asyncio.gather(*(collect(g) for g in reqs))
     finally:
         await loop.stop()
-        await asyncio.sleep(0.2)  # let the reader drain
+        # the reader has drained: every trace the tap sent has arrived
+        await wait_until(lambda: len(reader.step_ids) >= tap.num_sent)
         reader.stop.set()
         reader.join(5)
         tap.close()
