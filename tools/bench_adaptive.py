@@ -32,16 +32,15 @@ import torch
 from tokenizers import Tokenizer
 
 from dspark_loop.config.default_model import DEMO_DIR
-from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.model_config import ModelConfig
-from dspark_loop.contract.protocol import RankConfig, as_i8
+from dspark_loop.contract.protocol import as_i8
 from dspark_loop.contract.sampling_knobs import SamplingKnobs
 from dspark_loop.engine.adaptive_verify import AdaptiveVerify
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
-from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.engine.step_cost import TERMS, StepCost
-from tools.bench_demo import BLOCK, K, TimedMesh, heldout_prompts
+from dspark_testing.schedulers import model_scheduler
+from tools.bench_demo import BLOCK, K, TimedMesh, demo_runner, heldout_prompts
 from workers.runner import ModelRunner
 
 MODES = ("k0", "fixed", "adaptive")
@@ -68,33 +67,10 @@ def run(path: str, mode: str, prompts, max_tokens: int, temperature: float, poli
     cfg = ModelConfig.from_dir(path)
     n = len(prompts)
     spec_k = 0 if mode == "k0" else K
-    longest = max(map(len, prompts)) + max_tokens + 8
-    runner = ModelRunner(
-        RankConfig(
-            model=path,
-            block_size=BLOCK,
-            num_blocks=n * (-(-longest // BLOCK) + 1) + 4,
-            spec_k=spec_k,
-            num_leases=n,
-            max_model_len=4096,
-        ),
-        quiet=True,
-    )
+    runner = demo_runner(path, prompts, max_tokens, spec_k)
     mesh = CountingMesh(runner)
-    layout = CacheLayout.for_model(cfg, BLOCK)
-    sched = Scheduler(
-        layout,
-        1,
-        runner.num_blocks,
-        n,
-        8192,
-        0,
-        4096,
-        cfg.eos_token_ids,
-        spec_k=spec_k,
-        enable_prefix_caching=False,
-        policy=policy if mode == "adaptive" else None,
-    )
+    policy = policy if mode == "adaptive" else None
+    sched = model_scheduler(cfg, BLOCK, runner.num_blocks, max_num_seqs=n, spec_k=spec_k, policy=policy)
     engine = EngineLoop(sched, mesh, Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
 
     async def main():

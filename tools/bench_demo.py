@@ -99,6 +99,21 @@ class TimedMesh(LocalMesh):
         return tokens
 
 
+def demo_runner(path: str, prompts: list[list[int]], max_tokens: int, spec_k: int) -> ModelRunner:
+    """One in-process runner with pages for every prompt at its longest (a lease each at K=7)."""
+    n = len(prompts)
+    longest = max(map(len, prompts)) + max_tokens + 8
+    cfg = RankConfig(
+        model=path,
+        block_size=BLOCK,
+        num_blocks=n * (-(-longest // BLOCK) + 1) + 4,
+        spec_k=spec_k,
+        num_leases=n,
+        max_model_len=4096,
+    )
+    return ModelRunner(cfg, quiet=True)
+
+
 def bench(
     path: str,
     spec_k: int,
@@ -109,18 +124,7 @@ def bench(
 ) -> dict:
     cfg = ModelConfig.from_dir(path)
     n = len(prompts)
-    longest = max(map(len, prompts)) + max_tokens + 8
-    runner = ModelRunner(
-        RankConfig(
-            model=path,
-            block_size=BLOCK,
-            num_blocks=n * (-(-longest // BLOCK) + 1) + 4,
-            spec_k=spec_k,
-            num_leases=n,
-            max_model_len=4096,
-        ),
-        quiet=True,
-    )
+    runner = demo_runner(path, prompts, max_tokens, spec_k)
     mesh = TimedMesh(runner)
     sched = model_scheduler(cfg, BLOCK, runner.num_blocks, max_num_seqs=n, spec_k=spec_k)
     tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
