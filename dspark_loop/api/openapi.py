@@ -58,7 +58,7 @@ BEYOND_SCHEMA = {
             "messages; a tool call id used twice; arguments not a JSON object, or not writable in the chat format",
         ),
         (
-            rf"({_MESSAGE}\.(content|reasoning_content|reasoning|tools)|tools\[\d+\]\.function(\.name)?)",
+            rf"({_MESSAGE}\.(content|reasoning_content|reasoning|tools)|({_MESSAGE}\.)?tools\[\d+\]\.function(\.name)?)",
             "text holding a control marker or special token of the chat format; a tool declared twice",
         ),
         ("tool_choice", "tool_choice other than none without tools, or naming an undeclared tool"),
