@@ -23,6 +23,13 @@ greedy token, and under sampling (or drift) fewer drafts are accepted; a policy 
 believed it would verify and draft too much. NOTE: one scale for both classes would be
 pulled down by the sampled requests and cut the greedy ones' windows (a 1-stream greedy
 run after a sampled one verified 5 rows of 8 instead of 8).
+The drafting decision (3) compares two operating points, and the linear cost model's
+error differs between them (on the demo's CPU rank it over-predicts a drafting step at 64
+requests by ~30% and under-predicts one at 1 request by ~40%): so each point's predicted
+time is multiplied by its realised residual, step time / the model's prediction, an EMA
+kept per regime (drafter pass run or not) and load (log2 of the decode requests), learned
+from every step observed. NOTE: a policy that trusted the bare model at 1 stream T=0.8
+kept drafting where K=0 was 10% faster.
 A cost model not yet trusted verifies the full window and drafts everything, except one
 step in `explore_every`, which takes random verify lengths and skips (tokens do not depend
 on them) so rows, requests and drafter passes vary independently and the fit can tell
@@ -41,8 +48,16 @@ from dspark_loop.engine.verify_policy import VerifyChoice
 EMA = 0.05  # weight of a step in the drafted-gain averages
 SCALE_RATE = 0.1  # step size of accept_scale's log update
 SCALE_RANGE = (0.05, 2.0)
+RESIDUAL_EMA = 0.1  # weight of a step in its regime's residual
+RESIDUAL_RANGE = (0.25, 4.0)
+LOAD_BUCKETS = 12  # residuals per regime: decode requests 1, 2-3, 4-7, ... (log2)
 MAX_PROBE_EVERY = 256  # the longest a request without drafts waits for a probe
 PROBE_SIZE = 8  # requests a probe step re-drafts
+
+
+def load_bucket(num_requests: int) -> int:
+    """The residuals' load index: floor(log2(decode requests)), capped."""
+    return min(max(int(num_requests), 1).bit_length() - 1, LOAD_BUCKETS - 1)
 
 
 def per_class(v) -> np.ndarray:
@@ -86,6 +101,8 @@ class AdaptiveVerify:
         self.sampled_scale = 1.0  # the same for requests that sample
         self.pending = np.zeros(2)  # [2] expected tokens beyond one per request, last choose, per class
         self.pending_extra: float | None = None  # their sum (None: not yet chosen)
+        # [2, LOAD_BUCKETS] observed / predicted step time, (no drafter pass, drafter pass) x load
+        self.residual = np.ones((2, LOAD_BUCKETS))
 
     # ---- VerifyPolicy -------------------------------------------------------------------
     def choose(
@@ -120,7 +137,14 @@ class AdaptiveVerify:
         if not len(num_rows):
             return
         p = int(np.argmax(num_rows))
-        self.cost.observe(int(num_rows[p]), int(num_requests[p]), int(num_drafted[p]), int(context[p]), step_s)
+        shape = (int(num_rows[p]), int(num_requests[p]), int(num_drafted[p]), int(context[p]))
+        if self.cost.trusted and shape[1] > 0:  # NOTE: predicted before the model sees this step
+            predicted = float(self.cost.predict(*shape))
+            if predicted > 0:
+                cell = (int(np.max(num_drafted) > 0), load_bucket(shape[1]))
+                ratio = min(max(step_s / predicted, RESIDUAL_RANGE[0]), RESIDUAL_RANGE[1])
+                self.residual[cell] += RESIDUAL_EMA * (ratio - self.residual[cell])
+        self.cost.observe(*shape, step_s)
         self.last_context = np.asarray(context, np.float64)
 
     def observe_tokens(self, num_requests, num_tokens) -> None:
@@ -191,16 +215,17 @@ class AdaptiveVerify:
         lens = np.where(has_drafts, first.verify_len, self.drafted_len[cls])  # [R]
         cost = c_draft + c_row * lens  # [R]
         base = float(fixed.max())  # the step with nobody verifying or drafting
+        off_resid, on_resid = self.residual[:, load_bucket(R)]  # each operating point's model error
 
         def rate(chosen: np.ndarray) -> float:
             if not chosen.any():
-                return R / base
-            return (R + float(gain[chosen].sum())) / (base + c_pass + float(cost[chosen].sum()))
+                return R / (base * off_resid)
+            return (R + float(gain[chosen].sum())) / ((base + c_pass + float(cost[chosen].sum())) * on_resid)
 
-        self._back_off(has_drafts, lambda judged: rate(judged) >= R / base)
+        self._back_off(has_drafts, lambda judged: rate(judged) >= rate(judged & False))
         order = np.argsort(-gain / np.maximum(cost, 1e-12), kind="stable")  # [R] best value first
         rates = (R + np.concatenate(([0.0], np.cumsum(gain[order])))) / (
-            base + np.concatenate(([0.0], c_pass + np.cumsum(cost[order])))
+            np.concatenate(([base * off_resid], (base + c_pass + np.cumsum(cost[order])) * on_resid))
         )  # [R + 1]: drafting the first k
         chosen = np.zeros(R, bool)
         chosen[order[: R - int(np.argmax(rates[::-1]))]] = True  # the LAST maximum: free drafting drafts all
@@ -250,4 +275,6 @@ class AdaptiveVerify:
             "accept_scale": self.accept_scale,
             "sampled_scale": self.sampled_scale,
             "probe_every": self.probe_every,
+            "residual_no_pass": self.residual[0].tolist(),
+            "residual_pass": self.residual[1].tolist(),
         }

@@ -379,9 +379,12 @@ class EngineLoop:
         t4 = time.perf_counter()
         self.num_steps += 1
         if results and self.scheduler.observes_steps:
-            # NOTE: the ranks started this step when it was sent or when they finished the
-            # one before it, whichever came later: the step's cost is from then to its result
-            self.scheduler.observe_step(step, results, t2 - max(t1, self._last_result_at))
+            # NOTE: the ranks' own work times are the step's cost (the host's work overlaps
+            # them). Without them, the wall time from when the ranks could start it (its
+            # send, or the previous result, whichever came later) to its result: a mesh that
+            # computes inside send() (in-process) makes that wall time another step's.
+            wall_s = t2 - max(t1, self._last_result_at)
+            self.scheduler.observe_step(step, results, wall_s, overlapped=True)
         self._last_result_at = t2
         # NOTE: schedule_s is the plan's; the time between planning and gathering is other
         # steps' host work, not this step's: gather_s counts from the wait

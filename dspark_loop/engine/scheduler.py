@@ -408,13 +408,20 @@ class Scheduler:
         """Whether the loop must report step times (a verify policy that learns from them)."""
         return bool(self.spec_k) and type(self.policy) is not FullVerify
 
-    def observe_step(self, step: ScheduledStep, results, wall_s: float, host_s: float | None = None) -> None:
+    def observe_step(
+        self, step: ScheduledStep, results, wall_s: float, host_s: float | None = None, overlapped: bool = False
+    ) -> None:
         """Tell the verify policy what a finished step computed (per partition) and what it
-        cost: with host_s (the host's own CPU time for the step) and every leader reporting
-        its work (StepResult.work_s), the busiest leader's work + host_s; else wall_s (the
-        step's host-observed wall time), which a machine shared with other work inflates."""
+        cost: with every leader reporting its work (StepResult.work_s), the busiest leader's
+        work, plus host_s (the host's own CPU time for the step) in lockstep; overlapped (two
+        steps in flight), the work alone: the host's work runs beside the ranks'. Without
+        work times, wall_s (the step's host-observed wall time), which a machine shared
+        with other work inflates."""
         work = [r.work_s for r in results]
-        step_s = max(work) + host_s if host_s is not None and work and min(work) > 0 else wall_s
+        if work and min(work) > 0 and (overlapped or host_s is not None):
+            step_s = max(work) + (0.0 if overlapped or host_s is None else host_s)
+        else:
+            step_s = wall_s
         parts = step.partitions
         num_rows = np.array([sum(n for _, n, _ in p.prefills) + int(p.decode_rows.sum()) for p in parts], np.int64)
         num_requests = np.array([len(p.decode_reqs) for p in parts], np.int64)

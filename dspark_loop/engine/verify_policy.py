@@ -38,9 +38,10 @@ clipped by the scheduler; `draft_next` is forced False for a request whose
         num_requests  decode requests in the partition
         num_drafted   drafter passes (anchors) the partition ran
         context       sum over its decode requests of their first row's position
-        step_s        what the step cost: the busiest leader's work (StepResult.work_s)
-                      + the host's CPU time for it, or its wall time where the ranks do
-                      not report work (Scheduler.observe_step)
+        step_s        what the step cost: the busiest leader's work (StepResult.work_s),
+                      + the host's CPU time for it in lockstep (with two steps in flight
+                      the host's work runs beside the ranks'), or its wall time where the
+                      ranks do not report work (Scheduler.observe_step)
 
     observe_tokens(num_requests, num_tokens) -> None   (optional)
         called after observe, [2] int arrays per class (greedy, sampled): the step's decode

@@ -253,3 +253,22 @@ def test_the_drafting_requests_must_pay_for_the_drafter_pass_together():
     conf, cap, part = batch(4, c=0.95)
     choice = policy.choose(conf, cap, part)
     assert choice.draft_next.all()
+
+
+def test_a_cost_model_that_underestimates_drafting_steps_is_corrected_by_their_realised_times():
+    """The drafting decision must use each operating point's realised step time: when steps
+    that run the drafter pass take twice what the (pinned, linear) model predicts, a
+    request whose drafts pay on paper must stop drafting; steps that match the model leave
+    the decision as it was."""
+
+    def decide(slowdown: float) -> bool:
+        policy = AdaptiveVerify(pinned(c_row=1e-4, c_pass=0.01), explore_every=0, redraft_every=1 << 20)
+        conf, cap, part = batch(1, c=0.6)
+        assert policy.choose(conf, cap, part).draft_next.all()  # on paper: 2.4 tokens in 0.021 s
+        for _ in range(40):
+            shape = (np.array([8]), np.array([1]), np.array([1]), np.array([0]))
+            policy.observe(*shape, slowdown * float(policy.cost.predict(8, 1, 1)))
+        return bool(policy.choose(conf, cap, part).draft_next.all())
+
+    assert decide(1.0)
+    assert not decide(2.0)

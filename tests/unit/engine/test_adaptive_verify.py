@@ -193,6 +193,28 @@ def test_the_step_trace_counts_verify_rows_and_drafter_skips_and_the_policy_obse
     assert sched.spec.num_drafter_skips == seen_skips
 
 
+def test_a_step_costs_the_ranks_work_overlapped_their_work_plus_the_host_in_lockstep_else_its_wall_time():
+    """observe_step must feed the policy the busiest leader's work_s with two steps in
+    flight (the host's work runs beside it; the wall time between results is another
+    step's when the mesh computes inside send), work_s + host_s in lockstep, and the wall
+    time when a leader does not report its work."""
+    import msgspec
+
+    policy = RandomPolicy(3)
+    sched = make_scheduler(spec_k=7, policy=policy, num_partitions=2, max_model_len=200)
+    mesh = DraftingMesh(sched.layout, 2, allowed_tokens(), 200, seed=3)
+    for r in make_requests(sched, 4, prompt_len=8, max_tokens=40):
+        sched.add(r)
+    step = sched.schedule()
+    results = mesh.run(step.plan)
+    sched.update(step, results)
+    worked = [msgspec.structs.replace(r, work_s=w) for r, w in zip(results, (0.02, 0.03))]
+    sched.observe_step(step, worked, 0.5, overlapped=True)
+    sched.observe_step(step, worked, 0.5, host_s=0.004)
+    sched.observe_step(step, [msgspec.structs.replace(worked[0], work_s=0.0), worked[1]], 0.5, overlapped=True)
+    assert [o[-1] for o in policy.observed] == pytest.approx([0.03, 0.034, 0.5])
+
+
 def test_a_request_capped_at_three_drafts_never_verifies_more_and_keeps_k0_tokens():
     """SamplingParams.max_draft_tokens 3 must cap that request's windows at 4 rows under the
     default policy (FullVerify verifies the cap), while its neighbour verifies 8."""
