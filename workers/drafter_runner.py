@@ -4,7 +4,7 @@ the drafter pass that runs in the same step right after the target forward.
 Per step, after the target forward (all rows of the plan computed, eager publish):
     prefill chunk [start, start+n)   context rows: its last min(n, W) rows (the rolling
                                      tail: older rows fall out of the window anyway);
-                                     sample=True: anchor = the sampled token at start+n
+                                     sample=True (and draft): anchor = the sampled token at start+n
     decode 1 row at L                context row L; anchor = prediction at L+1
     decode 1+l rows at L (verify)    a = accept_chain(drafts, predictions, l) (the host's
                                      rule; l in 1..7, the seeds' fixed chain: 7);
@@ -42,7 +42,8 @@ def plan_drafts(part: PartitionPlan, tokens: np.ndarray, window: int, max_model_
         keep = min(n, window)
         b.context(c.req_id, c.start_pos + n - keep, row + n - keep, keep)
         if c.sample:
-            b.anchor(c.req_id, c.start_pos + n, int(tokens[li]), max_model_len)
+            if c.draft:
+                b.anchor(c.req_id, c.start_pos + n, int(tokens[li]), max_model_len)
             li += 1
         row += n
     d = part.decode

@@ -44,7 +44,7 @@ from dspark_loop.contract.sampling_knobs import SamplingKnobs
 # 2: the authenticated handshake (Knock, Challenge), node agents; 3: sampling; 4: SamplingSpec's
 # knobs as one nested SamplingKnobs; 5: placeholders a rank fills (contract/placeholders.py: a
 # K=7 window's start and drafts after an unanswered verify, async scheduling's default)
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 DSPARK_K = 7  # the speculative width: drafts per verify (a verify is DSPARK_K + 1 rows)
 DEFAULT_RUNNER = "workers.runner:ModelRunner"
 MAX_CHUNK = 8192  # the seeds' prefill dispatch bound: tokens of one prefill chunk
@@ -127,6 +127,9 @@ class PrefillChunk(msgspec.Struct, array_like=True):
     # the prompt token after the chunk (-1: none or not needed); a prompt-logprob request's
     # last row is about it, and it is only in the next chunk
     next_token_id: int = -1
+    # K=7, sample=True: draft from the sampled token (False: a verify policy skipped this
+    # drafter pass; the chunk's context rows are still written)
+    draft: bool = True
 
 
 class DecodeBatch(msgspec.Struct, array_like=True):

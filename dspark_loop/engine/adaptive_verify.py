@@ -16,13 +16,17 @@ Per step (choose):
      while the probed requests' drafts do not pay (pass included), and returns to
      `redraft_every` when they do.
   4. Budget again with the chosen drafter count: the final l.
-The confidences are scaled by `accept_scale` (greedy requests) and `sampled_scale`
-(requests that sample), each learned online from its class's realised decode tokens
-against the expected ones (observe_tokens): the drafter's head predicts a match with the
-greedy token, and under sampling (or drift) fewer drafts are accepted; a policy that
-believed it would verify and draft too much. NOTE: one scale for both classes would be
-pulled down by the sampled requests and cut the greedy ones' windows (a 1-stream greedy
-run after a sampled one verified 5 rows of 8 instead of 8).
+The survivals are corrected per draft position and class (greedy, sampled) by the
+realised acceptance, learned online (observe_accepted): at position j, the drafts
+accepted over the survival predicted, summed over the verified slots of the latest steps
+(each observed position's sums decay by ACCEPT_DECAY a step). The drafter's head predicts
+a match with the greedy token; under sampling, or with confidences one step stale (async
+scheduling plans a window before its drafts' confidences arrive), fewer drafts are
+accepted, and a policy that believed its confidences would verify and draft too much.
+NOTE: per position, not one factor on every confidence: a factor s on each c scales
+survival j by s^(j+1), so a scale fit to the total cut the deep positions (1 stream
+greedy verified 5.9 rows of 8 at 0.82x the fixed chain); and per class, since a sampled
+load's low acceptance must not cut the greedy requests' windows.
 The drafting decision (3) compares two operating points, and the linear cost model's
 error differs between them (on the demo's CPU rank it over-predicts a drafting step at 64
 requests by ~30% and under-predicts one at 1 request by ~40%): so each point's predicted
@@ -46,11 +50,11 @@ from dspark_loop.engine.verify_budget import linear_drafts, solve_budget, surviv
 from dspark_loop.engine.verify_policy import VerifyChoice
 
 EMA = 0.05  # weight of a step in the drafted-gain averages
-SCALE_RATE = 0.1  # step size of accept_scale's log update
-SCALE_RANGE = (0.05, 2.0)
 RESIDUAL_EMA = 0.1  # weight of a step in its regime's residual
 RESIDUAL_RANGE = (0.25, 4.0)
 LOAD_BUCKETS = 12  # residuals per regime: decode requests 1, 2-3, 4-7, ... (log2)
+ACCEPT_DECAY = 0.02  # per step, of an observed position's acceptance sums (~50 steps' memory)
+ACCEPT_PRIOR = 2.0  # pseudo-slots at ratio 1 in each position's correction
 MAX_PROBE_EVERY = 256  # the longest a request without drafts waits for a probe
 PROBE_SIZE = 8  # requests a probe step re-drafts
 
@@ -58,12 +62,6 @@ PROBE_SIZE = 8  # requests a probe step re-drafts
 def load_bucket(num_requests: int) -> int:
     """The residuals' load index: floor(log2(decode requests)), capped."""
     return min(max(int(num_requests), 1).bit_length() - 1, LOAD_BUCKETS - 1)
-
-
-def per_class(v) -> np.ndarray:
-    """[2] (greedy, sampled) from a [2] array, or from one number (all greedy)."""
-    v = np.asarray(v, np.float64)
-    return v if v.ndim else np.array([float(v), 0.0])
 
 
 class AdaptiveVerify:
@@ -97,12 +95,13 @@ class AdaptiveVerify:
         self.drafted_len = np.full(2, float(DSPARK_K))  # [2] EMA of its verify length
         self.last_drafted: np.ndarray | None = None  # [P] drafter passes chosen last step
         self.last_context: np.ndarray | None = None  # [P] context observed last step
-        self.accept_scale = 1.0  # multiplies greedy requests' confidences (observe_tokens)
-        self.sampled_scale = 1.0  # the same for requests that sample
-        self.pending = np.zeros(2)  # [2] expected tokens beyond one per request, last choose, per class
-        self.pending_extra: float | None = None  # their sum (None: not yet chosen)
+        # [2, K] (greedy, sampled) x position: decayed sums over verified slots of the
+        # predicted survival and of the drafts accepted (observe_accepted)
+        self.accept_predicted = np.zeros((2, DSPARK_K))
+        self.accept_realised = np.zeros((2, DSPARK_K))
         # [2, LOAD_BUCKETS] observed / predicted step time, (no drafter pass, drafter pass) x load
         self.residual = np.ones((2, LOAD_BUCKETS))
+        self.new_drafts = np.ones(2, bool)  # [2] a request without drafts, per class, drafts (drafts_new)
 
     # ---- VerifyPolicy -------------------------------------------------------------------
     def choose(
@@ -113,22 +112,20 @@ class AdaptiveVerify:
         R = len(cap)
         sampled = np.zeros(R, bool) if sampled is None else np.asarray(sampled, bool)  # [R]
         self.num_steps += 1
-        surv = survival(self.calibrated(conf, sampled), cap)  # [R, K]
+        raw = survival(self.calibrated(conf), cap)  # [R, K] what the confidences say
+        surv = self.corrected(raw, sampled)  # [R, K] what acceptance has been
         self.num_capped += int(cap.sum())
         if not self.cost.trusted:
             choice = self._untrusted(cap)
         else:
             choice, _ = self._solve(surv, cap, partition, sampled)
         verified = np.arange(DSPARK_K)[None, :] < choice.verify_len[:, None]  # [R, K]
-        extra = np.where(verified, surv, 0.0).sum(axis=1)  # [R] expected tokens beyond the first
-        self.pending = np.bincount(sampled.astype(np.int64), weights=extra, minlength=2).astype(np.float64)  # [2]
-        self.pending_extra = float(self.pending.sum())
-        self.expected_tokens += R + self.pending_extra
+        self.expected_tokens += R + float(np.where(verified, surv, 0.0).sum())
         self.num_drafter_skips += int(R - choice.draft_next.sum())
         self.num_verified += int(choice.verify_len.sum())
         P = int(partition.max()) + 1 if R else 1
         self.last_drafted = np.bincount(partition, weights=choice.draft_next, minlength=P)
-        return choice
+        return VerifyChoice(choice.verify_len, choice.draft_next, raw)
 
     def observe(self, num_rows, num_requests, num_drafted, context, step_s: float) -> None:
         # NOTE: partitions compute a step together, so its time is the busiest one's: the
@@ -147,33 +144,47 @@ class AdaptiveVerify:
         self.cost.observe(*shape, step_s)
         self.last_context = np.asarray(context, np.float64)
 
-    def observe_tokens(self, num_requests, num_tokens) -> None:
-        """The last step's decode requests and the tokens they appended, per class ([2]:
-        greedy, sampled; ints: all greedy): moves each class's scale so that expected
-        tokens beyond one per request match the realised ones."""
-        if self.pending_extra is None:
-            return
-        self.pending_extra = None
-        num_requests, num_tokens = per_class(num_requests), per_class(num_tokens)  # [2], [2]
-        scales = [self.accept_scale, self.sampled_scale]
-        for k in range(2):
-            if self.pending[k] < 0.5:  # nothing verified: nothing to learn
+    def observe_accepted(self, surv, verify_len, accepted, sampled) -> None:
+        """One finished step's verifying requests: surv [n, K] the survival choose()
+        returned for them (VerifyChoice.survival), verify_len [n] the drafts each verified,
+        accepted [n] how many of them were accepted, sampled [n] bool."""
+        surv = np.asarray(surv, np.float64)  # [n, K]
+        j = np.arange(DSPARK_K)[None, :]
+        verified = j < np.asarray(verify_len)[:, None]  # [n, K]
+        hit = verified & (j < np.asarray(accepted)[:, None])  # [n, K]
+        cls = np.asarray(sampled, bool)
+        for k, rows in enumerate((~cls, cls)):
+            seen = verified[rows].any(axis=0)  # [K] positions observed in this class
+            if not seen.any():
                 continue
-            # NOTE: +0.5 on both sides keeps a step that accepted nothing from slamming the scale
-            ratio = max(num_tokens[k] - num_requests[k] + 0.5, 0.5) / (self.pending[k] + 0.5)
-            scales[k] = float(min(max(scales[k] * ratio**SCALE_RATE, SCALE_RANGE[0]), SCALE_RANGE[1]))
-        self.accept_scale, self.sampled_scale = scales
+            keep = np.where(seen, 1.0 - ACCEPT_DECAY, 1.0)  # [K]
+            self.accept_predicted[k] = self.accept_predicted[k] * keep + np.where(verified[rows], surv[rows], 0).sum(0)
+            self.accept_realised[k] = self.accept_realised[k] * keep + hit[rows].sum(0)
+
+    @property
+    def accept_ratio(self) -> np.ndarray:
+        """[2, K] realised over predicted acceptance, per class and position."""
+        return (self.accept_realised + ACCEPT_PRIOR) / (self.accept_predicted + ACCEPT_PRIOR)
+
+    def drafts_new(self, sampled: bool) -> bool:
+        """Whether a request of this class without drafts (a prompt completing) would draft,
+        as last decided (step 3 of the last choose; True before any)."""
+        return bool(self.new_drafts[int(sampled)])
 
     # ---- steps ----------------------------------------------------------------------------
-    def calibrated(self, conf: np.ndarray, sampled: np.ndarray | None = None) -> np.ndarray:
-        """Per-position temperature scaling, c' = sigmoid(logit(c) / T_j), then the request's
-        class scale (accept_scale, or sampled_scale where sampled [R] is True)."""
+    def calibrated(self, conf: np.ndarray) -> np.ndarray:
+        """Per-position temperature scaling (the checkpoint's), c' = sigmoid(logit(c) / T_j)."""
         conf = np.asarray(conf, np.float64)  # [R, K]
-        if self.temperatures is not None:
-            c = np.clip(conf, 1e-7, 1 - 1e-7)
-            conf = 1.0 / (1.0 + np.exp(-(np.log(c) - np.log1p(-c)) / self.temperatures[None, :]))
-        scale = self.accept_scale if sampled is None else np.where(sampled, self.sampled_scale, self.accept_scale)
-        return np.minimum(conf * np.reshape(scale, (-1, 1)), 1.0)
+        if self.temperatures is None:
+            return conf
+        c = np.clip(conf, 1e-7, 1 - 1e-7)
+        return 1.0 / (1.0 + np.exp(-(np.log(c) - np.log1p(-c)) / self.temperatures[None, :]))
+
+    def corrected(self, raw: np.ndarray, sampled: np.ndarray) -> np.ndarray:
+        """raw [R, K] survival times its class's accept_ratio per position, at most 1 and
+        non-increasing along the window (the solver's staircase needs it)."""
+        surv = np.minimum(raw * self.accept_ratio[np.asarray(sampled, np.int64)], 1.0)  # [R, K]
+        return np.minimum.accumulate(surv, axis=1)
 
     def _untrusted(self, cap: np.ndarray) -> VerifyChoice:
         R = len(cap)
@@ -182,6 +193,7 @@ class AdaptiveVerify:
             lens = np.floor(self.rng.random(R) * (cap + 1)).astype(np.int32)  # uniform in 0..cap
             return VerifyChoice(lens, self.rng.random(R) < 0.75)
         self.num_full_steps += 1
+        self.new_drafts[:] = True
         return VerifyChoice(cap.copy(), np.ones(R, bool))
 
     def _solve(
@@ -228,7 +240,16 @@ class AdaptiveVerify:
             np.concatenate(([base * off_resid], (base + c_pass + np.cumsum(cost[order])) * on_resid))
         )  # [R + 1]: drafting the first k
         chosen = np.zeros(R, bool)
-        chosen[order[: R - int(np.argmax(rates[::-1]))]] = True  # the LAST maximum: free drafting drafts all
+        num_chosen = R - int(np.argmax(rates[::-1]))
+        chosen[order[:num_chosen]] = True  # the LAST maximum: free drafting drafts all
+        # a request of class k without drafts (a prompt completing) drafts where one more
+        # such request would join the chosen prefix (or, nobody drafting, pay alone)
+        new_cost = c_draft + c_row * self.drafted_len  # [2]
+        if num_chosen:
+            worst = float(np.min(gain[chosen] / np.maximum(cost[chosen], 1e-12)))
+            self.new_drafts = self.drafted_gain / np.maximum(new_cost, 1e-12) >= worst
+        else:
+            self.new_drafts = (R + self.drafted_gain) / ((base + c_pass + new_cost) * on_resid) > R / (base * off_resid)
         # NOTE: a probe step re-drafts up to PROBE_SIZE requests without drafts at once (a
         # rotation over them), so probing pays the drafter pass once per probe_every steps
         probe = np.zeros(R, bool)  # [R]
@@ -272,8 +293,8 @@ class AdaptiveVerify:
             "num_verified_drafts": self.num_verified,
             "num_available_drafts": self.num_capped,
             "expected_tokens": self.expected_tokens,
-            "accept_scale": self.accept_scale,
-            "sampled_scale": self.sampled_scale,
+            "accept_ratio_greedy": self.accept_ratio[0].tolist(),
+            "accept_ratio_sampled": self.accept_ratio[1].tolist(),
             "probe_every": self.probe_every,
             "residual_no_pass": self.residual[0].tolist(),
             "residual_pass": self.residual[1].tolist(),

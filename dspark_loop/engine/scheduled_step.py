@@ -59,6 +59,8 @@ class ScheduledStep:
     preempted_req_ids: list[int] = field(default_factory=list)
     overlapped: bool = False  # planned while the step before it was unanswered (async scheduling)
     aborted_req_ids: list[int] = field(default_factory=list)  # since the previous plan
+    # (req_ids [R], survival [R, K]) the verify policy predicted for this step's windows, or None
+    verify_survival: tuple[np.ndarray, np.ndarray] | None = None
     # filled by update()
     finished: list[Request] = field(default_factory=list)
     accepted_req_ids: list[int] = field(default_factory=list)
@@ -215,7 +217,7 @@ def note_inflight(step: ScheduledStep) -> None:
     for pstep in step.partitions:
         for req, n, sample in pstep.prefills:
             req.inflight_step, req.inflight_end, req.inflight_samples = sid, req.plan_pos + n, sample
-            req.inflight_rows, req.inflight_drafted = 0, True
+            req.inflight_rows, req.inflight_drafted = 0, not sample or req.draft_next
         dn = pstep.draft_next  # [R] or None: every decode request drafts
         for j, req in enumerate(pstep.decode_reqs):
             req.inflight_step, req.inflight_end, req.inflight_samples = sid, req.plan_pos + req.sched_n, True
@@ -244,6 +246,7 @@ def partition_step(
             r.token_bytes(r.plan_pos, r.plan_pos + n),
             s,
             next_prompt_token(r, r.plan_pos + n, s),
+            not s or r.draft_next,
         )
         for r, n, s in pstep.prefills
     ]

@@ -33,6 +33,7 @@ from dspark_loop.engine.spec_counters import SpecCounters
 from dspark_loop.engine.step_apply import StepApplier
 from dspark_loop.engine.step_update import read_results
 from dspark_loop.engine.token_masks import token_masks
+from dspark_loop.engine.verify_feedback import observe_step
 from dspark_loop.engine.verify_policy import FullVerify, VerifyPolicy
 
 
@@ -204,7 +205,7 @@ class Scheduler:
             for part in self.partitions:
                 plan_positions(part.running, inflight, self.spec_k, self.max_model_len)
         adaptive = bool(self.spec_k) and (self.num_capped > 0 or type(self.policy) is not FullVerify)
-        masked = adaptive and self._choose_windows(inflight)
+        masked = adaptive and self._choose_windows(step, inflight)
         for part in self.partitions:
             pstep, pplan = self._schedule_partition(part, step.preempted_req_ids, inflight, adaptive, masked)
             step.partitions.append(pstep)
@@ -214,7 +215,7 @@ class Scheduler:
             note_inflight(step)
         return step
 
-    def _choose_windows(self, inflight: int = -1) -> bool:
+    def _choose_windows(self, step: ScheduledStep, inflight: int = -1) -> bool:
         """K=7, adaptive: ask the policy for every decode request's verify length and
         drafter skip (Request.verify_len, .draft_next), one call over all partitions.
         Returns whether some request skips its drafter pass (the plans need a mask).
@@ -255,7 +256,9 @@ class Scheduler:
             [t[leases[e - c : e]] for t, c, e in zip(tables, counts, ends) if c]  # type: ignore[index]
         )
         conf[cap == 0] = 0.0
-        verify_len, draft_next = self.policy.choose(conf, cap, partition, np.array(sampled, bool))
+        verify_len, draft_next, surv = self.policy.choose(conf, cap, partition, np.array(sampled, bool))
+        if surv is not None:  # the policy learns acceptance: it gets this back in observe_step
+            step.verify_survival = (np.fromiter((r.req_id for r in reqs), np.int64, n), surv)
         if len(verify_len) != n or len(draft_next) != n:
             raise ValueError(f"verify policy answered {len(verify_len)}/{len(draft_next)} choices for {n} requests")
         drafting = np.asarray(draft_next, bool) & np.array(may, bool)  # [R]
@@ -277,6 +280,8 @@ class Scheduler:
         if not did_preempt:
             for req, message in self.admission.admit(part, budget, prefills, updates):
                 self._report_error(req, message)
+        if self.spec_k:
+            self._prompt_drafts(prefills)
         if not self.num_constrained:
             return partition_step(part, prefills, decodes, updates, masked)
         failed: list[tuple[Request, str]] = []
@@ -287,6 +292,15 @@ class Scheduler:
             self._fail(req, message)
             self._ended_in_step = True
         return pstep, pplan
+
+    def _prompt_drafts(self, prefills: list[tuple[Request, int]]) -> None:
+        """K=7: whether each prompt that completes this step drafts from its first token
+        (Request.draft_next, the chunk's `draft`): the verify policy's call for a request
+        of its class that has no drafts (drafts_new), never where its speculation is off."""
+        drafts_new = getattr(self.policy, "drafts_new", None)
+        for r, n in prefills:
+            if r.plan_pos + n == r.prefill_target:
+                r.draft_next = r.max_draft_tokens > 0 and (drafts_new is None or drafts_new(r.params.knobs.is_random))
 
     def _budget(self, part: Partition, inflight: int = -1, adaptive: bool = False) -> tuple[int, list[Request]]:
         """Phase 1: ring pages behind the window back, then each running request's rows
@@ -411,30 +425,9 @@ class Scheduler:
     def observe_step(
         self, step: ScheduledStep, results, wall_s: float, host_s: float | None = None, overlapped: bool = False
     ) -> None:
-        """Tell the verify policy what a finished step computed (per partition) and what it
-        cost: with every leader reporting its work (StepResult.work_s), the busiest leader's
-        work, plus host_s (the host's own CPU time for the step) in lockstep; overlapped (two
-        steps in flight), the work alone: the host's work runs beside the ranks'. Without
-        work times, wall_s (the step's host-observed wall time), which a machine shared
-        with other work inflates."""
-        work = [r.work_s for r in results]
-        if work and min(work) > 0 and (overlapped or host_s is not None):
-            step_s = max(work) + (0.0 if overlapped or host_s is None else host_s)
-        else:
-            step_s = wall_s
-        parts = step.partitions
-        num_rows = np.array([sum(n for _, n, _ in p.prefills) + int(p.decode_rows.sum()) for p in parts], np.int64)
-        num_requests = np.array([len(p.decode_reqs) for p in parts], np.int64)
-        num_drafted = np.array([len(r.draft_req_ids) // 4 for r in results], np.int64)
-        context = np.array([int(p.decode_start.sum()) for p in parts], np.int64)
-        self.policy.observe(num_rows, num_requests, num_drafted, context, step_s)
-        observe_tokens = getattr(self.policy, "observe_tokens", None)
-        if observe_tokens is not None:  # the policy's acceptance calibration (AdaptiveVerify)
-            reqs = [r for p in parts for r in p.decode_reqs]
-            if len(reqs) == len(step.accepted_lens):  # in plan order (StepApplier)
-                cls = np.array([r.params.knobs.is_random for r in reqs], np.int64)  # [R] 0 greedy, 1 sampled
-                num_tokens = np.bincount(cls, weights=step.accepted_lens, minlength=2)  # [2]
-                observe_tokens(np.bincount(cls, minlength=2), num_tokens.astype(np.int64))
+        """Tell the verify policy what a finished step computed and cost, and what its
+        windows accepted (engine/verify_feedback.py)."""
+        observe_step(self.policy, step, results, wall_s, host_s, overlapped)
 
     # ---- finishing ------------------------------------------------------------------------
     def _end(self, req: Request, reason: str) -> None:

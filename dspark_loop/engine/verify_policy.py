@@ -43,9 +43,14 @@ clipped by the scheduler; `draft_next` is forced False for a request whose
                       the host's work runs beside the ranks'), or its wall time where the
                       ranks do not report work (Scheduler.observe_step)
 
-    observe_tokens(num_requests, num_tokens) -> None   (optional)
-        called after observe, [2] int arrays per class (greedy, sampled): the step's decode
-        requests and the tokens they appended
+    drafts_new(sampled) -> bool   (optional; absent: True)
+        whether a request that has no drafts yet (its prompt completes this step) would
+        draft now: its prompt's drafter pass runs only then
+
+    observe_accepted(survival, verify_len, accepted, sampled) -> None   (optional)
+        called after observe when choose() returned a survival, over the step's decode
+        requests that choose() saw: survival [n, K] its rows, verify_len [n] the drafts
+        each verified, accepted [n] how many of those were accepted, sampled [n] bool
 
 Whatever the policy chooses, tokens are the same (acceptance is exact: a draft is accepted
 iff it equals its row's token); a policy changes speed only.
@@ -63,6 +68,8 @@ from dspark_loop.contract.protocol import DSPARK_K
 class VerifyChoice(NamedTuple):
     verify_len: np.ndarray  # [R] int32 in 0..cap[r]: drafts verified this step
     draft_next: np.ndarray  # [R] bool: run this request's drafter pass this step
+    # [R, K] float: the survival the policy predicted (for observe_accepted); None: it does not learn
+    survival: np.ndarray | None = None
 
 
 class VerifyPolicy(Protocol):

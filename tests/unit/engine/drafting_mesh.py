@@ -48,7 +48,8 @@ class DraftingMesh(FakeMesh):
         for c in part.prefills:
             if c.sample:
                 toks = as_i32(c.token_ids)
-                out.append((c.req_id, c.start_pos + len(toks), int(tokens[i]), int(toks[-1])))
+                if c.draft:
+                    out.append((c.req_id, c.start_pos + len(toks), int(tokens[i]), int(toks[-1])))
                 i += 1
         d = part.decode
         if d is None:

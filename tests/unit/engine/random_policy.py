@@ -1,5 +1,6 @@
-"""A verify policy for exactness tests: random verify lengths in 0..cap and random drafter
-skips every step, from a seeded numpy Generator (test-only; a real policy is deterministic)."""
+"""A verify policy for exactness tests: random verify lengths in 0..cap, random drafter
+skips every step and random prompt drafter passes (drafts_new), from a seeded numpy
+Generator (test-only; a real policy is deterministic)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ class RandomPolicy:
         choice = VerifyChoice(self.rng.integers(0, cap + 1).astype(np.int32), self.rng.random(len(cap)) < self.p_draft)
         self.calls.append((conf.copy(), cap.copy(), partition.copy(), choice))
         return choice
+
+    def drafts_new(self, sampled: bool) -> bool:
+        return bool(self.rng.random() < self.p_draft)
 
     def observe(self, num_rows, num_requests, num_drafted, context, step_s: float) -> None:
         self.observed.append((num_rows, num_requests, num_drafted, context, step_s))

@@ -4,6 +4,7 @@ step cost model."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.adaptive_verify import AdaptiveVerify
@@ -77,6 +78,19 @@ def test_at_low_load_the_same_request_drafts_and_verifies():
     choice = policy.choose(conf, cap, part)
     assert choice.verify_len[0] >= 1
     assert choice.draft_next.all()
+
+
+def test_a_completing_prompt_drafts_at_low_load_and_not_where_drafting_does_not_pay():
+    """drafts_new must follow the drafting decision: a new request of a class would draft
+    where the requests with drafts of that class do (low load, confident), and not at a
+    load where nobody drafts."""
+    cost = pinned(c_row=0.0002, c_req=0.0002, c_draft=0.001)
+    policy = AdaptiveVerify(cost, explore_every=0, redraft_every=1 << 20)
+    policy.choose(*batch(1, c=0.3))
+    assert policy.drafts_new(False)
+    policy.choose(*batch(64, c=0.3))
+    assert not policy.choose(*batch(64, c=0.3)).draft_next.any()
+    assert not policy.drafts_new(False)
 
 
 def test_a_skipped_request_is_redrafted_when_the_load_drops():
@@ -173,29 +187,70 @@ def test_the_policy_in_the_scheduler_keeps_k0_tokens_while_it_shortens_and_skips
     assert sched.spec.num_drafter_skips > 0
 
 
-def test_accept_scale_learns_that_fewer_drafts_are_accepted_than_confidences_say():
-    """When steps keep accepting half the drafts the confidences promise (sampling), the
-    policy must scale its confidences down until expected and realised tokens agree."""
-    policy = AdaptiveVerify(explore_every=0)
-    conf, cap, part = batch(8, c=0.8)
-    truth = 0.4  # the real per-draft acceptance
-    real_extra = 8 * sum(truth ** (j + 1) for j in range(K))
-    for _ in range(300):
-        policy.choose(conf, cap, part)
-        policy.observe_tokens(8, round(8 + real_extra))
-    policy.choose(conf, cap, part)
-    assert abs(policy.pending_extra - real_extra) < 0.1 * real_extra
-    assert 0.4 < policy.accept_scale < 0.6
+# 8 requests accepting 0,0,0,0,1,1,2,3 drafts: realised survival 1/2, 1/4, 1/8, 0, ...
+ACCEPTED = np.array([0, 0, 0, 0, 1, 1, 2, 3])
 
 
-def test_accept_scale_stays_at_one_when_confidences_are_right():
-    """Calibrated confidences must leave the scale (nearly) where it is."""
+def observe_full_windows(policy, conf, sampled=None, accepted=ACCEPTED, steps: int = 300) -> None:
+    """Steps that verify every draft and accept `accepted` (resized to the requests)."""
+    R = len(conf)
+    sampled = np.zeros(R, bool) if sampled is None else sampled
+    for _ in range(steps):
+        choice = policy.choose(conf, np.full(R, K, np.int32), np.zeros(R, np.int32), sampled)
+        policy.observe_accepted(choice.survival, choice.verify_len, np.resize(accepted, R), sampled)
+
+
+def test_acceptance_is_learned_per_position_from_the_drafts_accepted():
+    """When drafts keep being accepted less than the confidences promise (sampling, stale
+    confidences), the corrected survival at each position must come to the realised one:
+    a factor per position, not one on every confidence (which compounds along the chain)."""
     policy = AdaptiveVerify(explore_every=0)
-    conf, cap, part = batch(8, c=0.5)
-    for _ in range(100):
-        policy.choose(conf, cap, part)
-        policy.observe_tokens(8, round(8 + policy.pending_extra))
-    assert 0.95 < policy.accept_scale < 1.05
+    conf = np.full((8, K), 0.8, np.float32)
+    observe_full_windows(policy, conf)
+    surv = policy.corrected(
+        policy.choose(conf, np.full(8, K, np.int32), np.zeros(8, np.int32)).survival, np.zeros(8, bool)
+    )
+    assert surv[0, :3] == pytest.approx([0.5, 0.25, 0.125], abs=0.03)
+    assert surv[0, 3] < 0.03
+    assert np.all(np.diff(surv[0]) <= 0)
+
+
+def test_right_confidences_leave_the_correction_at_one():
+    """Confidences whose survival is what is realised must leave each position's ratio at 1."""
+    policy = AdaptiveVerify(explore_every=0)
+    observe_full_windows(policy, np.full((8, K), 0.5, np.float32))
+    assert policy.accept_ratio[0, :3] == pytest.approx([1.0, 1.0, 1.0], abs=0.05)
+    assert policy.accept_ratio[1].tolist() == [1.0] * K  # no sampled request seen
+
+
+def test_sampled_and_greedy_requests_learn_their_own_acceptance():
+    """Sampled requests accept fewer drafts than their confidences say, greedy ones as
+    many: the sampled correction must fall and the greedy one stay, so a greedy request
+    keeps its full window next to (or after) sampled ones."""
+    policy = AdaptiveVerify(explore_every=0)
+    conf = np.full((16, K), 0.5, np.float32)
+    sampled = np.arange(16) >= 8
+    # greedy rows accept as the confidences say (ACCEPTED), sampled ones a draft in 8
+    observe_full_windows(policy, conf, sampled, np.concatenate([ACCEPTED, [0, 0, 0, 0, 0, 0, 0, 1]]))
+    greedy, samp = policy.accept_ratio
+    assert greedy[:3] == pytest.approx([1.0, 1.0, 1.0], abs=0.05)
+    assert samp[0] == pytest.approx(0.25, abs=0.03)  # 1/8 accepted where 1/2 was predicted
+    policy2 = AdaptiveVerify(explore_every=0)
+    observe_full_windows(policy2, conf, np.ones(16, bool), np.zeros(16))
+    assert policy2.accept_ratio[0].tolist() == [1.0] * K  # a sampled load leaves greedy alone
+
+
+def test_positions_no_window_reaches_keep_what_was_learned():
+    """A position no step verifies any more must keep its learned ratio (no drift back to
+    1 while it is unobserved), and the observed ones keep learning."""
+    policy = AdaptiveVerify(explore_every=0)
+    conf = np.full((8, K), 0.8, np.float32)
+    observe_full_windows(policy, conf)
+    before = policy.accept_ratio[0].copy()
+    for _ in range(200):
+        choice = policy.choose(conf, np.full(8, 2, np.int32), np.zeros(8, np.int32))
+        policy.observe_accepted(choice.survival, np.full(8, 2), np.minimum(ACCEPTED, 2), np.zeros(8, bool))
+    assert policy.accept_ratio[0, 2:].tolist() == pytest.approx(before[2:].tolist())
 
 
 def test_probes_back_off_while_they_do_not_pay_and_return_when_one_does():
@@ -222,22 +277,6 @@ def test_probes_back_off_while_they_do_not_pay_and_return_when_one_does():
         if policy.probe_every == 8:
             break
     assert policy.probe_every == 8
-
-
-def test_sampled_and_greedy_requests_learn_their_own_acceptance_scale():
-    """Sampled requests accept fewer drafts than their confidences say, greedy ones as
-    many: the sampled scale must fall and the greedy one stay, so a greedy request keeps
-    its full window next to (or after) sampled ones."""
-    policy = AdaptiveVerify(explore_every=0)
-    conf, cap, part = batch(8, c=0.8)
-    sampled = np.arange(8) >= 4
-    greedy_extra = 4 * sum(0.8 ** (j + 1) for j in range(K))
-    sampled_extra = 4 * sum(0.4 ** (j + 1) for j in range(K))
-    for _ in range(300):
-        policy.choose(conf, cap, part, sampled)
-        policy.observe_tokens(np.array([4, 4]), np.array([round(4 + greedy_extra), round(4 + sampled_extra)]))
-    assert 0.95 < policy.accept_scale < 1.05
-    assert 0.4 < policy.sampled_scale < 0.6
 
 
 def test_the_drafting_requests_must_pay_for_the_drafter_pass_together():

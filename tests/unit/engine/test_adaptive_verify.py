@@ -67,6 +67,40 @@ def test_random_verify_lengths_and_drafter_skips_give_the_k0_tokens(setup, seed)
     assert all(p.leases.num_in_use == 0 for p in sched.partitions)
 
 
+class NoPromptDrafts(RandomPolicy):
+    """Random windows and skips, but a completing prompt never drafts."""
+
+    def drafts_new(self, sampled: bool) -> bool:
+        return False
+
+
+def test_a_prompt_the_policy_would_not_draft_completes_without_a_drafter_pass():
+    """When the policy says a request without drafts would not draft now (drafts_new), the
+    chunk that completes its prompt must carry draft=False, the ranks must send no drafts
+    for it, and its first decode step must be one row; tokens stay K=0's. A request whose
+    own cap is 0 never drafts from its prompt, whatever the policy."""
+    sched = make_scheduler(spec_k=7, policy=NoPromptDrafts(5), max_model_len=120)
+    mesh = DraftingMesh(sched.layout, 1, allowed_tokens(), 120, seed=5)
+    reqs = make_requests(sched, 3, prompt_len=8, max_tokens=30)
+    got = run_all(sched, mesh, reqs)
+    ref_sched = make_scheduler(max_model_len=120)
+    assert got == run_all(ref_sched, make_mesh(ref_sched), make_requests(ref_sched, 3, prompt_len=8, max_tokens=30))
+    completing = [c for p in mesh.plans for part in p.partitions for c in part.prefills if c.sample]
+    assert len(completing) == 3 and not any(c.draft for c in completing)
+    first_decode = {}
+    for p in mesh.plans:
+        for part in p.partitions:
+            if part.decode is not None:
+                for rid, k in zip(np.frombuffer(part.decode.req_ids, np.int32).tolist(), as_i8(part.decode.num_rows)):
+                    first_decode.setdefault(rid, int(k))
+    assert set(first_decode.values()) == {1}
+    sched = make_scheduler(spec_k=7, max_model_len=120)  # FullVerify
+    mesh = DraftingMesh(sched.layout, 1, allowed_tokens(), 120)
+    (a,) = make_requests(sched, 1, prompt_len=8, max_tokens=10, max_draft_tokens=0)
+    run_all(sched, mesh, [a])
+    assert not any(c.draft for p in mesh.plans for part in p.partitions for c in part.prefills if c.sample)
+
+
 def test_the_policy_sees_each_requests_confidences_caps_and_partition():
     """choose() must get every decode request of every partition once per step, with the
     confidences the ranks sent beside its drafts, cap K with drafts and 0 without."""

@@ -1,0 +1,61 @@
+"""What a verify policy learns from a finished step (Scheduler.observe_step): the step's
+shape and cost per partition (VerifyPolicy.observe), and what its windows accepted against
+the survival the policy predicted for them (observe_accepted, when the policy has it).
+
+The step's cost: the busiest leader's work (StepResult.work_s), plus the host's CPU time
+for the step in lockstep; with two steps in flight the work alone (the host's work runs
+beside the ranks', and the wall time between two results is another step's when the mesh
+computes inside send()). Without work times, the wall time, which a machine shared with
+other work inflates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dspark_loop.engine.scheduled_step import ScheduledStep
+from dspark_loop.engine.verify_policy import VerifyPolicy
+
+
+def step_cost_s(results, wall_s: float, host_s: float | None, overlapped: bool) -> float:
+    work = [r.work_s for r in results]
+    if work and min(work) > 0 and (overlapped or host_s is not None):
+        return max(work) + (0.0 if overlapped or host_s is None else host_s)
+    return wall_s
+
+
+def observe_step(
+    policy: VerifyPolicy, step: ScheduledStep, results, wall_s: float, host_s: float | None, overlapped: bool
+) -> None:
+    parts = step.partitions
+    num_rows = np.array([sum(n for _, n, _ in p.prefills) + int(p.decode_rows.sum()) for p in parts], np.int64)
+    num_requests = np.array([len(p.decode_reqs) for p in parts], np.int64)
+    num_drafted = np.array([len(r.draft_req_ids) // 4 for r in results], np.int64)
+    context = np.array([int(p.decode_start.sum()) for p in parts], np.int64)
+    policy.observe(num_rows, num_requests, num_drafted, context, step_cost_s(results, wall_s, host_s, overlapped))
+    observe_accepted = getattr(policy, "observe_accepted", None)
+    if observe_accepted is not None and step.verify_survival is not None:
+        accepted_windows(step, observe_accepted)
+
+
+def accepted_windows(step: ScheduledStep, observe_accepted) -> None:
+    """Each verifying request's predicted survival, with the drafts it verified and
+    accepted, matched by req_id (the policy saw the requests in its own order)."""
+    assert step.verify_survival is not None
+    reqs = [r for p in step.partitions for r in p.decode_reqs]
+    if not reqs or len(reqs) != len(step.accepted_lens):  # in plan order (StepApplier)
+        return
+    ids, surv = step.verify_survival  # [R], [R, K]
+    if not len(ids):
+        return
+    ids_in_plan = np.fromiter((r.req_id for r in reqs), np.int64, len(reqs))  # [n]
+    order = np.argsort(ids, kind="stable")
+    at = np.minimum(np.searchsorted(ids, ids_in_plan, sorter=order), len(ids) - 1)  # [n]
+    row = order[at]  # [n] the policy's row of each planned request
+    verify_len = np.concatenate([p.decode_rows for p in step.partitions]).astype(np.int64) - 1  # [n]
+    keep = (ids[row] == ids_in_plan) & (verify_len > 0)
+    if not keep.any():
+        return
+    accepted = np.minimum(np.asarray(step.accepted_lens, np.int64) - 1, verify_len)  # [n] drafts accepted
+    sampled = np.fromiter((r.params.knobs.is_random for r in reqs), bool, len(reqs))  # [n]
+    observe_accepted(surv[row[keep]], verify_len[keep], accepted[keep], sampled[keep])
