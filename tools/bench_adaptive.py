@@ -4,6 +4,7 @@ per stream count x temperature, on the manifest's held-out Python prompts.
 
     python -m tools.bench_adaptive [--streams 1 4 16 64] [--temperatures 0 0.8]
         [--max-tokens 64] [--cost-model FILE] [--save-cost-model FILE] [--json FILE] [--quick]
+        [--constrained]
 
 Per cell and mode: per-user tok/s (output tokens / (finish - arrival), mean over users),
 total tok/s (all output tokens / wall), CPU tok/s (all output tokens / the process's CPU
@@ -16,7 +17,10 @@ seeded sampling with seed = the user's index: speculation must never change them
 The adaptive policy is ONE instance for the whole run, as in a server: its cost model is
 learned online (first on a warm-up that varies the load) and keeps learning, unless
 --cost-model pins it. Modes run interleaved round by round so machine noise spreads
-evenly. --quick: a smoke test (streams 1 2, 6 tokens, one round, no warm-up).
+evenly. --quick: a smoke test (streams 1 2, 6 tokens, one round, no warm-up). --constrained:
+every request writes a JSON document under tools.bench_demo.SCHEMA (response_format
+json_schema; grammar masks along the drafts at K=7), ended by EOS; host ms is the median
+per step of the host's schedule + update time (the masks are filled in schedule).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.step_cost import TERMS, StepCost
 from dspark_testing.schedulers import model_scheduler
-from tools.bench_demo import BLOCK, K, TimedMesh, demo_runner, heldout_prompts
+from tools.bench_demo import BLOCK, HostTimes, K, TimedMesh, demo_constraint, demo_runner, heldout_prompts
 from workers.runner import ModelRunner
 
 MODES = ("k0", "fixed", "adaptive")
@@ -63,7 +67,7 @@ class CountingMesh(TimedMesh):
         return await super().step(plan)
 
 
-def run(path: str, mode: str, prompts, max_tokens: int, temperature: float, policy) -> dict:
+def run(path: str, mode: str, prompts, max_tokens: int, temperature: float, policy, constrained: bool = False) -> dict:
     cfg = ModelConfig.from_dir(path)
     n = len(prompts)
     spec_k = 0 if mode == "k0" else K
@@ -71,7 +75,9 @@ def run(path: str, mode: str, prompts, max_tokens: int, temperature: float, poli
     mesh = CountingMesh(runner)
     policy = policy if mode == "adaptive" else None
     sched = model_scheduler(cfg, BLOCK, runner.num_blocks, max_num_seqs=n, spec_k=spec_k, policy=policy)
-    engine = EngineLoop(sched, mesh, Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
+    tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+    host = HostTimes()
+    engine = EngineLoop(sched, mesh, tok, observers=[host])
 
     async def main():
         engine.start()
@@ -80,9 +86,12 @@ def run(path: str, mode: str, prompts, max_tokens: int, temperature: float, poli
         async def one(i, p):
             t0, toks = time.perf_counter(), []
             params = SamplingParams(
-                max_tokens=max_tokens, ignore_eos=True, knobs=SamplingKnobs(temperature=temperature), seed=i
+                max_tokens=max_tokens, ignore_eos=not constrained, knobs=SamplingKnobs(temperature=temperature), seed=i
             )
-            async for out in engine.generate(GenerateRequest(f"u{i}", p, params)):
+            g = GenerateRequest(f"u{i}", p, params)
+            if constrained:  # a JSON document under SCHEMA, ended by EOS
+                g.constraint = demo_constraint(tok, cfg.vocab_size)
+            async for out in engine.generate(g):
                 toks += out.new_token_ids
             per_user.append(len(toks) / (time.perf_counter() - t0))
             return toks
@@ -105,6 +114,7 @@ def run(path: str, mode: str, prompts, max_tokens: int, temperature: float, poli
         "decode_rows": mesh.decode_rows,
         "decode_reqs": mesh.decode_reqs,
         "decode_tokens": decode_tokens,
+        "host_ms": 1e3 * float(np.median(host.host_s)) if host.host_s else 0.0,
     }
 
 
@@ -117,6 +127,7 @@ def merge(runs: list[dict]) -> dict:
         "cpu_tok_s": float(np.mean([r["cpu_tok_s"] for r in runs])),
         "mean_verify_rows": sum(r["decode_rows"] for r in runs) / reqs,
         "mean_accepted_len": sum(r["decode_tokens"] for r in runs) / reqs,
+        "host_ms": float(np.median([r["host_ms"] for r in runs])),
     }
 
 
@@ -131,12 +142,12 @@ def warm_up(path: str, pool, policy: AdaptiveVerify, streams: list[int], max_tok
             return
 
 
-def cell(path: str, pool, n: int, temperature: float, max_tokens: int, rounds: int, policy) -> dict:
+def cell(path: str, pool, n: int, temperature: float, max_tokens: int, rounds: int, policy, constrained: bool) -> dict:
     runs = {m: [] for m in MODES}
     for r in range(rounds):
         prompts = [pool[(r * n + i) % len(pool)] for i in range(n)]
         for m in MODES:
-            runs[m].append(run(path, m, prompts, max_tokens, temperature, policy))
+            runs[m].append(run(path, m, prompts, max_tokens, temperature, policy, constrained))
     got = {m: merge(v) for m, v in runs.items()}
     k0 = got["k0"]
     row = {"streams": n, "temperature": temperature}
@@ -148,6 +159,7 @@ def cell(path: str, pool, n: int, temperature: float, max_tokens: int, rounds: i
             "cpu_tok_s": g["cpu_tok_s"],
             "mean_verify_rows": g["mean_verify_rows"],
             "mean_accepted_len": g["mean_accepted_len"],
+            "host_ms": g["host_ms"],
             "tokens_equal": g["outputs"] == k0["outputs"],
         }
     ad, fx = row["adaptive"], row["fixed"]
@@ -166,7 +178,8 @@ def print_row(row: dict) -> None:
         parts.append(
             f"{m} {g['per_user_tok_s']:6.1f}/{g['total_tok_s']:6.1f} (cpu {g['cpu_tok_s']:6.1f}) "
             f"rows {g['mean_verify_rows']:.2f} "
-            f"acc {g['mean_accepted_len']:.2f}{'' if g['tokens_equal'] else ' TOKENS DIFFER'}"
+            f"acc {g['mean_accepted_len']:.2f} host {g['host_ms']:.2f} ms"
+            f"{'' if g['tokens_equal'] else ' TOKENS DIFFER'}"
         )
     print(
         f"{row['streams']:2d} streams T={row['temperature']:.1f} | per-user/total tok/s: "
@@ -190,6 +203,9 @@ def main(argv=None) -> int:
     ap.add_argument("--save-cost-model", default=None, help="write the learned cost model here at the end")
     ap.add_argument("--json", default=None, help="also write the figures here")
     ap.add_argument("--quick", action="store_true", help="a smoke test: streams 1 2, 6 tokens, one round")
+    ap.add_argument(
+        "--constrained", action="store_true", help="every request writes a JSON document under bench_demo.SCHEMA"
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.streams, args.max_tokens, args.rounds = [1, 2], 6, 1
@@ -205,14 +221,20 @@ def main(argv=None) -> int:
     for n in args.streams:
         for t in args.temperatures:
             rounds = args.rounds or max(3, len(pool) // n)  # NOTE: >= 3: one 64-stream run moves by 10-15% run to run
-            rows.append(cell(args.model, pool, n, t, args.max_tokens, rounds, policy))
+            rows.append(cell(args.model, pool, n, t, args.max_tokens, rounds, policy, args.constrained))
             print_row(rows[-1])
     print(f"policy at the end: {policy.stats()}", flush=True)
     if args.save_cost_model:
         with open(args.save_cost_model, "w", encoding="utf-8") as f:
             json.dump({t: float(c) for t, c in zip(TERMS, policy.cost.coef)}, f, indent=1)
     if args.json:
-        summary = {"max_tokens": args.max_tokens, "threads": args.threads, "policy": policy.stats(), "rows": rows}
+        summary = {
+            "max_tokens": args.max_tokens,
+            "threads": args.threads,
+            "constrained": args.constrained,
+            "policy": policy.stats(),
+            "rows": rows,
+        }
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=1)
     return 0 if all(row[m]["tokens_equal"] for row in rows for m in MODES) else 1

@@ -55,6 +55,15 @@ SCHEMA = {
 }
 
 
+def demo_constraint(tok: Tokenizer, vocab_size: int):
+    """A fresh constraint to SCHEMA (response_format json_schema) for one request."""
+    from dspark_loop.api.structured.build import format_constraint
+    from dspark_loop.api.structured.output_format import OutputFormat
+
+    fmt = OutputFormat(SCHEMA, "response_format")
+    return format_constraint(tok, fmt, start_in_reasoning=False, vocab_size=vocab_size)
+
+
 class HostTimes(EngineObserver):
     def __init__(self) -> None:
         self.host_s: list[float] = []
@@ -131,13 +140,6 @@ def bench(
     host = HostTimes()
     engine = EngineLoop(sched, mesh, tok, observers=[host], async_scheduling=async_scheduling)
 
-    def constraint():
-        from dspark_loop.api.structured.build import format_constraint
-        from dspark_loop.api.structured.output_format import OutputFormat
-
-        fmt = OutputFormat(SCHEMA, "response_format")
-        return format_constraint(tok, fmt, start_in_reasoning=False, vocab_size=cfg.vocab_size)
-
     async def main():
         engine.start()
         per_user = []
@@ -147,7 +149,7 @@ def bench(
             params = SamplingParams(max_tokens=max_tokens, ignore_eos=not constrained)
             g = GenerateRequest(f"u{i}", p, params)
             if constrained:
-                g.constraint = constraint()
+                g.constraint = demo_constraint(tok, cfg.vocab_size)
             async for out in engine.generate(g):
                 toks += out.new_token_ids
             per_user.append(len(toks) / (time.perf_counter() - t0))

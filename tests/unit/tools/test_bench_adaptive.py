@@ -24,3 +24,15 @@ def test_quick_bench_runs_every_mode_and_checks_tokens_against_k0(tmp_path):
             assert row[m]["total_tok_s"] > 0
         assert row["k0"]["mean_verify_rows"] == 1.0
         assert row["adaptive"]["mean_verify_rows"] < 8.0  # dear rows: the window shrinks
+
+
+def test_quick_constrained_bench_keeps_k0_tokens_under_the_schema_and_reports_host_time(tmp_path):
+    """--constrained must run every mode with each request under the bench's JSON schema
+    (masks along the drafts at K=7), tokens equal to K=0's, and report host ms per step."""
+    out = tmp_path / "bench.json"
+    assert main(["--quick", "--constrained", "--temperatures", "0", "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["constrained"]
+    for row in summary["rows"]:
+        for m in MODES:
+            assert row[m]["tokens_equal"] and row[m]["host_ms"] > 0
