@@ -202,11 +202,16 @@ def verify_policy(cfg: ServerConfig, model: ModelConfig | None = None) -> Verify
     it has them) or the fixed chain."""
     if not adaptive_verification(cfg):
         return FullVerify()
-    path = cfg.speculative.cost_model
+    return adaptive_policy(cfg.speculative.cost_model, model)
+
+
+def adaptive_policy(cost_model: str | None, model: ModelConfig | None) -> AdaptiveVerify:
+    """AdaptiveVerify as the server builds it (also tools/bench_adaptive): the cost model
+    pinned from cost_model when given, the checkpoint's confidence temperatures when it has them."""
     temps = model.raw.get("dspark_confidence_temperatures") if model is not None else None
     if temps is not None and (len(temps) != DSPARK_K or min(temps) <= 0):
         raise ValueError(f"config.json dspark_confidence_temperatures must be {DSPARK_K} positive numbers: {temps}")
-    return AdaptiveVerify(StepCost.from_file(path) if path else None, temperatures=temps)
+    return AdaptiveVerify(StepCost.from_file(cost_model) if cost_model else None, temperatures=temps)
 
 
 def load_tokenizer(model_dir: str) -> Tokenizer:

@@ -42,7 +42,8 @@ from dspark_loop.contract.sampling_knobs import SamplingKnobs
 from dspark_loop.engine.adaptive_verify import AdaptiveVerify
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
-from dspark_loop.engine.step_cost import TERMS, StepCost
+from dspark_loop.engine.step_cost import TERMS
+from dspark_loop.launch import adaptive_policy
 from dspark_testing.schedulers import model_scheduler
 from tools.bench_demo import BLOCK, HostTimes, K, TimedMesh, demo_constraint, demo_runner, heldout_prompts
 from workers.runner import ModelRunner
@@ -212,10 +213,11 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     tok = Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
     pool = heldout_prompts(args.model, tok)
-    policy = AdaptiveVerify(StepCost.from_file(args.cost_model) if args.cost_model else None)
+    policy = adaptive_policy(args.cost_model, ModelConfig.from_dir(args.model))  # the server's, with its temperatures
     run(args.model, "k0", pool[:1], 4, 0.0, None)  # warm-up (allocator, first-call paths)
     if not args.quick and not args.cost_model:
         warm_up(args.model, pool, policy, args.streams, min(args.max_tokens, 32))
+    print(f"confidence temperatures (config.json): {policy.temperatures}", flush=True)
     print(f"cost model after warm-up: {policy.cost.stats()}", flush=True)
     rows = []
     for n in args.streams:

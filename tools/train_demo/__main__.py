@@ -1,8 +1,13 @@
 """python -m tools.train_demo {tokenizer,target,drafter,all} --out DIR [--smoke] [--resume]
     [--seed 0] [--threads 2] [--target-steps N] [--drafter-steps N]
+python -m tools.train_demo calibrate --model MODEL [--out DIR] [--anchors 4096] [--smoke] [--resume]
 
 Each stage reads the previous stage's output under DIR and writes its own; DIR/train.log
 collects every stage's log lines; --resume continues a stage from DIR/<stage>/state.pt.
+calibrate fits per-position confidence temperatures for an already-trained checkpoint MODEL
+(e.g. dspark_loop/demo) and writes them into MODEL/config.json and its manifest.json, in
+place; DIR (default: a new temporary directory) holds its log and its rollouts (--resume
+reuses them).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import json
 import os
 import shlex
 import sys
+import tempfile
 import time
 
 STAGES = ("tokenizer", "target", "drafter")
@@ -21,8 +27,10 @@ def parse(argv):
     ap = argparse.ArgumentParser(
         prog="python -m tools.train_demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("stage", choices=STAGES + ("all",))
-    ap.add_argument("--out", required=True, help="working directory (state, logs, checkpoints)")
+    ap.add_argument("stage", choices=STAGES + ("all", "calibrate"))
+    ap.add_argument("--out", default=None, help="working directory (state, logs, checkpoints)")
+    ap.add_argument("--model", default=None, help="calibrate: the checkpoint directory, updated in place")
+    ap.add_argument("--anchors", type=int, default=None, help="calibrate: train and held-out anchors (4096)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes and a few steps (the tests)")
     ap.add_argument("--resume", action="store_true", help="continue from DIR/<stage>/state.pt")
     ap.add_argument("--seed", type=int, default=0)
@@ -35,7 +43,15 @@ def parse(argv):
         "--stop-after", type=int, default=None, help="stop the stage after this step, state saved (tests of --resume)"
     )
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.stage == "calibrate":
+        if args.model is None:
+            ap.error("calibrate needs --model")
+        args.out = args.out or tempfile.mkdtemp(prefix="calibrate-")
+        args.anchors = args.anchors or (64 if args.smoke else 4096)
+    elif args.out is None:
+        ap.error(f"{args.stage} needs --out")
+    return args
 
 
 def main(argv=None) -> int:
@@ -59,7 +75,8 @@ def main(argv=None) -> int:
     def progress(**kw):
         return tqdm(disable=args.quiet, dynamic_ncols=True, **kw)
 
-    log(f"command: python -m tools.train_demo {shlex.join(sys.argv[1:] if argv is None else argv)}")
+    command = f"python -m tools.train_demo {shlex.join(sys.argv[1:] if argv is None else argv)}"
+    log(f"command: {command}")
     stages = STAGES if args.stage == "all" else (args.stage,)
     info = {}
     for stage in stages:
@@ -85,6 +102,12 @@ def main(argv=None) -> int:
                 log=log,
                 progress=progress,
                 stop_after=args.stop_after,
+            )
+        elif stage == "calibrate":
+            from tools.train_demo import recalibrate
+
+            info[stage] = recalibrate.run(
+                args.model, args.out, args.seed, args.smoke, args.resume, args.anchors, command, log, progress
             )
         else:
             from tools.train_demo import drafter

@@ -3,9 +3,12 @@ the serving Drafter.propose (free-running Markov chain) on rollout anchors.
 
 Event for draft s of an anchor: counted when drafts 0..s-1 all matched the target's
 tokens (the chain reached s), positive when draft s matches too: c[s] estimates that
-survival probability. One temperature T (c = sigmoid(z / T)) is fit on train-rollout anchors
-by grid search on the log loss and folded into the head's weight (the served head has no
-per-position state); ECE (10 equal-width bins) is reported on held-out rollouts before/after.
+survival probability. Two steps, both fit on train-rollout anchors by grid search on the log
+loss, both reported as ECE (10 equal-width bins) on held-out rollouts before/after:
+    global      one temperature T (c = sigmoid(z / T)) folded into the head's weight
+    sequential  one temperature per draft position on top of the served head (the paper's
+                sequential scaling), written to config.json dspark_confidence_temperatures
+                and applied on the host (engine/adaptive_verify.py)
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from tools.train_demo.anchors import anchors, fill_rings
 from workers.comm import LocalComm
 
 BINS = 10
+CHUNK = 128  # anchors per propose call
+MIN_EVENTS = 50  # a draft position with fewer train events keeps T = 1
 
 
 @torch.no_grad()
-def serve_drafts(drafter, target, ro, seq: np.ndarray, pos: np.ndarray, chunk: int = 128):
+def serve_drafts(drafter, target, ro, seq: np.ndarray, pos: np.ndarray, chunk: int = CHUNK, bar=None):
     """drafts [R, 7], confidence [R, 7], the target's tokens [R, 7] at P+1..P+7."""
     outs_d, outs_c = [], []
     for i in range(0, len(seq), chunk):
@@ -39,6 +44,8 @@ def serve_drafts(drafter, target, ro, seq: np.ndarray, pos: np.ndarray, chunk: i
         )
         outs_d.append(d.numpy())
         outs_c.append(c.numpy())
+        if bar is not None:
+            bar.update(len(s))
     labels = ro.tokens[seq[:, None], pos[:, None] + 1 + np.arange(DSPARK_K)[None, :]]
     return np.concatenate(outs_d), np.concatenate(outs_c), labels
 
@@ -75,7 +82,7 @@ def fit_temperature(c: np.ndarray, y: np.ndarray) -> float:
 
 
 def fit_position_temperatures(
-    c: np.ndarray, y: np.ndarray, posn: np.ndarray, k: int, min_events: int = 50
+    c: np.ndarray, y: np.ndarray, posn: np.ndarray, k: int, min_events: int = MIN_EVENTS
 ) -> list[float]:
     """Sequential (per-position) temperature scaling, as the paper: one T per draft
     position, fit on that position's events (1.0 where it has fewer than min_events).
@@ -106,7 +113,9 @@ def acceptance(drafts: np.ndarray, labels: np.ndarray) -> dict:
     }
 
 
-def calibrate(drafter, target, ro, held, seed: int, n: int, log) -> dict:
+def calibrate(drafter, target, ro, held, seed: int, n: int, log, progress=None) -> dict:
+    """The drafter stage's calibration: the global temperature folded into the head, then
+    the sequential temperatures of the folded head (position_calibration)."""
     seq, pos = anchors(ro, np.random.default_rng([seed, 2000]), n)
     c_fit, y_fit, _ = events(*serve_drafts(drafter, target, ro, seq, pos))
     t = fit_temperature(c_fit, y_fit)
@@ -122,4 +131,38 @@ def calibrate(drafter, target, ro, held, seed: int, n: int, log) -> dict:
         f"offline held-out mean accepted length {acc['mean_accepted_len']:.3f}, per position "
         f"{acc['acceptance_per_position']}"
     )
-    return {"temperature": t, "ece_before": before, "ece_after": after, "ece_events": len(ce), **acc}
+    seqn = position_calibration(drafter, target, ro, held, seed, n, log, progress)
+    return {"temperature": t, "ece_before": before, "ece_after": after, "ece_events": len(ce), **acc, **seqn}
+
+
+def position_calibration(drafter, target, ro, held, seed: int, n: int, log, progress=None) -> dict:
+    """Sequential temperature scaling of the head as served (its weight already holds the
+    global temperature): one T per draft position fit on n train anchors' events, ECE per
+    position and over all positions on n held-out anchors' events, before and after."""
+    seq, pos = anchors(ro, np.random.default_rng([seed, 2000]), n)
+    hs, hp = anchors(held, np.random.default_rng([seed, 3000]), n)
+    bar = progress(total=2 * n, desc="calibration drafts") if progress is not None else None
+    c_fit, y_fit, p_fit = events(*serve_drafts(drafter, target, ro, seq, pos, bar=bar))
+    # NOTE: rounded before the held-out figures, so they are those of the values served
+    temps = [round(t, 4) for t in fit_position_temperatures(c_fit, y_fit, p_fit, DSPARK_K)]
+    d, c, lab = serve_drafts(drafter, target, held, hs, hp, bar=bar)
+    if bar is not None:
+        bar.close()
+    ce, ye, pe = events(d, c, lab)
+    after_c = scaled(ce, np.asarray(temps)[pe])
+    out = {
+        "position_temperatures": temps,
+        "ece_per_position_before": ece_per_position(ce, ye, pe, DSPARK_K),
+        "ece_per_position_after": ece_per_position(ce, ye, pe, DSPARK_K, temps),
+        "ece_events_per_position": [int((pe == j).sum()) for j in range(DSPARK_K)],
+        "ece_all_positions_before": round(ece(ce, ye), 5),
+        "ece_all_positions_after": round(ece(after_c, ye), 5),
+        "position_fit_events": len(c_fit),
+    }
+    log(
+        f"calibration: per-position temperatures {temps} ({len(c_fit)} train events); held-out ECE per "
+        f"position {out['ece_per_position_before']} -> {out['ece_per_position_after']} "
+        f"(events {out['ece_events_per_position']}), all positions {out['ece_all_positions_before']:.4f} -> "
+        f"{out['ece_all_positions_after']:.4f}"
+    )
+    return out

@@ -11,7 +11,8 @@ Per step, R anchors (sequence, position P in the generated part) of the target's
               softmax(head(final[P+k-1])) of the frozen target
     loss      sum_k w_k (0.1 CE + 0.9 |p_draft - p_target|_1 + 1.0 BCE(c, clamp(1 - L1/2, 0, 1)))
               / sum_k w_k, w_k = exp(-(k-1)/4)
-Then the confidence head is calibrated by one temperature (calibration.py).
+Then the confidence head is calibrated: one temperature folded into its weight, then one per
+draft position for the host (calibration.py; config.json dspark_confidence_temperatures).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from workers.model.moe import Gate
 from workers.weights import load_model
 
 K = DSPARK_K
+CONFIG_KEY = "dspark_confidence_temperatures"  # read by dspark_loop/launch.py verify_policy
 POS_WEIGHTS = torch.exp(-torch.arange(K, dtype=torch.float32) / 4)  # [7] exp(-(k-1)/4)
 W_CE, W_L1, W_BCE = 0.1, 0.9, 1.0
 
@@ -119,21 +121,10 @@ def run(
     data_path = os.path.join(d, "rollouts.pt")
     data = torch.load(data_path, weights_only=False) if resume and os.path.exists(data_path) else None
     if data is None:
-        train_stream = np.load(os.path.join(tok_dir, "train.npy"))
-        held_stream = np.load(os.path.join(tok_dir, "heldout.npy"))
-        n_train, n_held, plen, glen = (8, 4, 16, 24) if smoke else (160, 32, 64, 160)
-        rng = np.random.default_rng([seed, 7])
-        bar = progress(total=2 * (glen - 1), desc="rollouts")
-        data = {}
-        for name, stream, n in (("train", train_stream, n_train), ("heldout", held_stream, n_held)):
-            toks = rollout.generate(target, cfg, rollout.prompts_from(stream, n, plen, rng), glen, bar)
-            data[name] = rollout.features(target, cfg, toks, plen)
-        bar.close()
+        streams = [np.load(os.path.join(tok_dir, n)) for n in ("train.npy", "heldout.npy")]
+        data = rollout.train_and_heldout(target, cfg, *streams, seed, smoke, progress)
         state.save_state(data_path, data)
-        log(
-            f"drafter: rollouts {n_train}+{n_held} x {plen}+{glen} tokens in {time.perf_counter() - t0:.0f}s, "
-            f"teacher-forced argmax == greedy on {data['train'].greedy_match:.4f}"
-        )
+        log(f"drafter: {rollout.describe(data, smoke)} in {time.perf_counter() - t0:.0f}s")
     t_roll = time.perf_counter() - t0
     ro, held = data["train"], data["heldout"]
     drafter = init_drafter(p, seed, cfg)
@@ -191,7 +182,7 @@ def run(
     bar.close()
     seconds = t_used + time.perf_counter() - t1
     stacks.sync()
-    calib = calibration.calibrate(drafter, target, ro, held, seed, 64 if smoke else 1024, log)
+    calib = calibration.calibrate(drafter, target, ro, held, seed, 64 if smoke else 1024, log, progress)
     info = {
         "steps": steps,
         "anchors_per_step": R,
@@ -203,7 +194,7 @@ def run(
         "loss_last": history[-1]["loss"] if history else None,
         **calib,
     }
-    export(out_dir, drafter, target_dir, tok_dir)
+    export(out_dir, drafter, target_dir, tok_dir, calib["position_temperatures"])
     with open(os.path.join(d, "drafter.json"), "w", encoding="utf-8") as f:
         json.dump({**info, "history": history}, f, indent=1)
     log(
@@ -214,8 +205,9 @@ def run(
     return info
 
 
-def export(out_dir: str, drafter, target_dir: str, tok_dir: str) -> str:
-    """DIR/model: the target's tensors + the drafter's (checkpoint names), bf16."""
+def export(out_dir: str, drafter, target_dir: str, tok_dir: str, temperatures: list[float]) -> str:
+    """DIR/model: the target's tensors + the drafter's (checkpoint names), bf16; config.json
+    with the sequential confidence temperatures."""
     from safetensors.torch import load_file
 
     tensors = load_file(os.path.join(target_dir, "model.safetensors"))
@@ -224,4 +216,5 @@ def export(out_dir: str, drafter, target_dir: str, tok_dir: str) -> str:
         tensors[checkpoint_name(name, last)] = t
     with open(os.path.join(target_dir, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
+    config[CONFIG_KEY] = temperatures
     return state.write_model_dir(os.path.join(out_dir, "model"), config, tensors, tok_dir)

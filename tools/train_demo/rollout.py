@@ -72,3 +72,32 @@ def features(model, cfg, tokens: np.ndarray, prompt_len: int, batch: int = 16) -
 def prompts_from(stream: np.ndarray, n: int, length: int, rng: np.random.Generator) -> np.ndarray:
     starts = rng.integers(0, len(stream) - length, n)
     return np.stack([stream[s : s + length] for s in starts]).astype(np.int64)
+
+
+def sizes(smoke: bool) -> tuple[int, int, int, int]:
+    """(train rollouts, held-out rollouts, prompt length, generated length)."""
+    return (8, 4, 16, 24) if smoke else (160, 32, 64, 160)
+
+
+def train_and_heldout(
+    model, cfg, train_stream: np.ndarray, held_stream: np.ndarray, seed: int, smoke: bool, progress
+) -> dict[str, Rollouts]:
+    """The drafter stage's rollouts (and the calibrate stage's, rebuilt identically): prompts
+    drawn from each token stream with one seeded generator, train first."""
+    n_train, n_held, plen, glen = sizes(smoke)
+    rng = np.random.default_rng([seed, 7])
+    bar = progress(total=2 * (glen - 1), desc="rollouts")
+    data = {}
+    for name, stream, n in (("train", train_stream, n_train), ("heldout", held_stream, n_held)):
+        toks = generate(model, cfg, prompts_from(stream, n, plen, rng), glen, bar)
+        data[name] = features(model, cfg, toks, plen)
+    bar.close()
+    return data
+
+
+def describe(data: dict[str, Rollouts], smoke: bool) -> str:
+    n_train, n_held, plen, glen = sizes(smoke)
+    return (
+        f"rollouts {n_train}+{n_held} x {plen}+{glen} tokens, "
+        f"teacher-forced argmax == greedy on {data['train'].greedy_match:.4f}"
+    )

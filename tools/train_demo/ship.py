@@ -32,6 +32,11 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
+def file_entry(path: str) -> dict:
+    """A manifest "files" entry: {"bytes", "sha256"}."""
+    return {"bytes": os.path.getsize(path), "sha256": file_sha256(path)}
+
+
 def heldout_prompts(relpaths: list[str], n: int = PROMPTS) -> list[str]:
     """The first top-level def/class of held-out files: its first PROMPT_LINES lines."""
     out = []
@@ -55,6 +60,28 @@ def heldout_prompts(relpaths: list[str], n: int = PROMPTS) -> list[str]:
 
 
 STAGE_ORDER = ("tokenizer", "target", "drafter")
+DRAFTER_KEYS = (
+    "steps",
+    "anchors_per_step",
+    "seconds",
+    "rollout_seconds",
+    "loss_first",
+    "loss_last",
+    "temperature",
+    "ece_before",
+    "ece_after",
+    "mean_accepted_len",
+    "acceptance_per_position",
+)
+# the sequential calibration (calibration.position_calibration); absent from older runs
+POSITION_KEYS = (
+    "position_temperatures",
+    "ece_per_position_before",
+    "ece_per_position_after",
+    "ece_events_per_position",
+    "ece_all_positions_before",
+    "ece_all_positions_after",
+)
 
 
 def commands(out_dir: str) -> list[str]:
@@ -87,10 +114,7 @@ def ship(out_dir: str, dest: str = DEMO_DIR, bench: str | None = None) -> dict:
     shutil.copytree(os.path.join(out_dir, "model"), tmp)
     for name in os.listdir(tmp):
         os.chmod(os.path.join(tmp, name), 0o644)  # safetensors writes 0600
-    files = {
-        n: {"bytes": os.path.getsize(os.path.join(tmp, n)), "sha256": file_sha256(os.path.join(tmp, n))}
-        for n in sorted(os.listdir(tmp))
-    }
+    files = {n: file_entry(os.path.join(tmp, n)) for n in sorted(os.listdir(tmp))}
     manifest = {
         "name": "dspark-demo",
         "what": "DeepSeek-V4-architecture target + DSpark drafter (mtp.0..2, Markov and confidence heads) "
@@ -116,22 +140,7 @@ def ship(out_dir: str, dest: str = DEMO_DIR, bench: str | None = None) -> dict:
             k: target[k]
             for k in ("steps", "batch", "seq_len", "tokens", "seconds", "heldout_loss_init", "heldout_loss")
         },
-        "drafter": {
-            k: drafter[k]
-            for k in (
-                "steps",
-                "anchors_per_step",
-                "seconds",
-                "rollout_seconds",
-                "loss_first",
-                "loss_last",
-                "temperature",
-                "ece_before",
-                "ece_after",
-                "mean_accepted_len",
-                "acceptance_per_position",
-            )
-        },
+        "drafter": {k: drafter[k] for k in DRAFTER_KEYS + POSITION_KEYS if k in drafter},
         "heldout_prompts": heldout_prompts(corpus["heldout_paths"]),
         "files": files,
     }

@@ -48,13 +48,17 @@ def stream(tok: Tokenizer, texts: list[str]) -> np.ndarray:
     return np.asarray(out, np.uint16)
 
 
+def corpus(smoke: bool):
+    """(every corpus file, the train files, the held-out files); --smoke: the first 40 and 4."""
+    files = stdlib_files()
+    train, held = split(files)
+    return (files, train[:40], held[:4]) if smoke else (files, train, held)
+
+
 def run(out_dir: str, vocab_size: int, smoke: bool, log) -> dict:
     d = os.path.join(out_dir, "tokenizer")
     os.makedirs(d, exist_ok=True)
-    files = stdlib_files()
-    train, held = split(files)
-    if smoke:
-        train, held = train[:40], held[:4]
+    files, train, held = corpus(smoke)
     tok = train_tokenizer([f.text for f in train], vocab_size)
     tok.save(os.path.join(d, "tokenizer.json"), pretty=True)
     with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:

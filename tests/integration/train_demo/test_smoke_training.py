@@ -75,3 +75,46 @@ def test_a_stopped_and_resumed_run_writes_the_same_checkpoint(smoke_run, tmp_pat
     for rel in ("target/model/model.safetensors", "model/model.safetensors"):
         with open(os.path.join(smoke_run, rel), "rb") as a, open(os.path.join(out, rel), "rb") as b:
             assert a.read() == b.read(), rel
+
+
+def test_drafter_stage_writes_per_position_temperatures_into_the_checkpoint(smoke_run):
+    """The drafter stage must fit one confidence temperature per draft position and write
+    them into the exported config.json (dspark_confidence_temperatures)."""
+    info = stage_info(smoke_run, "drafter")
+    temps = info["position_temperatures"]
+    assert len(temps) == 7 and min(temps) > 0
+    assert load(os.path.join(smoke_run, "model", "config.json"))["dspark_confidence_temperatures"] == temps
+    assert len(info["ece_per_position_after"]) == 7 and len(info["ece_events_per_position"]) == 7
+
+
+def test_calibrate_stage_recalibrates_a_trained_checkpoint_in_place(smoke_run, tmp_path):
+    """calibrate --smoke on a copy of the trained checkpoint with a manifest must rewrite its
+    config.json temperatures (within one grid step of the drafter stage's: the same rollouts
+    and anchors, the head rounded to bf16 as exported), check the corpus hash, and update
+    the manifest's figures and file hashes."""
+    import json
+    import shutil
+
+    from tools.train_demo.__main__ import main
+    from tools.train_demo.ship import file_entry
+
+    model = str(tmp_path / "model")
+    shutil.copytree(os.path.join(smoke_run, "model"), model)
+    config = load(os.path.join(model, "config.json"))
+    del config["dspark_confidence_temperatures"]
+    with open(os.path.join(model, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    corpus = load(os.path.join(smoke_run, "tokenizer", "corpus.json"))
+    manifest = {"seed": 3, "corpus_hash": corpus["corpus_hash"], "commands": ["train"], "drafter": {}, "files": {}}
+    with open(os.path.join(model, "manifest.json"), "w", encoding="utf-8") as f:
+        json.dump(manifest, f)
+    work = str(tmp_path / "work")
+    assert main(["calibrate", "--model", model, "--out", work, "--smoke", "--quiet", "--seed", "3"]) == 0
+    info = load(os.path.join(work, "summary-calibrate.json"))["calibrate"]
+    assert info["corpus_hash_matches"] is True
+    temps = load(os.path.join(model, "config.json"))["dspark_confidence_temperatures"]
+    assert temps == info["position_temperatures"]
+    assert np.allclose(temps, stage_info(smoke_run, "drafter")["position_temperatures"], rtol=0.05)
+    m = load(os.path.join(model, "manifest.json"))
+    assert m["drafter"]["position_temperatures"] == temps and m["commands"][0] == "train"
+    assert m["files"]["config.json"] == file_entry(os.path.join(model, "config.json"))

@@ -68,3 +68,16 @@ def test_per_position_temperatures_calibrate_each_position_on_its_own():
     before = calibration.ece_per_position(c, y, posn, 2)
     after = calibration.ece_per_position(c, y, posn, 2, temps)
     assert all(a < b / 2 for a, b in zip(after, before))
+
+
+def test_a_position_with_too_few_train_events_keeps_temperature_one():
+    """A draft position with fewer than MIN_EVENTS events must keep T = 1 even when its
+    few confidences are badly miscalibrated; the others must still be fit."""
+    rng = np.random.default_rng(1)
+    n_few = calibration.MIN_EVENTS - 1
+    z = rng.normal(0.0, 2.0, 4000 + n_few)
+    y = rng.random(len(z)) < 1 / (1 + np.exp(-z))
+    c = 1 / (1 + np.exp(-3 * z))  # over-confident everywhere
+    posn = np.concatenate([np.zeros(4000, int), np.ones(n_few, int)])
+    temps = calibration.fit_position_temperatures(c, y, posn, 2)
+    assert temps[1] == 1.0 and 2.5 < temps[0] < 3.5
