@@ -229,6 +229,7 @@ class Scheduler:
         caps: list[int] = []
         may: list[bool] = []
         sampled: list[bool] = []
+        unknown: list[bool] = []
         counts: list[int] = []
         for part in self.partitions:
             first = len(reqs)
@@ -241,8 +242,12 @@ class Scheduler:
                     # NOTE: a request that may never verify (its own cap 0) never drafts
                     may.append(m > 0)
                     sampled.append(r.params.knobs.is_random)
-                    drafted = r.plan_drafts if inflight >= 0 and r.plan_pending else r.has_drafts
+                    ahead = inflight >= 0 and r.plan_pending
+                    drafted = r.plan_drafts if ahead else r.has_drafts
                     caps.append(m if drafted and pos <= verify_limit else 0)
+                    # NOTE: drafts the unanswered step makes for a request that had none: the
+                    # host holds no confidences of its recent drafts (the lease's row is older)
+                    unknown.append(ahead and drafted and not r.has_drafts)
             counts.append(len(reqs) - first)
         n = len(reqs)
         if not n:
@@ -256,6 +261,7 @@ class Scheduler:
             [t[leases[e - c : e]] for t, c, e in zip(tables, counts, ends) if c]  # type: ignore[index]
         )
         conf[cap == 0] = 0.0
+        conf[np.array(unknown) & (cap > 0)] = np.nan  # the policy's prior for its class
         verify_len, draft_next, surv = self.policy.choose(conf, cap, partition, np.array(sampled, bool))
         if surv is not None:  # the policy learns acceptance: it gets this back in observe_step
             step.verify_survival = (np.fromiter((r.req_id for r in reqs), np.int64, n), surv)

@@ -10,7 +10,10 @@ there is no call at all: the plans are the seeds' fixed chain.
 
     choose(conf, cap, partition, sampled) -> VerifyChoice(verify_len, draft_next)
         conf       [R, DSPARK_K] float32  calibrated per-draft confidences of each decode
-                                          request's pending drafts (0 where it has none)
+                                          request's pending drafts (0 where it has none;
+                                          NaN where they are not known yet: drafts the
+                                          unanswered step makes for a request that had
+                                          none, with async scheduling)
         cap        [R] int32 in 0..K      the most this request may verify: K with drafts,
                                           0 without (no drafts yet, a skipped drafter
                                           pass, the position ceiling, a grammar), or its own

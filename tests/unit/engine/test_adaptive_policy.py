@@ -311,3 +311,17 @@ def test_a_cost_model_that_underestimates_drafting_steps_is_corrected_by_their_r
 
     assert decide(1.0)
     assert not decide(2.0)
+
+
+def test_confidences_not_known_yet_read_as_the_class_mean_of_known_ones():
+    """A NaN confidence row (drafts in flight for a request that had none) must be read as
+    its class's running mean of the known full-window rows, not as 0: its survival then
+    matches a known request's with those confidences."""
+    policy = AdaptiveVerify(explore_every=0)
+    conf, cap, part = batch(4, c=0.9)
+    for _ in range(200):
+        policy.choose(conf, cap, part)
+    conf[1] = np.nan
+    surv = policy.choose(conf, cap, part).survival
+    assert surv[1] == pytest.approx(surv[0], rel=0.01)
+    assert np.all(surv[1] > 0)

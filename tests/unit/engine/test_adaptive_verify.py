@@ -101,6 +101,51 @@ def test_a_prompt_the_policy_would_not_draft_completes_without_a_drafter_pass():
     assert not any(c.draft for p in mesh.plans for part in p.partitions for c in part.prefills if c.sample)
 
 
+class ResumeAt(RandomPolicy):
+    """No prompt drafts and no drafter pass until step `at`, then every request drafts and
+    verifies all it has."""
+
+    def __init__(self, at: int):
+        super().__init__(0)
+        self.at = at
+
+    def drafts_new(self, sampled: bool) -> bool:
+        return False
+
+    def choose(self, conf, cap, partition, sampled=None) -> VerifyChoice:
+        choice = VerifyChoice(cap.copy(), np.full(len(cap), len(self.calls) + 1 >= self.at))
+        self.calls.append((conf.copy(), cap.copy(), partition.copy(), choice))
+        return choice
+
+
+def test_planned_ahead_the_drafts_of_a_resuming_request_have_unknown_confidences():
+    """With a step in flight, a request whose drafter pass that step runs after it had no
+    drafts gets a NaN confidence row (the host holds none of its recent drafts: the lease's
+    row is older), while a request that keeps drafting gets its last known row."""
+    policy = ResumeAt(2)
+    sched = make_scheduler(spec_k=7, policy=policy, max_model_len=120)
+    sched.plans_ahead = True
+    mesh = make_mesh(sched, drafts=True)
+    for r in make_requests(sched, 2, prompt_len=8, max_tokens=30):
+        sched.add(r)
+    a = sched.schedule()  # the prompts (no drafter pass: drafts_new is False)
+    sched.update(a, mesh.run(a.plan))
+    b = sched.schedule()  # call 1: one row each, no drafter pass
+    sched.update(b, mesh.run(b.plan))
+    c = sched.schedule()  # call 2: one row each, drafter pass
+    c_results = mesh.run(c.plan)
+    d = sched.schedule()  # call 3, c in flight: their drafts come from c
+    sched.update(c, c_results)
+    conf, cap = policy.calls[2][0], policy.calls[2][1]
+    assert cap.tolist() == [DSPARK_K] * 2 and np.isnan(conf).all()
+    e = sched.schedule()  # call 4, d in flight: d verified c's drafts and drafts again
+    sched.update(d, mesh.run(d.plan))
+    conf = policy.calls[3][0]
+    assert not np.isnan(conf).any() and conf.max() > 0
+    sched.update(e, mesh.run(e.plan))
+    sched.check_integrity()
+
+
 def test_the_policy_sees_each_requests_confidences_caps_and_partition():
     """choose() must get every decode request of every partition once per step, with the
     confidences the ranks sent beside its drafts, cap K with drafts and 0 without."""
