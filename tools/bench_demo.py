@@ -69,7 +69,10 @@ class HostTimes(EngineObserver):
         self.host_s: list[float] = []
 
     def on_step(self, trace) -> None:
-        self.host_s.append(trace.schedule_s + trace.update_s)
+        # NOTE: steps that ran rows only: an empty step (every request waiting on the one in
+        # flight, e.g. constrained ones) is no host work, and its median would hide the cost
+        if trace.accepted_lens or trace.num_new_tokens:
+            self.host_s.append(trace.schedule_s + trace.update_s)
 
 
 class TimedMesh(LocalMesh):

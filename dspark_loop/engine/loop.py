@@ -355,10 +355,11 @@ class EngineLoop:
                 sent = (step, wall, t0, t1)
                 continue
             sent = None
+            t_up = time.perf_counter()  # NOTE: completing the sent step is that step's time, not this one's
             outputs = sched.update(step, [])  # early outputs (errors), aborts for the observers
             t2 = time.perf_counter()
             self._deliver(outputs)
-            self._observe(step, [], wall, t0, t1, t1, t2, time.perf_counter())
+            self._observe(step, [], wall, t0, t1, t1, t1 + (t2 - t_up), t1 + (time.perf_counter() - t_up))
             if completed:
                 continue  # the requests that sat this step out can run now
             if not outputs:
