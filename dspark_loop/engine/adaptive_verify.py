@@ -102,7 +102,8 @@ class AdaptiveVerify:
         # [2, LOAD_BUCKETS] observed / predicted step time, (no drafter pass, drafter pass) x load
         self.residual = np.ones((2, LOAD_BUCKETS))
         self.mean_conf = np.full((2, DSPARK_K), 0.5)  # [2, K] EMA of known confidences, per class
-        self.new_drafts = np.ones(2, bool)  # [2] a request without drafts, per class, drafts (drafts_new)
+        self.new_drafts = np.ones(2, bool)
+        self._idle_shape: tuple | None = None  # (R, sampled, per partition) whose last solve drafted nobody  # [2] a request without drafts, per class, drafts (drafts_new)
 
     # ---- VerifyPolicy -------------------------------------------------------------------
     def choose(
@@ -116,10 +117,16 @@ class AdaptiveVerify:
         raw = survival(self.calibrated(self._known(conf, cap, sampled)), cap)  # [R, K] what the confidences say
         surv = self.corrected(raw, sampled)  # [R, K] what acceptance has been
         self.num_capped += int(cap.sum())
+        shape = (R, int(sampled.sum()), tuple(np.bincount(partition).tolist()))
         if not self.cost.trusted:
             choice = self._untrusted(cap)
+        elif self._idle_shape == shape and not cap.any() and self.num_steps % self.probe_every:
+            # NOTE: the steady state of a load that does not draft: nobody has drafts and
+            # the same requests' last solve drafted nobody; solving again would say the same
+            choice = VerifyChoice(np.zeros(R, np.int32), np.zeros(R, bool))
         else:
             choice, _ = self._solve(surv, cap, partition, sampled)
+            self._idle_shape = shape if not choice.draft_next.any() and not cap.any() else None
         verified = np.arange(DSPARK_K)[None, :] < choice.verify_len[:, None]  # [R, K]
         self.expected_tokens += R + float(np.where(verified, surv, 0.0).sum())
         self.num_drafter_skips += int(R - choice.draft_next.sum())
@@ -286,8 +293,10 @@ class AdaptiveVerify:
 
     def _back_off(self, has_drafts: np.ndarray, pays) -> None:
         """Double the probe period when last step's probes (requests re-drafted by a probe
-        step) brought drafts that do not pay together (drafter pass included), back to
-        redraft_every when they do. NOTE: rows are matched by index; a request finishing in
+        step) brought drafts that do not pay together (drafter pass included), halve it
+        (down to redraft_every) when they do. NOTE: halved, not reset: at a load that does
+        not pay on average (1 stream, T=0.8) a lucky probe sent the period back to 8 and the
+        probes' drafter passes cost ~10% of K=0's speed. NOTE: rows are matched by index; a request finishing in
         between shifts them, which only mixes up whose probe is judged, not whether probing
         pays."""
         probed, self.probed = self.probed, None
@@ -297,7 +306,7 @@ class AdaptiveVerify:
         if not judged.any():
             return
         if pays(judged):
-            self.probe_every = self.redraft_every
+            self.probe_every = max(self.probe_every // 2, self.redraft_every)
         else:
             self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
 
