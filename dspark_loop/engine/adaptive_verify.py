@@ -102,8 +102,8 @@ class AdaptiveVerify:
         # [2, LOAD_BUCKETS] observed / predicted step time, (no drafter pass, drafter pass) x load
         self.residual = np.ones((2, LOAD_BUCKETS))
         self.mean_conf = np.full((2, DSPARK_K), 0.5)  # [2, K] EMA of known confidences, per class
-        self.new_drafts = np.ones(2, bool)
-        self._idle_shape: tuple | None = None  # (R, sampled, per partition) whose last solve drafted nobody  # [2] a request without drafts, per class, drafts (drafts_new)
+        self.new_drafts = np.ones(2, bool)  # [2] a request without drafts, per class, drafts (drafts_new)
+        self._idle_shape: tuple | None = None  # (R, sampled, per partition) whose last solve drafted nobody
 
     # ---- VerifyPolicy -------------------------------------------------------------------
     def choose(
