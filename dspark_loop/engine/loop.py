@@ -343,6 +343,13 @@ class EngineLoop:
                 self._wakeup.clear()
                 await self._idle_wait()
                 continue
+            if sent is not None and sched.num_constrained:
+                # NOTE: a constrained request's next mask needs the tokens of the step in
+                # flight: planned ahead it sits out every other step (half its speed when
+                # unconstrained ones keep the pipeline full); lockstep while any is live
+                await self._complete(pipe, *sent)
+                sent = None
+                continue
             wall, t0 = time.time(), time.perf_counter()
             step = sched.schedule()  # with `sent` unanswered: from where it leaves its requests
             t1 = time.perf_counter()

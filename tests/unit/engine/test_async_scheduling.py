@@ -190,6 +190,44 @@ async def test_a_request_with_a_grammar_constraint_sits_out_the_overlapped_step(
             assert not any(t == PLACEHOLDER for r, t in zip(ids, toks) if r in masked)
 
 
+async def test_while_a_constrained_request_runs_the_loop_plans_in_lockstep_so_it_runs_every_step():
+    """Planned ahead, a constrained request would sit out every other step (its mask needs
+    the step in flight's token): while one is live the loop must plan in lockstep, so it
+    decodes in every step next to unconstrained requests, and overlap resumes after it."""
+
+    class AllowAll:
+        def row_masks(self, output_ids, drafts=()):
+            import numpy as np
+
+            return [pack_mask(np.ones(tiny_tokenizer().get_vocab_size(), bool))]
+
+    sched = make_scheduler(num_partitions=1, max_num_seqs=4)
+    mesh = make_mesh(sched)
+    engine = EngineLoop(sched, mesh, tiny_tokenizer(), async_scheduling=True)
+    engine.start()
+
+    async def one(i: int, max_tokens: int, constrained: bool):
+        g = GenerateRequest(f"r{i}", prompt_ids(i, 6), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        if constrained:
+            g.constraint = AllowAll()
+        return [t async for o in engine.generate(g) for t in o.new_token_ids]
+
+    await asyncio.gather(one(0, 12, True), one(1, 40, False), one(2, 40, False))
+    await engine.stop()
+    constrained_id = next(r for r, k in sched_ids(mesh.plans).items() if k == "masked")
+    steps = [p for p in mesh.plans if p.partitions[0].decode is not None]
+    with_it = [constrained_id in as_i32(p.partitions[0].decode.req_ids).tolist() for p in steps]
+    first, last = with_it.index(True), len(with_it) - 1 - with_it[::-1].index(True)
+    assert all(with_it[first : last + 1])  # every step while it decodes
+    after = [t for p in steps[last + 1 :] for t in as_i32(p.partitions[0].decode.token_ids).tolist()]
+    assert PLACEHOLDER in after  # planned ahead again once it finished
+
+
+def sched_ids(plans) -> dict[int, str]:
+    """req_id -> "masked" for requests that ever had a token mask."""
+    return {m.req_id: "masked" for p in plans for part in p.partitions for m in part.token_masks}
+
+
 async def test_k7_overlap_maps_pages_for_the_longest_outcome_and_no_further():
     """A verify planned while the previous one flies must map pages up to its longest
     outcome (the previous verify accepting all 8, then 8 rows): never more than 16
