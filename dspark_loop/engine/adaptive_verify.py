@@ -45,6 +45,7 @@ from __future__ import annotations
 import numpy as np
 
 from dspark_loop.contract.protocol import DSPARK_K
+from dspark_loop.engine.regime_guard import RegimeGuard
 from dspark_loop.engine.step_cost import StepCost
 from dspark_loop.engine.verify_budget import linear_drafts, solve_budget, survival
 from dspark_loop.engine.verify_policy import VerifyChoice
@@ -103,7 +104,8 @@ class AdaptiveVerify:
         self.residual = np.ones((2, LOAD_BUCKETS))
         self.mean_conf = np.full((2, DSPARK_K), 0.5)  # [2, K] EMA of known confidences, per class
         self.new_drafts = np.ones(2, bool)  # [2] a request without drafts, per class, drafts (drafts_new)
-        self._idle_shape: tuple | None = None  # (R, sampled, per partition) whose last solve drafted nobody
+        self._idle_shape: tuple | None = None  # (R, sampled, per partition, allowed) whose last solve drafted nobody
+        self.guard = RegimeGuard()  # realised rates of drafting and not: may veto the model's drafting
 
     # ---- VerifyPolicy -------------------------------------------------------------------
     def choose(
@@ -117,16 +119,19 @@ class AdaptiveVerify:
         raw = survival(self.calibrated(self._known(conf, cap, sampled)), cap)  # [R, K] what the confidences say
         surv = self.corrected(raw, sampled)  # [R, K] what acceptance has been
         self.num_capped += int(cap.sum())
-        shape = (R, int(sampled.sum()), tuple(np.bincount(partition).tolist()))
         if not self.cost.trusted:
             choice = self._untrusted(cap)
-        elif self._idle_shape == shape and not cap.any() and self.num_steps % self.probe_every:
-            # NOTE: the steady state of a load that does not draft: nobody has drafts and
-            # the same requests' last solve drafted nobody; solving again would say the same
-            choice = VerifyChoice(np.zeros(R, np.int32), np.zeros(R, bool))
         else:
-            choice, _ = self._solve(surv, cap, partition, sampled)
-            self._idle_shape = shape if not choice.draft_next.any() and not cap.any() else None
+            num_sampled = int(sampled.sum())
+            allowed = self.guard.allow(self.guard.key(R, num_sampled))
+            shape = (R, num_sampled, tuple(np.bincount(partition).tolist()), allowed)
+            if self._idle_shape == shape and not cap.any() and self.num_steps % self.probe_every:
+                # NOTE: the steady state of a load that does not draft: nobody has drafts and
+                # the same requests' last solve drafted nobody; solving again would say the same
+                choice = VerifyChoice(np.zeros(R, np.int32), np.zeros(R, bool))
+            else:
+                choice, _ = self._solve(surv, cap, partition, sampled, allowed)
+                self._idle_shape = shape if not choice.draft_next.any() and not cap.any() else None
         verified = np.arange(DSPARK_K)[None, :] < choice.verify_len[:, None]  # [R, K]
         self.expected_tokens += R + float(np.where(verified, surv, 0.0).sum())
         self.num_drafter_skips += int(R - choice.draft_next.sum())
@@ -151,6 +156,12 @@ class AdaptiveVerify:
                 self.residual[cell] += RESIDUAL_EMA * (ratio - self.residual[cell])
         self.cost.observe(*shape, step_s)
         self.last_context = np.asarray(context, np.float64)
+
+    def observe_rate(
+        self, num_requests: int, num_sampled: int, num_tokens: int, verify_rows: int, drafted: bool, step_s: float
+    ) -> None:
+        """A decode-only step's realised tokens per second (RegimeGuard.observe)."""
+        self.guard.observe(num_requests, num_sampled, num_tokens, verify_rows, drafted, step_s)
 
     def observe_accepted(self, surv, verify_len, accepted, sampled) -> None:
         """One finished step's verifying requests: surv [n, K] the survival choose()
@@ -223,7 +234,7 @@ class AdaptiveVerify:
         return VerifyChoice(cap.copy(), np.ones(R, bool))
 
     def _solve(
-        self, surv: np.ndarray, cap: np.ndarray, partition: np.ndarray, sampled: np.ndarray
+        self, surv: np.ndarray, cap: np.ndarray, partition: np.ndarray, sampled: np.ndarray, allowed: bool = True
     ) -> tuple[VerifyChoice, float]:
         R = len(cap)
         c0, c_row, c_req, c_draft, c_ctx, c_pass = self.cost.coef
@@ -266,12 +277,16 @@ class AdaptiveVerify:
             np.concatenate(([base * off_resid], (base + c_pass + np.cumsum(cost[order])) * on_resid))
         )  # [R + 1]: drafting the first k
         chosen = np.zeros(R, bool)
-        num_chosen = R - int(np.argmax(rates[::-1]))
+        # NOTE: the guard's realised rates overrule the model: where not drafting delivered
+        # more at this load and mix, nobody drafts (probes aside)
+        num_chosen = R - int(np.argmax(rates[::-1])) if allowed else 0
         chosen[order[:num_chosen]] = True  # the LAST maximum: free drafting drafts all
         # a request of class k without drafts (a prompt completing) drafts where one more
         # such request would join the chosen prefix (or, nobody drafting, pay alone)
         new_cost = c_draft + c_row * self.drafted_len  # [2]
-        if num_chosen:
+        if not allowed:
+            self.new_drafts = np.zeros(2, bool)
+        elif num_chosen:
             worst = float(np.min(gain[chosen] / np.maximum(cost[chosen], 1e-12)))
             self.new_drafts = self.drafted_gain / np.maximum(new_cost, 1e-12) >= worst
         else:
@@ -324,6 +339,7 @@ class AdaptiveVerify:
             "accept_ratio_greedy": self.accept_ratio[0].tolist(),
             "accept_ratio_sampled": self.accept_ratio[1].tolist(),
             "probe_every": self.probe_every,
+            "guard": self.guard.stats(),
             "residual_no_pass": self.residual[0].tolist(),
             "residual_pass": self.residual[1].tolist(),
         }

@@ -32,10 +32,25 @@ def observe_step(
     num_requests = np.array([len(p.decode_reqs) for p in parts], np.int64)
     num_drafted = np.array([len(r.draft_req_ids) // 4 for r in results], np.int64)
     context = np.array([int(p.decode_start.sum()) for p in parts], np.int64)
-    policy.observe(num_rows, num_requests, num_drafted, context, step_cost_s(results, wall_s, host_s, overlapped))
+    step_s = step_cost_s(results, wall_s, host_s, overlapped)
+    policy.observe(num_rows, num_requests, num_drafted, context, step_s)
+    observe_rate = getattr(policy, "observe_rate", None)
+    if observe_rate is not None and not any(p.prefills for p in parts):  # decode-only steps
+        decode_rate(step, bool(num_drafted.any()), step_s, observe_rate)
     observe_accepted = getattr(policy, "observe_accepted", None)
     if observe_accepted is not None and step.verify_survival is not None:
         accepted_windows(step, observe_accepted)
+
+
+def decode_rate(step: ScheduledStep, drafted: bool, step_s: float, observe_rate) -> None:
+    """A decode-only step's requests, tokens appended, drafts verified and drafter pass, for
+    the policy's realised rates (engine/regime_guard.py)."""
+    reqs = [r for p in step.partitions for r in p.decode_reqs]
+    if not reqs or len(step.accepted_lens) != len(reqs):
+        return
+    verify_rows = sum(int(p.decode_rows.sum()) - len(p.decode_reqs) for p in step.partitions)
+    num_sampled = sum(r.params.knobs.is_random for r in reqs)
+    observe_rate(len(reqs), num_sampled, sum(step.accepted_lens), verify_rows, drafted, step_s)
 
 
 def accepted_windows(step: ScheduledStep, observe_accepted) -> None:

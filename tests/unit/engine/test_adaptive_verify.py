@@ -294,6 +294,38 @@ def test_a_step_costs_the_ranks_work_overlapped_their_work_plus_the_host_in_lock
     assert [o[-1] for o in policy.observed] == pytest.approx([0.03, 0.034, 0.5])
 
 
+class RateRecorder(RandomPolicy):
+    def __init__(self, seed: int):
+        super().__init__(seed)
+        self.rates: list[tuple] = []
+
+    def observe_rate(self, num_requests, num_sampled, num_tokens, verify_rows, drafted, step_s) -> None:
+        self.rates.append((num_requests, num_sampled, num_tokens, verify_rows, drafted, step_s))
+
+
+def test_the_policy_sees_each_decode_only_steps_tokens_verify_rows_and_drafter_pass():
+    """observe_rate must be called for every decode-only step (none with a prompt chunk)
+    with its decode requests, the tokens they appended, the drafts verified, whether a
+    drafter pass ran and the step's cost."""
+    policy = RateRecorder(4)
+    sched = make_scheduler(spec_k=7, policy=policy, num_partitions=2, max_model_len=200)
+    mesh = DraftingMesh(sched.layout, 2, allowed_tokens(), 200, seed=4)
+    for r in make_requests(sched, 4, prompt_len=8, max_tokens=30):
+        sched.add(r)
+    want = []
+    for _ in range(12):
+        step = sched.schedule()
+        results = mesh.run(step.plan)
+        sched.update(step, results)
+        sched.observe_step(step, results, 0.02)
+        if not any(p.prefills for p in step.partitions):
+            rows = [int(k) for p in step.partitions for k in p.decode_rows]
+            drafted = any(len(r.draft_req_ids) for r in results)
+            want.append((len(rows), 0, sum(step.accepted_lens), sum(rows) - len(rows), drafted, 0.02))
+    assert policy.rates == want and len(want) > 5
+    assert any(w[4] for w in want) and any(w[3] for w in want)
+
+
 def test_a_request_capped_at_three_drafts_never_verifies_more_and_keeps_k0_tokens():
     """SamplingParams.max_draft_tokens 3 must cap that request's windows at 4 rows under the
     default policy (FullVerify verifies the cap), while its neighbour verifies 8."""

@@ -1,0 +1,94 @@
+"""RegimeGuard: the realised tokens per second of the two operating points of adaptive
+verification, drafting (a drafter pass runs and windows are verified) and not (one row
+per request, no pass), per load and class mix, overruling the cost model where they
+disagree.
+
+The verify policy (engine/adaptive_verify.py) chooses from a learned linear cost model
+corrected by residuals; on a shared CPU its step times are erratic enough (the same shape
+2x apart run to run) that the model can keep drafting where K=0 is faster (64 streams
+greedy on the demo: 0.80x K=0) or draft at 1 stream T=0.8 (0.73x). The guard measures
+what each operating point actually delivers:
+
+    key          (log2 of the decode requests, class mix: all greedy / mixed / all sampled)
+    observe      decode-only steps: "on" when a pass ran and windows were verified, "off"
+                 when neither (a step in between, e.g. the first after a switch, is neither)
+    rate         EMA of tokens / step seconds per key and operating point
+    allow(key)   False (nobody drafts, probes aside) when both rates are known and "off"
+                 delivers more; True leaves the choice to the model
+
+Each key explores the other point: every `explore_every` of its steps, `epoch` steps of
+it (off while drafting is allowed, on while it is not), so a rate that is never measured
+in the steady state (the model drafts all along, or nobody does) is measured, and a stale
+one is renewed. Tokens never depend on any of this (acceptance is exact).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RATE_EMA = 0.1  # weight of a step in its operating point's rate
+MIN_STEPS = 5  # steps each point needs before the guard acts on its rate
+LOAD_KEYS = 12
+
+
+@dataclass
+class _Point:
+    rate: float = 0.0  # EMA of tokens per second
+    steps: int = 0  # steps observed
+
+
+class RegimeGuard:
+    def __init__(self, explore_every: int = 512, epoch: int = 8):
+        self.explore_every = explore_every
+        self.epoch = epoch
+        self.points: dict[tuple[int, int, bool], _Point] = {}  # (load, mix, drafting) -> rate
+        self.clock: dict[tuple[int, int], int] = {}  # steps allow() saw per key
+        self.exploring: dict[tuple[int, int], tuple[bool, int]] = {}  # key -> (allowed, steps left)
+        self.num_vetoes = 0  # steps the guard kept everyone from drafting
+
+    @staticmethod
+    def key(num_requests: int, num_sampled: int) -> tuple[int, int]:
+        load = min(max(int(num_requests), 1).bit_length() - 1, LOAD_KEYS - 1)
+        mix = 0 if num_sampled == 0 else 2 if num_sampled >= num_requests else 1
+        return load, mix
+
+    def prefers_off(self, key: tuple[int, int]) -> bool:
+        """Both points measured and not drafting delivered more tokens per second."""
+        on, off = self.points.get((*key, True)), self.points.get((*key, False))
+        return bool(on and off and on.steps >= MIN_STEPS and off.steps >= MIN_STEPS and off.rate > on.rate)
+
+    def allow(self, key: tuple[int, int]) -> bool:
+        """Whether drafting may run this step at this key (the model decides), or not."""
+        tick = self.clock.get(key, 0) + 1
+        self.clock[key] = tick
+        allowed = not self.prefers_off(key)
+        explore = self.exploring.get(key)
+        if explore is not None and explore[1] > 0:
+            self.exploring[key] = (explore[0], explore[1] - 1)
+            allowed = explore[0]
+        elif tick % self.explore_every == 0:  # an epoch of the other point
+            self.exploring[key] = (not allowed, self.epoch - 1)
+            allowed = not allowed
+        self.num_vetoes += not allowed
+        return allowed
+
+    def observe(
+        self, num_requests: int, num_sampled: int, num_tokens: int, verify_rows: int, drafted: bool, step_s: float
+    ) -> None:
+        """One decode-only step: its decode requests, the tokens they appended, the drafts
+        it verified, whether a drafter pass ran, and its cost."""
+        if num_requests <= 0 or step_s <= 0 or (verify_rows > 0) != drafted:
+            return  # a step between the points
+        point = self.points.setdefault((*self.key(num_requests, num_sampled), drafted), _Point())
+        rate = num_tokens / step_s
+        point.rate = rate if not point.steps else point.rate + RATE_EMA * (rate - point.rate)
+        point.steps += 1
+
+    def stats(self) -> dict:
+        return {
+            "num_vetoes": self.num_vetoes,
+            "rates": {
+                f"load{k[0]}_mix{k[1]}_{'on' if k[2] else 'off'}": round(float(p.rate), 2)
+                for k, p in sorted(self.points.items())
+            },
+        }

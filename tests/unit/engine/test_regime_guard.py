@@ -1,0 +1,67 @@
+"""RegimeGuard (engine/regime_guard.py): realised rates of drafting and not overrule the
+cost model where they disagree."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dspark_loop.contract.protocol import DSPARK_K
+from dspark_loop.engine.adaptive_verify import AdaptiveVerify
+from dspark_loop.engine.regime_guard import MIN_STEPS, RegimeGuard
+from dspark_loop.engine.step_cost import StepCost
+
+
+def feed(guard: RegimeGuard, R: int, on_rate: float, off_rate: float, steps: int = 10) -> None:
+    for _ in range(steps):
+        guard.observe(R, 0, int(on_rate * 0.1), R * 3, True, 0.1)  # a verify + drafter pass step
+        guard.observe(R, 0, int(off_rate * 0.1), 0, False, 0.1)  # one row each, no pass
+
+
+def test_drafting_is_vetoed_where_not_drafting_delivered_more_and_allowed_where_it_did_not():
+    """allow() must be False at a key whose measured off rate beats its on rate, True where
+    drafting is the faster point, and True while either point is unmeasured."""
+    guard = RegimeGuard(explore_every=1 << 20)
+    key = guard.key(64, 0)
+    assert guard.allow(key)  # nothing measured: the model decides
+    feed(guard, 64, on_rate=500, off_rate=700)
+    assert not guard.allow(key)
+    other = guard.key(4, 0)
+    feed(guard, 4, on_rate=300, off_rate=150)
+    assert guard.allow(other)
+    assert guard.key(64, 64) != key and guard.allow(guard.key(64, 64))  # all sampled: its own key
+
+
+def test_each_key_explores_the_other_point_for_an_epoch_every_explore_every_steps():
+    """Where the model drafts all along the off rate is never measured: every explore_every
+    steps of a key, `epoch` steps must be vetoed (and, where the guard vetoes, allowed)."""
+    guard = RegimeGuard(explore_every=32, epoch=8)
+    key = guard.key(16, 0)
+    allowed = [guard.allow(key) for _ in range(72)]  # epochs at its steps 32 and 64
+    assert allowed.count(False) == 16 and allowed[31:39] == [False] * 8
+    feed(guard, 16, on_rate=100, off_rate=200)
+    allowed = [guard.allow(key) for _ in range(64)]  # steps 73..136: epochs at 96 and 128
+    assert allowed.count(True) == 16
+
+
+def test_steps_between_the_two_points_are_not_counted():
+    """A step that verifies without a drafter pass (the first after drafting stops) or runs
+    a pass without verifying (the first after it starts) belongs to neither point."""
+    guard = RegimeGuard()
+    for _ in range(MIN_STEPS + 1):
+        guard.observe(8, 0, 30, 20, False, 0.1)
+        guard.observe(8, 0, 8, 0, True, 0.1)
+    assert guard.points == {}
+
+
+def test_the_policy_stops_drafting_when_its_realised_rates_say_drafting_is_slower():
+    """A policy whose (pinned) cost model says drafting pays must stop drafting, prompts
+    included, once decode steps show that not drafting delivered more tokens per second."""
+    policy = AdaptiveVerify(StepCost(pinned={"c0": 0.01, "c_row": 1e-5}), explore_every=0, redraft_every=1 << 20)
+    conf, cap, part = np.full((16, DSPARK_K), 0.8, np.float32), np.full(16, DSPARK_K, np.int32), np.zeros(16, np.int32)
+    assert policy.choose(conf, cap, part).draft_next.all()
+    for _ in range(10):
+        policy.observe_rate(16, 0, 40, 16 * DSPARK_K, True, 0.1)  # 400 tok/s drafting
+        policy.observe_rate(16, 0, 16, 0, False, 0.02)  # 800 tok/s not
+    choice = policy.choose(conf, cap, part)
+    assert not choice.draft_next.any() and not policy.drafts_new(False)
+    assert choice.verify_len.tolist() == [DSPARK_K] * 16  # the drafts it has are still verified
