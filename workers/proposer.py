@@ -18,6 +18,8 @@ from workers.comm import Comm
 from workers.model.drafter import QUERY_ROWS, RING_BLOCKS, RING_ROWS, Drafter
 from workers.model.dsv4 import ForwardOutput
 
+RING_POSITIONS = RING_BLOCKS * RING_ROWS  # positions a lease's ring holds (pos and pos + this share a slot)
+
 
 class DraftBatch:
     """This step's drafter work: context rows to write, anchors to draft from."""
@@ -66,7 +68,14 @@ class Proposer(Protocol):
 
 class DrafterProposer:
     """The DSpark drafter: per-lease rings of context rows (RING_BLOCKS x RING_ROWS per
-    stage, then zero filler blocks), filled from the trunk's taps, read by its block pass."""
+    stage, then zero filler blocks), filled from the trunk's taps, read by its block pass.
+
+    A request whose drafter pass is skipped has its context rows (the drafter's input
+    projection of the taps) kept in a pending buffer, one slot per ring position, and
+    written into the rings (every stage's kv projection, the bulk of the cost) only when it
+    next drafts: the rings it drafts from are then exactly what writing every step would
+    have made (rows are batch-invariant, and a slot keeps its newest position, as the ring
+    does), and a load that does not draft never pays for the stages' projections."""
 
     def __init__(
         self,
@@ -85,6 +94,10 @@ class DrafterProposer:
         self.filler_row = num_leases * RING_BLOCKS * RING_ROWS
         rows = (num_leases + 1) * RING_BLOCKS * RING_ROWS  # + the zero filler blocks
         self.rings = [torch.zeros(rows, cfg.head_dim, dtype=dtype, device=device) for _ in range(cfg.dspark.num_stages)]
+        # context rows not yet in the rings: [leases * RING_POSITIONS] slots (lease, pos % RING_POSITIONS)
+        self.pending_ctx: torch.Tensor | None = None  # [slots, d], made at the first skipped pass
+        self.pending_pos = torch.zeros(num_leases * RING_POSITIONS, dtype=torch.long, device=device)
+        self.pending = np.zeros(num_leases * RING_POSITIONS, bool)  # [slots] holds a row not yet written
 
     @property
     def tap_layers(self) -> tuple[int, ...]:
@@ -100,6 +113,7 @@ class DrafterProposer:
         lo = lease * RING_BLOCKS * RING_ROWS
         for ring in self.rings:
             ring[lo : lo + RING_BLOCKS * RING_ROWS] = 0
+        self.pending[lease * RING_POSITIONS : (lease + 1) * RING_POSITIONS] = False
 
     def lease_rows(self, lease: int, stage: int) -> torch.Tensor:
         lo = lease * RING_BLOCKS * RING_ROWS
@@ -121,9 +135,18 @@ class DrafterProposer:
         if b.ctx_rows:
             rows = torch.tensor(b.ctx_rows, dtype=torch.long, device=dev)
             ctx = self.drafter.context_rows(out.taps, rows)  # [n, d]
-            self.drafter.write_context(
-                self.rings, lease_of(b.ctx_req), torch.tensor(b.ctx_pos, dtype=torch.long, device=dev), ctx
-            )
+            lease, pos = lease_of(b.ctx_req), torch.tensor(b.ctx_pos, dtype=torch.long, device=dev)  # [n], [n]
+            drafting = np.isin(np.asarray(b.ctx_req), np.asarray(b.q_req))  # [n] its pass runs now
+            if not drafting.all():
+                keep = torch.from_numpy(~drafting).to(dev)
+                self._hold(lease[keep], pos[keep], ctx[keep])
+            if b.q_req:
+                self._flush(lease_of(b.q_req))
+            if drafting.any():
+                now = torch.from_numpy(drafting).to(dev)
+                self.drafter.write_context(self.rings, lease[now], pos[now], ctx[now])
+        elif b.q_req:
+            self._flush(lease_of(b.q_req))
         if not b.q_req and self.alone:
             # NOTE: no anchor (every drafter pass skipped): an empty pass is a few hundred ops
             # of pure overhead; only a rank that is alone may leave it out (with peers, its
@@ -143,3 +166,25 @@ class DrafterProposer:
             pick,
         )
         return drafts.to(torch.int32).cpu().numpy(), conf.cpu().numpy().astype(np.float32)
+
+    def _hold(self, lease: torch.Tensor, pos: torch.Tensor, ctx: torch.Tensor) -> None:
+        """Keep context rows ctx [n, d] at positions pos [n] of leases [n] for later."""
+        if self.pending_ctx is None:
+            self.pending_ctx = torch.zeros(len(self.pending), ctx.shape[1], dtype=ctx.dtype, device=ctx.device)
+        slot = lease * RING_POSITIONS + pos % RING_POSITIONS  # [n] (distinct: n <= the window)
+        self.pending_ctx[slot] = ctx
+        self.pending_pos[slot] = pos
+        self.pending[slot.cpu().numpy()] = True
+
+    def _flush(self, leases: torch.Tensor) -> None:
+        """Write the held context rows of these leases into the rings (before this step's
+        own rows, which are newer)."""
+        if self.pending_ctx is None:
+            return
+        held = self.pending.reshape(-1, RING_POSITIONS)[leases.cpu().numpy()]  # [m, RING_POSITIONS]
+        if not held.any():
+            return
+        m, j = np.nonzero(held)
+        slot = torch.from_numpy(leases.cpu().numpy()[m] * RING_POSITIONS + j).to(leases.device)  # [h]
+        self.drafter.write_context(self.rings, slot // RING_POSITIONS, self.pending_pos[slot], self.pending_ctx[slot])
+        self.pending[slot.cpu().numpy()] = False

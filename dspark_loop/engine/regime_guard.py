@@ -16,9 +16,10 @@ what each operating point actually delivers:
     allow(key)   False (nobody drafts, probes aside) when both rates are known and "off"
                  delivers more; True leaves the choice to the model
 
-Each key explores the other point: every `explore_every` of its steps, `epoch` steps of
-it (off while drafting is allowed, on while it is not), so a rate that is never measured
-in the steady state (the model drafts all along, or nobody does) is measured, and a stale
+Each key explores the other point: `epoch` steps of it (off while drafting is allowed, on
+while it is not) `first_explore` steps after the key's last epoch while that point has no
+rate yet, every `explore_every` steps once it has, so a rate that is never measured in the
+steady state (the model drafts all along, or nobody does) is measured soon, and a stale
 one is renewed. Tokens never depend on any of this (acceptance is exact).
 """
 
@@ -38,9 +39,11 @@ class _Point:
 
 
 class RegimeGuard:
-    def __init__(self, explore_every: int = 512, epoch: int = 8):
+    def __init__(self, explore_every: int = 512, epoch: int = 8, first_explore: int = 32):
         self.explore_every = explore_every
+        self.first_explore = first_explore
         self.epoch = epoch
+        self.last_epoch: dict[tuple[int, int], int] = {}  # key -> the step its last epoch began
         self.points: dict[tuple[int, int, bool], _Point] = {}  # (load, mix, drafting) -> rate
         self.clock: dict[tuple[int, int], int] = {}  # steps allow() saw per key
         self.exploring: dict[tuple[int, int], tuple[bool, int]] = {}  # key -> (allowed, steps left)
@@ -66,9 +69,13 @@ class RegimeGuard:
         if explore is not None and explore[1] > 0:
             self.exploring[key] = (explore[0], explore[1] - 1)
             allowed = explore[0]
-        elif tick % self.explore_every == 0:  # an epoch of the other point
-            self.exploring[key] = (not allowed, self.epoch - 1)
-            allowed = not allowed
+        else:
+            other = self.points.get((*key, not allowed))
+            period = self.explore_every if other is not None and other.steps >= MIN_STEPS else self.first_explore
+            if tick - self.last_epoch.get(key, 0) >= period:  # an epoch of the other point
+                self.last_epoch[key] = tick
+                self.exploring[key] = (not allowed, self.epoch - 1)
+                allowed = not allowed
         self.num_vetoes += not allowed
         return allowed
 

@@ -115,9 +115,9 @@ def test_drafts_do_not_depend_on_the_batch_or_the_lease(ckpt):
 
 
 def test_a_skipped_drafter_pass_keeps_the_ring_so_later_drafts_are_unchanged(ckpt):
-    """A decode whose drafter pass is masked off (DecodeBatch.draft_mask 0) must still write
-    its context rows: the rings, and the drafts of the next step, must equal those of a
-    rank that drafted at every step."""
+    """A decode whose drafter pass is masked off (DecodeBatch.draft_mask 0) must keep its
+    context rows (held until it drafts again): the drafts of the next step must equal those
+    of a rank that drafted at every step."""
     from dspark_loop.contract.protocol import DecodeBatch, i8
 
     p = prompt(11, 29, 1024)
@@ -152,3 +152,37 @@ def test_a_skipped_drafter_pass_keeps_the_ring_so_later_drafts_are_unchanged(ckp
         torch.equal(runners[0].spec.proposer.lease_rows(0, k), runners[1].spec.proposer.lease_rows(0, k))
         for k in range(3)
     )
+
+
+def test_many_skipped_passes_then_drafting_give_the_drafts_of_a_rank_that_always_drafted(ckpt):
+    """Context rows held over many skipped passes (the prompt's pass skipped too, PrefillChunk
+    draft=False) must reach the rings before the request drafts again: its drafts and
+    confidences then equal a rank's that drafted every step, and the held rows are gone."""
+    from dspark_loop.contract.protocol import DecodeBatch, i8
+
+    p = prompt(5, 40, 1024)
+    runners = [new_runner(ckpt), new_runner(ckpt)]
+    ups = [BlockUpdate(1, f.index, 0, i32(range(8, 8 + f.num_pages(128)))) for f in runners[0].layout.families]
+    toks = []
+    for skip, r in zip((False, True), runners):
+        chunk = PrefillChunk(1, 0, i32(p), True, draft=not skip)
+        plan = PartitionPlan(block_updates=ups, prefills=[chunk], lease_req_ids=i32([1]), lease_ids=i32([0]))
+        toks.append(int(r.execute(plan)[0]))
+        r.take_drafts()
+    assert toks[0] == toks[1]
+    tok, pos = toks[0], len(p)
+    spec = runners[1].spec.proposer
+    for step in range(12):  # 1-row decodes; the second rank skips every pass but the last
+        outs, drafts = [], []
+        for skip, r in zip((False, step < 11), runners):
+            d = DecodeBatch(i32([1]), i32([pos]), i8([1]), i32([tok]), draft_mask=b"\x00" if skip else b"")
+            outs.append(int(r.execute(PartitionPlan(decode=d))[0]))
+            drafts.append(r.take_drafts())
+        assert outs[0] == outs[1]
+        tok, pos = outs[0], pos + 1
+        if step == 10:
+            assert spec.pending.sum() >= 11  # the prompt tail and 11 decode rows held, not written
+    assert not spec.pending.any()  # written when it drafted
+    (ids0, d0, c0), (ids1, d1, c1) = drafts
+    assert ids0.tolist() == ids1.tolist() == [1]
+    assert np.array_equal(d0, d1) and np.array_equal(c0, c1)

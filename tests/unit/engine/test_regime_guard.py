@@ -31,15 +31,16 @@ def test_drafting_is_vetoed_where_not_drafting_delivered_more_and_allowed_where_
     assert guard.key(64, 64) != key and guard.allow(guard.key(64, 64))  # all sampled: its own key
 
 
-def test_each_key_explores_the_other_point_for_an_epoch_every_explore_every_steps():
-    """Where the model drafts all along the off rate is never measured: every explore_every
-    steps of a key, `epoch` steps must be vetoed (and, where the guard vetoes, allowed)."""
-    guard = RegimeGuard(explore_every=32, epoch=8)
+def test_each_key_explores_the_other_point_soon_while_unmeasured_then_every_explore_every_steps():
+    """Where the model drafts all along the off rate is never measured: `first_explore`
+    steps into a key, and again while it stays unmeasured, `epoch` steps must be vetoed;
+    once both rates are known, an epoch of the other point every explore_every steps."""
+    guard = RegimeGuard(explore_every=64, epoch=8, first_explore=16)
     key = guard.key(16, 0)
-    allowed = [guard.allow(key) for _ in range(72)]  # epochs at its steps 32 and 64
-    assert allowed.count(False) == 16 and allowed[31:39] == [False] * 8
-    feed(guard, 16, on_rate=100, off_rate=200)
-    allowed = [guard.allow(key) for _ in range(64)]  # steps 73..136: epochs at 96 and 128
+    allowed = [guard.allow(key) for _ in range(40)]  # epochs at its steps 16 and 32
+    assert allowed[15:23] == [False] * 8 and allowed.count(False) == 16
+    feed(guard, 16, on_rate=100, off_rate=200)  # now off is the better point
+    allowed = [guard.allow(key) for _ in range(128)]  # steps 41..168: epochs at 96 and 160
     assert allowed.count(True) == 16
 
 
