@@ -280,6 +280,7 @@ class AdaptiveVerify:
         # NOTE: the guard's realised rates overrule the model: where not drafting delivered
         # more at this load and mix, nobody drafts (probes aside)
         num_chosen = R - int(np.argmax(rates[::-1])) if allowed else 0
+        self.guard.margin[self.guard.key(R, int(sampled.sum()))] = float(rates.max() / rates[0])
         chosen[order[:num_chosen]] = True  # the LAST maximum: free drafting drafts all
         # a request of class k without drafts (a prompt completing) drafts where one more
         # such request would join the chosen prefix (or, nobody drafting, pay alone)

@@ -20,7 +20,10 @@ Each key explores the other point: `epoch` steps of it (off while drafting is al
 while it is not) `first_explore` steps after the key's last epoch while that point has no
 rate yet, every `explore_every` steps once it has, so a rate that is never measured in the
 steady state (the model drafts all along, or nobody does) is measured soon, and a stale
-one is renewed. Tokens never depend on any of this (acceptance is exact).
+one is renewed. NOTE: not the off point where the model expects drafting to win by
+CONFIDENT or more (its last `margin` at the key): an error of the size seen does not flip
+that, and an epoch at K=0's speed costs the best case (1 stream greedy, 2.5x) ~1.5%.
+Tokens never depend on any of this (acceptance is exact).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 RATE_EMA = 0.1  # weight of a step in its operating point's rate
 MIN_STEPS = 5  # steps each point needs before the guard acts on its rate
 LOAD_KEYS = 12
+CONFIDENT = 1.5  # the model's predicted drafting / not-drafting rate above which off is not explored
 
 
 @dataclass
@@ -44,6 +48,7 @@ class RegimeGuard:
         self.first_explore = first_explore
         self.epoch = epoch
         self.last_epoch: dict[tuple[int, int], int] = {}  # key -> the step its last epoch began
+        self.margin: dict[tuple[int, int], float] = {}  # key -> the model's last predicted on / off rate
         self.points: dict[tuple[int, int, bool], _Point] = {}  # (load, mix, drafting) -> rate
         self.clock: dict[tuple[int, int], int] = {}  # steps allow() saw per key
         self.exploring: dict[tuple[int, int], tuple[bool, int]] = {}  # key -> (allowed, steps left)
@@ -72,7 +77,8 @@ class RegimeGuard:
         else:
             other = self.points.get((*key, not allowed))
             period = self.explore_every if other is not None and other.steps >= MIN_STEPS else self.first_explore
-            if tick - self.last_epoch.get(key, 0) >= period:  # an epoch of the other point
+            sure = allowed and self.margin.get(key, 1.0) >= CONFIDENT
+            if not sure and tick - self.last_epoch.get(key, 0) >= period:  # an epoch of the other point
                 self.last_epoch[key] = tick
                 self.exploring[key] = (not allowed, self.epoch - 1)
                 allowed = not allowed

@@ -50,8 +50,10 @@ def adaptive_rate(q: np.ndarray, steps: int = 200) -> tuple[float, float]:
         choice = policy.choose(np.where(has_drafts[:, None], conf, 0.0), cap, np.zeros(R, np.int32))
         lens = choice.verify_len
         surv = q[:, None] ** np.arange(1, K + 1)[None, :]  # [R, K]
-        tokens += R + float(surv[np.arange(K)[None, :] < lens[:, None]].sum())
-        seconds += step_s(int(R + lens.sum()), R, int(choice.draft_next.sum()))
+        got = R + float(surv[np.arange(K)[None, :] < lens[:, None]].sum())
+        took = step_s(int(R + lens.sum()), R, int(choice.draft_next.sum()))
+        policy.observe_rate(R, 0, got, int(lens.sum()), bool(choice.draft_next.any()), took)
+        tokens, seconds = tokens + got, seconds + took
         skipped += int((~choice.draft_next).sum())
         has_drafts = choice.draft_next
     return tokens / seconds, skipped / (R * steps)

@@ -66,3 +66,16 @@ def test_the_policy_stops_drafting_when_its_realised_rates_say_drafting_is_slowe
     choice = policy.choose(conf, cap, part)
     assert not choice.draft_next.any() and not policy.drafts_new(False)
     assert choice.verify_len.tolist() == [DSPARK_K] * 16  # the drafts it has are still verified
+
+
+def test_where_the_model_is_sure_drafting_wins_the_off_point_is_not_explored():
+    """An off epoch costs K=0's speed: where the model's last margin (predicted drafting /
+    not-drafting rate) is CONFIDENT or more, the guard must not veto to explore; a
+    marginal key must still be explored."""
+    from dspark_loop.engine.regime_guard import CONFIDENT
+
+    guard = RegimeGuard(epoch=8, first_explore=16)
+    sure, marginal = guard.key(1, 0), guard.key(1, 1)
+    guard.margin[sure], guard.margin[marginal] = 2.5 * CONFIDENT, 1.05
+    assert all(guard.allow(sure) for _ in range(100))
+    assert not all(guard.allow(marginal) for _ in range(100))
