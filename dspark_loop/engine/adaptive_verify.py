@@ -125,7 +125,7 @@ class AdaptiveVerify:
             num_sampled = int(sampled.sum())
             allowed = self.guard.allow(self.guard.key(R, num_sampled))
             shape = (R, num_sampled, tuple(np.bincount(partition).tolist()), allowed)
-            if self._idle_shape == shape and not cap.any() and self.num_steps % self.probe_every:
+            if self._idle_shape == shape and not cap.any() and (not allowed or self.num_steps % self.probe_every):
                 # NOTE: the steady state of a load that does not draft: nobody has drafts and
                 # the same requests' last solve drafted nobody; solving again would say the same
                 choice = VerifyChoice(np.zeros(R, np.int32), np.zeros(R, bool))
@@ -295,7 +295,8 @@ class AdaptiveVerify:
         # NOTE: a probe step re-drafts up to PROBE_SIZE requests without drafts at once (a
         # rotation over them), so probing pays the drafter pass once per probe_every steps
         probe = np.zeros(R, bool)  # [R]
-        if self.num_steps % self.probe_every == 0:
+        # NOTE: not while the guard vetoes drafting: its epochs of the drafting point re-measure it
+        if allowed and self.num_steps % self.probe_every == 0:
             idle = np.flatnonzero(~has_drafts & ~chosen)
             self.num_probes += 1
             probe[np.roll(idle, -(self.num_probes * PROBE_SIZE) % max(1, len(idle)))[:PROBE_SIZE]] = True

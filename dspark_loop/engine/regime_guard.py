@@ -20,9 +20,10 @@ Each key explores the other point: `epoch` steps of it (off while drafting is al
 while it is not) `first_explore` steps after the key's last epoch while that point has no
 rate yet, every `explore_every` steps once it has, so a rate that is never measured in the
 steady state (the model drafts all along, or nobody does) is measured soon, and a stale
-one is renewed. NOTE: not the off point where the model expects drafting to win by
-CONFIDENT or more (its last `margin` at the key): an error of the size seen does not flip
-that, and an epoch at K=0's speed costs the best case (1 stream greedy, 2.5x) ~1.5%.
+one is renewed. NOTE: not the off point where the model drafts nobody anyway, or expects
+drafting to win by CONFIDENT or more (its last `margin` at the key, predicted drafting /
+not-drafting rate): an error of the size seen does not flip that, and an epoch at K=0's
+speed costs the best case (1 stream greedy, 2.5x) ~1.5%.
 Tokens never depend on any of this (acceptance is exact).
 """
 
@@ -77,7 +78,8 @@ class RegimeGuard:
         else:
             other = self.points.get((*key, not allowed))
             period = self.explore_every if other is not None and other.steps >= MIN_STEPS else self.first_explore
-            sure = allowed and self.margin.get(key, 1.0) >= CONFIDENT
+            margin = self.margin.get(key, 1.0)
+            sure = allowed and not 1.0 < margin < CONFIDENT  # the model drafts nobody, or wins by far
             if not sure and tick - self.last_epoch.get(key, 0) >= period:  # an epoch of the other point
                 self.last_epoch[key] = tick
                 self.exploring[key] = (not allowed, self.epoch - 1)

@@ -37,6 +37,7 @@ def test_each_key_explores_the_other_point_soon_while_unmeasured_then_every_expl
     once both rates are known, an epoch of the other point every explore_every steps."""
     guard = RegimeGuard(explore_every=64, epoch=8, first_explore=16)
     key = guard.key(16, 0)
+    guard.margin[key] = 1.2  # the model drafts, expecting a little more than not drafting
     allowed = [guard.allow(key) for _ in range(40)]  # epochs at its steps 16 and 32
     assert allowed[15:23] == [False] * 8 and allowed.count(False) == 16
     feed(guard, 16, on_rate=100, off_rate=200)  # now off is the better point
@@ -70,8 +71,8 @@ def test_the_policy_stops_drafting_when_its_realised_rates_say_drafting_is_slowe
 
 def test_where_the_model_is_sure_drafting_wins_the_off_point_is_not_explored():
     """An off epoch costs K=0's speed: where the model's last margin (predicted drafting /
-    not-drafting rate) is CONFIDENT or more, the guard must not veto to explore; a
-    marginal key must still be explored."""
+    not-drafting rate) is CONFIDENT or more, or 1 (it drafts nobody anyway), the guard must
+    not veto to explore; a marginal key must still be explored."""
     from dspark_loop.engine.regime_guard import CONFIDENT
 
     guard = RegimeGuard(epoch=8, first_explore=16)
@@ -79,3 +80,6 @@ def test_where_the_model_is_sure_drafting_wins_the_off_point_is_not_explored():
     guard.margin[sure], guard.margin[marginal] = 2.5 * CONFIDENT, 1.05
     assert all(guard.allow(sure) for _ in range(100))
     assert not all(guard.allow(marginal) for _ in range(100))
+    idle = guard.key(64, 0)
+    guard.margin[idle] = 1.0
+    assert all(guard.allow(idle) for _ in range(100))
