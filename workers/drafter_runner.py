@@ -11,9 +11,10 @@ Per step, after the target forward (all rows of the plan computed, eager publish
                                      context rows L..L+a-1; anchor = prediction a-1 at L+a
 An anchor at P is drafted only if P + 8 <= max_model_len: past that the host runs the request
 as 1 row (fallback) and would ignore the drafts. A decode request whose DecodeBatch.draft_mask
-entry is 0 (a verify policy skipped its drafter pass) gets its context rows written all the
-same -- its ring stays exactly what it would have been -- but no anchor: it drafts again,
-from a complete ring, whenever the host next asks.
+entry is 0 (a verify policy skipped its drafter pass) gets its context rows all the same
+(held by the proposer until it drafts again, then written: its rings are then exactly what
+they would have been) but no anchor: it drafts again, from a complete ring, whenever the
+host next asks. A prompt chunk with draft=False likewise.
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ class PrefillChunk(msgspec.Struct, array_like=True):
     # last row is about it, and it is only in the next chunk
     next_token_id: int = -1
     # K=7, sample=True: draft from the sampled token (False: a verify policy skipped this
-    # drafter pass; the chunk's context rows are still written)
+    # drafter pass; the chunk's context rows are still kept)
     draft: bool = True
 
 
@@ -139,7 +139,7 @@ class DecodeBatch(msgspec.Struct, array_like=True):
     # seeds' fixed chain: 1 or 8); all rows publish; rows after row 0 are the drafts
     token_ids: bytes  # int32 [sum(num_rows)] row-major per request
     # K=7: uint8 [R], 0 = skip this request's drafter pass this step (its context rows are
-    # still written); empty: every request drafts (the fixed chain)
+    # kept for when it drafts again); empty: every request drafts (the fixed chain)
     draft_mask: bytes = b""
 
 
