@@ -2,6 +2,7 @@
 
     python -m tools.bench_host [--requests 256] [--partitions 4] [--steps 300] [--repeats 3]
                                [--aligned] [--prefix-caching] [--loop asyncio] [--constrained N]
+                               [--adaptive]
 
 A real EngineLoop (scheduler, acceptance, delivery to per-request channels, the Metrics
 observer and a TapPublisher) drives an instant scripted mesh: every row predicts
@@ -15,7 +16,9 @@ Prefix caching is off unless --prefix-caching (the server's default is on: each 
 fills is hashed and keyed). The event loop is the server's (--loop auto: uvloop when installed); --loop asyncio measures
 the standard one. --constrained N: the first N requests decode under a JSON schema at a
 129,280-id vocab (tools/constrained_mesh.py; needs xgrammar), so schedule includes their mask
-fills (up to 8 per request per step at K=7). K=0 and K=7 runs alternate --repeats times; the summary is the median of
+fills (up to 8 per request per step at K=7). --adaptive: K=7 under adaptive verification
+(the server's default; a pinned cost model under which drafting pays, so the policy solves
+every step) instead of the fixed chain. K=0 and K=7 runs alternate --repeats times; the summary is the median of
 the runs' medians and p99s, with their range (one run on a shared machine swings ~10-20%).
 
     python -m tools.bench_host --device-ms 5 [--json FILE]
@@ -42,9 +45,11 @@ import numpy as np
 from dspark_loop.contract.acceptance import accept_chain
 from dspark_loop.contract.protocol import DSPARK_K, ENCODER, StepResult, as_i8, as_i32
 from dspark_loop.contract.sampling_knobs import SamplingKnobs
+from dspark_loop.engine.adaptive_verify import AdaptiveVerify
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
+from dspark_loop.engine.step_cost import StepCost
 from dspark_loop.event_loop import EVENT_LOOPS, loop_factory, loop_name
 from dspark_loop.observe.metrics import Metrics
 from dspark_loop.observe.tap_publisher import TapPublisher
@@ -265,9 +270,12 @@ async def run(
     device_s: float | None = None,
     async_scheduling: bool = False,
     constrained: int = 0,
+    adaptive: bool = False,
 ):
     sampling = sampling or {}
+    policy = {"policy": AdaptiveVerify(StepCost(pinned=ADAPTIVE_COST))} if adaptive and spec_k else {}
     sched = make_scheduler(
+        **policy,
         layout=flash_layout(),
         num_partitions=num_partitions,
         num_blocks=[8192, 4096, 4096],
@@ -324,6 +332,11 @@ async def run(
         mesh.close()
         return host, steady, traces, mesh
     return host, steady, traces
+
+
+# --adaptive: a pinned step cost under which verifying and drafting pay (full windows), so the
+# policy solves every step, as it does on an accelerator serving confident drafts
+ADAPTIVE_COST = {"c0": 0.02, "c_row": 2e-6, "c_req": 1e-6, "c_draft": 1e-6, "c_pass": 0.001}
 
 
 def device_entry(num_requests, num_partitions, num_steps, spec_k, tap_addr, new_loop, device_s, overlap) -> dict:
@@ -406,6 +419,12 @@ def main() -> None:
     )
     ap.add_argument("--json", default="", help="with --device-ms: write the results here")
     ap.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="K=7 under adaptive verification (the server's default; a pinned cost model under which "
+        "drafting pays) instead of the fixed chain",
+    )
+    ap.add_argument(
         "--constrained",
         type=int,
         default=0,
@@ -442,6 +461,7 @@ def main() -> None:
                         args.aligned,
                         args.prefix_caching,
                         constrained=args.constrained,
+                        adaptive=args.adaptive,
                     )
                 )
             if not steady:
