@@ -111,8 +111,9 @@ class InstantRunner:
         for i, c in enumerate(sampled):
             t = predict(as_i32(c.token_ids)[-1:]) if shadows is None else self._first[i : i + 1]
             toks.append(t)
-            draft_ids.append(c.req_id)
-            anchors.append(t)
+            if c.draft:
+                draft_ids.append(c.req_id)
+                anchors.append(t)
         spec_k = self.mesh.spec_k
         if d is not None:
             rows = as_i8(d.num_rows).astype(np.int64)
@@ -123,12 +124,14 @@ class InstantRunner:
                 last = preds[ends - 1].copy()
                 if verify.any():
                     starts = ends[verify] - rows[verify]
+                    lens = rows[verify] - 1  # a ragged tile (adaptive verification): 1..K drafts
                     inputs = as_i32(d.token_ids)
-                    r = starts[:, None] + np.arange(DSPARK_K + 1)
-                    a = accept_chain(inputs[r[:, 1:]], preds[r])
+                    r = starts[:, None] + np.minimum(np.arange(DSPARK_K + 1), lens[:, None])
+                    a = accept_chain(inputs[r[:, 1:]], preds[r], lens)
                     last[verify] = preds[starts + a - 1]
-                draft_ids.append(as_i32(d.req_ids))
-                anchors.append(last)
+                drafting = np.frombuffer(d.draft_mask, np.uint8).astype(bool) if d.draft_mask else slice(None)
+                draft_ids.append(as_i32(d.req_ids)[drafting])
+                anchors.append(last[drafting])
             if shadows is not None:
                 self._accept(d, preds)
         if spec_k and draft_ids:
