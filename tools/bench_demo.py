@@ -12,8 +12,8 @@ before it match)), and step costs: a K=0 decode step (1 row per request), a K=7 
 against K=0 (speculation must never change them). --constrained: every request decodes
 under a small JSON schema (SCHEMA, through api/structured; needs xgrammar) and stops at its
 EOS; the host's schedule + update time per step (its mask fills) is reported too.
---async-scheduling (default on, as the server): both runs every round planning one step
-ahead and in lockstep, checks the tokens are the same and reports tok/s on / off per K (one
+--async-scheduling (default on, as the server): both runs every round (at least 3) planning
+one step ahead and in lockstep, checks the tokens are the same and reports tok/s on / off per K (one
 in-process runner shares the engine's thread and cores, so no gain is expected here: the
 figure to watch is "no loss").
 """
@@ -232,7 +232,8 @@ def main(argv=None) -> int:
     for n in args.streams:
         # NOTE: every count sees all the held-out prompts: len(pool) // n rounds of n streams
         runs: dict[tuple[int, bool], list[dict]] = {(k, a): [] for k in (0, K) for a in modes}
-        for r in range(max(1, len(pool) // n)):
+        # NOTE: >= 3 rounds when comparing async scheduling on/off: one 16-stream run moves 10-20%
+        for r in range(max(3 if len(modes) == 2 else 1, len(pool) // n)):
             prompts = [pool[(r * n + i) % len(pool)] for i in range(n)]
             for a in modes:  # NOTE: interleaved, so a load change on a shared box hits both
                 for k in (0, K):
