@@ -123,7 +123,8 @@ class AdaptiveVerify:
             choice = self._untrusted(cap)
         else:
             num_sampled = int(sampled.sum())
-            allowed = self.guard.allow(self.guard.key(R, num_sampled))
+            # NOTE: a pinned cost model is taken as is (reproducible choices): no guard, no residuals
+            allowed = self.cost.pinned or self.guard.allow(self.guard.key(R, num_sampled))
             shape = (R, num_sampled, tuple(np.bincount(partition).tolist()), allowed)
             if self._idle_shape == shape and not cap.any() and (not allowed or self.num_steps % self.probe_every):
                 # NOTE: the steady state of a load that does not draft: nobody has drafts and
@@ -148,7 +149,8 @@ class AdaptiveVerify:
             return
         p = int(np.argmax(num_rows))
         shape = (int(num_rows[p]), int(num_requests[p]), int(num_drafted[p]), int(context[p]))
-        if self.cost.trusted and shape[1] > 0:  # NOTE: predicted before the model sees this step
+        # NOTE: predicted before the model sees this step
+        if self.cost.trusted and not self.cost.pinned and shape[1] > 0:
             predicted = float(self.cost.predict(*shape))
             if predicted > 0:
                 cell = (int(np.max(num_drafted) > 0), load_bucket(shape[1]))

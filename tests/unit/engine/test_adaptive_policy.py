@@ -17,6 +17,15 @@ def pinned(**coef) -> StepCost:
     return StepCost(pinned={"c0": 0.01, **coef})
 
 
+def learned(**coef) -> StepCost:
+    """A cost model trusted as if learned (not pinned: the policy's realised-time
+    corrections apply) with these coefficients."""
+    cost = StepCost(refit_every=1 << 30, min_samples=1 << 30)  # never refit
+    cost.coef = pinned(**coef).coef.copy()
+    cost.fit_trusted = True
+    return cost
+
+
 def batch(R: int, c: float = 0.5, cap: int = K):
     return np.full((R, K), c, np.float32), np.full(R, cap, np.int32), np.zeros(R, np.int32)
 
@@ -303,7 +312,7 @@ def test_a_cost_model_that_underestimates_drafting_steps_is_corrected_by_their_r
     the decision as it was."""
 
     def decide(slowdown: float) -> bool:
-        policy = AdaptiveVerify(pinned(c_row=1e-4, c_pass=0.01), explore_every=0, redraft_every=1 << 20)
+        policy = AdaptiveVerify(learned(c_row=1e-4, c_pass=0.01), explore_every=0, redraft_every=1 << 20)
         conf, cap, part = batch(1, c=0.6)
         assert policy.choose(conf, cap, part).draft_next.all()  # on paper: 2.4 tokens in 0.021 s
         for _ in range(40):
@@ -327,3 +336,19 @@ def test_confidences_not_known_yet_read_as_the_class_mean_of_known_ones():
     surv = policy.choose(conf, cap, part).survival
     assert surv[1] == pytest.approx(surv[0], rel=0.01)
     assert np.all(surv[1] > 0)
+
+
+def test_a_pinned_cost_model_is_taken_as_is_without_realised_corrections():
+    """Pinned, the choices must not move with realised step times or rates (reproducible
+    runs): drafting steps twice as slow as predicted, and not drafting observed faster,
+    leave the decision where the pinned model puts it."""
+    policy = AdaptiveVerify(pinned(c_row=1e-4, c_pass=0.01), explore_every=0, redraft_every=1 << 20)
+    conf, cap, part = batch(1, c=0.6)
+    assert policy.choose(conf, cap, part).draft_next.all()
+    for _ in range(40):
+        slow = 2 * float(policy.cost.predict(8, 1, 1))
+        policy.observe(np.array([8]), np.array([1]), np.array([1]), np.array([0]), slow)
+        policy.observe_rate(1, 0, 2, 7, True, 0.1)
+        policy.observe_rate(1, 0, 1, 0, False, 0.01)
+    assert policy.choose(conf, cap, part).draft_next.all()
+    assert policy.residual.tolist() == np.ones_like(policy.residual).tolist()

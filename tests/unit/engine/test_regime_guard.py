@@ -8,7 +8,7 @@ import numpy as np
 from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.adaptive_verify import AdaptiveVerify
 from dspark_loop.engine.regime_guard import MIN_STEPS, RegimeGuard
-from dspark_loop.engine.step_cost import StepCost
+from tests.unit.engine.test_adaptive_policy import learned
 
 
 def feed(guard: RegimeGuard, R: int, on_rate: float, off_rate: float, steps: int = 10) -> None:
@@ -58,7 +58,7 @@ def test_steps_between_the_two_points_are_not_counted():
 def test_the_policy_stops_drafting_when_its_realised_rates_say_drafting_is_slower():
     """A policy whose (pinned) cost model says drafting pays must stop drafting, prompts
     included, once decode steps show that not drafting delivered more tokens per second."""
-    policy = AdaptiveVerify(StepCost(pinned={"c0": 0.01, "c_row": 1e-5}), explore_every=0, redraft_every=1 << 20)
+    policy = AdaptiveVerify(learned(c_row=1e-5), explore_every=0, redraft_every=1 << 20)
     conf, cap, part = np.full((16, DSPARK_K), 0.8, np.float32), np.full(16, DSPARK_K, np.int32), np.zeros(16, np.int32)
     assert policy.choose(conf, cap, part).draft_next.all()
     for _ in range(10):
