@@ -217,7 +217,7 @@ def main(argv=None) -> int:
     run(args.model, "k0", pool[:1], 4, 0.0, None)  # warm-up (allocator, first-call paths)
     if not args.quick and not args.cost_model:
         warm_up(args.model, pool, policy, args.streams, min(args.max_tokens, 32))
-    print(f"confidence temperatures (config.json): {policy.temperatures}", flush=True)
+    print(f"confidence temperatures (config.json): {policy.acceptance.temperatures}", flush=True)
     print(f"cost model after warm-up: {policy.cost.stats()}", flush=True)
     rows = []
     for n in args.streams:

@@ -17,16 +17,7 @@ Per step (choose):
      `redraft_every` when they do.
   4. Budget again with the chosen drafter count: the final l.
 The survivals are corrected per draft position and class (greedy, sampled) by the
-realised acceptance, learned online (observe_accepted): at position j, the drafts
-accepted over the survival predicted, summed over the verified slots of the latest steps
-(each observed position's sums decay by ACCEPT_DECAY a step). The drafter's head predicts
-a match with the greedy token; under sampling, or with confidences one step stale (async
-scheduling plans a window before its drafts' confidences arrive), fewer drafts are
-accepted, and a policy that believed its confidences would verify and draft too much.
-NOTE: per position, not one factor on every confidence: a factor s on each c scales
-survival j by s^(j+1), so a scale fit to the total cut the deep positions (1 stream
-greedy verified 5.9 rows of 8 at 0.82x the fixed chain); and per class, since a sampled
-load's low acceptance must not cut the greedy requests' windows.
+realised acceptance, learned online (engine/accept_calibration.py, observe_accepted).
 The drafting decision (3) compares two operating points, and the linear cost model's
 error differs between them (on the demo's CPU rank it over-predicts a drafting step at 64
 requests by ~30% and under-predicts one at 1 request by ~40%): so each point's predicted
@@ -45,6 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from dspark_loop.contract.protocol import DSPARK_K
+from dspark_loop.engine.accept_calibration import AcceptCalibration
 from dspark_loop.engine.regime_guard import RegimeGuard
 from dspark_loop.engine.step_cost import StepCost
 from dspark_loop.engine.verify_budget import linear_drafts, solve_budget, survival
@@ -54,8 +46,6 @@ EMA = 0.05  # weight of a step in the drafted-gain averages
 RESIDUAL_EMA = 0.1  # weight of a step in its regime's residual
 RESIDUAL_RANGE = (0.25, 4.0)
 LOAD_BUCKETS = 12  # residuals per regime: decode requests 1, 2-3, 4-7, ... (log2)
-ACCEPT_DECAY = 0.02  # per step, of an observed position's acceptance sums (~50 steps' memory)
-ACCEPT_PRIOR = 2.0  # pseudo-slots at ratio 1 in each position's correction
 MAX_PROBE_EVERY = 256  # the longest a request without drafts waits for a probe
 PROBE_SIZE = 8  # requests a probe step re-drafts
 
@@ -75,8 +65,7 @@ class AdaptiveVerify:
         seed: int = 0,
     ):
         self.cost = cost if cost is not None else StepCost()
-        # per-position temperature scaling of the confidences ([K] or None: as given)
-        self.temperatures = None if temperatures is None else np.asarray(temperatures, np.float64)
+        self.acceptance = AcceptCalibration(temperatures)  # confidences -> survivals, learned acceptance
         self.redraft_every = redraft_every
         self.probe_every = redraft_every  # the rotation's period now (backs off, see _solve)
         self.probed: np.ndarray | None = None  # [R] bool: rows re-drafted as a probe last step
@@ -96,13 +85,8 @@ class AdaptiveVerify:
         self.drafted_len = np.full(2, float(DSPARK_K))  # [2] EMA of its verify length
         self.last_drafted: np.ndarray | None = None  # [P] drafter passes chosen last step
         self.last_context: np.ndarray | None = None  # [P] context observed last step
-        # [2, K] (greedy, sampled) x position: decayed sums over verified slots of the
-        # predicted survival and of the drafts accepted (observe_accepted)
-        self.accept_predicted = np.zeros((2, DSPARK_K))
-        self.accept_realised = np.zeros((2, DSPARK_K))
         # [2, LOAD_BUCKETS] observed / predicted step time, (no drafter pass, drafter pass) x load
         self.residual = np.ones((2, LOAD_BUCKETS))
-        self.mean_conf = np.full((2, DSPARK_K), 0.5)  # [2, K] EMA of known confidences, per class
         self.new_drafts = np.ones(2, bool)  # [2] a request without drafts, per class, drafts (drafts_new)
         self._idle_shape: tuple | None = None  # (R, sampled, per partition, allowed) whose last solve drafted nobody
         self.guard = RegimeGuard()  # realised rates of drafting and not: may veto the model's drafting
@@ -116,8 +100,9 @@ class AdaptiveVerify:
         R = len(cap)
         sampled = np.zeros(R, bool) if sampled is None else np.asarray(sampled, bool)  # [R]
         self.num_steps += 1
-        raw = survival(self.calibrated(self._known(conf, cap, sampled)), cap)  # [R, K] what the confidences say
-        surv = self.corrected(raw, sampled)  # [R, K] what acceptance has been
+        acc = self.acceptance
+        raw = survival(acc.calibrated(acc.known(conf, cap, sampled)), cap)  # [R, K] what the confidences say
+        surv = acc.corrected(raw, sampled)  # [R, K] what acceptance has been
         self.num_capped += int(cap.sum())
         if not self.cost.trusted:
             choice = self._untrusted(cap)
@@ -169,23 +154,7 @@ class AdaptiveVerify:
         """One finished step's verifying requests: surv [n, K] the survival choose()
         returned for them (VerifyChoice.survival), verify_len [n] the drafts each verified,
         accepted [n] how many of them were accepted, sampled [n] bool."""
-        surv = np.asarray(surv, np.float64)  # [n, K]
-        j = np.arange(DSPARK_K)[None, :]
-        verified = j < np.asarray(verify_len)[:, None]  # [n, K]
-        hit = verified & (j < np.asarray(accepted)[:, None])  # [n, K]
-        cls = np.asarray(sampled, bool)
-        for k, rows in enumerate((~cls, cls)):
-            seen = verified[rows].any(axis=0)  # [K] positions observed in this class
-            if not seen.any():
-                continue
-            keep = np.where(seen, 1.0 - ACCEPT_DECAY, 1.0)  # [K]
-            self.accept_predicted[k] = self.accept_predicted[k] * keep + np.where(verified[rows], surv[rows], 0).sum(0)
-            self.accept_realised[k] = self.accept_realised[k] * keep + hit[rows].sum(0)
-
-    @property
-    def accept_ratio(self) -> np.ndarray:
-        """[2, K] realised over predicted acceptance, per class and position."""
-        return (self.accept_realised + ACCEPT_PRIOR) / (self.accept_predicted + ACCEPT_PRIOR)
+        self.acceptance.observe(surv, verify_len, accepted, sampled)
 
     def drafts_new(self, sampled: bool) -> bool:
         """Whether a request of this class without drafts (a prompt completing) would draft,
@@ -193,38 +162,6 @@ class AdaptiveVerify:
         return bool(self.new_drafts[int(sampled)])
 
     # ---- steps ----------------------------------------------------------------------------
-    def _known(self, conf: np.ndarray, cap: np.ndarray, sampled: np.ndarray) -> np.ndarray:
-        """conf [R, K] with the rows not known yet (NaN: drafts still in flight for a
-        request that had none) replaced by their class's running mean confidence, which
-        the known full-window rows update. NOTE: read as 0, such a row verified nothing,
-        the drafts it paid for brought nothing, and the policy stopped drafting (4 streams
-        greedy ran 1.1 rows at 0.65x the fixed chain)."""
-        conf = np.array(conf, np.float64)  # [R, K]
-        unknown = np.isnan(conf).any(axis=1)  # [R]
-        cls = np.asarray(sampled, np.int64)  # [R]
-        known = ~unknown & (cap >= DSPARK_K)  # [R]
-        for k in range(2):
-            rows = known & (cls == k)
-            if rows.any():
-                self.mean_conf[k] += EMA * (conf[rows].mean(axis=0) - self.mean_conf[k])
-        if unknown.any():
-            conf[unknown] = self.mean_conf[cls[unknown]]
-        return conf
-
-    def calibrated(self, conf: np.ndarray) -> np.ndarray:
-        """Per-position temperature scaling (the checkpoint's), c' = sigmoid(logit(c) / T_j)."""
-        conf = np.asarray(conf, np.float64)  # [R, K]
-        if self.temperatures is None:
-            return conf
-        c = np.clip(conf, 1e-7, 1 - 1e-7)
-        return 1.0 / (1.0 + np.exp(-(np.log(c) - np.log1p(-c)) / self.temperatures[None, :]))
-
-    def corrected(self, raw: np.ndarray, sampled: np.ndarray) -> np.ndarray:
-        """raw [R, K] survival times its class's accept_ratio per position, at most 1 and
-        non-increasing along the window (the solver's staircase needs it)."""
-        surv = np.minimum(raw * self.accept_ratio[np.asarray(sampled, np.int64)], 1.0)  # [R, K]
-        return np.minimum.accumulate(surv, axis=1)
-
     def _untrusted(self, cap: np.ndarray) -> VerifyChoice:
         R = len(cap)
         if self.explore_every and self.num_steps % self.explore_every == 0:
@@ -340,8 +277,8 @@ class AdaptiveVerify:
             "num_verified_drafts": self.num_verified,
             "num_available_drafts": self.num_capped,
             "expected_tokens": self.expected_tokens,
-            "accept_ratio_greedy": self.accept_ratio[0].tolist(),
-            "accept_ratio_sampled": self.accept_ratio[1].tolist(),
+            "accept_ratio_greedy": self.acceptance.ratio[0].tolist(),
+            "accept_ratio_sampled": self.acceptance.ratio[1].tolist(),
             "probe_every": self.probe_every,
             "guard": self.guard.stats(),
             "residual_no_pass": self.residual[0].tolist(),

@@ -58,4 +58,4 @@ def test_the_policy_learns_its_cost_model_from_the_real_steps(ckpt):
     got = run(ckpt, 7, prompts, params, max_model_len=LEN, policy=policy, test_drafter=scripted(prompts, ref))
     check(got, ref)
     assert policy.cost.num_samples > 10 and policy.num_explore_steps > 0
-    assert policy.accept_ratio[0, 0] != 1.0  # the scripted drafter's 1.0 confidences are wrong
+    assert policy.acceptance.ratio[0, 0] != 1.0  # the scripted drafter's 1.0 confidences are wrong

@@ -61,7 +61,7 @@ def test_the_checkpoints_position_temperatures_reach_the_policy(tmp_path):
     policy = verify_policy(
         config(tmp_path, {"num_speculative_tokens": 7}), SimpleNamespace(raw={"dspark_confidence_temperatures": temps})
     )
-    assert policy.temperatures.tolist() == temps
+    assert policy.acceptance.temperatures.tolist() == temps
     with pytest.raises(ValueError, match="dspark_confidence_temperatures"):
         verify_policy(
             config(tmp_path, {"num_speculative_tokens": 7}),

@@ -133,9 +133,9 @@ def test_a_temperature_of_one_leaves_confidences_unchanged_and_above_one_softens
     """Per-position temperature scaling must be the identity at T = 1 and pull a
     confidence towards 1/2 at T > 1."""
     conf = np.array([[0.9, 0.2, 0.5, 0.99, 0.01, 0.7, 0.3]])
-    same = AdaptiveVerify(temperatures=np.ones(K)).calibrated(conf)
+    same = AdaptiveVerify(temperatures=np.ones(K)).acceptance.calibrated(conf)
     assert np.allclose(same, conf)
-    soft = AdaptiveVerify(temperatures=np.full(K, 2.0)).calibrated(conf)
+    soft = AdaptiveVerify(temperatures=np.full(K, 2.0)).acceptance.calibrated(conf)
     assert np.all(np.abs(soft - 0.5) <= np.abs(conf - 0.5) + 1e-12)
 
 
@@ -216,7 +216,7 @@ def test_acceptance_is_learned_per_position_from_the_drafts_accepted():
     policy = AdaptiveVerify(explore_every=0)
     conf = np.full((8, K), 0.8, np.float32)
     observe_full_windows(policy, conf)
-    surv = policy.corrected(
+    surv = policy.acceptance.corrected(
         policy.choose(conf, np.full(8, K, np.int32), np.zeros(8, np.int32)).survival, np.zeros(8, bool)
     )
     assert surv[0, :3] == pytest.approx([0.5, 0.25, 0.125], abs=0.03)
@@ -228,8 +228,8 @@ def test_right_confidences_leave_the_correction_at_one():
     """Confidences whose survival is what is realised must leave each position's ratio at 1."""
     policy = AdaptiveVerify(explore_every=0)
     observe_full_windows(policy, np.full((8, K), 0.5, np.float32))
-    assert policy.accept_ratio[0, :3] == pytest.approx([1.0, 1.0, 1.0], abs=0.05)
-    assert policy.accept_ratio[1].tolist() == [1.0] * K  # no sampled request seen
+    assert policy.acceptance.ratio[0, :3] == pytest.approx([1.0, 1.0, 1.0], abs=0.05)
+    assert policy.acceptance.ratio[1].tolist() == [1.0] * K  # no sampled request seen
 
 
 def test_sampled_and_greedy_requests_learn_their_own_acceptance():
@@ -241,12 +241,12 @@ def test_sampled_and_greedy_requests_learn_their_own_acceptance():
     sampled = np.arange(16) >= 8
     # greedy rows accept as the confidences say (ACCEPTED), sampled ones a draft in 8
     observe_full_windows(policy, conf, sampled, np.concatenate([ACCEPTED, [0, 0, 0, 0, 0, 0, 0, 1]]))
-    greedy, samp = policy.accept_ratio
+    greedy, samp = policy.acceptance.ratio
     assert greedy[:3] == pytest.approx([1.0, 1.0, 1.0], abs=0.05)
     assert samp[0] == pytest.approx(0.25, abs=0.03)  # 1/8 accepted where 1/2 was predicted
     policy2 = AdaptiveVerify(explore_every=0)
     observe_full_windows(policy2, conf, np.ones(16, bool), np.zeros(16))
-    assert policy2.accept_ratio[0].tolist() == [1.0] * K  # a sampled load leaves greedy alone
+    assert policy2.acceptance.ratio[0].tolist() == [1.0] * K  # a sampled load leaves greedy alone
 
 
 def test_positions_no_window_reaches_keep_what_was_learned():
@@ -255,11 +255,11 @@ def test_positions_no_window_reaches_keep_what_was_learned():
     policy = AdaptiveVerify(explore_every=0)
     conf = np.full((8, K), 0.8, np.float32)
     observe_full_windows(policy, conf)
-    before = policy.accept_ratio[0].copy()
+    before = policy.acceptance.ratio[0].copy()
     for _ in range(200):
         choice = policy.choose(conf, np.full(8, 2, np.int32), np.zeros(8, np.int32))
         policy.observe_accepted(choice.survival, np.full(8, 2), np.minimum(ACCEPTED, 2), np.zeros(8, bool))
-    assert policy.accept_ratio[0, 2:].tolist() == pytest.approx(before[2:].tolist())
+    assert policy.acceptance.ratio[0, 2:].tolist() == pytest.approx(before[2:].tolist())
 
 
 def test_probes_back_off_while_they_do_not_pay_and_come_back_when_they_do():

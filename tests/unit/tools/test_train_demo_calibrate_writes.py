@@ -41,7 +41,7 @@ def test_written_temperatures_are_the_ones_the_server_policy_applies(tmp_path):
     assert after.pop("dspark_confidence_temperatures") == TEMPS
     assert after == {k: v for k, v in before.items() if k != "dspark_confidence_temperatures"}
     policy = adaptive_policy(None, ModelConfig.from_dir(d))
-    assert policy.temperatures.tolist() == TEMPS
+    assert policy.acceptance.temperatures.tolist() == TEMPS
 
 
 def test_manifest_records_the_fit_the_command_once_and_the_new_config_hash(tmp_path):
