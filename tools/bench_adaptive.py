@@ -26,7 +26,6 @@ per step of the host's schedule + update time (the masks are filled in schedule)
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import time
@@ -45,7 +44,7 @@ from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.step_cost import TERMS
 from dspark_loop.launch import adaptive_policy
 from dspark_testing.schedulers import model_scheduler
-from tools.bench_demo import BLOCK, HostTimes, K, TimedMesh, demo_constraint, demo_runner, heldout_prompts
+from tools.bench_demo import BLOCK, HostTimes, K, TimedMesh, demo_constraint, demo_runner, heldout_prompts, serve_all
 from workers.runner import ModelRunner
 
 MODES = ("k0", "fixed", "adaptive")
@@ -80,31 +79,18 @@ def run(path: str, mode: str, prompts, max_tokens: int, temperature: float, poli
     host = HostTimes()
     engine = EngineLoop(sched, mesh, tok, observers=[host])
 
-    async def main():
-        engine.start()
-        per_user = []
-
-        async def one(i, p):
-            t0, toks = time.perf_counter(), []
-            params = SamplingParams(
-                max_tokens=max_tokens, ignore_eos=not constrained, knobs=SamplingKnobs(temperature=temperature), seed=i
-            )
-            g = GenerateRequest(f"u{i}", p, params)
-            if constrained:  # a JSON document under SCHEMA, ended by EOS
-                g.constraint = demo_constraint(tok, cfg.vocab_size)
-            async for out in engine.generate(g):
-                toks += out.new_token_ids
-            per_user.append(len(toks) / (time.perf_counter() - t0))
-            return toks
-
-        t0 = time.perf_counter()
-        outs = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
-        wall = time.perf_counter() - t0
-        await engine.stop()
-        return outs, float(np.mean(per_user)), sum(map(len, outs)) / wall
+    requests = []
+    for i, p in enumerate(prompts):
+        knobs = SamplingKnobs(temperature=temperature)
+        g = GenerateRequest(
+            f"u{i}", p, SamplingParams(max_tokens=max_tokens, ignore_eos=not constrained, knobs=knobs, seed=i)
+        )
+        if constrained:  # a JSON document under SCHEMA, ended by EOS
+            g.constraint = demo_constraint(tok, cfg.vocab_size)
+        requests.append(g)
 
     cpu0 = time.process_time()
-    outs, user, total = asyncio.run(main())
+    outs, user, total = serve_all(engine, requests)
     cpu_s = time.process_time() - cpu0  # the host and the in-process rank: all of the run's work
     decode_tokens = sum(map(len, outs)) - n  # the prefill samples each request's first token
     return {

@@ -64,6 +64,31 @@ def demo_constraint(tok: Tokenizer, vocab_size: int):
     return format_constraint(tok, fmt, start_in_reasoning=False, vocab_size=vocab_size)
 
 
+def serve_all(engine: EngineLoop, requests: list[GenerateRequest]) -> tuple[list[list[int]], float, float]:
+    """Start the engine, send every request at once, stop it when all are done: (each
+    request's tokens, mean per-user tok/s = tokens / (finish - arrival), total tok/s =
+    all tokens / wall)."""
+
+    async def main():
+        engine.start()
+        per_user = []
+
+        async def one(g: GenerateRequest) -> list[int]:
+            t0, toks = time.perf_counter(), []
+            async for out in engine.generate(g):
+                toks += out.new_token_ids
+            per_user.append(len(toks) / (time.perf_counter() - t0))
+            return toks
+
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*(one(g) for g in requests))
+        wall = time.perf_counter() - t0
+        await engine.stop()
+        return outs, float(np.mean(per_user)), sum(map(len, outs)) / wall
+
+    return asyncio.run(main())
+
+
 class HostTimes(EngineObserver):
     def __init__(self) -> None:
         self.host_s: list[float] = []
@@ -143,28 +168,14 @@ def bench(
     host = HostTimes()
     engine = EngineLoop(sched, mesh, tok, observers=[host], async_scheduling=async_scheduling)
 
-    async def main():
-        engine.start()
-        per_user = []
+    requests = []
+    for i, p in enumerate(prompts):
+        g = GenerateRequest(f"u{i}", p, SamplingParams(max_tokens=max_tokens, ignore_eos=not constrained))
+        if constrained:
+            g.constraint = demo_constraint(tok, cfg.vocab_size)
+        requests.append(g)
 
-        async def one(i, p):
-            t0, toks = time.perf_counter(), []
-            params = SamplingParams(max_tokens=max_tokens, ignore_eos=not constrained)
-            g = GenerateRequest(f"u{i}", p, params)
-            if constrained:
-                g.constraint = demo_constraint(tok, cfg.vocab_size)
-            async for out in engine.generate(g):
-                toks += out.new_token_ids
-            per_user.append(len(toks) / (time.perf_counter() - t0))
-            return toks
-
-        t0 = time.perf_counter()
-        outs = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
-        wall = time.perf_counter() - t0
-        await engine.stop()
-        return outs, float(np.mean(per_user)), sum(map(len, outs)) / wall
-
-    outs, user, total = asyncio.run(main())
+    outs, user, total = serve_all(engine, requests)
     s = engine.dspark_summary()
     hist = mesh.matched
     verifies = max(1, int(hist.sum()))

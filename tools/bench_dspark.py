@@ -10,10 +10,8 @@ K=7 runs also check their tokens against K=0 (speculation must never change them
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import tempfile
-import time
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -25,6 +23,7 @@ from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_testing.local_mesh import LocalMesh
 from dspark_testing.schedulers import model_scheduler
 from dspark_testing.scripted_drafter import ScriptedDrafter
+from tools.bench_demo import serve_all
 from workers.runner import ModelRunner
 
 
@@ -39,26 +38,12 @@ def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, dra
     sched = model_scheduler(cfg, 32, runner.num_blocks, max_num_seqs=n, spec_k=spec_k)
     engine = EngineLoop(sched, LocalMesh([runner]), Tokenizer.from_file(os.path.join(path, "tokenizer.json")))
 
-    async def main():
-        engine.start()
-        per_user = []
+    requests = [
+        GenerateRequest(f"u{i}", p, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        for i, p in enumerate(prompts)
+    ]
 
-        async def one(i, p):
-            t0, toks = time.perf_counter(), []
-            async for out in engine.generate(
-                GenerateRequest(f"u{i}", p, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-            ):
-                toks += out.new_token_ids
-            per_user.append(len(toks) / (time.perf_counter() - t0))
-            return toks
-
-        t0 = time.perf_counter()
-        outs = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
-        wall = time.perf_counter() - t0
-        await engine.stop()
-        return outs, float(np.mean(per_user)), sum(map(len, outs)) / wall
-
-    outs, user_tps, total_tps = asyncio.run(main())
+    outs, user_tps, total_tps = serve_all(engine, requests)
     return outs, user_tps, total_tps, engine.dspark_summary()
 
 
