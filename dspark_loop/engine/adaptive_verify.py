@@ -109,14 +109,15 @@ class AdaptiveVerify:
         else:
             num_sampled = int(sampled.sum())
             # NOTE: a pinned cost model is taken as is (reproducible choices): no guard, no residuals
-            allowed = self.cost.pinned or self.guard.allow(self.guard.key(R, num_sampled))
+            key = self.guard.key(R, num_sampled)
+            allowed = self.cost.pinned or self.guard.allow(key)
             shape = (R, num_sampled, tuple(np.bincount(partition).tolist()), allowed)
             if self._idle_shape == shape and not cap.any() and (not allowed or self.num_steps % self.probe_every):
                 # NOTE: the steady state of a load that does not draft: nobody has drafts and
                 # the same requests' last solve drafted nobody; solving again would say the same
                 choice = VerifyChoice(np.zeros(R, np.int32), np.zeros(R, bool))
             else:
-                choice, _ = self._solve(surv, cap, partition, sampled, allowed)
+                choice, _ = self._solve(surv, cap, partition, sampled, allowed, key)
                 self._idle_shape = shape if not choice.draft_next.any() and not cap.any() else None
         verified = np.arange(DSPARK_K)[None, :] < choice.verify_len[:, None]  # [R, K]
         self.expected_tokens += R + float(np.where(verified, surv, 0.0).sum())
@@ -173,8 +174,15 @@ class AdaptiveVerify:
         return VerifyChoice(cap.copy(), np.ones(R, bool))
 
     def _solve(
-        self, surv: np.ndarray, cap: np.ndarray, partition: np.ndarray, sampled: np.ndarray, allowed: bool = True
+        self,
+        surv: np.ndarray,
+        cap: np.ndarray,
+        partition: np.ndarray,
+        sampled: np.ndarray,
+        allowed: bool = True,
+        key: tuple[int, int] | None = None,
     ) -> tuple[VerifyChoice, float]:
+        """allowed: the guard lets the model draft; key: the guard's (load, mix) of this step."""
         R = len(cap)
         c0, c_row, c_req, c_draft, c_ctx, c_pass = self.cost.coef
         P = int(partition.max()) + 1 if R else 1
@@ -219,7 +227,8 @@ class AdaptiveVerify:
         # NOTE: the guard's realised rates overrule the model: where not drafting delivered
         # more at this load and mix, nobody drafts (probes aside)
         num_chosen = R - int(np.argmax(rates[::-1])) if allowed else 0
-        self.guard.margin[self.guard.key(R, int(sampled.sum()))] = float(rates.max() / rates[0])
+        if key is not None:
+            self.guard.margin[key] = float(rates.max() / rates[0])
         chosen[order[:num_chosen]] = True  # the LAST maximum: free drafting drafts all
         # a request of class k without drafts (a prompt completing) drafts where one more
         # such request would join the chosen prefix (or, nobody drafting, pay alone)

@@ -35,31 +35,34 @@ def observe_step(
     step_s = step_cost_s(results, wall_s, host_s, overlapped)
     policy.observe(num_rows, num_requests, num_drafted, context, step_s)
     observe_rate = getattr(policy, "observe_rate", None)
-    if observe_rate is not None and not any(p.prefills for p in parts):  # decode-only steps
-        decode_rate(step, bool(num_drafted.any()), step_s, observe_rate)
     observe_accepted = getattr(policy, "observe_accepted", None)
-    if observe_accepted is not None and step.verify_survival is not None:
-        accepted_windows(step, observe_accepted)
-
-
-def decode_rate(step: ScheduledStep, drafted: bool, step_s: float, observe_rate) -> None:
-    """A decode-only step's requests, tokens appended, drafts verified and drafter pass, for
-    the policy's realised rates (engine/regime_guard.py)."""
-    reqs = [r for p in step.partitions for r in p.decode_reqs]
-    if not reqs or len(step.accepted_lens) != len(reqs):
+    rate = observe_rate is not None and not any(p.prefills for p in parts)  # decode-only steps
+    accepted = observe_accepted is not None and step.verify_survival is not None
+    if not (rate or accepted):
         return
-    verify_rows = sum(int(p.decode_rows.sum()) - len(p.decode_reqs) for p in step.partitions)
-    num_sampled = sum(r.params.knobs.is_random for r in reqs)
-    observe_rate(len(reqs), num_sampled, sum(step.accepted_lens), verify_rows, drafted, step_s)
-
-
-def accepted_windows(step: ScheduledStep, observe_accepted) -> None:
-    """Each verifying request's predicted survival, with the drafts it verified and
-    accepted, matched by req_id (the policy saw the requests in its own order)."""
-    assert step.verify_survival is not None
-    reqs = [r for p in step.partitions for r in p.decode_reqs]
+    reqs = [r for p in parts for r in p.decode_reqs]
     if not reqs or len(reqs) != len(step.accepted_lens):  # in plan order (StepApplier)
         return
+    sampled = np.fromiter((r.params.knobs.is_random for r in reqs), bool, len(reqs))  # [n]
+    if rate:
+        decode_rate(step, int(sampled.sum()), bool(num_drafted.any()), step_s, observe_rate)
+    if accepted:
+        accepted_windows(step, reqs, sampled, observe_accepted)
+
+
+def decode_rate(step: ScheduledStep, num_sampled: int, drafted: bool, step_s: float, observe_rate) -> None:
+    """A decode-only step's requests, tokens appended, drafts verified and drafter pass, for
+    the policy's realised rates (engine/regime_guard.py)."""
+    num_requests = len(step.accepted_lens)
+    verify_rows = sum(int(p.decode_rows.sum()) - len(p.decode_reqs) for p in step.partitions)
+    observe_rate(num_requests, num_sampled, sum(step.accepted_lens), verify_rows, drafted, step_s)
+
+
+def accepted_windows(step: ScheduledStep, reqs: list, sampled: np.ndarray, observe_accepted) -> None:
+    """Each verifying request's predicted survival, with the drafts it verified and
+    accepted, matched by req_id (the policy saw the requests in its own order). reqs: the
+    step's decode requests in plan order; sampled [n] bool."""
+    assert step.verify_survival is not None
     ids, surv = step.verify_survival  # [R], [R, K]
     if not len(ids):
         return
@@ -72,5 +75,4 @@ def accepted_windows(step: ScheduledStep, observe_accepted) -> None:
     if not keep.any():
         return
     accepted = np.minimum(np.asarray(step.accepted_lens, np.int64) - 1, verify_len)  # [n] drafts accepted
-    sampled = np.fromiter((r.params.knobs.is_random for r in reqs), bool, len(reqs))  # [n]
     observe_accepted(surv[row[keep]], verify_len[keep], accepted[keep], sampled[keep])
