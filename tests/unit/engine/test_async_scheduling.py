@@ -4,6 +4,7 @@ lockstep under random finishes, aborts and preemptions while two steps are in fl
 import asyncio
 import random
 
+import numpy as np
 import pytest
 
 from dspark_loop.contract.placeholders import PLACEHOLDER
@@ -37,6 +38,26 @@ def eos_script(seed: int):
         return eos_id() if (tok * 13 + prev * 7 + pos + seed) % 41 == 0 else None
 
     return script
+
+
+def assert_lockstep_tokens(reqs, abort_after, got, want) -> None:
+    """got, want: (tokens, finish reasons) by request id. Every request must have lockstep's
+    tokens and finish reason; one aborted before finishing, a prefix of its tokens."""
+    (tokens, reasons), (want_tokens, want_reasons) = got, want
+    for g in reqs:
+        rid = g.request_id
+        if rid in abort_after and rid not in reasons:
+            assert tokens[rid] == want_tokens[rid][: len(tokens[rid])], rid
+        else:
+            assert (tokens[rid], reasons[rid]) == (want_tokens[rid], want_reasons[rid]), rid
+
+
+class AllowAll:
+    """A grammar constraint that allows every token (its masks still make the request wait
+    for its last token)."""
+
+    def row_masks(self, output_ids, drafts=()):
+        return [pack_mask(np.ones(tiny_tokenizer().get_vocab_size(), bool))]
 
 
 async def run(
@@ -90,12 +111,7 @@ async def test_async_scheduling_gives_lockstep_tokens_under_random_finishes_abor
     reqs, abort_after = workload(seed)
     want, want_reasons, _, _ = await run(seed, False, {})
     got, reasons, num_preemptions, plans = await run(seed, True, abort_after)
-    for g in reqs:
-        rid = g.request_id
-        if rid in abort_after and rid not in reasons:
-            assert got[rid] == want[rid][: len(got[rid])], rid
-        else:
-            assert (got[rid], reasons[rid]) == (want[rid], want_reasons[rid]), rid
+    assert_lockstep_tokens(reqs, abort_after, (got, reasons), (want, want_reasons))
     placeholders = sum(
         int((as_i32(p.decode.token_ids) == PLACEHOLDER).sum()) for plan in plans for p in plan.partitions if p.decode
     )
@@ -116,12 +132,7 @@ async def test_k7_overlap_gives_k0_tokens_under_random_finishes_aborts_and_preem
     lock, lock_reasons, _, _ = await run(seed, False, {}, spec_k=7, max_model_len=64)
     assert (lock, lock_reasons) == (want, want_reasons)
     got, reasons, num_preemptions, plans = await run(seed, True, abort_after, spec_k=7, max_model_len=64)
-    for g in reqs:
-        rid = g.request_id
-        if rid in abort_after and rid not in reasons:
-            assert got[rid] == want[rid][: len(got[rid])], rid
-        else:
-            assert (got[rid], reasons[rid]) == (want[rid], want_reasons[rid]), rid
+    assert_lockstep_tokens(reqs, abort_after, (got, reasons), (want, want_reasons))
     open_starts = sum(
         int((as_i32(p.decode.start_pos) == PLACEHOLDER).sum()) for plan in plans for p in plan.partitions if p.decode
     )
@@ -139,12 +150,7 @@ async def test_k7_overlap_with_adaptive_windows_and_drafter_skips_gives_k0_token
     want, want_reasons, _, _ = await run(seed, False, {}, max_model_len=64)
     policy = RandomPolicy(seed, p_draft=0.6)
     got, reasons, _, plans = await run(seed, True, abort_after, spec_k=7, max_model_len=64, policy=policy)
-    for g in reqs:
-        rid = g.request_id
-        if rid in abort_after and rid not in reasons:
-            assert got[rid] == want[rid][: len(got[rid])], rid
-        else:
-            assert (got[rid], reasons[rid]) == (want[rid], want_reasons[rid]), rid
+    assert_lockstep_tokens(reqs, abort_after, (got, reasons), (want, want_reasons))
     decodes = [p.decode for plan in plans for p in plan.partitions if p.decode]
     assert any((as_i32(d.start_pos) == PLACEHOLDER).any() for d in decodes)
     assert any(d.draft_mask for d in decodes)  # drafter skips were planned
@@ -155,12 +161,6 @@ async def test_k7_overlap_with_adaptive_windows_and_drafter_skips_gives_k0_token
 async def test_a_request_with_a_grammar_constraint_sits_out_the_overlapped_step():
     """A constrained request's mask needs its last token: it must never get a placeholder
     input, and must still finish with the tokens lockstep gives it."""
-
-    class AllowAll:
-        def row_masks(self, output_ids, drafts=()):
-            import numpy as np
-
-            return [pack_mask(np.ones(tiny_tokenizer().get_vocab_size(), bool))]
 
     async def tokens(overlap: bool):
         sched = make_scheduler(num_partitions=1, max_num_seqs=4)
@@ -195,12 +195,6 @@ async def test_while_a_constrained_request_runs_the_loop_plans_in_lockstep_so_it
     the step in flight's token): while one is live the loop must plan in lockstep, so it
     decodes in every step next to unconstrained requests, and overlap resumes after it."""
 
-    class AllowAll:
-        def row_masks(self, output_ids, drafts=()):
-            import numpy as np
-
-            return [pack_mask(np.ones(tiny_tokenizer().get_vocab_size(), bool))]
-
     sched = make_scheduler(num_partitions=1, max_num_seqs=4)
     mesh = make_mesh(sched)
     engine = EngineLoop(sched, mesh, tiny_tokenizer(), async_scheduling=True)
@@ -214,18 +208,13 @@ async def test_while_a_constrained_request_runs_the_loop_plans_in_lockstep_so_it
 
     await asyncio.gather(one(0, 12, True), one(1, 40, False), one(2, 40, False))
     await engine.stop()
-    constrained_id = next(r for r, k in sched_ids(mesh.plans).items() if k == "masked")
+    (constrained_id,) = {m.req_id for p in mesh.plans for part in p.partitions for m in part.token_masks}
     steps = [p for p in mesh.plans if p.partitions[0].decode is not None]
     with_it = [constrained_id in as_i32(p.partitions[0].decode.req_ids).tolist() for p in steps]
     first, last = with_it.index(True), len(with_it) - 1 - with_it[::-1].index(True)
     assert all(with_it[first : last + 1])  # every step while it decodes
     after = [t for p in steps[last + 1 :] for t in as_i32(p.partitions[0].decode.token_ids).tolist()]
     assert PLACEHOLDER in after  # planned ahead again once it finished
-
-
-def sched_ids(plans) -> dict[int, str]:
-    """req_id -> "masked" for requests that ever had a token mask."""
-    return {m.req_id: "masked" for p in plans for part in p.partitions for m in part.token_masks}
 
 
 async def test_k7_overlap_maps_pages_for_the_longest_outcome_and_no_further():
