@@ -37,7 +37,7 @@ import numpy as np
 
 from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.accept_calibration import AcceptCalibration
-from dspark_loop.engine.regime_guard import RegimeGuard
+from dspark_loop.engine.regime_guard import LOAD_BUCKETS, RegimeGuard, load_bucket
 from dspark_loop.engine.step_cost import StepCost
 from dspark_loop.engine.verify_budget import linear_drafts, solve_budget, survival
 from dspark_loop.engine.verify_policy import VerifyChoice
@@ -45,14 +45,8 @@ from dspark_loop.engine.verify_policy import VerifyChoice
 EMA = 0.05  # weight of a step in the drafted-gain averages
 RESIDUAL_EMA = 0.1  # weight of a step in its regime's residual
 RESIDUAL_RANGE = (0.25, 4.0)
-LOAD_BUCKETS = 12  # residuals per regime: decode requests 1, 2-3, 4-7, ... (log2)
 MAX_PROBE_EVERY = 256  # the longest a request without drafts waits for a probe
 PROBE_SIZE = 8  # requests a probe step re-drafts
-
-
-def load_bucket(num_requests: int) -> int:
-    """The residuals' load index: floor(log2(decode requests)), capped."""
-    return min(max(int(num_requests), 1).bit_length() - 1, LOAD_BUCKETS - 1)
 
 
 class AdaptiveVerify:

@@ -34,7 +34,12 @@ from dataclasses import dataclass
 
 RATE_EMA = 0.1  # weight of a step in its operating point's rate
 MIN_STEPS = 5  # steps each point needs before the guard acts on its rate
-LOAD_KEYS = 12
+LOAD_BUCKETS = 12  # loads told apart: decode requests 1, 2-3, 4-7, ... (log2), the last open-ended
+
+
+def load_bucket(num_requests: int) -> int:
+    """The load index of a step: floor(log2(decode requests)), capped."""
+    return min(max(int(num_requests), 1).bit_length() - 1, LOAD_BUCKETS - 1)
 
 
 @dataclass
@@ -57,7 +62,7 @@ class RegimeGuard:
 
     @staticmethod
     def key(num_requests: int, num_sampled: int) -> tuple[int, int]:
-        load = min(max(int(num_requests), 1).bit_length() - 1, LOAD_KEYS - 1)
+        load = load_bucket(num_requests)
         mix = 0 if num_sampled == 0 else 2 if num_sampled >= num_requests else 1
         return load, mix
 
