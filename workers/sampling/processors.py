@@ -62,6 +62,8 @@ def apply_penalties(logits: torch.Tensor, rows: SamplingRows, pen: PenaltyRows) 
 def apply_min_p(x: torch.Tensor, row_max: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """x [L, V/tp] (temperature applied), row_max [L] (group-wide), min_p [L]."""
     on = min_p > 0  # [L]
+    if not bool(on.any()):
+        return x
     drop = (torch.exp(x - row_max[:, None]) < min_p[:, None]) & on[:, None]
     return x.masked_fill(drop, NEG_INF)
 
@@ -108,6 +110,10 @@ def apply_top_p(
 def filter_logits(logits: torch.Tensor, rows: SamplingRows, vocab_size: int, comm: Comm) -> torch.Tensor:
     """Random rows' (penalised) logits [L, V/tp] -> x / T with min-p, top-k and top-p applied."""
     x = logits / rows.temperature[:, None]  # [L, V/tp]
+    # NOTE: the row max only where min-p or top-p is on (a collective: every rank of the
+    # group has the same rows, so all skip it together); plain sampling pays one divide
+    if not bool(((rows.min_p > 0) | (rows.top_p < 1)).any()):
+        return apply_top_k(x, rows.top_k, vocab_size, comm)
     row_max = group_max(x, comm)  # [L]; the top id survives every filter
     x = apply_min_p(x, row_max, rows.min_p)
     x = apply_top_k(x, rows.top_k, vocab_size, comm)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from workers.comm import Comm
-from workers.sampling.noise import gumbel_noise
+from workers.sampling.gumbel_max import perturbed
 from workers.sampling.processors import PenaltyRows, apply_penalties, filter_logits
 from workers.sampling.rows import SamplingRows
 
@@ -39,6 +39,6 @@ def sample(
     if len(rand):
         sub = rows.select(rand)
         x = filter_logits(logits[rand], sub, vocab_size, comm)  # [m, V/tp]
-        noise = gumbel_noise(sub.seed, sub.choice, sub.position, vocab_offset, local_vocab)
-        tokens[rand] = comm.argmax_tp(x + noise, vocab_offset)
+        # NOTE: x + G only where it can win (gumbel_max.py): the same argmax, a fraction of the noise
+        tokens[rand] = comm.argmax_tp(perturbed(x, sub.seed, sub.choice, sub.position, vocab_offset), vocab_offset)
     return tokens
