@@ -7,7 +7,7 @@ import numpy as np
 
 from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.adaptive_verify import AdaptiveVerify
-from dspark_loop.engine.regime_guard import MIN_STEPS, RegimeGuard
+from dspark_loop.engine.regime_guard import MIN_STEPS, REGRET, RegimeGuard
 from tests.unit.engine.test_adaptive_policy import learned
 
 
@@ -40,7 +40,7 @@ def test_each_key_explores_the_other_point_soon_while_unmeasured_then_every_expl
     guard.margin[key] = 1.2  # the model drafts, expecting a little more than not drafting
     allowed = [guard.allow(key) for _ in range(40)]  # epochs at its steps 16 and 32
     assert allowed[15:23] == [False] * 8 and allowed.count(False) == 16
-    feed(guard, 16, on_rate=100, off_rate=200)  # now off is the better point
+    feed(guard, 16, on_rate=190, off_rate=200)  # now off is the (slightly) better point
     allowed = [guard.allow(key) for _ in range(128)]  # steps 41..168: epochs at 96 and 160
     assert allowed.count(True) == 16
 
@@ -78,3 +78,19 @@ def test_where_the_model_drafts_nobody_the_off_point_is_not_explored():
     guard.margin[idle], guard.margin[sure] = 1.0, 2.5
     assert all(guard.allow(idle) for _ in range(100))
     assert not all(guard.allow(sure) for _ in range(100))
+
+
+def test_a_far_worse_point_is_explored_rarely_enough_to_cost_at_most_the_regret():
+    """Where the other point delivers a quarter of this one's rate, an epoch of it must come
+    only every epoch * (4 - 1) / REGRET steps (not every explore_every), so exploring costs
+    at most REGRET of the speed; a point a little worse keeps explore_every."""
+    guard = RegimeGuard(explore_every=64, epoch=6)
+    far, near = guard.key(64, 0), guard.key(16, 0)
+    feed(guard, 64, on_rate=100, off_rate=400)  # vetoed: drafting is 4x slower
+    feed(guard, 16, on_rate=380, off_rate=400)
+    period = int(6 * 3 / REGRET)
+    far_allowed = [guard.allow(far) for _ in range(2 * period - 1)]
+    assert far_allowed.count(True) == 6  # one epoch, at step `period`; the next at 2 * period
+    assert far_allowed.index(True) == period - 1
+    near_allowed = [guard.allow(near) for _ in range(64 * 10 + 5)]
+    assert near_allowed.count(True) == 60  # an epoch every 64 steps: 10 of them
