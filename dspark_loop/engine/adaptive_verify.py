@@ -94,13 +94,9 @@ class AdaptiveVerify:
         R = len(cap)
         sampled = np.zeros(R, bool) if sampled is None else np.asarray(sampled, bool)  # [R]
         self.num_steps += 1
-        acc = self.acceptance
-        raw = survival(acc.calibrated(acc.known(conf, cap, sampled)), cap)  # [R, K] what the confidences say
-        surv = acc.corrected(raw, sampled)  # [R, K] what acceptance has been
         self.num_capped += int(cap.sum())
-        if not self.cost.trusted:
-            choice = self._untrusted(cap)
-        else:
+        P = int(partition.max()) + 1 if R else 1
+        if self.cost.trusted:
             num_sampled = int(sampled.sum())
             # NOTE: a pinned cost model is taken as is (reproducible choices): no guard, no residuals
             key = self.guard.key(R, num_sampled)
@@ -108,16 +104,24 @@ class AdaptiveVerify:
             shape = (R, num_sampled, tuple(np.bincount(partition).tolist()), allowed)
             if self._idle_shape == shape and not cap.any() and (not allowed or self.num_steps % self.probe_every):
                 # NOTE: the steady state of a load that does not draft: nobody has drafts and
-                # the same requests' last solve drafted nobody; solving again would say the same
-                choice = VerifyChoice(np.zeros(R, np.int32), np.zeros(R, bool))
-            else:
-                choice, _ = self._solve(surv, cap, partition, sampled, allowed, key)
-                self._idle_shape = shape if not choice.draft_next.any() and not cap.any() else None
+                # the same requests' last solve drafted nobody; solving again would say the
+                # same, and there is nothing to calibrate (no survival: nothing verified)
+                self.expected_tokens += R
+                self.num_drafter_skips += R
+                self.last_drafted = np.zeros(P)
+                return VerifyChoice(np.zeros(R, np.int32), np.zeros(R, bool))
+        acc = self.acceptance
+        raw = survival(acc.calibrated(acc.known(conf, cap, sampled)), cap)  # [R, K] what the confidences say
+        surv = acc.corrected(raw, sampled)  # [R, K] what acceptance has been
+        if not self.cost.trusted:
+            choice = self._untrusted(cap)
+        else:
+            choice, _ = self._solve(surv, cap, partition, sampled, allowed, key)
+            self._idle_shape = shape if not choice.draft_next.any() and not cap.any() else None
         verified = np.arange(DSPARK_K)[None, :] < choice.verify_len[:, None]  # [R, K]
         self.expected_tokens += R + float(np.where(verified, surv, 0.0).sum())
         self.num_drafter_skips += int(R - choice.draft_next.sum())
         self.num_verified += int(choice.verify_len.sum())
-        P = int(partition.max()) + 1 if R else 1
         self.last_drafted = np.bincount(partition, weights=choice.draft_next, minlength=P)
         return VerifyChoice(choice.verify_len, choice.draft_next, raw)
 
