@@ -101,8 +101,10 @@ class RegimeGuard:
         steps between epochs (epoch * (ratio - 1) <= REGRET * period), at most MAX_PERIOD.
         NOTE: at 64 streams T=0.8 on the demo drafting delivers a quarter of not drafting:
         6 drafting steps every 512 cost ~4% of K=0's speed."""
-        here, there = self.points.get((*key, allowed)), self.points[(*key, not allowed)]
-        ratio = here.rate / there.rate if here is not None and there.rate > 0 else 1.0
+        here, there = self.points.get((*key, allowed)), self.points.get((*key, not allowed))
+        if here is None or there is None or there.rate <= 0:
+            return self.explore_every
+        ratio = here.rate / there.rate
         return min(max(self.explore_every, int(self.epoch * max(ratio - 1.0, 0.0) / REGRET)), MAX_PERIOD)
 
     def observe(

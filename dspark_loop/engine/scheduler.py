@@ -35,6 +35,7 @@ from dspark_loop.engine.step_update import read_results
 from dspark_loop.engine.token_masks import token_masks
 from dspark_loop.engine.verify_feedback import observe_step
 from dspark_loop.engine.verify_policy import FullVerify, VerifyPolicy
+from dspark_loop.engine.verify_windows import decode_windows
 
 
 class Scheduler:
@@ -223,51 +224,25 @@ class Scheduler:
         drafts are the ones the unanswered step makes (plan_drafts); their confidences are
         not known yet: the policy reads the newest the host has (one step stale), which
         changes speed, never tokens."""
-        verify_limit = self.max_model_len - (self.spec_k + 1)
-        reqs: list[Request] = []
-        leases: list[int] = []
-        caps: list[int] = []
-        may: list[bool] = []
-        sampled: list[bool] = []
-        unknown: list[bool] = []
-        counts: list[int] = []
-        for part in self.partitions:
-            first = len(reqs)
-            for r in part.running:
-                pos = r.num_computed if inflight < 0 else r.plan_pos
-                if pos >= r.prefill_target:
-                    reqs.append(r)
-                    leases.append(r.lease)
-                    m = r.max_draft_tokens
-                    # NOTE: a request that may never verify (its own cap 0) never drafts
-                    may.append(m > 0)
-                    sampled.append(r.params.knobs.is_random)
-                    ahead = inflight >= 0 and r.plan_pending
-                    drafted = r.plan_drafts if ahead else r.has_drafts
-                    caps.append(m if drafted and pos <= verify_limit else 0)
-                    # NOTE: drafts the unanswered step makes for a request that had none: the
-                    # host holds no confidences of its recent drafts (the lease's row is older)
-                    unknown.append(ahead and drafted and not r.has_drafts)
-            counts.append(len(reqs) - first)
-        n = len(reqs)
-        if not n:
+        w = decode_windows(self.partitions, inflight >= 0, self.max_model_len - (self.spec_k + 1))
+        if w is None:
             return False
-        cap = np.array(caps, np.int32)  # [R]
-        partition = np.repeat(np.arange(len(counts), dtype=np.int32), counts)  # [R]
+        reqs, cap, n = w.reqs, w.cap, len(w.reqs)
+        counts = np.bincount(w.partition, minlength=len(self.partitions)).tolist()
         ends = np.cumsum(counts).tolist()
         tables = [part.conf for part in self.partitions]
         assert all(t is not None for t in tables)  # K=7 partitions hold a conf table
         conf = np.concatenate(  # [R, K]
-            [t[leases[e - c : e]] for t, c, e in zip(tables, counts, ends) if c]  # type: ignore[index]
+            [t[w.leases[e - c : e]] for t, c, e in zip(tables, counts, ends) if c]  # type: ignore[index]
         )
         conf[cap == 0] = 0.0
-        conf[np.array(unknown) & (cap > 0)] = np.nan  # the policy's prior for its class
-        verify_len, draft_next, surv = self.policy.choose(conf, cap, partition, np.array(sampled, bool))
+        conf[w.unknown & (cap > 0)] = np.nan  # the policy's prior for its class
+        verify_len, draft_next, surv = self.policy.choose(conf, cap, w.partition, w.sampled)
         if surv is not None:  # the policy learns acceptance: it gets this back in observe_step
             step.verify_survival = (np.fromiter((r.req_id for r in reqs), np.int64, n), surv)
         if len(verify_len) != n or len(draft_next) != n:
             raise ValueError(f"verify policy answered {len(verify_len)}/{len(draft_next)} choices for {n} requests")
-        drafting = np.asarray(draft_next, bool) & np.array(may, bool)  # [R]
+        drafting = np.asarray(draft_next, bool) & w.may  # [R]
         for req, vl, dn in zip(reqs, np.clip(verify_len, 0, cap).tolist(), drafting.tolist()):
             req.verify_len = vl
             req.draft_next = dn
