@@ -16,10 +16,11 @@ seeded sampling with seed = the user's index: speculation must never change them
 
 The adaptive policy is ONE instance for the whole run, as in a server: its cost model is
 learned online (first on a warm-up that varies the load) and keeps learning, unless
---cost-model pins it. Modes run interleaved round by round so machine noise spreads
-evenly. --quick: a smoke test (streams 1 2, 6 tokens, one round, no warm-up). --constrained:
-every request writes a JSON document under tools.bench_demo.SCHEMA (response_format
-json_schema; grammar masks along the drafts at K=7), ended by EOS; host ms is the median
+--cost-model pins it. Modes run interleaved round by round, in an order that rotates
+from round to round, so machine noise spreads evenly. --quick: a smoke test (streams 1 2,
+6 tokens, one round, no warm-up). --constrained: every request writes a JSON document
+under tools.bench_demo.SCHEMA (response_format json_schema; grammar masks along the
+drafts at K=7), ended by EOS; host ms is the median
 per step of the host's schedule + update time (the masks are filled in schedule).
 """
 
@@ -133,7 +134,8 @@ def cell(path: str, pool, n: int, temperature: float, max_tokens: int, rounds: i
     runs = {m: [] for m in MODES}
     for r in range(rounds):
         prompts = [pool[(r * n + i) % len(pool)] for i in range(n)]
-        for m in MODES:
+        # NOTE: the order rotates round by round, so a mode is not always run after the same one
+        for m in MODES[r % len(MODES) :] + MODES[: r % len(MODES)]:
             runs[m].append(run(path, m, prompts, max_tokens, temperature, policy, constrained))
     got = {m: merge(v) for m, v in runs.items()}
     k0 = got["k0"]
