@@ -119,15 +119,21 @@ def merge(runs: list[dict]) -> dict:
     }
 
 
-def warm_up(path: str, pool, policy: AdaptiveVerify, streams: list[int], max_tokens: int) -> None:
+def warm_up(path: str, pool, policy: AdaptiveVerify, streams, temperatures, max_tokens: int, constrained: bool) -> None:
     """Adaptive runs over the stream counts until the cost model is trusted (at most 8
-    rounds), greedy and sampled, so its start-up profile sees every load."""
+    rounds), greedy and sampled, so its start-up profile sees every load; then one run of
+    every cell's load and temperature (constrained as the cells are), so the guard's first
+    epochs and the acceptance calibration of each are behind it, as in a server that has
+    been up a while (the cells measure the steady state, not the start-up)."""
     for rnd in range(8):
         for i, n in enumerate(streams):
             prompts = [pool[(rnd + j) % len(pool)] for j in range(n)]
             run(path, "adaptive", prompts, max_tokens, 0.8 if (rnd + i) % 2 else 0.0, policy)
         if policy.cost.trusted:
-            return
+            break
+    for n in streams:
+        for t in temperatures:
+            run(path, "adaptive", [pool[j % len(pool)] for j in range(n)], 2 * max_tokens, t, policy, constrained)
 
 
 def cell(path: str, pool, n: int, temperature: float, max_tokens: int, rounds: int, policy, constrained: bool) -> dict:
@@ -204,7 +210,7 @@ def main(argv=None) -> int:
     policy = adaptive_policy(args.cost_model, ModelConfig.from_dir(args.model))  # the server's, with its temperatures
     run(args.model, "k0", pool[:1], 4, 0.0, None)  # warm-up (allocator, first-call paths)
     if not args.quick and not args.cost_model:
-        warm_up(args.model, pool, policy, args.streams, min(args.max_tokens, 32))
+        warm_up(args.model, pool, policy, args.streams, args.temperatures, min(args.max_tokens, 32), args.constrained)
     print(f"confidence temperatures (config.json): {policy.acceptance.temperatures}", flush=True)
     print(f"cost model after warm-up: {policy.cost.stats()}", flush=True)
     rows = []
