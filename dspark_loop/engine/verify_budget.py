@@ -76,26 +76,29 @@ def solve_budget(
     quantised = np.rint((1.0 - flat) * SURVIVAL_STEPS).astype(np.int64)  # [R * K] in 0..2 * STEPS
     keys = (quantised << index_bits) | np.arange(R * K, dtype=np.int64)
     order = np.argsort(keys)[: int(cap.sum())]  # [n] slots, best first
-    slot_part = partition[order // K] if P > 1 else None  # [n]
-    ranked, prefix_tau, step_s = [], [], []  # per partition: slots, cumulative tau, times
-    for p in range(P):
-        mine = order[slot_part == p] if P > 1 else order  # [n_p]
-        ranked.append(mine)
-        prefix_tau.append(np.concatenate(([0.0], np.cumsum(flat[mine]))))  # [n_p + 1]
-        step_s.append(base_s[p] + drafts_s(np.arange(len(mine) + 1)))  # [n_p + 1] non-decreasing
-    if P == 1:  # the staircase itself: candidate c verifies the first c slots
-        times, tau, num_slots = step_s[0], R + prefix_tau[0], [np.arange(len(order) + 1)]
-    else:  # candidate step times: every partition's breakpoints, at least the slowest base
-        times = np.sort(np.concatenate(step_s))  # [C] ascending (a repeat is harmless)
-        times = times[np.searchsorted(times, base_s.max()) :]
-        tau = np.full(len(times), float(R))  # [C]
-        num_slots = []
-        for p in range(P):
-            m = np.searchsorted(step_s[p], times, side="right") - 1  # [C] the most drafts within T
-            num_slots.append(m)
-            tau += prefix_tau[p][m]
-    c = len(times) - 1 - int(np.argmax((tau / times)[::-1]))  # the LAST maximum: more rows on a tie
-    chosen = np.concatenate([ranked[p][: num_slots[p][c]] for p in range(P)])
+    n = len(order)
+    # Each slot's breakpoint: the step time at which its partition verifies it, base_s[p] +
+    # drafts_s(its rank in the partition + 1). A step time T verifies, in every partition,
+    # the slots whose breakpoint is <= T: a prefix of the partition's ranking (breakpoints
+    # never fall along it). So one stable sort of the breakpoints lines up every candidate
+    # T, and tau(T) is a running sum over it.
+    slot_part = partition[order // K] if P > 1 else np.zeros(n, np.int64)  # [n]
+    by_part = np.argsort(slot_part, kind="stable")  # [n] partition by partition, best first within
+    grouped = slot_part[by_part]  # [n]
+    rank = np.empty(n, np.int64)
+    rank[by_part] = np.arange(n) - np.searchsorted(grouped, grouped)  # [n] rank within its partition
+    breakpoint_s = base_s[slot_part] + drafts_s(rank + 1)  # [n]
+    by_time = np.argsort(breakpoint_s, kind="stable")  # [n] keeps each partition's rank order
+    t = breakpoint_s[by_time]  # [n] ascending
+    tau = R + np.concatenate(([0.0], np.cumsum(flat[order][by_time])))  # [n + 1]: the first j slots
+    slowest = float(base_s.max())  # no step is shorter than the busiest partition's base
+    first = int(np.searchsorted(t, slowest, side="right"))  # slots free at T = slowest
+    # candidates: j = first (T = slowest), and every later j that ends a run of equal breakpoints
+    j = np.concatenate(([first], first + 1 + np.flatnonzero(np.append(t[first + 1 :] != t[first:-1], True))))
+    j = j[j <= n]
+    times = np.where(j == first, slowest, np.concatenate(([slowest], t))[j])  # [C] T of candidate j: t[j - 1]
+    c = len(j) - 1 - int(np.argmax((tau[j] / times)[::-1]))  # the LAST maximum: more rows on a tie
+    chosen = order[by_time[: j[c]]]
     verify_len = np.bincount(chosen // K, minlength=R).astype(np.int32)  # [R]
     gain = np.bincount(chosen // K, weights=flat[chosen], minlength=R)  # [R]
-    return Budget(verify_len, float(tau[c]), float(times[c]), gain)
+    return Budget(verify_len, float(tau[j[c]]), float(times[c]), gain)
