@@ -41,9 +41,7 @@ class Rollouts:
 
 
 @torch.no_grad()
-def generate(
-    model, cfg, prompts: np.ndarray, gen_len: int, progress=None, temperature=None, seeds=None
-) -> np.ndarray:
+def generate(model, cfg, prompts: np.ndarray, gen_len: int, progress=None, temperature=None, seeds=None) -> np.ndarray:
     """prompts [N, P] -> [N, P + gen_len]: continuations, all N in one decode batch; greedy,
     or sampled at temperature [N] (0: greedy) with seeds [N] as the server samples them."""
     N, P = prompts.shape
