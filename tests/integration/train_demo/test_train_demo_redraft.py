@@ -127,3 +127,48 @@ def test_evaluate_measures_every_model_on_the_same_rollouts(smoke_run, redraft_r
             assert len(a) == 7 and all(x >= y for x, y in zip(a, a[1:]))
             assert acc["mean_accepted_len"] == pytest.approx(1 + sum(a), abs=1e-3)
     assert len([n for n in os.listdir(tmp_path / "evaluate") if n.startswith("heldout-")]) == 2
+
+
+def fake_evaluation(eval_dir: str, models: list[str], t08: tuple[float, float]) -> None:
+    """summary-evaluate.json + train.log as `evaluate` writes them, with chosen figures."""
+    import json
+
+    os.makedirs(eval_dir, exist_ok=True)
+    figs = [{"T=0": {"mean_accepted_len": 5.0}, "T=0.8": {"mean_accepted_len": m}} for m in t08]
+    summary = {"evaluate": {"models": dict(zip(models, figs)), "anchors": 8, "rollouts": 2}}
+    with open(os.path.join(eval_dir, "summary-evaluate.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f)
+    with open(os.path.join(eval_dir, "train.log"), "w", encoding="utf-8") as f:
+        f.write("2026-01-01 00:00:00 command: python -m tools.train_demo evaluate --model A --model B\n")
+
+
+def test_redraft_ship_replaces_the_drafter_only_on_a_clear_gain(smoke_run, redraft_run, tmp_path):
+    """redraft_ship must leave the destination untouched when T=0.8 does not improve by
+    MIN_GAIN, and otherwise copy the new weights and config.json, keep the old drafter
+    figures, record the evaluation and the commands, and list every file's new sha256."""
+    import json
+    import shutil
+
+    from tools.train_demo.redraft_ship import ship
+    from tools.train_demo.ship import file_entry
+
+    dest = str(tmp_path / "demo")
+    shutil.copytree(os.path.join(smoke_run, "model"), dest)
+    files = {n: file_entry(os.path.join(dest, n)) for n in sorted(os.listdir(dest))}
+    manifest = {"commands": ["train", "python -m tools.train_demo calibrate --model X"], "drafter": {"steps": 6}}
+    with open(os.path.join(dest, "manifest.json"), "w", encoding="utf-8") as f:
+        json.dump({**manifest, "files": files}, f)
+    models = [dest, os.path.join(redraft_run, "model")]
+    fake_evaluation(str(tmp_path / "flat"), models, (1.6, 1.62))
+    assert ship(redraft_run, str(tmp_path / "flat"), dest, "ship")[0] is False
+    assert {n: file_entry(os.path.join(dest, n)) for n in files} == files
+    fake_evaluation(str(tmp_path / "gain"), models, (1.6, 2.4))
+    assert ship(redraft_run, str(tmp_path / "gain"), dest, "ship")[0] is True
+    m = load(os.path.join(dest, "manifest.json"))
+    assert m["drafter_before_redraft"] == {"steps": 6} and m["drafter"]["temperatures"] == TEMPS
+    assert m["acceptance_offline"]["after"]["T=0.8"]["mean_accepted_len"] == 2.4
+    assert m["commands"][0] == "train" and " redraft " in m["commands"][1] and m["commands"][2] == "ship"
+    assert m["files"] == {n: file_entry(os.path.join(dest, n)) for n in files}
+    for name in ("model.safetensors", "config.json"):
+        with open(os.path.join(dest, name), "rb") as a, open(os.path.join(redraft_run, "model", name), "rb") as b:
+            assert a.read() == b.read()
