@@ -69,11 +69,14 @@ def run(
         data = make_rollouts(target, cfg, train_stream, held_stream, temperatures, seed, smoke, progress)
         state.save_state(data_path, data)
         n = {k: len(v.tokens) for k, v in data.items()}
+        with open(os.path.join(d, "rollouts.json"), "w", encoding="utf-8") as f:
+            json.dump({"seconds": round(time.perf_counter() - t0, 1), **n}, f)
         log(
             f"redraft: {n['train']}+{n['heldout']} rollouts sampled at temperatures {temperatures} "
             f"in {time.perf_counter() - t0:.0f}s"
         )
-    t_roll = time.perf_counter() - t0
+    with open(os.path.join(d, "rollouts.json"), encoding="utf-8") as f:
+        t_roll = json.load(f)["seconds"]  # NOTE: the run that built them (a --resume reuses them)
     ro, held = data["train"], data["heldout"]
     net = drafter.init_drafter(shape(smoke), seed, cfg)
     lr, R = 2e-3, 16 if smoke else 128
