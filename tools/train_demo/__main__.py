@@ -1,6 +1,10 @@
 """python -m tools.train_demo {tokenizer,target,drafter,all} --out DIR [--smoke] [--resume]
     [--seed 0] [--threads 2] [--target-steps N] [--drafter-steps N]
 python -m tools.train_demo calibrate --model MODEL [--out DIR] [--anchors 4096] [--smoke] [--resume]
+python -m tools.train_demo redraft --model MODEL --out DIR [--drafter-steps N] [--temperatures 0 0.7 1]
+    [--resume] [--smoke]
+python -m tools.train_demo evaluate --model MODEL [--model MODEL2 ...] [--temperatures 0 0.8]
+    [--out DIR] [--anchors 2048] [--rollouts 64] [--smoke]
 
 Each stage reads the previous stage's output under DIR and writes its own; DIR/train.log
 collects every stage's log lines; --resume continues a stage from DIR/<stage>/state.pt.
@@ -8,6 +12,10 @@ calibrate fits per-position confidence temperatures for an already-trained check
 (e.g. dspark_loop/demo) and writes them into MODEL/config.json and its manifest.json, in
 place; DIR (default: a new temporary directory) holds its log and its rollouts (--resume
 reuses them).
+redraft retrains the drafter of MODEL (its target frozen) on rollouts sampled at the given
+temperatures (a share each; 0 = greedy), then calibrates it and writes DIR/model (redraft.py).
+evaluate measures the offline acceptance of each MODEL's drafter, greedy and Gumbel-coupled
+under sampling, on held-out rollouts sampled at each temperature (evaluate.py).
 """
 
 from __future__ import annotations
@@ -27,10 +35,26 @@ def parse(argv):
     ap = argparse.ArgumentParser(
         prog="python -m tools.train_demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("stage", choices=STAGES + ("all", "calibrate"))
+    ap.add_argument("stage", choices=STAGES + ("all", "calibrate", "redraft", "evaluate"))
     ap.add_argument("--out", default=None, help="working directory (state, logs, checkpoints)")
-    ap.add_argument("--model", default=None, help="calibrate: the checkpoint directory, updated in place")
-    ap.add_argument("--anchors", type=int, default=None, help="calibrate: train and held-out anchors (4096)")
+    ap.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        help="calibrate: the checkpoint directory, updated in place; redraft: the checkpoint whose drafter "
+        "is retrained; evaluate: a checkpoint to measure (repeatable)",
+    )
+    ap.add_argument(
+        "--anchors", type=int, default=None, help="calibrate: train and held-out anchors (4096); evaluate: 2048"
+    )
+    ap.add_argument(
+        "--temperatures",
+        type=float,
+        nargs="+",
+        default=None,
+        help="redraft: the rollouts' temperatures (0 0.7 1); evaluate: the measured ones (0 0.8)",
+    )
+    ap.add_argument("--rollouts", type=int, default=None, help="evaluate: held-out rollouts per temperature (64)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes and a few steps (the tests)")
     ap.add_argument("--resume", action="store_true", help="continue from DIR/<stage>/state.pt")
     ap.add_argument("--seed", type=int, default=0)
@@ -44,11 +68,17 @@ def parse(argv):
     )
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
-    if args.stage == "calibrate":
-        if args.model is None:
-            ap.error("calibrate needs --model")
-        args.out = args.out or tempfile.mkdtemp(prefix="calibrate-")
-        args.anchors = args.anchors or (64 if args.smoke else 4096)
+    if args.stage in ("calibrate", "redraft", "evaluate"):
+        if args.model is None or (len(args.model) > 1 and args.stage != "evaluate"):
+            ap.error(f"{args.stage} needs --model (one)")
+        args.out = args.out or tempfile.mkdtemp(prefix=f"{args.stage}-")
+        if args.stage == "evaluate":
+            args.anchors = args.anchors or (32 if args.smoke else 2048)
+            args.rollouts = args.rollouts or (4 if args.smoke else 64)
+            args.temperatures = args.temperatures or [0.0, 0.8]
+        else:
+            args.anchors = args.anchors or (64 if args.smoke else 4096)
+            args.temperatures = args.temperatures or [0.0, 0.7, 1.0]
     elif args.out is None:
         ap.error(f"{args.stage} needs --out")
     return args
@@ -107,7 +137,36 @@ def main(argv=None) -> int:
             from tools.train_demo import recalibrate
 
             info[stage] = recalibrate.run(
-                args.model, args.out, args.seed, args.smoke, args.resume, args.anchors, command, log, progress
+                args.model[0], args.out, args.seed, args.smoke, args.resume, args.anchors, command, log, progress
+            )
+        elif stage == "evaluate":
+            from tools.train_demo import evaluate
+
+            info[stage] = evaluate.run(
+                args.model,
+                args.out,
+                args.temperatures,
+                args.seed,
+                args.smoke,
+                args.anchors,
+                args.rollouts,
+                log,
+                progress,
+            )
+        elif stage == "redraft":
+            from tools.train_demo import redraft
+
+            info[stage] = redraft.run(
+                args.model[0],
+                args.out,
+                args.seed,
+                args.smoke,
+                args.resume,
+                args.drafter_steps or (6 if args.smoke else 2000),
+                args.temperatures,
+                log=log,
+                progress=progress,
+                stop_after=args.stop_after,
             )
         else:
             from tools.train_demo import drafter

@@ -19,6 +19,7 @@ import torch
 from dspark_loop.contract.protocol import DSPARK_K
 from tools.train_demo.anchors import anchors, fill_rings
 from workers.comm import LocalComm
+from workers.sampling.draft_pick import DraftPicker
 
 BINS = 10
 CHUNK = 128  # anchors per propose call
@@ -27,20 +28,26 @@ MIN_EVENTS = 50  # a draft position with fewer train events keeps T = 1
 
 @torch.no_grad()
 def serve_drafts(drafter, target, ro, seq: np.ndarray, pos: np.ndarray, chunk: int = CHUNK, bar=None):
-    """drafts [R, 7], confidence [R, 7], the target's tokens [R, 7] at P+1..P+7."""
+    """drafts [R, 7], confidence [R, 7], the target's tokens [R, 7] at P+1..P+7.
+
+    Sampled rollouts (ro.temperature) are drafted as the server drafts for their requests:
+    Gumbel-coupled picks (DraftPicker) with each rollout's temperature and seed, so a draft
+    matches the rollout's token exactly when serving would accept it."""
     outs_d, outs_c = [], []
     for i in range(0, len(seq), chunk):
         s, p = seq[i : i + chunk], pos[i : i + chunk]
         rings, filler = fill_rings(drafter, ro, s, p)
+        comm, anchor_pos, rows = LocalComm(), torch.from_numpy(p.copy()), ro.sampling_rows(s)
         d, c = drafter.propose(
             rings,
             filler,
             target.embed,
             target.head,
-            LocalComm(),
+            comm,
             torch.arange(len(s)),
-            torch.from_numpy(p.copy()),
+            anchor_pos,
             torch.from_numpy(ro.tokens[s, p]),
+            None if rows is None else DraftPicker(rows, anchor_pos, comm, drafter.dims.vocab_offset),
         )
         outs_d.append(d.numpy())
         outs_c.append(c.numpy())

@@ -128,60 +128,11 @@ def run(
     t_roll = time.perf_counter() - t0
     ro, held = data["train"], data["heldout"]
     drafter = init_drafter(p, seed, cfg)
-    params, stacks = trunk.trainable(drafter)
-    lr = 2e-3
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
-    balancer = LoadBalancer(drafter)
-    R = 16 if smoke else 128
-    st = state.load_state(os.path.join(d, "state.pt")) if resume else None
-    start, history, t_used = 0, [], 0.0
-    if st is not None:
-        drafter.load_state_dict(st["model"], strict=True)
-        stacks.load(st["stacks"])
-        opt.load_state_dict(st["optim"])
-        start, history, t_used = st["step"], st["history"], st["seconds"]
-        log(f"drafter: resumed at step {start}/{steps}")
-    bar = progress(total=steps, initial=start, desc="drafter")
-    t1 = time.perf_counter()
-    for step in range(start, steps):
-        seq, pos = anchors(ro, np.random.default_rng([seed, 1000 + step]), R)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, lr, max(1, steps // 20))
-        loss, stats = draft_loss(drafter, target, ro, seq, pos)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        balancer.step()
-        history.append({"step": step + 1, "loss": round(loss.item(), 4), **{k: round(v, 4) for k, v in stats.items()}})
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{stats['top1']:.2f}")
-        stop = stop_after is not None and step + 1 >= stop_after and step + 1 < steps
-        if (step + 1) % (3 if smoke else 25) == 0 or step + 1 == steps or stop:
-            log(
-                f"drafter: step {step + 1}/{steps} loss {loss.item():.4f} ce {stats['ce']:.3f} "
-                f"l1 {stats['l1']:.3f} bce {stats['bce']:.3f} top1 {stats['top1']:.3f} "
-                f"({t_used + time.perf_counter() - t1:.0f}s)"
-            )
-            stacks.sync()
-            state.save_state(
-                os.path.join(d, "state.pt"),
-                {
-                    "model": drafter.state_dict(),
-                    "stacks": stacks.state(),
-                    "optim": opt.state_dict(),
-                    "step": step + 1,
-                    "history": history,
-                    "seconds": t_used + time.perf_counter() - t1,
-                },
-            )
-        if stop:
-            bar.close()
-            log(f"drafter: stopped after step {step + 1} (--stop-after); continue with --resume")
-            return None
-    bar.close()
-    seconds = t_used + time.perf_counter() - t1
-    stacks.sync()
+    lr, R = 2e-3, 16 if smoke else 128
+    fit = train(drafter, target, ro, d, seed, smoke, resume, steps, lr, R, log, progress, stop_after, "drafter")
+    if fit is None:
+        return None
+    history, seconds = fit
     calib = calibration.calibrate(drafter, target, ro, held, seed, 64 if smoke else 1024, log, progress)
     info = {
         "steps": steps,
@@ -203,6 +154,80 @@ def run(
         f"offline mean accepted length {calib['mean_accepted_len']:.2f}"
     )
     return info
+
+
+def train(
+    drafter,
+    target,
+    ro: rollout.Rollouts,
+    d: str,
+    seed: int,
+    smoke: bool,
+    resume: bool,
+    steps: int,
+    lr: float,
+    R: int,
+    log,
+    progress,
+    stop_after: int | None,
+    tag: str,
+) -> tuple[list[dict], float] | None:
+    """steps of AdamW on draft_loss over R random anchors of ro per step (cosine lr with
+    warm-up), resumable from d/state.pt (rewritten every 25 steps); (history, seconds), or
+    None when stopped early by stop_after (state saved). The drafter's expert stacks are
+    synced back into its Linears on return."""
+    params, stacks = trunk.trainable(drafter)
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    balancer = LoadBalancer(drafter)
+    st = state.load_state(os.path.join(d, "state.pt")) if resume else None
+    start, history, t_used = 0, [], 0.0
+    if st is not None:
+        drafter.load_state_dict(st["model"], strict=True)
+        stacks.load(st["stacks"])
+        opt.load_state_dict(st["optim"])
+        start, history, t_used = st["step"], st["history"], st["seconds"]
+        log(f"{tag}: resumed at step {start}/{steps}")
+    bar = progress(total=steps, initial=start, desc=tag)
+    t1 = time.perf_counter()
+    for step in range(start, steps):
+        seq, pos = anchors(ro, np.random.default_rng([seed, 1000 + step]), R)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr, max(1, steps // 20))
+        loss, stats = draft_loss(drafter, target, ro, seq, pos)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        balancer.step()
+        history.append({"step": step + 1, "loss": round(loss.item(), 4), **{k: round(v, 4) for k, v in stats.items()}})
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{stats['top1']:.2f}")
+        stop = stop_after is not None and step + 1 >= stop_after and step + 1 < steps
+        if (step + 1) % (3 if smoke else 25) == 0 or step + 1 == steps or stop:
+            log(
+                f"{tag}: step {step + 1}/{steps} loss {loss.item():.4f} ce {stats['ce']:.3f} "
+                f"l1 {stats['l1']:.3f} bce {stats['bce']:.3f} top1 {stats['top1']:.3f} "
+                f"({t_used + time.perf_counter() - t1:.0f}s)"
+            )
+            stacks.sync()
+            state.save_state(
+                os.path.join(d, "state.pt"),
+                {
+                    "model": drafter.state_dict(),
+                    "stacks": stacks.state(),
+                    "optim": opt.state_dict(),
+                    "step": step + 1,
+                    "history": history,
+                    "seconds": t_used + time.perf_counter() - t1,
+                },
+            )
+        if stop:
+            bar.close()
+            log(f"{tag}: stopped after step {step + 1} (--stop-after); continue with --resume")
+            return None
+    bar.close()
+    stacks.sync()
+    return history, t_used + time.perf_counter() - t1
 
 
 def export(out_dir: str, drafter, target_dir: str, tok_dir: str, temperatures: list[float]) -> str:

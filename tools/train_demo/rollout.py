@@ -1,21 +1,25 @@
 """The target's own sequences for drafter training: prompts from the corpus, continued
-greedily by the frozen target through the served forward (paged prefill, then one-row
-decode steps), then one teacher-forced pass for the drafter's inputs.
+by the frozen target through the served forward (paged prefill, then one-row decode
+steps), then one teacher-forced pass for the drafter's inputs. Continuations are greedy, or
+sampled per rollout at its own temperature and seed with the server's sampler (Gumbel-max,
+noise of (seed, choice 0, position)): what a sampling user's request produces.
 
-    Rollouts.tokens  [N, L] int64        prompt (P tokens) + greedy continuation
+    Rollouts.tokens  [N, L] int64        prompt (P tokens) + continuation
     Rollouts.taps    [N, 3, L, d] fp32   hc-mean of the trunk after each dspark_target_layer_id
     Rollouts.final   [N, L, d]           the head's input (p_target = softmax(head(final)))
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from tools.train_demo import trunk
 from workers.comm import LocalComm
+from workers.sampling.rows import SamplingRows
+from workers.sampling.sampler import sample
 from workers.staging import Segment, stage
 
 
@@ -26,24 +30,40 @@ class Rollouts:
     final: torch.Tensor
     prompt_len: int
     greedy_match: float  # teacher-forced argmax == the rollout's next token (batch invariance)
+    temperature: np.ndarray | None = None  # [N] fp32 per rollout (0: greedy); None: all greedy
+    seeds: np.ndarray | None = None  # [N] int64 per rollout: its sampling noise's seed
+
+    def sampling_rows(self, seq: np.ndarray) -> SamplingRows | None:
+        """The requests of rollouts seq [R] (position left 0), None when all are greedy."""
+        if self.temperature is None or not (self.temperature[seq] > 0).any():
+            return None
+        return SamplingRows.make(len(seq), temperature=self.temperature[seq], seed=self.seeds[seq])
 
 
 @torch.no_grad()
-def generate(model, cfg, prompts: np.ndarray, gen_len: int, progress=None) -> np.ndarray:
-    """prompts [N, P] -> [N, P + gen_len]: greedy continuations, all N in one decode batch."""
+def generate(model, cfg, prompts: np.ndarray, gen_len: int, progress=None, temperature=None, seeds=None) -> np.ndarray:
+    """prompts [N, P] -> [N, P + gen_len]: continuations, all N in one decode batch; greedy,
+    or sampled at temperature [N] (0: greedy) with seeds [N] as the server samples them."""
     N, P = prompts.shape
     paged = trunk.PagedPass(cfg, N, P + gen_len)
     pool = paged.pool(model.dtype)
     comm = LocalComm()
+    rows = None if temperature is None else SamplingRows.make(N, temperature=temperature, seed=seeds)
 
-    def run(segs):
-        return model(stage(segs, paged.tables, paged.layout, cfg, pool), pool, comm).token_ids.numpy()
+    def run(segs, at: int):
+        out = model(stage(segs, paged.tables, paged.layout, cfg, pool), pool, comm)
+        if rows is None:
+            return out.token_ids.numpy()
+        # NOTE: position = the sampled token's own position (SamplingRows), the noise
+        # coordinate the drafter's coupled pick of that token uses too
+        return sample(out.logits, replace(rows, position=torch.full((N,), at)), comm, 0).numpy()
 
     out = np.zeros((N, P + gen_len), np.int64)
     out[:, :P] = prompts
-    out[:, P] = run([Segment(r, 0, prompts[r].astype(np.int32), P, np.array([P - 1])) for r in range(N)])
+    out[:, P] = run([Segment(r, 0, prompts[r].astype(np.int32), P, np.array([P - 1])) for r in range(N)], P)
     for t in range(P, P + gen_len - 1):
-        out[:, t + 1] = run([Segment(r, t, out[r, t : t + 1].astype(np.int32), 1, np.array([0])) for r in range(N)])
+        segs = [Segment(r, t, out[r, t : t + 1].astype(np.int32), 1, np.array([0])) for r in range(N)]
+        out[:, t + 1] = run(segs, t + 1)
         if progress is not None:
             progress.update(1)
     return out
@@ -93,6 +113,18 @@ def train_and_heldout(
         data[name] = features(model, cfg, toks, plen)
     bar.close()
     return data
+
+
+def sampled(
+    model, cfg, stream: np.ndarray, n: int, temperatures, rng: np.random.Generator, smoke: bool, bar=None
+) -> Rollouts:
+    """n rollouts of prompts from stream, rollout i continued at temperatures[i % len] (0:
+    greedy) with its own seed from rng: the contexts sampling users produce."""
+    _, _, plen, glen = sizes(smoke)
+    temp = np.asarray([temperatures[i % len(temperatures)] for i in range(n)], np.float32)
+    seeds = rng.integers(0, 2**62, n)
+    toks = generate(model, cfg, prompts_from(stream, n, plen, rng), glen, bar, temp, seeds)
+    return replace(features(model, cfg, toks, plen), temperature=temp, seeds=seeds)
 
 
 def describe(data: dict[str, Rollouts], smoke: bool) -> str:

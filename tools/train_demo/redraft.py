@@ -1,0 +1,109 @@
+"""Stage "redraft": retrain the drafter of an already-trained checkpoint (e.g. the shipped
+demo) for sampling users, its target frozen.
+
+    tokens      the corpus through the checkpoint's own tokenizer.json (evaluate.streams)
+    rollouts    train and held-out prompts continued by the target, SAMPLED: rollout i at
+                temperatures[i % n] (0 = greedy) with its own seed, the server's sampler;
+                3x the drafter stage's count (a greedy-only set's share each)
+    training    a fresh drafter (drafter.init_drafter), drafter.train: the drafter stage's
+                objective and schedule, teacher-forced on the sampled tokens (what a sampling
+                request's accepted drafts are); resumable from DIR/redraft/state.pt
+    calibration calibration.calibrate on these rollouts: the drafts of sampled rollouts
+                Gumbel-coupled as served, so the confidence fits the acceptance of the mix
+    writes      DIR/model (drafter.export: the target's tensors unchanged) and
+                DIR/redraft/drafter.json; nothing in MODEL (ship with redraft_ship.py)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+import torch
+
+from dspark_loop.contract.model_config import ModelConfig
+from tools.train_demo import calibration, drafter, rollout, state
+from tools.train_demo.evaluate import streams
+from tools.train_demo.shape import shape
+from workers.weights import load_model
+
+SCALE = 3  # rollouts per temperature share: sizes() x SCALE in all
+
+
+def make_rollouts(target, cfg, train_stream, held_stream, temperatures, seed: int, smoke: bool, progress) -> dict:
+    n_train, n_held, _, glen = rollout.sizes(smoke)
+    rng = np.random.default_rng([seed, 17])
+    bar = progress(total=2 * (glen - 1), desc="sampled rollouts")
+    data = {
+        name: rollout.sampled(target, cfg, stream, n * SCALE, temperatures, rng, smoke, bar)
+        for name, stream, n in (("train", train_stream, n_train), ("heldout", held_stream, n_held))
+    }
+    bar.close()
+    return data
+
+
+def run(
+    model_dir: str,
+    out_dir: str,
+    seed: int,
+    smoke: bool,
+    resume: bool,
+    steps: int,
+    temperatures: list[float],
+    log,
+    progress,
+    stop_after: int | None = None,
+) -> dict | None:
+    d = os.path.join(out_dir, "redraft")
+    os.makedirs(d, exist_ok=True)
+    cfg = ModelConfig.from_dir(model_dir)
+    target = load_model(model_dir, cfg, quiet=True)
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    data_path = os.path.join(d, "rollouts.pt")
+    data = torch.load(data_path, weights_only=False) if resume and os.path.exists(data_path) else None
+    if data is None:
+        _, train_stream, held_stream = streams(model_dir, smoke)
+        data = make_rollouts(target, cfg, train_stream, held_stream, temperatures, seed, smoke, progress)
+        state.save_state(data_path, data)
+        n = {k: len(v.tokens) for k, v in data.items()}
+        with open(os.path.join(d, "rollouts.json"), "w", encoding="utf-8") as f:
+            json.dump({"seconds": round(time.perf_counter() - t0, 1), **n}, f)
+        log(
+            f"redraft: {n['train']}+{n['heldout']} rollouts sampled at temperatures {temperatures} "
+            f"in {time.perf_counter() - t0:.0f}s"
+        )
+    with open(os.path.join(d, "rollouts.json"), encoding="utf-8") as f:
+        t_roll = json.load(f)["seconds"]  # NOTE: the run that built them (a --resume reuses them)
+    ro, held = data["train"], data["heldout"]
+    net = drafter.init_drafter(shape(smoke), seed, cfg)
+    lr, R = 2e-3, 16 if smoke else 128
+    fit = drafter.train(net, target, ro, d, seed, smoke, resume, steps, lr, R, log, progress, stop_after, "redraft")
+    if fit is None:
+        return None
+    history, seconds = fit
+    calib = calibration.calibrate(net, target, ro, held, seed, 64 if smoke else 1024, log, progress)
+    info = {
+        "model": model_dir,
+        "temperatures": temperatures,
+        "rollouts": {k: len(v.tokens) for k, v in data.items()},
+        "steps": steps,
+        "anchors_per_step": R,
+        "lr": lr,
+        "seconds": round(seconds, 1),
+        "rollout_seconds": round(t_roll, 1),
+        "loss_first": history[0]["loss"] if history else None,
+        "loss_last": history[-1]["loss"] if history else None,
+        **calib,
+    }
+    drafter.export(out_dir, net, model_dir, model_dir, calib["position_temperatures"])
+    with open(os.path.join(d, "drafter.json"), "w", encoding="utf-8") as f:
+        json.dump({**info, "history": history}, f, indent=1)
+    log(
+        f"redraft: done in {seconds:.0f}s (+{t_roll:.0f}s rollouts), loss {info['loss_first']} -> "
+        f"{info['loss_last']}, ECE {calib['ece_before']:.4f} -> {calib['ece_after']:.4f}, offline mean "
+        f"accepted length on the mixed held-out rollouts {calib['mean_accepted_len']:.2f}; wrote {out_dir}/model"
+    )
+    return info
