@@ -12,20 +12,22 @@ what each operating point actually delivers:
     key          (log2 of the decode requests, class mix: all greedy / mixed / all sampled)
     observe      decode-only steps: "on" when a pass ran and windows were verified, "off"
                  when neither (a step in between, e.g. the first after a switch, is neither)
-    rate         EMA of tokens / step seconds per key and operating point
+    rate         tokens / step seconds per key and operating point: the mean of its first
+                 1 / RATE_EMA steps, then an EMA
     allow(key)   False (nobody drafts, probes aside) when both rates are known and "off"
                  delivers more; True leaves the choice to the model
 
 Each key explores the other point: `epoch` steps of it (off while drafting is allowed, on
 while it is not) `first_explore` steps after the key's last epoch while that point has no
-rate yet, every `explore_every` steps once it has (longer where it is far worse: _period),
-so a rate that is never measured in the steady state (the model drafts all along, or
-nobody does) is measured soon, and a stale one is renewed; not the off point where the
-model drafts nobody anyway (its last `margin` at the key, predicted drafting /
-not-drafting rate, is 1). NOTE: also where the model
-expects drafting to win by far: at 64 streams greedy it predicted a 1.5x gain where K=0
-was 1.37x faster. An epoch of 6 steps at K=0's speed every 512 costs the best case (1
-stream greedy, 2.5x) under 1%.
+rate yet, and once it has, as often as the epochs' lost tokens stay within REGRET (1%) of
+the steps between them (_period: every `explore_every` steps where the points are close,
+rarely where the other is far worse), so a rate the steady state never measures (the
+model drafts all along, or nobody does) is measured soon, and a stale one is renewed
+where it decides a close call; not the off point where the model drafts nobody anyway
+(its last `margin` at the key, predicted drafting / not-drafting rate, is 1). NOTE: also
+where the model expects drafting to win by far: at 64 streams greedy it predicted a 1.5x
+gain where K=0 was 1.37x faster (1 stream greedy, drafting 2.5x: an off epoch every 900
+steps).
 Tokens never depend on any of this (acceptance is exact).
 """
 
@@ -52,7 +54,7 @@ class _Point:
 
 
 class RegimeGuard:
-    def __init__(self, explore_every: int = 512, epoch: int = 6, first_explore: int = 32):
+    def __init__(self, explore_every: int = 64, epoch: int = 6, first_explore: int = 32):
         self.explore_every = explore_every
         self.first_explore = first_explore
         self.epoch = epoch
@@ -96,11 +98,13 @@ class RegimeGuard:
         return allowed
 
     def _period(self, key: tuple[int, int], allowed: bool) -> int:
-        """Steps between epochs of the other point, both measured: explore_every, longer
-        where that point is far worse, so an epoch's lost tokens stay within REGRET of the
-        steps between epochs (epoch * (ratio - 1) <= REGRET * period), at most MAX_PERIOD.
-        NOTE: at 64 streams T=0.8 on the demo drafting delivers a quarter of not drafting:
-        6 drafting steps every 512 cost ~4% of K=0's speed."""
+        """Steps between epochs of the other point, both measured (rate ratio r = this
+        point's / that one's): as often as an epoch's lost tokens stay within REGRET of the
+        steps between epochs, epoch * (r - 1) / REGRET, at least explore_every, at most
+        MAX_PERIOD. Close points are re-measured often (a stale rate decides a close call:
+        the noisy shared CPU moves a rate by 20%), far ones rarely. NOTE: at 64 streams
+        T=0.8 on the demo drafting delivers a quarter of not drafting: 6 drafting steps
+        every 512 cost ~4% of K=0's speed."""
         here, there = self.points.get((*key, allowed)), self.points.get((*key, not allowed))
         if here is None or there is None or there.rate <= 0:
             return self.explore_every
@@ -116,8 +120,12 @@ class RegimeGuard:
             return  # a step between the points
         point = self.points.setdefault((*self.key(num_requests, num_sampled), drafted), _Point())
         rate = num_tokens / step_s
-        point.rate = rate if not point.steps else point.rate + RATE_EMA * (rate - point.rate)
         point.steps += 1
+        # NOTE: the plain mean of the first 1 / RATE_EMA steps, then the EMA: started from its
+        # first step, a point measured by one 6-step epoch kept half that step's weight (at
+        # 16 streams T=0.8 a slow first step left the off rate at 281 tok/s against ~365, and
+        # the guard let drafting run at 0.62x K=0)
+        point.rate += max(RATE_EMA, 1.0 / point.steps) * (rate - point.rate)
 
     def stats(self) -> dict:
         return {

@@ -94,3 +94,13 @@ def test_a_far_worse_point_is_explored_rarely_enough_to_cost_at_most_the_regret(
     assert far_allowed.index(True) == period - 1
     near_allowed = [guard.allow(near) for _ in range(64 * 10 + 5)]
     assert near_allowed.count(True) == 60  # an epoch every 64 steps: 10 of them
+
+
+def test_a_points_first_steps_are_averaged_not_dominated_by_the_first():
+    """A point measured by one epoch must read the mean of its steps: one slow first step
+    (100 tok/s) then five at 400 must give 350, not the ~250 an EMA started from the first
+    step keeps."""
+    guard = RegimeGuard()
+    for rate in (100, 400, 400, 400, 400, 400):
+        guard.observe(16, 16, rate // 10, 0, False, 0.1)
+    assert abs(guard.points[(*guard.key(16, 16), False)].rate - 350) < 1e-9
