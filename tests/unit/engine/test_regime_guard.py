@@ -104,3 +104,14 @@ def test_a_points_first_steps_are_averaged_not_dominated_by_the_first():
     for rate in (100, 400, 400, 400, 400, 400):
         guard.observe(16, 16, rate // 10, 0, False, 0.1)
     assert abs(guard.points[(*guard.key(16, 16), False)].rate - 350) < 1e-9
+
+
+def test_drafting_must_beat_not_drafting_by_the_margin():
+    """Drafting's step rates leave out costs it alone has: where it measured only 2% above
+    not drafting it must be vetoed; 10% above, allowed."""
+    guard = RegimeGuard(explore_every=1 << 20)
+    close, clear = guard.key(64, 0), guard.key(16, 0)
+    feed(guard, 64, on_rate=510, off_rate=500)
+    feed(guard, 16, on_rate=550, off_rate=500)
+    assert not guard.allow(close)
+    assert guard.allow(clear)
