@@ -55,11 +55,13 @@ def solve_budget(
     base_s,
     drafts_s: Callable[[np.ndarray], np.ndarray],
     partition: np.ndarray | None = None,
+    tolerance: float = 0.0,
 ) -> Budget:
     """surv [R, K] from survival(); cap [R] int in 0..K; base_s [P] (or a float: P = 1):
     each partition's step time with no draft verified (> 0); drafts_s(m [M]) -> [M]: the
     extra time of m verified drafts in one partition, non-decreasing, 0 at m = 0;
-    partition [R] int in 0..P-1 (None: all in partition 0)."""
+    partition [R] int in 0..P-1 (None: all in partition 0); tolerance: every draft is
+    verified when that tau / T is within this share of the best (0: only when it is the best)."""
     R, K = surv.shape
     base_s = np.maximum(np.atleast_1d(np.asarray(base_s, dtype=np.float64)), 1e-12)  # [P]
     P = len(base_s)
@@ -97,7 +99,10 @@ def solve_budget(
     j = np.concatenate(([first], first + 1 + np.flatnonzero(np.append(t[first + 1 :] != t[first:-1], True))))
     j = j[j <= n]
     times = np.where(j == first, slowest, np.concatenate(([slowest], t))[j])  # [C] T of candidate j: t[j - 1]
-    c = len(j) - 1 - int(np.argmax((tau[j] / times)[::-1]))  # the LAST maximum: more rows on a tie
+    ratio = tau[j] / times  # [C]
+    c = len(j) - 1 - int(np.argmax(ratio[::-1]))  # the LAST maximum: more rows on a tie
+    if ratio[-1] >= ratio[c] * (1.0 - tolerance):  # every draft, when that is near-optimal
+        c = len(j) - 1
     chosen = order[by_time[: j[c]]]
     verify_len = np.bincount(chosen // K, minlength=R).astype(np.int32)  # [R]
     gain = np.bincount(chosen // K, weights=flat[chosen], minlength=R)  # [R]

@@ -135,3 +135,20 @@ def test_a_lighter_partition_verifies_for_free_up_to_the_busiest():
     cap = np.full(2, DSPARK_K, np.int32)
     b = solve_budget(survival(conf, cap), cap, np.array([0.01, 0.02]), linear_drafts(0.005), np.array([0, 1]))
     assert b.verify_len.tolist() == [2, 0]
+
+
+def test_a_tolerance_verifies_every_draft_where_that_is_near_optimal():
+    """With a tolerance x, every draft must be verified when that budget's tau / T is
+    within x of the best, and the exact optimum must stand when it is not."""
+    cap = np.full(4, DSPARK_K)
+    surv = survival(np.full((4, DSPARK_K), 0.6), cap)
+    drafts_s = linear_drafts(0.004)
+    exact = solve_budget(surv, cap, 0.1, drafts_s)
+    full_ratio = (4 + surv.sum()) / (0.1 + drafts_s(4 * DSPARK_K))
+    best = exact.expected_tokens / exact.step_s
+    assert exact.verify_len.sum() < 4 * DSPARK_K and full_ratio < best
+    gap = 1 - full_ratio / best  # how far below the best the whole window is
+    near = solve_budget(surv, cap, 0.1, drafts_s, tolerance=gap + 0.01)
+    assert near.verify_len.tolist() == [DSPARK_K] * 4
+    far = solve_budget(surv, cap, 0.1, drafts_s, tolerance=gap - 0.01)
+    assert far.verify_len.tolist() == exact.verify_len.tolist()
