@@ -47,11 +47,12 @@ RESIDUAL_EMA = 0.1  # weight of a step in its regime's residual
 RESIDUAL_RANGE = (0.25, 4.0)
 MAX_PROBE_EVERY = 256  # the longest a request without drafts waits for a probe
 PROBE_SIZE = 8  # requests a probe step re-drafts
-# NOTE: the budget verifies every draft when that is predicted within 3% of the best
+# NOTE: the budget verifies every draft when that is predicted within 10% of the best
 # tokens/s: the prediction is uncertain (confidences calibrated over greedy and sampled
 # contexts at once, a linear row cost), and trimming windows it barely favours lost more
-# than it saved on the demo (4 streams greedy: 6.9 rows, 0.90x the fixed chain)
-VERIFY_TOLERANCE = 0.03
+# than it saved on the demo (4 streams greedy: 6.9 rows, 0.87-0.90x the fixed chain; at
+# 10%: 1.10x, at 3%: 0.87x)
+VERIFY_TOLERANCE = 0.10
 
 
 class AdaptiveVerify:
