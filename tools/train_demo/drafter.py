@@ -119,7 +119,7 @@ def run(
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     data_path = os.path.join(d, "rollouts.pt")
-    data = torch.load(data_path, weights_only=False) if resume and os.path.exists(data_path) else None
+    data = state.load_state(data_path) if resume else None
     if data is None:
         streams = [np.load(os.path.join(tok_dir, n)) for n in ("train.npy", "heldout.npy")]
         data = rollout.train_and_heldout(target, cfg, *streams, seed, smoke, progress)
@@ -134,26 +134,50 @@ def run(
         return None
     history, seconds = fit
     calib = calibration.calibrate(drafter, target, ro, held, seed, 64 if smoke else 1024, log, progress)
-    info = {
+    info = fit_info(steps, R, lr, seconds, t_roll, history, calib, greedy_match=data["train"].greedy_match)
+    finish("drafter", d, out_dir, drafter, target_dir, tok_dir, info, history, seconds, t_roll, log)
+    return info
+
+
+def fit_info(steps: int, R: int, lr: float, seconds: float, t_roll: float, history: list, calib: dict, **extra) -> dict:
+    """A drafter stage's figures (drafter, redraft): the fit, the rollouts' time, the calibration."""
+    return {
+        **extra,
         "steps": steps,
         "anchors_per_step": R,
         "lr": lr,
         "seconds": round(seconds, 1),
         "rollout_seconds": round(t_roll, 1),
-        "greedy_match": data["train"].greedy_match,
         "loss_first": history[0]["loss"] if history else None,
         "loss_last": history[-1]["loss"] if history else None,
         **calib,
     }
-    export(out_dir, drafter, target_dir, tok_dir, calib["position_temperatures"])
+
+
+def finish(
+    stage: str,
+    d: str,
+    out_dir: str,
+    net,
+    target_dir: str,
+    tok_dir: str,
+    info: dict,
+    history: list,
+    seconds: float,
+    t_roll: float,
+    log,
+    what: str = "offline mean accepted length",
+    wrote: str = "",
+) -> None:
+    """Export the calibrated drafter into out_dir/model, write d/drafter.json, log the summary."""
+    export(out_dir, net, target_dir, tok_dir, info["position_temperatures"])
     with open(os.path.join(d, "drafter.json"), "w", encoding="utf-8") as f:
         json.dump({**info, "history": history}, f, indent=1)
     log(
-        f"drafter: done in {seconds:.0f}s (+{t_roll:.0f}s rollouts), loss {info['loss_first']} -> "
-        f"{info['loss_last']}, ECE {calib['ece_before']:.4f} -> {calib['ece_after']:.4f}, "
-        f"offline mean accepted length {calib['mean_accepted_len']:.2f}"
+        f"{stage}: done in {seconds:.0f}s (+{t_roll:.0f}s rollouts), loss {info['loss_first']} -> "
+        f"{info['loss_last']}, ECE {info['ece_before']:.4f} -> {info['ece_after']:.4f}, "
+        f"{what} {info['mean_accepted_len']:.2f}{wrote}"
     )
-    return info
 
 
 def train(

@@ -17,7 +17,6 @@ import json
 import os
 import time
 
-import torch
 from tokenizers import Tokenizer
 
 from dspark_loop.config.default_model import DEMO_MANIFEST
@@ -52,7 +51,7 @@ def run(
     if manifest is not None and manifest.get("seed") != seed:
         log(f"calibrate: --seed {seed}, the manifest's training seed {manifest.get('seed')}: other rollouts")
     data_path = os.path.join(d, "rollouts.pt")
-    data = torch.load(data_path, weights_only=False) if resume and os.path.exists(data_path) else None
+    data = state.load_state(data_path) if resume else None
     if data is None:
         tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
         streams = [tokenizer.stream(tok, [f.text for f in part]) for part in (train, held)]

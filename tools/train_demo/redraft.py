@@ -63,7 +63,7 @@ def run(
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     data_path = os.path.join(d, "rollouts.pt")
-    data = torch.load(data_path, weights_only=False) if resume and os.path.exists(data_path) else None
+    data = state.load_state(data_path) if resume else None
     if data is None:
         _, train_stream, held_stream = streams(model_dir, smoke)
         data = make_rollouts(target, cfg, train_stream, held_stream, temperatures, seed, smoke, progress)
@@ -85,25 +85,23 @@ def run(
         return None
     history, seconds = fit
     calib = calibration.calibrate(net, target, ro, held, seed, 64 if smoke else 1024, log, progress)
-    info = {
-        "model": model_dir,
-        "temperatures": temperatures,
-        "rollouts": {k: len(v.tokens) for k, v in data.items()},
-        "steps": steps,
-        "anchors_per_step": R,
-        "lr": lr,
-        "seconds": round(seconds, 1),
-        "rollout_seconds": round(t_roll, 1),
-        "loss_first": history[0]["loss"] if history else None,
-        "loss_last": history[-1]["loss"] if history else None,
-        **calib,
-    }
-    drafter.export(out_dir, net, model_dir, model_dir, calib["position_temperatures"])
-    with open(os.path.join(d, "drafter.json"), "w", encoding="utf-8") as f:
-        json.dump({**info, "history": history}, f, indent=1)
-    log(
-        f"redraft: done in {seconds:.0f}s (+{t_roll:.0f}s rollouts), loss {info['loss_first']} -> "
-        f"{info['loss_last']}, ECE {calib['ece_before']:.4f} -> {calib['ece_after']:.4f}, offline mean "
-        f"accepted length on the mixed held-out rollouts {calib['mean_accepted_len']:.2f}; wrote {out_dir}/model"
+    rollouts = {k: len(v.tokens) for k, v in data.items()}
+    info = drafter.fit_info(
+        steps, R, lr, seconds, t_roll, history, calib, model=model_dir, temperatures=temperatures, rollouts=rollouts
+    )
+    drafter.finish(
+        "redraft",
+        d,
+        out_dir,
+        net,
+        model_dir,
+        model_dir,
+        info,
+        history,
+        seconds,
+        t_roll,
+        log,
+        what="offline mean accepted length on the mixed held-out rollouts",
+        wrote=f"; wrote {out_dir}/model",
     )
     return info
