@@ -16,8 +16,9 @@ Per step (choose):
      while the probed requests' drafts do not pay (pass included), and returns to
      `redraft_every` when they do.
   4. Budget again with the chosen drafter count: the final l.
-The survivals are corrected per draft position and class (greedy, sampled) by the
-realised acceptance, learned online (engine/accept_calibration.py, observe_accepted).
+The survivals are corrected per draft position and class (greedy or sampled, free or
+constrained: request_class) by the realised acceptance, learned online
+(engine/accept_calibration.py, observe_accepted).
 The drafting decision (3) compares two operating points, and the linear cost model's
 error differs between them (on the demo's CPU rank it over-predicts a drafting step at 64
 requests by ~30% and under-predicts one at 1 request by ~40%): so each point's predicted
@@ -36,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from dspark_loop.contract.protocol import DSPARK_K
-from dspark_loop.engine.accept_calibration import AcceptCalibration
+from dspark_loop.engine.accept_calibration import NUM_CLASSES, AcceptCalibration, request_class
 from dspark_loop.engine.regime_guard import LOAD_BUCKETS, RegimeGuard, load_bucket
 from dspark_loop.engine.step_cost import StepCost
 from dspark_loop.engine.verify_budget import linear_drafts, solve_budget, survival
@@ -79,35 +80,40 @@ class AdaptiveVerify:
         self.num_verified = 0  # drafts chosen for verification
         self.num_capped = 0  # drafts the requests had (sum of cap)
         self.expected_tokens = 0.0  # sum of tau over steps: compare with tokens accepted
-        # NOTE: per class (greedy, sampled): a sampled load's low gains must not keep the
-        # greedy requests that follow it from drafting again
-        self.drafted_gain = np.ones(2)  # [2] EMA of a drafted request's expected gain (optimistic start)
-        self.drafted_len = np.full(2, float(DSPARK_K))  # [2] EMA of its verify length
+        # NOTE: per class (request_class): a sampled or constrained load's low gains must not
+        # keep the free greedy requests that follow it from drafting again
+        self.drafted_gain = np.ones(NUM_CLASSES)  # [C] EMA of a drafted request's expected gain (optimistic start)
+        self.drafted_len = np.full(NUM_CLASSES, float(DSPARK_K))  # [C] EMA of its verify length
         self.last_drafted: np.ndarray | None = None  # [P] drafter passes chosen last step
         self.last_context: np.ndarray | None = None  # [P] context observed last step
         # [2, LOAD_BUCKETS] observed / predicted step time, (no drafter pass, drafter pass) x load
         self.residual = np.ones((2, LOAD_BUCKETS))
-        self.new_drafts = np.ones(2, bool)  # [2] a request without drafts, per class, drafts (drafts_new)
-        self._idle_shape: tuple | None = None  # (R, sampled, per partition, allowed) whose last solve drafted nobody
+        self.new_drafts = np.ones(NUM_CLASSES, bool)  # [C] a request without drafts, per class, drafts (drafts_new)
+        self._idle_shape: tuple | None = None  # (R, classes, per partition, allowed) whose last solve drafted nobody
         self.guard = RegimeGuard()  # realised rates of drafting and not: may veto the model's drafting
 
     # ---- VerifyPolicy -------------------------------------------------------------------
     def choose(
-        self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray, sampled: np.ndarray | None = None
+        self,
+        conf: np.ndarray,
+        cap: np.ndarray,
+        partition: np.ndarray,
+        sampled: np.ndarray | None = None,
+        constrained: np.ndarray | None = None,
     ) -> VerifyChoice:
         cap = np.asarray(cap, np.int32)  # [R]
         partition = np.asarray(partition, np.int64)  # [R]
         R = len(cap)
-        sampled = np.zeros(R, bool) if sampled is None else np.asarray(sampled, bool)  # [R]
+        cls = request_class(np.zeros(R, bool) if sampled is None else sampled, constrained)  # [R]
         self.num_steps += 1
         self.num_capped += int(cap.sum())
         P = int(partition.max()) + 1 if R else 1
         if self.cost.trusted:
-            num_sampled = int(sampled.sum())
+            num_sampled, num_constrained = int((cls & 1).sum()), int((cls >= 2).sum())
             # NOTE: a pinned cost model is taken as is (reproducible choices): no guard, no residuals
-            key = self.guard.key(R, num_sampled)
+            key = self.guard.key(R, num_sampled, num_constrained)
             allowed = self.cost.pinned or self.guard.allow(key)
-            shape = (R, num_sampled, tuple(np.bincount(partition).tolist()), allowed)
+            shape = (R, num_sampled, num_constrained, tuple(np.bincount(partition).tolist()), allowed)
             if self._idle_shape == shape and not cap.any() and (not allowed or self.num_steps % self.probe_every):
                 # NOTE: the steady state of a load that does not draft: nobody has drafts and
                 # the same requests' last solve drafted nobody; solving again would say the
@@ -117,12 +123,12 @@ class AdaptiveVerify:
                 self.last_drafted = np.zeros(P)
                 return VerifyChoice(np.zeros(R, np.int32), np.zeros(R, bool))
         acc = self.acceptance
-        raw = survival(acc.calibrated(acc.known(conf, cap, sampled)), cap)  # [R, K] what the confidences say
-        surv = acc.corrected(raw, sampled)  # [R, K] what acceptance has been
+        raw = survival(acc.calibrated(acc.known(conf, cap, cls)), cap)  # [R, K] what the confidences say
+        surv = acc.corrected(raw, cls)  # [R, K] what acceptance has been
         if not self.cost.trusted:
             choice = self._untrusted(cap)
         else:
-            choice, _ = self._solve(surv, cap, partition, sampled, allowed, key)
+            choice, _ = self._solve(surv, cap, partition, cls, allowed, key)
             self._idle_shape = shape if not choice.draft_next.any() and not cap.any() else None
         verified = np.arange(DSPARK_K)[None, :] < choice.verify_len[:, None]  # [R, K]
         self.expected_tokens += R + float(np.where(verified, surv, 0.0).sum())
@@ -150,21 +156,28 @@ class AdaptiveVerify:
         self.last_context = np.asarray(context, np.float64)
 
     def observe_rate(
-        self, num_requests: int, num_sampled: int, num_tokens: int, verify_rows: int, drafted: bool, step_s: float
+        self,
+        num_requests: int,
+        num_sampled: int,
+        num_tokens: int,
+        verify_rows: int,
+        drafted: bool,
+        step_s: float,
+        num_constrained: int = 0,
     ) -> None:
         """A decode-only step's realised tokens per second (RegimeGuard.observe)."""
-        self.guard.observe(num_requests, num_sampled, num_tokens, verify_rows, drafted, step_s)
+        self.guard.observe(num_requests, num_sampled, num_tokens, verify_rows, drafted, step_s, num_constrained)
 
-    def observe_accepted(self, surv, verify_len, accepted, sampled) -> None:
+    def observe_accepted(self, surv, verify_len, accepted, cls) -> None:
         """One finished step's verifying requests: surv [n, K] the survival choose()
         returned for them (VerifyChoice.survival), verify_len [n] the drafts each verified,
-        accepted [n] how many of them were accepted, sampled [n] bool."""
-        self.acceptance.observe(surv, verify_len, accepted, sampled)
+        accepted [n] how many of them were accepted, cls [n] their classes (request_class)."""
+        self.acceptance.observe(surv, verify_len, accepted, cls)
 
-    def drafts_new(self, sampled: bool) -> bool:
-        """Whether a request of this class without drafts (a prompt completing) would draft,
-        as last decided (step 3 of the last choose; True before any)."""
-        return bool(self.new_drafts[int(sampled)])
+    def drafts_new(self, cls: int) -> bool:
+        """Whether a request of this class (request_class) without drafts (a prompt
+        completing) would draft, as last decided (step 3 of the last choose; True before any)."""
+        return bool(self.new_drafts[int(cls)])
 
     # ---- steps ----------------------------------------------------------------------------
     def _untrusted(self, cap: np.ndarray) -> VerifyChoice:
@@ -182,11 +195,12 @@ class AdaptiveVerify:
         surv: np.ndarray,
         cap: np.ndarray,
         partition: np.ndarray,
-        sampled: np.ndarray,
+        cls: np.ndarray,
         allowed: bool = True,
-        key: tuple[int, int] | None = None,
+        key: tuple[int, int, int] | None = None,
     ) -> tuple[VerifyChoice, float]:
-        """allowed: the guard lets the model draft; key: the guard's (load, mix) of this step."""
+        """cls [R]: each request's class (request_class); allowed: the guard lets the model
+        draft; key: the guard's (load, mix, constrained mix) of this step."""
         R = len(cap)
         c0, c_row, c_req, c_draft, c_ctx, c_pass = self.cost.coef
         P = int(partition.max()) + 1 if R else 1
@@ -200,12 +214,10 @@ class AdaptiveVerify:
             surv, cap, fixed + c_draft * drafted + c_pass * (drafted > 0), drafts_s, partition, VERIFY_TOLERANCE
         )
         has_drafts = cap > 0
-        cls = sampled.astype(np.int64)  # [R] 0 greedy, 1 sampled
-        for k in range(2):
+        for k in np.unique(cls[has_drafts]).tolist():
             mine = has_drafts & (cls == k)
-            if mine.any():
-                self.drafted_gain[k] += EMA * (float(first.gain[mine].mean()) - self.drafted_gain[k])
-                self.drafted_len[k] += EMA * (float(first.verify_len[mine].mean()) - self.drafted_len[k])
+            self.drafted_gain[k] += EMA * (float(first.gain[mine].mean()) - self.drafted_gain[k])
+            self.drafted_len[k] += EMA * (float(first.verify_len[mine].mean()) - self.drafted_len[k])
         # What drafting a request buys in the steady state: its gain at its window (the class
         # prior for one without drafts) for its anchor and rows; the drafter pass's own cost
         # (c_pass) is shared. NOTE: the choice compares whole operating points, tokens per
@@ -238,9 +250,9 @@ class AdaptiveVerify:
         chosen[order[:num_chosen]] = True  # the LAST maximum: free drafting drafts all
         # a request of class k without drafts (a prompt completing) drafts where one more
         # such request would join the chosen prefix (or, nobody drafting, pay alone)
-        new_cost = c_draft + c_row * self.drafted_len  # [2]
+        new_cost = c_draft + c_row * self.drafted_len  # [C]
         if not allowed:
-            self.new_drafts = np.zeros(2, bool)
+            self.new_drafts = np.zeros(NUM_CLASSES, bool)
         elif num_chosen:
             worst = float(np.min(gain[chosen] / np.maximum(cost[chosen], 1e-12)))
             self.new_drafts = self.drafted_gain / np.maximum(new_cost, 1e-12) >= worst
@@ -296,6 +308,8 @@ class AdaptiveVerify:
             "expected_tokens": self.expected_tokens,
             "accept_ratio_greedy": self.acceptance.ratio[0].tolist(),
             "accept_ratio_sampled": self.acceptance.ratio[1].tolist(),
+            "accept_ratio_constrained_greedy": self.acceptance.ratio[2].tolist(),
+            "accept_ratio_constrained_sampled": self.acceptance.ratio[3].tolist(),
             "probe_every": self.probe_every,
             "guard": self.guard.stats(),
             "residual_no_pass": self.residual[0].tolist(),

@@ -9,7 +9,8 @@ corrected by residuals; on a shared CPU its step times are erratic enough (the s
 greedy on the demo: 0.80x K=0) or draft at 1 stream T=0.8 (0.73x). The guard measures
 what each operating point actually delivers:
 
-    key          (log2 of the decode requests, class mix: all greedy / mixed / all sampled)
+    key          (log2 of the decode requests, sampling mix: all greedy / mixed / all
+                 sampled, constraint mix: none / some / all constrained)
     observe      decode-only steps: "on" when a pass ran and windows were verified, "off"
                  when neither (a step in between, e.g. the first after a switch, is neither)
     rate         tokens / step seconds per key and operating point: the mean of its first
@@ -63,27 +64,32 @@ class RegimeGuard:
         self.explore_every = explore_every
         self.first_explore = first_explore
         self.epoch = epoch
-        self.last_epoch: dict[tuple[int, int], int] = {}  # key -> the step its last epoch began
-        self.margin: dict[tuple[int, int], float] = {}  # key -> the model's last predicted on / off rate
-        self.points: dict[tuple[int, int, bool], _Point] = {}  # (load, mix, drafting) -> rate
-        self.clock: dict[tuple[int, int], int] = {}  # steps allow() saw per key
-        self.exploring: dict[tuple[int, int], tuple[bool, int]] = {}  # key -> (allowed, steps left)
+        self.last_epoch: dict[tuple[int, int, int], int] = {}  # key -> the step its last epoch began
+        self.margin: dict[tuple[int, int, int], float] = {}  # key -> the model's last predicted on / off rate
+        self.points: dict[tuple[int, int, int, bool], _Point] = {}  # (*key, drafting) -> rate
+        self.clock: dict[tuple[int, int, int], int] = {}  # steps allow() saw per key
+        self.exploring: dict[tuple[int, int, int], tuple[bool, int]] = {}  # key -> (allowed, steps left)
         self.num_vetoes = 0  # steps the guard kept everyone from drafting
 
     @staticmethod
-    def key(num_requests: int, num_sampled: int) -> tuple[int, int]:
-        load = load_bucket(num_requests)
-        mix = 0 if num_sampled == 0 else 2 if num_sampled >= num_requests else 1
-        return load, mix
+    def key(num_requests: int, num_sampled: int, num_constrained: int = 0) -> tuple[int, int, int]:
+        """NOTE: constrained apart: a grammar cuts windows short (2.1 accepted tokens per
+        verify on the demo against 5.0 free), so drafting can lose for a constrained load
+        where it wins for a free one of the same size."""
 
-    def prefers_off(self, key: tuple[int, int]) -> bool:
+        def mix(n: int) -> int:
+            return 0 if n == 0 else 2 if n >= num_requests else 1
+
+        return load_bucket(num_requests), mix(num_sampled), mix(num_constrained)
+
+    def prefers_off(self, key: tuple[int, int, int]) -> bool:
         """Both points measured and drafting did not beat not drafting by DRAFT_MARGIN."""
         on, off = self.points.get((*key, True)), self.points.get((*key, False))
         if on is None or off is None or on.steps < MIN_STEPS or off.steps < MIN_STEPS:
             return False
         return off.rate * (1 + DRAFT_MARGIN) > on.rate
 
-    def allow(self, key: tuple[int, int]) -> bool:
+    def allow(self, key: tuple[int, int, int]) -> bool:
         """Whether drafting may run this step at this key (the model decides), or not."""
         tick = self.clock.get(key, 0) + 1
         self.clock[key] = tick
@@ -104,7 +110,7 @@ class RegimeGuard:
         self.num_vetoes += not allowed
         return allowed
 
-    def _period(self, key: tuple[int, int], allowed: bool) -> int:
+    def _period(self, key: tuple[int, int, int], allowed: bool) -> int:
         """Steps between epochs of the other point, both measured (rate ratio r = this
         point's / that one's): as often as an epoch's lost tokens stay within REGRET of the
         steps between epochs, epoch * (r - 1) / REGRET, at least explore_every, at most
@@ -119,13 +125,22 @@ class RegimeGuard:
         return min(max(self.explore_every, int(self.epoch * max(ratio - 1.0, 0.0) / REGRET)), MAX_PERIOD)
 
     def observe(
-        self, num_requests: int, num_sampled: int, num_tokens: int, verify_rows: int, drafted: bool, step_s: float
+        self,
+        num_requests: int,
+        num_sampled: int,
+        num_tokens: int,
+        verify_rows: int,
+        drafted: bool,
+        step_s: float,
+        num_constrained: int = 0,
     ) -> None:
-        """One decode-only step: its decode requests, the tokens they appended, the drafts
-        it verified, whether a drafter pass ran, and its cost."""
+        """One decode-only step: its decode requests (num_sampled of them sample,
+        num_constrained are constrained), the tokens they appended, the drafts it verified,
+        whether a drafter pass ran, and its cost."""
         if num_requests <= 0 or step_s <= 0 or (verify_rows > 0) != drafted:
             return  # a step between the points
-        point = self.points.setdefault((*self.key(num_requests, num_sampled), drafted), _Point())
+        key = self.key(num_requests, num_sampled, num_constrained)
+        point = self.points.setdefault((*key, drafted), _Point())
         rate = num_tokens / step_s
         point.steps += 1
         # NOTE: the plain mean of the first 1 / RATE_EMA steps, then the EMA: started from its
@@ -138,7 +153,7 @@ class RegimeGuard:
         return {
             "num_vetoes": self.num_vetoes,
             "rates": {
-                f"load{k[0]}_mix{k[1]}_{'on' if k[2] else 'off'}": round(float(p.rate), 2)
+                f"load{k[0]}_mix{k[1]}_constrained{k[2]}_{'on' if k[3] else 'off'}": round(float(p.rate), 2)
                 for k, p in sorted(self.points.items())
             },
         }

@@ -237,7 +237,7 @@ class Scheduler:
         )
         conf[cap == 0] = 0.0
         conf[w.unknown & (cap > 0)] = np.nan  # the policy's prior for its class
-        verify_len, draft_next, surv = self.policy.choose(conf, cap, w.partition, w.sampled)
+        verify_len, draft_next, surv = self.policy.choose(conf, cap, w.partition, w.sampled, w.constrained)
         if surv is not None:  # the policy learns acceptance: it gets this back in observe_step
             step.verify_survival = (np.fromiter((r.req_id for r in reqs), np.int64, n), surv)
         if len(verify_len) != n or len(draft_next) != n:
@@ -281,7 +281,8 @@ class Scheduler:
         drafts_new = getattr(self.policy, "drafts_new", None)
         for r, n in prefills:
             if r.plan_pos + n == r.prefill_target:
-                r.draft_next = r.max_draft_tokens > 0 and (drafts_new is None or drafts_new(r.params.knobs.is_random))
+                cls = r.params.knobs.is_random + 2 * (r.constraint is not None)  # accept_calibration.request_class
+                r.draft_next = r.max_draft_tokens > 0 and (drafts_new is None or drafts_new(cls))
 
     def _budget(self, part: Partition, inflight: int = -1, adaptive: bool = False) -> tuple[int, list[Request]]:
         """Phase 1: ring pages behind the window back, then each running request's rows

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dspark_loop.engine.accept_calibration import request_class
 from dspark_loop.engine.scheduled_step import ScheduledStep
 from dspark_loop.engine.verify_policy import VerifyPolicy
 
@@ -44,24 +45,28 @@ def observe_step(
     if not reqs or len(reqs) != len(step.accepted_lens):  # in plan order (StepApplier)
         return
     sampled = np.fromiter((r.params.knobs.is_random for r in reqs), bool, len(reqs))  # [n]
+    constrained = np.fromiter((r.constraint is not None for r in reqs), bool, len(reqs))  # [n]
     if rate:
-        decode_rate(step, int(sampled.sum()), bool(num_drafted.any()), step_s, observe_rate)
+        decode_rate(step, int(sampled.sum()), int(constrained.sum()), bool(num_drafted.any()), step_s, observe_rate)
     if accepted:
-        accepted_windows(step, reqs, sampled, observe_accepted)
+        accepted_windows(step, reqs, request_class(sampled, constrained), observe_accepted)
 
 
-def decode_rate(step: ScheduledStep, num_sampled: int, drafted: bool, step_s: float, observe_rate) -> None:
+def decode_rate(
+    step: ScheduledStep, num_sampled: int, num_constrained: int, drafted: bool, step_s: float, observe_rate
+) -> None:
     """A decode-only step's requests, tokens appended, drafts verified and drafter pass, for
     the policy's realised rates (engine/regime_guard.py)."""
     num_requests = len(step.accepted_lens)
     verify_rows = sum(int(p.decode_rows.sum()) - len(p.decode_reqs) for p in step.partitions)
-    observe_rate(num_requests, num_sampled, sum(step.accepted_lens), verify_rows, drafted, step_s)
+    tokens = sum(step.accepted_lens)
+    observe_rate(num_requests, num_sampled, tokens, verify_rows, drafted, step_s, num_constrained=num_constrained)
 
 
-def accepted_windows(step: ScheduledStep, reqs: list, sampled: np.ndarray, observe_accepted) -> None:
+def accepted_windows(step: ScheduledStep, reqs: list, cls: np.ndarray, observe_accepted) -> None:
     """Each verifying request's predicted survival, with the drafts it verified and
     accepted, matched by req_id (the policy saw the requests in its own order). reqs: the
-    step's decode requests in plan order; sampled [n] bool."""
+    step's decode requests in plan order; cls [n] their classes (request_class)."""
     assert step.verify_survival is not None
     ids, surv = step.verify_survival  # [R], [R, K]
     if not len(ids):
@@ -75,4 +80,4 @@ def accepted_windows(step: ScheduledStep, reqs: list, sampled: np.ndarray, obser
     if not keep.any():
         return
     accepted = np.minimum(np.asarray(step.accepted_lens, np.int64) - 1, verify_len)  # [n] drafts accepted
-    observe_accepted(surv[row[keep]], verify_len[keep], accepted[keep], sampled[keep])
+    observe_accepted(surv[row[keep]], verify_len[keep], accepted[keep], cls[keep])

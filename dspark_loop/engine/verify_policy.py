@@ -8,7 +8,7 @@ group; `partition` says which group each request is in), before any partition is
 planned; a step without decode requests makes no call. With `FullVerify` (the default)
 there is no call at all: the plans are the seeds' fixed chain.
 
-    choose(conf, cap, partition, sampled) -> VerifyChoice(verify_len, draft_next)
+    choose(conf, cap, partition, sampled, constrained) -> VerifyChoice(verify_len, draft_next)
         conf       [R, DSPARK_K] float32  calibrated per-draft confidences of each decode
                                           request's pending drafts (0 where it has none;
                                           NaN where they are not known yet: drafts the
@@ -24,6 +24,9 @@ there is no call at all: the plans are the seeds' fixed chain.
         sampled    [R] bool               the request samples (temperature > 0): its drafts
                                           match its token less often than the confidences
                                           (trained on greedy matches) say
+        constrained [R] bool              an output grammar masks the request's rows (it
+                                          ends the window at the first draft it forbids):
+                                          far fewer drafts are accepted
         verify_len [R] int in 0..cap[r]   drafts verified this step, a contiguous prefix
                                           (the request computes 1 + verify_len rows)
         draft_next [R] bool               run the request's drafter pass after this step's
@@ -46,14 +49,15 @@ clipped by the scheduler; `draft_next` is forced False for a request whose
                       the host's work runs beside the ranks'), or its wall time where the
                       ranks do not report work (Scheduler.observe_step)
 
-    drafts_new(sampled) -> bool   (optional; absent: True)
+    drafts_new(cls) -> bool   (optional; absent: True; cls: the request's class, sampled +
+                                 2 * constrained, accept_calibration.request_class)
         whether a request that has no drafts yet (its prompt completes this step) would
         draft now: its prompt's drafter pass runs only then
 
-    observe_accepted(survival, verify_len, accepted, sampled) -> None   (optional)
+    observe_accepted(survival, verify_len, accepted, cls) -> None   (optional)
         called after observe when choose() returned a survival, over the step's decode
         requests that choose() saw: survival [n, K] its rows, verify_len [n] the drafts
-        each verified, accepted [n] how many of those were accepted, sampled [n] bool
+        each verified, accepted [n] how many of those were accepted, cls [n] their classes
 
 Whatever the policy chooses, tokens are the same (acceptance is exact: a draft is accepted
 iff it equals its row's token); a policy changes speed only.
@@ -77,7 +81,12 @@ class VerifyChoice(NamedTuple):
 
 class VerifyPolicy(Protocol):
     def choose(
-        self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray, sampled: np.ndarray | None = None
+        self,
+        conf: np.ndarray,
+        cap: np.ndarray,
+        partition: np.ndarray,
+        sampled: np.ndarray | None = None,
+        constrained: np.ndarray | None = None,
     ) -> VerifyChoice: ...
 
     def observe(
@@ -95,7 +104,12 @@ class FullVerify:
     scheduler recognises it and skips the per-step call (today's hot path)."""
 
     def choose(
-        self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray, sampled: np.ndarray | None = None
+        self,
+        conf: np.ndarray,
+        cap: np.ndarray,
+        partition: np.ndarray,
+        sampled: np.ndarray | None = None,
+        constrained: np.ndarray | None = None,
     ) -> VerifyChoice:
         return VerifyChoice(np.asarray(cap, np.int32).copy(), np.ones(len(cap), bool))
 

@@ -12,6 +12,7 @@ passes too); the rest is numpy.
     may        [R] bool: its speculation is on (max_draft_tokens > 0); a request that may
                never verify never drafts
     sampled    [R] bool: it samples (temperature > 0)
+    constrained [R] bool: an output grammar masks its rows (Request.constraint)
     unknown    [R] bool: planned ahead, its drafts are the ones the unanswered step makes
                for a request that had none: the host holds no confidences for them yet
     leases     [R] int64: its drafter lease (the row of its partition's conf table)
@@ -30,6 +31,7 @@ class DecodeWindows(NamedTuple):
     cap: np.ndarray
     may: np.ndarray
     sampled: np.ndarray
+    constrained: np.ndarray
     unknown: np.ndarray
     leases: np.ndarray
 
@@ -44,6 +46,7 @@ def decode_windows(partitions, planned: bool, verify_limit: int) -> DecodeWindow
     pos: list[int] = []
     sizes: list[int] = []
     sampled: list[bool] = []
+    constrained: list[bool] = []
     has: list[bool] = []
     ahead: list[bool] = []
     drafted: list[bool] = []
@@ -56,6 +59,7 @@ def decode_windows(partitions, planned: bool, verify_limit: int) -> DecodeWindow
                 leases.append(r.lease)
                 maxd.append(r.max_draft_tokens)
                 sampled.append(r.params.knobs.is_random)
+                constrained.append(r.constraint is not None)
                 has.append(r.has_drafts)
                 a = planned and r.plan_pending
                 ahead.append(a)
@@ -72,6 +76,7 @@ def decode_windows(partitions, planned: bool, verify_limit: int) -> DecodeWindow
         cap=np.where(d & (np.array(pos) <= verify_limit), m, 0).astype(np.int32),
         may=m > 0,
         sampled=np.array(sampled, bool),
+        constrained=np.array(constrained, bool),
         unknown=ah & d & ~h,
         leases=np.array(leases, np.int64),
     )

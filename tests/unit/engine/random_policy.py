@@ -16,12 +16,14 @@ class RandomPolicy:
         self.calls: list[tuple[np.ndarray, np.ndarray, np.ndarray, VerifyChoice]] = []
         self.observed: list[tuple] = []
 
-    def choose(self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray, sampled=None) -> VerifyChoice:
+    def choose(
+        self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray, sampled=None, constrained=None
+    ) -> VerifyChoice:
         choice = VerifyChoice(self.rng.integers(0, cap + 1).astype(np.int32), self.rng.random(len(cap)) < self.p_draft)
         self.calls.append((conf.copy(), cap.copy(), partition.copy(), choice))
         return choice
 
-    def drafts_new(self, sampled: bool) -> bool:
+    def drafts_new(self, cls: int) -> bool:
         return bool(self.rng.random() < self.p_draft)
 
     def observe(self, num_rows, num_requests, num_drafted, context, step_s: float) -> None:

@@ -241,12 +241,37 @@ def test_sampled_and_greedy_requests_learn_their_own_acceptance():
     sampled = np.arange(16) >= 8
     # greedy rows accept as the confidences say (ACCEPTED), sampled ones a draft in 8
     observe_full_windows(policy, conf, sampled, np.concatenate([ACCEPTED, [0, 0, 0, 0, 0, 0, 0, 1]]))
-    greedy, samp = policy.acceptance.ratio
+    greedy, samp = policy.acceptance.ratio[:2]
     assert greedy[:3] == pytest.approx([1.0, 1.0, 1.0], abs=0.05)
     assert samp[0] == pytest.approx(0.25, abs=0.03)  # 1/8 accepted where 1/2 was predicted
     policy2 = AdaptiveVerify(explore_every=0)
     observe_full_windows(policy2, conf, np.ones(16, bool), np.zeros(16))
     assert policy2.acceptance.ratio[0].tolist() == [1.0] * K  # a sampled load leaves greedy alone
+
+
+def test_constrained_requests_learn_their_own_acceptance_and_drafting():
+    """A grammar ends a constrained request's window early (far fewer drafts accepted than
+    its confidences say): its class (constrained, greedy or sampled) must learn that apart,
+    so free greedy requests in the same steps keep their full windows and their drafting
+    while the constrained ones' windows shrink."""
+    policy = AdaptiveVerify(pinned(c_row=0.0002, c_req=0.0002, c_draft=0.001), explore_every=0)
+    R = 16
+    conf = np.full((R, K), 0.9, np.float32)
+    constrained = np.arange(R) >= 8
+    sampled = np.zeros(R, bool)
+    accepted = np.where(constrained, 0, K)  # free rows accept everything, constrained nothing
+    for _ in range(300):
+        choice = policy.choose(conf, np.full(R, K, np.int32), np.zeros(R, np.int32), sampled, constrained)
+        cls = sampled + 2 * constrained
+        policy.observe_accepted(choice.survival, choice.verify_len, np.minimum(accepted, choice.verify_len), cls)
+    ratio = policy.acceptance.ratio
+    assert ratio[0, 0] > 0.9 and ratio[2, 0] < 0.3  # free greedy vs constrained greedy
+    assert ratio[1].tolist() == [1.0] * K and ratio[3].tolist() == [1.0] * K  # no sampled request seen
+    choice = policy.choose(conf, np.full(R, K, np.int32), np.zeros(R, np.int32), sampled, constrained)
+    assert (choice.verify_len[~constrained] == K).all() and choice.draft_next[~constrained].all()
+    assert (choice.verify_len[constrained] < K).all()
+    assert not policy.drafts_new(2)  # a new constrained request does not draft its prompt
+    assert policy.drafted_gain[0] > 6 and policy.drafted_gain[2] < 0.1  # what drafting buys each class
 
 
 def test_positions_no_window_reaches_keep_what_was_learned():

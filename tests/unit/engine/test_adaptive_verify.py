@@ -70,7 +70,7 @@ def test_random_verify_lengths_and_drafter_skips_give_the_k0_tokens(setup, seed)
 class NoPromptDrafts(RandomPolicy):
     """Random windows and skips, but a completing prompt never drafts."""
 
-    def drafts_new(self, sampled: bool) -> bool:
+    def drafts_new(self, cls: int) -> bool:
         return False
 
 
@@ -109,10 +109,10 @@ class ResumeAt(RandomPolicy):
         super().__init__(0)
         self.at = at
 
-    def drafts_new(self, sampled: bool) -> bool:
+    def drafts_new(self, cls: int) -> bool:
         return False
 
-    def choose(self, conf, cap, partition, sampled=None) -> VerifyChoice:
+    def choose(self, conf, cap, partition, sampled=None, constrained=None) -> VerifyChoice:
         choice = VerifyChoice(cap.copy(), np.full(len(cap), len(self.calls) + 1 >= self.at))
         self.calls.append((conf.copy(), cap.copy(), partition.copy(), choice))
         return choice
@@ -182,7 +182,7 @@ def test_a_skipped_drafter_pass_leaves_the_request_without_drafts_and_one_row_ne
         def __init__(self):
             self.skip = False
 
-        def choose(self, conf, cap, partition, sampled=None):
+        def choose(self, conf, cap, partition, sampled=None, constrained=None):
             return VerifyChoice(cap.copy(), np.full(len(cap), not self.skip))
 
         def observe(self, *a):
@@ -299,8 +299,10 @@ class RateRecorder(RandomPolicy):
         super().__init__(seed)
         self.rates: list[tuple] = []
 
-    def observe_rate(self, num_requests, num_sampled, num_tokens, verify_rows, drafted, step_s) -> None:
-        self.rates.append((num_requests, num_sampled, num_tokens, verify_rows, drafted, step_s))
+    def observe_rate(
+        self, num_requests, num_sampled, num_tokens, verify_rows, drafted, step_s, num_constrained
+    ) -> None:
+        self.rates.append((num_requests, num_sampled, num_tokens, verify_rows, drafted, step_s, num_constrained))
 
 
 def test_the_policy_sees_each_decode_only_steps_tokens_verify_rows_and_drafter_pass():
@@ -321,7 +323,7 @@ def test_the_policy_sees_each_decode_only_steps_tokens_verify_rows_and_drafter_p
         if not any(p.prefills for p in step.partitions):
             rows = [int(k) for p in step.partitions for k in p.decode_rows]
             drafted = any(len(r.draft_req_ids) for r in results)
-            want.append((len(rows), 0, sum(step.accepted_lens), sum(rows) - len(rows), drafted, 0.02))
+            want.append((len(rows), 0, sum(step.accepted_lens), sum(rows) - len(rows), drafted, 0.02, 0))
     assert policy.rates == want and len(want) > 5
     assert any(w[4] for w in want) and any(w[3] for w in want)
 
@@ -359,7 +361,7 @@ def test_stale_rows_of_a_rejected_long_window_outlive_a_shorter_one_and_are_neve
         def __init__(self, lens):
             self.lens = list(lens)
 
-        def choose(self, conf, cap, partition, sampled=None):
+        def choose(self, conf, cap, partition, sampled=None, constrained=None):
             want = self.lens.pop(0) if self.lens else 7
             return VerifyChoice(np.minimum(cap, want).astype(np.int32), np.ones(len(cap), bool))
 
@@ -401,3 +403,62 @@ def test_stale_rows_of_a_rejected_long_window_outlive_a_shorter_one_and_are_neve
     ref_sched = make_scheduler(max_model_len=120)
     ref = run_all(ref_sched, make_mesh(ref_sched), make_requests(ref_sched, 1, prompt_len=8, max_tokens=50))
     assert got == ref["req-0"]
+
+
+class AllowEveryDraft:
+    """A grammar constraint that allows every token: a mask for each row of the window."""
+
+    def row_masks(self, output_ids, drafts=()):
+        from dspark_loop.contract.protocol import pack_mask
+        from dspark_testing.tiny_tokenizer import tiny_tokenizer
+
+        return [pack_mask(np.ones(tiny_tokenizer().get_vocab_size(), bool))] * (1 + len(drafts))
+
+
+class ClassRecorder(RandomPolicy):
+    """Random windows and skips; records what the policy is told of each request's class."""
+
+    def __init__(self, seed: int):
+        super().__init__(seed)
+        self.constrained: list[list[bool]] = []
+        self.new_classes: list[int] = []
+        self.accepted_classes: list[int] = []
+
+    def choose(self, conf, cap, partition, sampled=None, constrained=None) -> VerifyChoice:
+        self.constrained.append(np.asarray(constrained).tolist())
+        choice = super().choose(conf, cap, partition, sampled, constrained)
+        return choice._replace(survival=np.ones((len(cap), DSPARK_K)))
+
+    def drafts_new(self, cls: int) -> bool:
+        self.new_classes.append(int(cls))
+        return True
+
+    def observe_accepted(self, surv, verify_len, accepted, cls) -> None:
+        self.accepted_classes += np.asarray(cls).tolist()
+
+
+def test_the_policy_is_told_which_requests_are_constrained():
+    """A constrained request is its own class to the policy (a grammar cuts its windows):
+    choose() must get its constrained flag, drafts_new its class (sampled + 2 *
+    constrained) and observe_accepted the classes of the windows verified; tokens stay K=0's."""
+    ref_sched = make_scheduler(max_model_len=120)
+    ref = run_all(ref_sched, make_mesh(ref_sched), make_requests(ref_sched, 2, prompt_len=8, max_tokens=40))
+    policy = ClassRecorder(3)
+    sched = make_scheduler(spec_k=7, policy=policy, max_model_len=120)
+    mesh = DraftingMesh(sched.layout, 1, allowed_tokens(), 120, seed=3)
+    free, constrained = make_requests(sched, 2, prompt_len=8, max_tokens=40)
+    constrained.constraint = AllowEveryDraft()
+    sched.add(free)
+    sched.add(constrained)
+    got = {"req-0": [], "req-1": []}
+    while sched.has_work:
+        step = sched.schedule()
+        results = mesh.run(step.plan)
+        for o in sched.update(step, results):
+            got[o.request_id] += o.new_token_ids
+        sched.observe_step(step, results, 0.02)
+    assert got == ref
+    assert [False, True] in policy.constrained  # admission order: req-0 free, req-1 constrained
+    assert all(c == [False, True] for c in policy.constrained if len(c) == 2)
+    assert sorted(set(policy.new_classes)) == [0, 2]
+    assert {0, 2} <= set(policy.accepted_classes) <= {0, 2}

@@ -31,6 +31,21 @@ def test_drafting_is_vetoed_where_not_drafting_delivered_more_and_allowed_where_
     assert guard.key(64, 64) != key and guard.allow(guard.key(64, 64))  # all sampled: its own key
 
 
+def test_a_constrained_load_has_its_own_rates():
+    """Drafting loses for a constrained load (a grammar cuts its windows short) where it
+    wins for a free one of the same size and sampling: the veto of one must not touch the
+    other, and a mix of the two is a third key."""
+    guard = RegimeGuard(explore_every=1 << 20)
+    free, constrained = guard.key(16, 0), guard.key(16, 0, 16)
+    assert len({free, constrained, guard.key(16, 0, 4)}) == 3
+    for _ in range(20):
+        guard.observe(16, 0, 60, 48, True, 0.1, num_constrained=16)  # drafting: 600 tok/s
+        guard.observe(16, 0, 80, 0, False, 0.1, num_constrained=16)  # not: 800 tok/s
+        guard.observe(16, 0, 120, 48, True, 0.1)  # free, drafting: 1200 tok/s
+        guard.observe(16, 0, 80, 0, False, 0.1)
+    assert not guard.allow(constrained) and guard.allow(free)
+
+
 def test_each_key_explores_the_other_point_soon_while_unmeasured_then_every_explore_every_steps():
     """Where the model drafts all along the off rate is never measured: `first_explore`
     steps into a key, and again while it stays unmeasured, `epoch` steps must be vetoed;
