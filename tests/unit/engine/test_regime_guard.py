@@ -84,6 +84,27 @@ def test_the_policy_stops_drafting_when_its_realised_rates_say_drafting_is_slowe
     assert choice.verify_len.tolist() == [DSPARK_K] * 16  # the drafts it has are still verified
 
 
+def test_an_untrusted_cost_model_still_answers_to_the_guard():
+    """A cost model not trusted yet drafts every request and verifies full windows (the
+    start-up profile); it must explore not drafting `first_explore` steps in, and once the
+    realised rates say not drafting delivers more, nobody drafts (prompts included) while the
+    drafts already made are still verified in full."""
+    from dspark_loop.engine.step_cost import StepCost
+
+    policy = AdaptiveVerify(StepCost(), explore_every=0)
+    assert not policy.cost.trusted
+    conf, cap, part = np.full((16, DSPARK_K), 0.8, np.float32), np.full(16, DSPARK_K, np.int32), np.zeros(16, np.int32)
+    drafted = [policy.choose(conf, cap, part).draft_next.all() for _ in range(40)]
+    assert drafted[:31] == [True] * 31 and not all(drafted[31:])  # an epoch of the off point
+    for _ in range(10):
+        policy.observe_rate(16, 0, 40, 16 * DSPARK_K, True, 0.1)  # 400 tok/s drafting
+        policy.observe_rate(16, 0, 16, 0, False, 0.02)  # 800 tok/s not
+    choice = policy.choose(conf, cap, part)
+    assert not choice.draft_next.any() and not policy.drafts_new(0)
+    assert choice.verify_len.tolist() == [DSPARK_K] * 16
+    assert not policy.cost.trusted
+
+
 def test_where_the_model_drafts_nobody_the_off_point_is_not_explored():
     """An off epoch costs K=0's speed and measures nothing new where the model drafts nobody
     anyway (its last margin is 1): the guard must not veto there; where the model drafts,
