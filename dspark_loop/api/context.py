@@ -20,12 +20,14 @@ class ServingContext:
         model_name: str,
         defaults: GenerateDefaults,
         model_path: str | None = None,
+        chat_template_kwargs: dict | None = None,
     ):
         self.engine = engine
         self.encoder = encoder
         self.model_name = model_name
         self.defaults = defaults
         self.model_path = model_path
+        self.chat_template_kwargs = chat_template_kwargs or {}  # --default-chat-template-kwargs
         # generation_config.json's sampling defaults under --generate-config's
         overrides = {k: getattr(defaults, k) for k in KEYS}
         self.sampling_defaults = sampling_defaults(model_path, overrides)

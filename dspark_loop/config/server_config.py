@@ -37,6 +37,7 @@ POSITIVE_FIELDS = (
     "long_prefill_token_threshold",
     "nnodes",
 )
+THINKING_KEYS = ("thinking", "enable_thinking")  # chat_template_kwargs that turn thinking on or off
 GENERATE_KEYS = (
     "max_new_tokens",
     "temperature",
@@ -105,6 +106,8 @@ class ServerConfig:
     async_scheduling: bool = True  # plan step N+1 while the ranks run step N (K=0 and K=7)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     generate: GenerateDefaults = field(default_factory=GenerateDefaults)
+    # --default-chat-template-kwargs; None: not given (the embedded demo then serves with thinking off)
+    default_chat_template_kwargs: dict | None = None
     prompts: tuple[str, ...] = ()  # --prompt: offline mode
     max_tokens: int = 16  # offline mode's max_tokens per prompt
     log_level: str = "info"

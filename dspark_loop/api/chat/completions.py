@@ -179,7 +179,7 @@ class ChatCompletionsRoute(GenerationRoute):
         fields = req.format_fields()
         try:
             warnings = validate_chat_request(fields)
-            thinking, effort = chat_options(fields)
+            thinking, effort = chat_options(fields, ctx.chat_template_kwargs)
         except ChatRequestError as e:
             raise bad_request(e.message, e.param) from None
         except ValueError as e:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 
+from dspark_loop.config.server_config import THINKING_KEYS
+
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
 USER = "<｜User｜>"
@@ -80,21 +82,31 @@ You MUST strictly follow the above defined tool name and parameter schemas to in
 """
 
 
-def chat_options(body: dict) -> tuple[bool, str | None]:
+def _thinking_flag(kwargs: dict) -> bool | None:
+    """What chat_template_kwargs say of thinking: False if either key is false, True if
+    one is true, None if neither is given."""
+    given = [kwargs[k] for k in THINKING_KEYS if isinstance(kwargs.get(k), bool)]
+    return all(given) if given else None
+
+
+def chat_options(body: dict, defaults: dict | None = None) -> tuple[bool, str | None]:
     """(thinking, effort) from a chat request body, as DeepSeek's API and vLLM map them.
 
     Thinking is on unless reasoning_effort is "none", chat_template_kwargs.thinking /
-    enable_thinking is false, or DeepSeek's `thinking: {"type": "disabled"}`. With nothing
-    given the effort is None: no paragraph, the same prompt as "low" (the encoder's default).
-    Call after validate_chat_request; an unknown effort raises ValueError.
+    enable_thinking is false, or DeepSeek's `thinking: {"type": "disabled"}`. defaults: the
+    server's chat_template_kwargs (--default-chat-template-kwargs), which the request's own
+    chat_template_kwargs or `thinking` field override. With nothing given the effort is
+    None: no paragraph, the same prompt as "low" (the encoder's default). Call after
+    validate_chat_request; an unknown effort raises ValueError.
     """
-    kwargs = body.get("chat_template_kwargs") or {}
     thinking = True
-    for key in ("thinking", "enable_thinking"):
-        if kwargs.get(key) is False:
-            thinking = False
-    if isinstance(body.get("thinking"), dict) and body["thinking"].get("type") == "disabled":
-        thinking = False
+    for kwargs in (defaults or {}, body.get("chat_template_kwargs") or {}):
+        flag = _thinking_flag(kwargs)
+        if flag is not None:
+            thinking = flag
+    asked = body.get("thinking")
+    if isinstance(asked, dict) and asked.get("type") in ("enabled", "disabled"):
+        thinking = asked["type"] == "enabled"
     effort = body.get("reasoning_effort")
     if effort is None:
         return thinking, None

@@ -201,6 +201,17 @@ def test_load_config_exits_2_listing_every_problem(tmp_path, capsys):
     assert "--tp 3 must divide" in err and "dspark_noise_token_id" in err and "mtp.0" in err
 
 
+def test_the_embedded_demo_serves_chat_with_thinking_off_unless_told_otherwise(tmp_path):
+    """The embedded default's small model never closes a thinking section: without --model
+    and without --default-chat-template-kwargs, chat defaults to thinking off; the flag, or
+    any --model, leaves thinking on unless the flag says otherwise."""
+    assert load_config([])[0].default_chat_template_kwargs == {"thinking": False}
+    flag = ["--default-chat-template-kwargs", '{"thinking": true}']
+    assert load_config(flag)[0].default_chat_template_kwargs == {"thinking": True}
+    path = write_checkpoint_stub(str(tmp_path / "ckpt"), tiny_config_dict(with_drafter=False), ["w"])
+    assert load_config(["--model", path])[0].default_chat_template_kwargs is None
+
+
 def test_sampling_defaults_in_generate_config_are_accepted():
     """Sampling is served now: --generate-config temperature/top_p/top_k/min_p must pass."""
     g = GenerateDefaults(temperature=0.8, top_p=0.9, top_k=40, min_p=0.05, repetition_penalty=1.1)

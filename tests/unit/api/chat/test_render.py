@@ -99,6 +99,23 @@ def test_chat_options_map_api_fields_like_deepseek_and_vllm(body, expected):
     assert chat_options(body) == expected
 
 
+@pytest.mark.parametrize(
+    "body,expected",
+    [
+        ({}, (False, None)),
+        ({"chat_template_kwargs": {"enable_thinking": True}}, (True, None)),
+        ({"chat_template_kwargs": {"thinking": True}, "reasoning_effort": "max"}, (True, "max")),
+        ({"thinking": {"type": "enabled"}}, (True, None)),
+        ({"chat_template_kwargs": {"thinking": True}, "reasoning_effort": "none"}, (False, None)),
+    ],
+)
+def test_a_request_overrides_the_servers_default_chat_template_kwargs(body, expected):
+    """A server default of thinking off (--default-chat-template-kwargs) must hold for a
+    request that says nothing, and give way to one that turns thinking on by either key
+    or DeepSeek's `thinking` field."""
+    assert chat_options(body, {"thinking": False}) == expected
+
+
 def test_an_unknown_effort_is_refused():
     """An effort outside the known names must not silently pick a paragraph."""
     with pytest.raises(ValueError):
