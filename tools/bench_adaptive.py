@@ -3,8 +3,15 @@ verification (engine/adaptive_verify.py) in one run, in process (one runner, Loc
 per stream count x temperature, on the manifest's held-out Python prompts.
 
     python -m tools.bench_adaptive [--streams 1 4 16 64] [--temperatures 0 0.8]
-        [--max-tokens 64] [--cost-model FILE] [--save-cost-model FILE] [--json FILE] [--quick]
-        [--constrained]
+        [--max-tokens 64] [--requests-per-stream 3] [--cost-model FILE]
+        [--save-cost-model FILE] [--json FILE] [--quick] [--constrained]
+
+A cell of n streams is n clients, each sending --requests-per-stream requests back to back
+(a new one as soon as its last finished, as guidellm's concurrency mode does), on the
+manifest's held-out prompts in rotation. NOTE: with 1 request per stream (a closed batch,
+how this bench ran first) every run ends in a tail of small steps once speculation has
+put the requests out of step, a cost no server with steady arrivals has: at 64 streams
+greedy it made drafting look 0.87x K=0 total while per-user it was 1.02x.
 
 Per cell and mode: per-user tok/s (output tokens / (finish - arrival), mean over users),
 total tok/s (all output tokens / wall), CPU tok/s (all output tokens / the process's CPU
@@ -68,11 +75,22 @@ class CountingMesh(TimedMesh):
         return await super().step(plan)
 
 
-def run(path: str, mode: str, prompts, max_tokens: int, temperature: float, policy, constrained: bool = False) -> dict:
+def run(
+    path: str,
+    mode: str,
+    prompts,
+    max_tokens: int,
+    temperature: float,
+    policy,
+    constrained: bool = False,
+    streams: int | None = None,
+) -> dict:
+    """streams: clients sending the prompts back to back (request i from client i %
+    streams); None: every prompt at once."""
     cfg = ModelConfig.from_dir(path)
-    n = len(prompts)
+    n = streams or len(prompts)
     spec_k = 0 if mode == "k0" else K
-    runner = demo_runner(path, prompts, max_tokens, spec_k)
+    runner = demo_runner(path, prompts, max_tokens, spec_k, n)
     mesh = CountingMesh(runner)
     policy = policy if mode == "adaptive" else None
     sched = model_scheduler(cfg, BLOCK, runner.num_blocks, max_num_seqs=n, spec_k=spec_k, policy=policy)
@@ -91,9 +109,9 @@ def run(path: str, mode: str, prompts, max_tokens: int, temperature: float, poli
         requests.append(g)
 
     cpu0 = time.process_time()
-    outs, user, total = serve_all(engine, requests)
+    outs, user, total = serve_all(engine, requests, streams)
     cpu_s = time.process_time() - cpu0  # the host and the in-process rank: all of the run's work
-    decode_tokens = sum(map(len, outs)) - n  # the prefill samples each request's first token
+    decode_tokens = sum(map(len, outs)) - len(prompts)  # the prefill samples each request's first token
     return {
         "outputs": outs,
         "per_user_tok_s": user,
@@ -136,13 +154,25 @@ def warm_up(path: str, pool, policy: AdaptiveVerify, streams, temperatures, max_
             run(path, "adaptive", [pool[j % len(pool)] for j in range(n)], 2 * max_tokens, t, policy, constrained)
 
 
-def cell(path: str, pool, n: int, temperature: float, max_tokens: int, rounds: int, policy, constrained: bool) -> dict:
+def cell(
+    path: str,
+    pool,
+    n: int,
+    temperature: float,
+    max_tokens: int,
+    rounds: int,
+    policy,
+    constrained: bool,
+    per_stream: int = 1,
+) -> dict:
+    """rounds: runs per mode; per_stream: requests each of the n clients sends back to back."""
     runs = {m: [] for m in MODES}
+    size = n * per_stream
     for r in range(rounds):
-        prompts = [pool[(r * n + i) % len(pool)] for i in range(n)]
+        prompts = [pool[(r * size + i) % len(pool)] for i in range(size)]
         # NOTE: the order rotates round by round, so a mode is not always run after the same one
         for m in MODES[r % len(MODES) :] + MODES[: r % len(MODES)]:
-            runs[m].append(run(path, m, prompts, max_tokens, temperature, policy, constrained))
+            runs[m].append(run(path, m, prompts, max_tokens, temperature, policy, constrained, n))
     got = {m: merge(v) for m, v in runs.items()}
     k0 = got["k0"]
     row = {"streams": n, "temperature": temperature}
@@ -191,7 +221,18 @@ def main(argv=None) -> int:
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=0, help="rounds per cell (0: len(prompts) // streams, >= 3)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="runs per mode and cell (0: 3, or len(prompts) // streams when 1 request per stream)",
+    )
+    ap.add_argument(
+        "--requests-per-stream",
+        type=int,
+        default=3,
+        help="requests each client sends back to back in a run (1: a closed batch, every request at once)",
+    )
     ap.add_argument("--model", default=DEMO_DIR, help="a demo checkpoint directory with manifest.json")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cost-model", default=None, help="pin the step cost model from this JSON file")
@@ -216,8 +257,13 @@ def main(argv=None) -> int:
     rows = []
     for n in args.streams:
         for t in args.temperatures:
-            rounds = args.rounds or max(3, len(pool) // n)  # NOTE: >= 3: one 64-stream run moves by 10-15% run to run
-            rows.append(cell(args.model, pool, n, t, args.max_tokens, rounds, policy, args.constrained))
+            # NOTE: >= 3: one 64-stream run moves by 10-15% run to run
+            rounds = args.rounds or (max(3, len(pool) // n) if args.requests_per_stream == 1 else 3)
+            rows.append(
+                cell(
+                    args.model, pool, n, t, args.max_tokens, rounds, policy, args.constrained, args.requests_per_stream
+                )
+            )
             print_row(rows[-1])
     print(f"policy at the end: {policy.stats()}", flush=True)
     if args.save_cost_model:
@@ -226,6 +272,7 @@ def main(argv=None) -> int:
     if args.json:
         summary = {
             "max_tokens": args.max_tokens,
+            "requests_per_stream": args.requests_per_stream,
             "threads": args.threads,
             "constrained": args.constrained,
             "policy": policy.stats(),

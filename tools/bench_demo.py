@@ -64,10 +64,13 @@ def demo_constraint(tok: Tokenizer, vocab_size: int):
     return format_constraint(tok, fmt, start_in_reasoning=False, vocab_size=vocab_size)
 
 
-def serve_all(engine: EngineLoop, requests: list[GenerateRequest]) -> tuple[list[list[int]], float, float]:
-    """Start the engine, send every request at once, stop it when all are done: (each
-    request's tokens, mean per-user tok/s = tokens / (finish - arrival), total tok/s =
-    all tokens / wall)."""
+def serve_all(
+    engine: EngineLoop, requests: list[GenerateRequest], streams: int | None = None
+) -> tuple[list[list[int]], float, float]:
+    """Start the engine, send every request at once (streams None) or as `streams` clients
+    each sending its requests back to back (request i belongs to client i % streams), stop
+    it when all are done: (each request's tokens, mean per-user tok/s = tokens / (finish -
+    arrival), total tok/s = all tokens / wall)."""
 
     async def main():
         engine.start()
@@ -80,8 +83,15 @@ def serve_all(engine: EngineLoop, requests: list[GenerateRequest]) -> tuple[list
             per_user.append(len(toks) / (time.perf_counter() - t0))
             return toks
 
+        async def client(c: int) -> list[list[int]]:
+            return [await one(g) for g in requests[c::streams]]
+
         t0 = time.perf_counter()
-        outs = await asyncio.gather(*(one(g) for g in requests))
+        if streams is None:
+            outs = await asyncio.gather(*(one(g) for g in requests))
+        else:
+            by_client = await asyncio.gather(*(client(c) for c in range(streams)))
+            outs = [by_client[i % streams][i // streams] for i in range(len(requests))]
         wall = time.perf_counter() - t0
         await engine.stop()
         return outs, float(np.mean(per_user)), sum(map(len, outs)) / wall
@@ -136,9 +146,12 @@ class TimedMesh(LocalMesh):
         return tokens
 
 
-def demo_runner(path: str, prompts: list[list[int]], max_tokens: int, spec_k: int) -> ModelRunner:
-    """One in-process runner with pages for every prompt at its longest (a lease each at K=7)."""
-    n = len(prompts)
+def demo_runner(
+    path: str, prompts: list[list[int]], max_tokens: int, spec_k: int, concurrent: int | None = None
+) -> ModelRunner:
+    """One in-process runner with pages for `concurrent` requests (None: every prompt) at
+    the longest prompt (a lease each at K=7)."""
+    n = concurrent or len(prompts)
     longest = max(map(len, prompts)) + max_tokens + 8
     cfg = RankConfig(
         model=path,

@@ -1,0 +1,54 @@
+"""tools.bench_demo.serve_all with streams: n clients, each sending its requests back to back."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tools.bench_demo import serve_all
+
+
+class FakeEngine:
+    """Answers request i with [i, i]; records how many requests are in flight at once."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.most = 0
+        self.order: list[int] = []
+
+    def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def generate(self, g):
+        i = int(g)
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        self.order.append(i)
+        await asyncio.sleep(0.001 * (1 + i % 3))
+
+        class Out:
+            new_token_ids = [i, i]
+
+        yield Out()
+        self.in_flight -= 1
+
+
+def test_each_client_sends_its_requests_one_after_another_and_outputs_keep_request_order():
+    """With 3 streams, at most 3 requests are in flight, client c sends requests c, c+3, ...
+    in that order, and the tokens come back in request order."""
+    engine = FakeEngine()
+    outs, per_user, total = serve_all(engine, [str(i) for i in range(9)], streams=3)
+    assert outs == [[i, i] for i in range(9)]
+    assert engine.most == 3
+    for c in range(3):
+        mine = [i for i in engine.order if i % 3 == c]
+        assert mine == [c, c + 3, c + 6]
+    assert per_user > 0 and total > 0
+
+
+def test_without_streams_every_request_is_sent_at_once():
+    engine = FakeEngine()
+    outs, _, _ = serve_all(engine, [str(i) for i in range(5)])
+    assert outs == [[i, i] for i in range(5)] and engine.most == 5
