@@ -315,6 +315,40 @@ def test_probes_back_off_while_they_do_not_pay_and_come_back_when_they_do():
     assert has.all()
 
 
+def test_a_window_predicted_poor_in_a_class_whose_drafts_pay_still_drafts():
+    """One poor window says little of the next (the demo: the windows after ones predicted
+    under 1 token accepted 4.75 drafts of 7): a request whose drafts look useless this step,
+    in a class whose drafts pay, must keep drafting; where the whole class's drafts look
+    useless, nobody drafts (probes aside)."""
+    policy = AdaptiveVerify(pinned(c_row=0.0002, c_req=0.0002, c_draft=0.001), explore_every=0, redraft_every=1 << 20)
+    R = 8
+    cap, part = np.full(R, K, np.int32), np.zeros(R, np.int32)
+    for _ in range(100):
+        assert policy.choose(np.full((R, K), 0.99, np.float32), cap, part).draft_next.all()
+    conf = np.full((R, K), 0.99, np.float32)
+    conf[0] = 0.05  # request 0's drafts look useless this step
+    choice = policy.choose(conf, cap, part)
+    assert choice.draft_next.all()
+    poor = AdaptiveVerify(pinned(c_row=0.0002, c_req=0.0002, c_draft=0.001), explore_every=0, redraft_every=1 << 20)
+    for _ in range(100):
+        choice = poor.choose(np.full((R, K), 0.05, np.float32), cap, part)
+    assert not choice.draft_next.any()
+
+
+def test_a_new_request_drafts_where_joining_the_drafting_requests_raises_the_rate():
+    """A prompt completing drafts its first token when one more drafting request of its
+    class would raise the step's rate: at 1 stream where drafting pays, whether the one
+    request decoding has a window better than its class's average (the old rule compared
+    with the worst chosen request's value and said no) or worse."""
+    policy = AdaptiveVerify(pinned(c_row=0.0002, c_draft=0.001, c_pass=0.005), explore_every=0, redraft_every=1 << 20)
+    cap, part = np.full(1, K, np.int32), np.zeros(1, np.int32)
+    for c in [0.8, 0.6] * 50:  # the class's windows, on average between the two
+        policy.choose(np.full((1, K), c, np.float32), cap, part)
+    for c in (0.99, 0.6):  # a window better than the average, then one worse
+        assert policy.choose(np.full((1, K), c, np.float32), cap, part).draft_next.all()
+        assert policy.drafts_new(0)
+
+
 def test_the_drafting_requests_must_pay_for_the_drafter_pass_together():
     """Each request's drafts pay for its own anchor and rows, but not for the drafter pass's
     own cost: with a dear pass and modest gains no request may draft (probes aside); with
