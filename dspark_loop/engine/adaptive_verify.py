@@ -178,8 +178,22 @@ class AdaptiveVerify:
         drafted: bool,
         step_s: float,
         num_constrained: int = 0,
+        prefill_rows: int = 0,
     ) -> None:
-        """A decode-only step's realised tokens per second (RegimeGuard.observe)."""
+        """A step's realised decode tokens per second (RegimeGuard.observe). A step that
+        also computed prompt rows counts with their cost taken out (the model's c_row per
+        row), where the model is trusted and they took at most half the step. NOTE: with
+        steady arrivals most steps carry a prompt chunk (16 streams of back-to-back
+        requests); counting decode-only steps alone, an epoch of the other point often
+        measured too few steps, the point stayed unmeasured, and its epochs came back every
+        first_explore steps (a fifth of the steps at 1 row at 16 streams greedy)."""
+        if prefill_rows > 0:
+            if not self.cost.trusted:
+                return
+            prompt_s = float(self.cost.coef[1]) * prefill_rows
+            if prompt_s > 0.5 * step_s:
+                return
+            step_s -= prompt_s
         self.guard.observe(num_requests, num_sampled, num_tokens, verify_rows, drafted, step_s, num_constrained)
 
     def observe_accepted(self, surv, verify_len, accepted, cls) -> None:

@@ -11,8 +11,10 @@ what each operating point actually delivers:
 
     key          (log2 of the decode requests, sampling mix: all greedy / mixed / all
                  sampled, constraint mix: none / some / all constrained)
-    observe      decode-only steps: "on" when a pass ran and windows were verified, "off"
-                 when neither (a step in between, e.g. the first after a switch, is neither)
+    observe      steps with decode requests (AdaptiveVerify.observe_rate takes a prompt
+                 chunk's modelled cost out): "on" when a pass ran and windows were
+                 verified, "off" when neither (a step in between, e.g. the first after a
+                 switch, is neither)
     rate         tokens / step seconds per key and operating point: the mean of its first
                  1 / RATE_EMA steps, then an EMA
     allow(key)   False (nobody drafts, probes aside) when both rates are known and "on"
@@ -20,8 +22,9 @@ what each operating point actually delivers:
 
 Each key explores the other point: `epoch` steps of it (off while drafting is allowed, on
 while it is not) `first_explore` steps after the key's last epoch while that point has no
-rate yet, and once it has, as often as the epochs' lost tokens stay within REGRET (1%) of
-the steps between them (_period: every `explore_every` steps where the points are close,
+rate yet (doubling after each epoch that left it unmeasured, up to explore_every), and
+once it has, as often as the epochs' lost tokens stay within REGRET (1%) of the steps
+between them (_period: every `explore_every` steps where the points are close,
 rarer where the other is far worse), so a rate the steady state never measures (the
 model drafts all along, or nobody does) is measured soon, and a stale one is renewed
 where it decides a close call; not the off point where the model drafts nobody anyway
@@ -69,6 +72,9 @@ class RegimeGuard:
         self.points: dict[tuple[int, int, int, bool], _Point] = {}  # (*key, drafting) -> rate
         self.clock: dict[tuple[int, int, int], int] = {}  # steps allow() saw per key
         self.exploring: dict[tuple[int, int, int], tuple[bool, int]] = {}  # key -> (allowed, steps left)
+        self.unmeasured_epochs: dict[
+            tuple[int, int, int], int
+        ] = {}  # key -> epochs run while the other point had no rate
         self.num_vetoes = 0  # steps the guard kept everyone from drafting
 
     @staticmethod
@@ -101,11 +107,20 @@ class RegimeGuard:
         else:
             other = self.points.get((*key, not allowed))
             measured = other is not None and other.steps >= MIN_STEPS
-            period = self._period(key, allowed) if measured else self.first_explore
+            if measured:
+                period = self._period(key, allowed)
+            else:
+                # NOTE: an epoch can end with its point still unmeasured (too few of its steps
+                # counted); the next waits twice as long, so a key whose other point is hard to
+                # measure does not spend a sixth of its steps there
+                tries = self.unmeasured_epochs.get(key, 0)
+                period = min(self.first_explore << tries, max(self.explore_every, self.first_explore))
             sure = allowed and self.margin.get(key, 1.0) <= 1.0  # the model drafts nobody anyway
             if not sure and tick - self.last_epoch.get(key, 0) >= period:  # an epoch of the other point
                 self.last_epoch[key] = tick
                 self.exploring[key] = (not allowed, self.epoch - 1)
+                if not measured:
+                    self.unmeasured_epochs[key] = self.unmeasured_epochs.get(key, 0) + 1
                 allowed = not allowed
         self.num_vetoes += not allowed
         return allowed

@@ -37,7 +37,7 @@ def observe_step(
     policy.observe(num_rows, num_requests, num_drafted, context, step_s)
     observe_rate = getattr(policy, "observe_rate", None)
     observe_accepted = getattr(policy, "observe_accepted", None)
-    rate = observe_rate is not None and not any(p.prefills for p in parts)  # decode-only steps
+    rate = observe_rate is not None
     accepted = observe_accepted is not None and step.verify_survival is not None
     if not (rate or accepted):
         return
@@ -47,20 +47,39 @@ def observe_step(
     sampled = np.fromiter((r.params.knobs.is_random for r in reqs), bool, len(reqs))  # [n]
     constrained = np.fromiter((r.constraint is not None for r in reqs), bool, len(reqs))  # [n]
     if rate:
-        decode_rate(step, int(sampled.sum()), int(constrained.sum()), bool(num_drafted.any()), step_s, observe_rate)
+        busiest = int(np.argmax(num_rows))  # the partition whose shape set the step's time
+        prefill_rows = int(num_rows[busiest]) - int(parts[busiest].decode_rows.sum())
+        mix = (int(sampled.sum()), int(constrained.sum()))
+        decode_rate(step, *mix, bool(num_drafted.any()), step_s, prefill_rows, observe_rate)
     if accepted:
         accepted_windows(step, reqs, request_class(sampled, constrained), observe_accepted)
 
 
 def decode_rate(
-    step: ScheduledStep, num_sampled: int, num_constrained: int, drafted: bool, step_s: float, observe_rate
+    step: ScheduledStep,
+    num_sampled: int,
+    num_constrained: int,
+    drafted: bool,
+    step_s: float,
+    prefill_rows: int,
+    observe_rate,
 ) -> None:
-    """A decode-only step's requests, tokens appended, drafts verified and drafter pass, for
-    the policy's realised rates (engine/regime_guard.py)."""
+    """A step's decode requests, the tokens they appended, drafts verified and drafter
+    pass, and the prompt rows the busiest partition computed beside them, for the policy's
+    realised rates (engine/regime_guard.py)."""
     num_requests = len(step.accepted_lens)
     verify_rows = sum(int(p.decode_rows.sum()) - len(p.decode_reqs) for p in step.partitions)
     tokens = sum(step.accepted_lens)
-    observe_rate(num_requests, num_sampled, tokens, verify_rows, drafted, step_s, num_constrained=num_constrained)
+    observe_rate(
+        num_requests,
+        num_sampled,
+        tokens,
+        verify_rows,
+        drafted,
+        step_s,
+        num_constrained=num_constrained,
+        prefill_rows=prefill_rows,
+    )
 
 
 def accepted_windows(step: ScheduledStep, reqs: list, cls: np.ndarray, observe_accepted) -> None:

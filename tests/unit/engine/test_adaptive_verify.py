@@ -300,32 +300,41 @@ class RateRecorder(RandomPolicy):
         self.rates: list[tuple] = []
 
     def observe_rate(
-        self, num_requests, num_sampled, num_tokens, verify_rows, drafted, step_s, num_constrained
+        self, num_requests, num_sampled, num_tokens, verify_rows, drafted, step_s, num_constrained, prefill_rows
     ) -> None:
-        self.rates.append((num_requests, num_sampled, num_tokens, verify_rows, drafted, step_s, num_constrained))
+        self.rates.append(
+            (num_requests, num_sampled, num_tokens, verify_rows, drafted, step_s, num_constrained, prefill_rows)
+        )
 
 
-def test_the_policy_sees_each_decode_only_steps_tokens_verify_rows_and_drafter_pass():
-    """observe_rate must be called for every decode-only step (none with a prompt chunk)
-    with its decode requests, the tokens they appended, the drafts verified, whether a
-    drafter pass ran and the step's cost."""
+def test_the_policy_sees_each_steps_decode_tokens_verify_rows_drafter_pass_and_prompt_rows():
+    """observe_rate must be called for every step with decode requests, with those
+    requests, the tokens they appended, the drafts verified, whether a drafter pass ran,
+    the step's cost and the prompt rows the busiest partition computed beside them (a
+    request arriving later puts a prompt chunk into decode steps)."""
     policy = RateRecorder(4)
     sched = make_scheduler(spec_k=7, policy=policy, num_partitions=2, max_model_len=200)
     mesh = DraftingMesh(sched.layout, 2, allowed_tokens(), 200, seed=4)
-    for r in make_requests(sched, 4, prompt_len=8, max_tokens=30):
+    reqs = make_requests(sched, 5, prompt_len=8, max_tokens=30)
+    for r in reqs[:4]:
         sched.add(r)
     want = []
-    for _ in range(12):
+    for i in range(12):
+        if i == 4:
+            sched.add(reqs[4])
         step = sched.schedule()
         results = mesh.run(step.plan)
         sched.update(step, results)
         sched.observe_step(step, results, 0.02)
-        if not any(p.prefills for p in step.partitions):
-            rows = [int(k) for p in step.partitions for k in p.decode_rows]
+        rows = [int(k) for p in step.partitions for k in p.decode_rows]
+        if rows:
             drafted = any(len(r.draft_req_ids) for r in results)
-            want.append((len(rows), 0, sum(step.accepted_lens), sum(rows) - len(rows), drafted, 0.02, 0))
+            per_part = [sum(n for _, n, _ in p.prefills) + int(p.decode_rows.sum()) for p in step.partitions]
+            busiest = step.partitions[int(np.argmax(per_part))]
+            prompt = sum(n for _, n, _ in busiest.prefills)
+            want.append((len(rows), 0, sum(step.accepted_lens), sum(rows) - len(rows), drafted, 0.02, 0, prompt))
     assert policy.rates == want and len(want) > 5
-    assert any(w[4] for w in want) and any(w[3] for w in want)
+    assert any(w[4] for w in want) and any(w[3] for w in want) and any(w[7] for w in want)
 
 
 def test_a_request_capped_at_three_drafts_never_verifies_more_and_keeps_k0_tokens():

@@ -48,15 +48,17 @@ def test_a_constrained_load_has_its_own_rates():
 
 def test_each_key_explores_the_other_point_soon_while_unmeasured_then_every_explore_every_steps():
     """Where the model drafts all along the off rate is never measured: `first_explore`
-    steps into a key, and again while it stays unmeasured, `epoch` steps must be vetoed;
-    once both rates are known, an epoch of the other point every explore_every steps."""
+    steps into a key `epoch` steps must be vetoed, and while the point stays unmeasured
+    again after twice the wait each time (up to explore_every); once both rates are known,
+    an epoch of the other point every explore_every steps."""
     guard = RegimeGuard(explore_every=64, epoch=8, first_explore=16)
     key = guard.key(16, 0)
     guard.margin[key] = 1.2  # the model drafts, expecting a little more than not drafting
-    allowed = [guard.allow(key) for _ in range(40)]  # epochs at its steps 16 and 32
-    assert allowed[15:23] == [False] * 8 and allowed.count(False) == 16
+    allowed = [guard.allow(key) for _ in range(120)]  # epochs at its steps 16, 48 (+32) and 112 (+64)
+    assert allowed[15:23] == [False] * 8 and allowed[47:55] == [False] * 8 and allowed[111:119] == [False] * 8
+    assert allowed.count(False) == 24
     feed(guard, 16, on_rate=190, off_rate=200)  # now off is the (slightly) better point
-    allowed = [guard.allow(key) for _ in range(128)]  # steps 41..168: epochs at 96 and 160
+    allowed = [guard.allow(key) for _ in range(128)]  # steps 121..248: epochs at 176 and 240
     assert allowed.count(True) == 16
 
 
@@ -151,3 +153,22 @@ def test_drafting_must_beat_not_drafting_by_the_margin():
     feed(guard, 16, on_rate=550, off_rate=500)
     assert not guard.allow(close)
     assert guard.allow(clear)
+
+
+def test_a_step_with_a_prompt_chunk_counts_with_the_prompts_cost_taken_out():
+    """With steady arrivals most steps carry a prompt chunk: such a step counts for its
+    operating point at its decode tokens over the step's cost less the model's cost of the
+    prompt rows; not where those are more than half the step, nor while the model is
+    untrusted (nothing to take out with)."""
+    from dspark_loop.engine.step_cost import StepCost
+
+    policy = AdaptiveVerify(learned(c_row=0.001), explore_every=0)
+    for _ in range(MIN_STEPS):
+        policy.observe_rate(16, 0, 16, 0, False, 0.05, prefill_rows=10)  # 16 tokens in 0.05 - 0.01 s
+        policy.observe_rate(16, 0, 16, 0, False, 0.05, prefill_rows=30)  # the prompt, 0.03 s: ignored
+    point = policy.guard.points[(*policy.guard.key(16, 0), False)]
+    assert point.steps == MIN_STEPS and abs(point.rate - 400) < 1e-6
+    untrusted = AdaptiveVerify(StepCost(), explore_every=0)
+    untrusted.observe_rate(16, 0, 16, 0, False, 0.05, prefill_rows=10)
+    untrusted.observe_rate(16, 0, 16, 0, False, 0.05)
+    assert untrusted.guard.points[(*untrusted.guard.key(16, 0), False)].steps == 1
