@@ -47,6 +47,11 @@ MIN_STEPS = 5  # steps each point needs before the guard acts on its rate
 # the two rates were within 1% while K=0 delivered 1.18x adaptive's tokens
 DRAFT_MARGIN = 0.05
 REGRET = 0.01  # an epoch of the worse point may cost this share of the steps between epochs
+# NOTE: and all keys' epochs of measured points together at most this share of all steps: a
+# key's period counts its own steps, and a load visited briefly (the tail of a batch, each
+# bucket on the way down) is due an epoch on most visits; on the demo with 16 streams of
+# back-to-back requests the epochs of five keys took 15% of a cell's request-steps
+EPOCH_SHARE = 0.02
 MAX_PERIOD = 1 << 14  # the longest between two epochs of a key
 LOAD_BUCKETS = 12  # loads told apart: decode requests 1, 2-3, 4-7, ... (log2), the last open-ended
 
@@ -63,7 +68,9 @@ class _Point:
 
 
 class RegimeGuard:
-    def __init__(self, explore_every: int = 512, epoch: int = 6, first_explore: int = 32):
+    def __init__(
+        self, explore_every: int = 512, epoch: int = 6, first_explore: int = 32, epoch_share: float = EPOCH_SHARE
+    ):
         self.explore_every = explore_every
         self.first_explore = first_explore
         self.epoch = epoch
@@ -76,6 +83,9 @@ class RegimeGuard:
             tuple[int, int, int], int
         ] = {}  # key -> epochs run while the other point had no rate
         self.num_vetoes = 0  # steps the guard kept everyone from drafting
+        self.epoch_share = epoch_share
+        self.num_steps = 0  # allow() calls, all keys
+        self.num_epoch_steps = 0  # steps in epochs of a measured point, all keys
 
     @staticmethod
     def key(num_requests: int, num_sampled: int, num_constrained: int = 0) -> tuple[int, int, int]:
@@ -99,6 +109,7 @@ class RegimeGuard:
         """Whether drafting may run this step at this key (the model decides), or not."""
         tick = self.clock.get(key, 0) + 1
         self.clock[key] = tick
+        self.num_steps += 1
         allowed = not self.prefers_off(key)
         explore = self.exploring.get(key)
         if explore is not None and explore[1] > 0:
@@ -116,11 +127,14 @@ class RegimeGuard:
                 tries = self.unmeasured_epochs.get(key, 0)
                 period = min(self.first_explore << tries, max(self.explore_every, self.first_explore))
             sure = allowed and self.margin.get(key, 1.0) <= 1.0  # the model drafts nobody anyway
-            if not sure and tick - self.last_epoch.get(key, 0) >= period:  # an epoch of the other point
+            affordable = not measured or self.num_epoch_steps + self.epoch <= self.epoch_share * self.num_steps
+            if not sure and affordable and tick - self.last_epoch.get(key, 0) >= period:  # an epoch of the other point
                 self.last_epoch[key] = tick
                 self.exploring[key] = (not allowed, self.epoch - 1)
                 if not measured:
                     self.unmeasured_epochs[key] = self.unmeasured_epochs.get(key, 0) + 1
+                else:
+                    self.num_epoch_steps += self.epoch
                 allowed = not allowed
         self.num_vetoes += not allowed
         return allowed

@@ -51,7 +51,7 @@ def test_each_key_explores_the_other_point_soon_while_unmeasured_then_every_expl
     steps into a key `epoch` steps must be vetoed, and while the point stays unmeasured
     again after twice the wait each time (up to explore_every); once both rates are known,
     an epoch of the other point every explore_every steps."""
-    guard = RegimeGuard(explore_every=64, epoch=8, first_explore=16)
+    guard = RegimeGuard(explore_every=64, epoch=8, first_explore=16, epoch_share=1.0)
     key = guard.key(16, 0)
     guard.margin[key] = 1.2  # the model drafts, expecting a little more than not drafting
     allowed = [guard.allow(key) for _ in range(120)]  # epochs at its steps 16, 48 (+32) and 112 (+64)
@@ -172,3 +172,21 @@ def test_a_step_with_a_prompt_chunk_counts_with_the_prompts_cost_taken_out():
     untrusted.observe_rate(16, 0, 16, 0, False, 0.05, prefill_rows=10)
     untrusted.observe_rate(16, 0, 16, 0, False, 0.05)
     assert untrusted.guard.points[(*untrusted.guard.key(16, 0), False)].steps == 1
+
+
+def test_the_epochs_of_all_keys_together_stay_within_their_share_of_the_steps():
+    """A key's period counts its own steps: loads visited briefly would each be due an
+    epoch on most visits. The epochs of measured points, all keys together, must stay
+    within epoch_share of all steps, and still come where the share allows."""
+    guard = RegimeGuard(explore_every=64, epoch=6, epoch_share=0.02)
+    keys = [guard.key(1 << i, 0) for i in range(6)]
+    for i in range(6):
+        feed(guard, 1 << i, on_rate=220, off_rate=200)  # both measured, close: epochs every 64 key-steps
+        guard.margin[keys[i]] = 1.5
+    vetoed = sum(not guard.allow(keys[t % 6]) for t in range(6000))
+    assert 0 < vetoed <= 0.02 * 6000 + 6
+    unlimited = RegimeGuard(explore_every=64, epoch=6, epoch_share=1.0)
+    for i in range(6):
+        feed(unlimited, 1 << i, on_rate=220, off_rate=200)
+        unlimited.margin[keys[i]] = 1.5
+    assert sum(not unlimited.allow(keys[t % 6]) for t in range(6000)) > 4 * vetoed  # ~6 every 64 key-steps
