@@ -43,7 +43,7 @@ import numpy as np
 
 from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.accept_calibration import NUM_CLASSES, AcceptCalibration, request_class
-from dspark_loop.engine.regime_guard import LOAD_BUCKETS, RegimeGuard, load_bucket
+from dspark_loop.engine.regime_guard import LOAD_BUCKETS, Key, RegimeGuard, load_bucket
 from dspark_loop.engine.step_cost import StepCost
 from dspark_loop.engine.verify_budget import linear_drafts, solve_budget, survival
 from dspark_loop.engine.verify_policy import VerifyChoice
@@ -208,7 +208,7 @@ class AdaptiveVerify:
         return bool(self.new_drafts[int(cls)])
 
     # ---- steps ----------------------------------------------------------------------------
-    def _untrusted(self, cap: np.ndarray, allowed: bool, key: tuple[int, int, int]) -> VerifyChoice:
+    def _untrusted(self, cap: np.ndarray, allowed: bool, key: Key) -> VerifyChoice:
         """The start-up profile (module docstring) where the guard allows drafting; where it
         does not, nobody drafts and the drafts already made are verified in full."""
         R = len(cap)
@@ -232,7 +232,7 @@ class AdaptiveVerify:
         partition: np.ndarray,
         cls: np.ndarray,
         allowed: bool = True,
-        key: tuple[int, int, int] | None = None,
+        key: Key | None = None,
     ) -> tuple[VerifyChoice, float]:
         """cls [R]: each request's class (request_class); allowed: the guard lets the model
         draft; key: the guard's (load, mix, constrained mix) of this step."""

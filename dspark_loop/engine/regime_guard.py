@@ -54,6 +54,7 @@ REGRET = 0.01  # an epoch of the worse point may cost this share of the steps be
 EPOCH_SHARE = 0.02
 MAX_PERIOD = 1 << 14  # the longest between two epochs of a key
 LOAD_BUCKETS = 12  # loads told apart: decode requests 1, 2-3, 4-7, ... (log2), the last open-ended
+Key = tuple[int, int, int]  # (load bucket, sampling mix, constraint mix): RegimeGuard.key
 
 
 def load_bucket(num_requests: int) -> int:
@@ -74,21 +75,19 @@ class RegimeGuard:
         self.explore_every = explore_every
         self.first_explore = first_explore
         self.epoch = epoch
-        self.last_epoch: dict[tuple[int, int, int], int] = {}  # key -> the step its last epoch began
-        self.margin: dict[tuple[int, int, int], float] = {}  # key -> the model's last predicted on / off rate
+        self.last_epoch: dict[Key, int] = {}  # key -> the step its last epoch began
+        self.margin: dict[Key, float] = {}  # key -> the model's last predicted on / off rate
         self.points: dict[tuple[int, int, int, bool], _Point] = {}  # (*key, drafting) -> rate
-        self.clock: dict[tuple[int, int, int], int] = {}  # steps allow() saw per key
-        self.exploring: dict[tuple[int, int, int], tuple[bool, int]] = {}  # key -> (allowed, steps left)
-        self.unmeasured_epochs: dict[
-            tuple[int, int, int], int
-        ] = {}  # key -> epochs run while the other point had no rate
+        self.clock: dict[Key, int] = {}  # steps allow() saw per key
+        self.exploring: dict[Key, tuple[bool, int]] = {}  # key -> (allowed, steps left)
+        self.unmeasured_epochs: dict[Key, int] = {}  # key -> epochs run while the other point had no rate
         self.num_vetoes = 0  # steps the guard kept everyone from drafting
         self.epoch_share = epoch_share
         self.num_steps = 0  # allow() calls, all keys
         self.num_epoch_steps = 0  # steps in epochs of a measured point, all keys
 
     @staticmethod
-    def key(num_requests: int, num_sampled: int, num_constrained: int = 0) -> tuple[int, int, int]:
+    def key(num_requests: int, num_sampled: int, num_constrained: int = 0) -> Key:
         """NOTE: constrained apart: a grammar cuts windows short (2.1 accepted tokens per
         verify on the demo against 5.0 free), so drafting can lose for a constrained load
         where it wins for a free one of the same size."""
@@ -98,14 +97,14 @@ class RegimeGuard:
 
         return load_bucket(num_requests), mix(num_sampled), mix(num_constrained)
 
-    def prefers_off(self, key: tuple[int, int, int]) -> bool:
+    def prefers_off(self, key: Key) -> bool:
         """Both points measured and drafting did not beat not drafting by DRAFT_MARGIN."""
         on, off = self.points.get((*key, True)), self.points.get((*key, False))
         if on is None or off is None or on.steps < MIN_STEPS or off.steps < MIN_STEPS:
             return False
         return off.rate * (1 + DRAFT_MARGIN) > on.rate
 
-    def allow(self, key: tuple[int, int, int]) -> bool:
+    def allow(self, key: Key) -> bool:
         """Whether drafting may run this step at this key (the model decides), or not."""
         tick = self.clock.get(key, 0) + 1
         self.clock[key] = tick
@@ -139,7 +138,7 @@ class RegimeGuard:
         self.num_vetoes += not allowed
         return allowed
 
-    def _period(self, key: tuple[int, int, int], allowed: bool) -> int:
+    def _period(self, key: Key, allowed: bool) -> int:
         """Steps between epochs of the other point, both measured (rate ratio r = this
         point's / that one's): as often as an epoch's lost tokens stay within REGRET of the
         steps between epochs, epoch * (r - 1) / REGRET, at least explore_every, at most
@@ -163,9 +162,9 @@ class RegimeGuard:
         step_s: float,
         num_constrained: int = 0,
     ) -> None:
-        """One decode-only step: its decode requests (num_sampled of them sample,
-        num_constrained are constrained), the tokens they appended, the drafts it verified,
-        whether a drafter pass ran, and its cost."""
+        """One step's decode requests (num_sampled of them sample, num_constrained are
+        constrained), the tokens they appended, the drafts it verified, whether a drafter
+        pass ran, and its cost (any prompt chunk's taken out by the caller)."""
         if num_requests <= 0 or step_s <= 0 or (verify_rows > 0) != drafted:
             return  # a step between the points
         key = self.key(num_requests, num_sampled, num_constrained)

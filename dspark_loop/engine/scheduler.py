@@ -14,6 +14,7 @@ import numpy as np
 
 from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK, BlockUpdate, PartitionPlan, StepPlan, TokenMask
+from dspark_loop.engine.accept_calibration import request_class
 from dspark_loop.engine.admission import Admission
 from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.kv_cache import PartitionCache
@@ -281,7 +282,7 @@ class Scheduler:
         drafts_new = getattr(self.policy, "drafts_new", None)
         for r, n in prefills:
             if r.plan_pos + n == r.prefill_target:
-                cls = r.params.knobs.is_random + 2 * (r.constraint is not None)  # accept_calibration.request_class
+                cls = int(request_class(r.params.knobs.is_random, r.constraint is not None))
                 r.draft_next = r.max_draft_tokens > 0 and (drafts_new is None or drafts_new(cls))
 
     def _budget(self, part: Partition, inflight: int = -1, adaptive: bool = False) -> tuple[int, list[Request]]:

@@ -21,6 +21,7 @@ from dspark_loop.api.chat.render import (
     TOOL_RESULT_END,
     USER,
 )
+from dspark_loop.config.server_config import THINKING_KEYS
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 PARAM_NAME = re.compile(r'[^"<>\n]+')
@@ -168,7 +169,7 @@ def check_options(body: dict, tool_names: list[str]) -> None:
     if kwargs is not None:
         if not isinstance(kwargs, dict):
             raise ChatRequestError("`chat_template_kwargs` must be an object.", "chat_template_kwargs")
-        for key in ("thinking", "enable_thinking"):
+        for key in THINKING_KEYS:
             if key in kwargs and not isinstance(kwargs[key], bool):
                 raise ChatRequestError(
                     f"`chat_template_kwargs.{key}` must be a boolean.", f"chat_template_kwargs.{key}"
