@@ -1,10 +1,18 @@
 """Adaptive verification on the shipped demo: K=0, the fixed K=7 chain and adaptive
-verification (engine/adaptive_verify.py) in one run, in process (one runner, LocalComm),
-per stream count x temperature, on the manifest's held-out Python prompts.
+verification (engine/adaptive_verify.py) in one run, per stream count x temperature, on
+the manifest's held-out Python prompts.
 
     python -m tools.bench_adaptive [--streams 1 4 16 64] [--temperatures 0 0.8]
-        [--max-tokens 64] [--requests-per-stream 3] [--cost-model FILE]
-        [--save-cost-model FILE] [--json FILE] [--quick] [--constrained]
+        [--max-tokens 64] [--requests-per-stream 3] [--ranks inproc|process] [--threads N]
+        [--cost-model FILE] [--save-cost-model FILE] [--json FILE] [--quick] [--constrained]
+
+--ranks inproc (default): one runner in this process (LocalComm), run inside the engine's
+step, so the host's work (schedule, the policy, update) and the rank's are serial, as
+on one core. --ranks process: one rank process per run (the server's mesh.Mesh, world
+size 1, --threads torch threads), beside the host, as `python -m dspark_loop` runs the
+demo: with async scheduling the host plans step N+1 while the rank computes step N, so a
+mode's host time costs only where it exceeds the rank's step. Rank start-up is outside
+the timed part.
 
 A cell of n streams is n clients, each sending --requests-per-stream requests back to back
 (a new one as soon as its last finished, as guidellm's concurrency mode does), on the
@@ -14,9 +22,9 @@ put the requests out of step, a cost no server with steady arrivals has: at 64 s
 greedy it made drafting look 0.87x K=0 total while per-user it was 1.02x.
 
 Per cell and mode: per-user tok/s (output tokens / (finish - arrival), mean over users),
-total tok/s (all output tokens / wall), CPU tok/s (all output tokens / the process's CPU
-time: host and rank run in this process, so this is the work each mode costs, which other
-processes sharing the cores do not inflate), mean decode rows per request-step (1 at K=0, 8
+total tok/s (all output tokens / wall), CPU tok/s (all output tokens / the CPU time of
+the host and the rank, in this process or its rank process: the work each mode costs,
+which other processes sharing the cores do not inflate), mean decode rows per request-step (1 at K=0, 8
 for the fixed chain's verifies), mean tokens per request-step (the accepted length, the
 bonus included, over every decode step), and whether the tokens equal K=0's (greedy, and
 seeded sampling with seed = the user's index: speculation must never change them).
@@ -24,8 +32,8 @@ seeded sampling with seed = the user's index: speculation must never change them
 The adaptive policy is ONE instance for the whole run, as in a server: its cost model is
 learned online (first on a warm-up that varies the load) and keeps learning, unless
 --cost-model pins it. Modes run interleaved round by round, in an order that rotates
-from round to round, so machine noise spreads evenly. --quick: a smoke test (streams 1 2,
-6 tokens, one round, no warm-up). --constrained: every request writes a JSON document
+from round to round, so machine noise spreads evenly. --quick: a smoke test (streams 1 2
+unless given, 6 tokens, one round, no warm-up). --constrained: every request writes a JSON document
 under tools.bench_demo.SCHEMA (response_format json_schema; grammar masks along the
 drafts at K=7), ended by EOS; host ms is the median
 per step of the host's schedule + update time (the masks are filled in schedule).
@@ -43,36 +51,69 @@ import torch
 from tokenizers import Tokenizer
 
 from dspark_loop.config.default_model import DEMO_DIR
+from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.model_config import ModelConfig
-from dspark_loop.contract.protocol import as_i8
+from dspark_loop.contract.protocol import RankConfig
 from dspark_loop.contract.sampling_knobs import SamplingKnobs
 from dspark_loop.engine.adaptive_verify import AdaptiveVerify
 from dspark_loop.engine.loop import EngineLoop
+from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.step_cost import TERMS
 from dspark_loop.launch import adaptive_policy
+from dspark_loop.mesh.mesh import Mesh
+from dspark_testing.local_mesh import LocalMesh
 from dspark_testing.schedulers import model_scheduler
-from tools.bench_demo import BLOCK, HostTimes, K, TimedMesh, demo_constraint, demo_runner, heldout_prompts, serve_all
-from workers.runner import ModelRunner
+from tools.bench_demo import (
+    BLOCK,
+    HostTimes,
+    K,
+    demo_constraint,
+    demo_pages,
+    demo_runner,
+    heldout_prompts,
+    serve_all,
+)
 
 MODES = ("k0", "fixed", "adaptive")
 
 
-class CountingMesh(TimedMesh):
-    """TimedMesh that also counts decode rows and decode request-steps."""
+class DecodeRows(EngineObserver):
+    """Decode rows and decode request-steps, from the engine's step traces."""
 
-    def __init__(self, runner: ModelRunner) -> None:
-        super().__init__(runner)
+    def __init__(self) -> None:
         self.decode_rows = 0
         self.decode_reqs = 0
 
-    async def step(self, plan):
-        d = plan.partitions[0].decode
-        if d is not None:
-            rows = as_i8(d.num_rows)
-            self.decode_rows += int(rows.sum())
-            self.decode_reqs += len(rows)
-        return await super().step(plan)
+    def on_step(self, trace) -> None:
+        for p in trace.partitions:
+            self.decode_rows += p.decode_num_rows
+            self.decode_reqs += len(p.decode_req_ids)
+
+
+class RankProcesses(Mesh):
+    """One rank process (the server's mesh, world size 1), with the CPU time it spends
+    between start() and close(): `cpu_s`."""
+
+    def __init__(self, rank_cfg: RankConfig) -> None:
+        super().__init__(rank_cfg, start_timeout_s=300.0)
+        self.cpu_s = 0.0
+
+    async def start(self) -> None:
+        await super().start()
+        self.cpu_s = -sum(map(process_cpu_s, self.pids))
+
+    async def close(self, grace_s: float = 5.0) -> None:
+        if self.cpu_s <= 0:
+            self.cpu_s += sum(map(process_cpu_s, self.pids))
+        await super().close(grace_s)
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run(
@@ -84,19 +125,39 @@ def run(
     policy,
     constrained: bool = False,
     streams: int | None = None,
+    ranks: str = "inproc",
+    threads: int = 1,
 ) -> dict:
     """streams: clients sending the prompts back to back (request i from client i %
-    streams); None: every prompt at once."""
+    streams); None: every prompt at once. ranks: "inproc" (one runner in this process,
+    serial with the host) or "process" (one rank process, `threads` torch threads, beside
+    the host as in a server)."""
     cfg = ModelConfig.from_dir(path)
     n = streams or len(prompts)
     spec_k = 0 if mode == "k0" else K
-    runner = demo_runner(path, prompts, max_tokens, spec_k, n)
-    mesh = CountingMesh(runner)
+    procs = None
+    if ranks == "process":
+        pages = demo_pages(prompts, max_tokens, n)
+        rank_cfg = RankConfig(
+            model=path,
+            block_size=BLOCK,
+            num_blocks=pages,
+            spec_k=spec_k,
+            num_leases=n if spec_k else 0,
+            max_model_len=4096,
+            threads=threads,
+            log_level="warning",
+        )
+        mesh = procs = RankProcesses(rank_cfg)
+        pages = [pages] * len(CacheLayout.for_model(cfg, BLOCK).families)
+    else:
+        runner = demo_runner(path, prompts, max_tokens, spec_k, n)
+        mesh, pages = LocalMesh([runner]), runner.num_blocks
     policy = policy if mode == "adaptive" else None
-    sched = model_scheduler(cfg, BLOCK, runner.num_blocks, max_num_seqs=n, spec_k=spec_k, policy=policy)
+    sched = model_scheduler(cfg, BLOCK, pages, max_num_seqs=n, spec_k=spec_k, policy=policy)
     tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
-    host = HostTimes()
-    engine = EngineLoop(sched, mesh, tok, observers=[host])
+    host, rows = HostTimes(), DecodeRows()
+    engine = EngineLoop(sched, mesh, tok, observers=[host, rows])
 
     requests = []
     for i, p in enumerate(prompts):
@@ -109,16 +170,18 @@ def run(
         requests.append(g)
 
     cpu0 = time.process_time()
-    outs, user, total = serve_all(engine, requests, streams)
-    cpu_s = time.process_time() - cpu0  # the host and the in-process rank: all of the run's work
+    outs, user, total = serve_all(engine, requests, streams, procs)
+    cpu_s = time.process_time() - cpu0  # the host (and an in-process rank)
+    if procs is not None:
+        cpu_s += procs.cpu_s  # all of the run's work, host and rank
     decode_tokens = sum(map(len, outs)) - len(prompts)  # the prefill samples each request's first token
     return {
         "outputs": outs,
         "per_user_tok_s": user,
         "total_tok_s": total,
         "cpu_tok_s": sum(map(len, outs)) / cpu_s,
-        "decode_rows": mesh.decode_rows,
-        "decode_reqs": mesh.decode_reqs,
+        "decode_rows": rows.decode_rows,
+        "decode_reqs": rows.decode_reqs,
         "decode_tokens": decode_tokens,
         "host_ms": 1e3 * float(np.median(host.host_s)) if host.host_s else 0.0,
     }
@@ -137,7 +200,9 @@ def merge(runs: list[dict]) -> dict:
     }
 
 
-def warm_up(path: str, pool, policy: AdaptiveVerify, streams, temperatures, max_tokens: int, constrained: bool) -> None:
+def warm_up(
+    path: str, pool, policy: AdaptiveVerify, streams, temperatures, max_tokens: int, constrained: bool, **where
+) -> None:
     """Adaptive runs over the stream counts until the cost model is trusted (at most 8
     rounds), greedy and sampled, so its start-up profile sees every load; then one run of
     every cell's load and temperature (constrained as the cells are), so the guard's first
@@ -146,12 +211,13 @@ def warm_up(path: str, pool, policy: AdaptiveVerify, streams, temperatures, max_
     for rnd in range(8):
         for i, n in enumerate(streams):
             prompts = [pool[(rnd + j) % len(pool)] for j in range(n)]
-            run(path, "adaptive", prompts, max_tokens, 0.8 if (rnd + i) % 2 else 0.0, policy)
+            run(path, "adaptive", prompts, max_tokens, 0.8 if (rnd + i) % 2 else 0.0, policy, **where)
         if policy.cost.trusted:
             break
     for n in streams:
         for t in temperatures:
-            run(path, "adaptive", [pool[j % len(pool)] for j in range(n)], 2 * max_tokens, t, policy, constrained)
+            prompts = [pool[j % len(pool)] for j in range(n)]
+            run(path, "adaptive", prompts, 2 * max_tokens, t, policy, constrained, **where)
 
 
 def cell(
@@ -164,15 +230,17 @@ def cell(
     policy,
     constrained: bool,
     per_stream: int = 1,
+    **where,
 ) -> dict:
-    """rounds: runs per mode; per_stream: requests each of the n clients sends back to back."""
+    """rounds: runs per mode; per_stream: requests each of the n clients sends back to back;
+    where: run()'s ranks and threads."""
     runs = {m: [] for m in MODES}
     size = n * per_stream
     for r in range(rounds):
         prompts = [pool[(r * size + i) % len(pool)] for i in range(size)]
         # NOTE: the order rotates round by round, so a mode is not always run after the same one
         for m in MODES[r % len(MODES) :] + MODES[: r % len(MODES)]:
-            runs[m].append(run(path, m, prompts, max_tokens, temperature, policy, constrained, n))
+            runs[m].append(run(path, m, prompts, max_tokens, temperature, policy, constrained, n, **where))
     got = {m: merge(v) for m, v in runs.items()}
     k0 = got["k0"]
     row = {"streams": n, "temperature": temperature}
@@ -218,7 +286,7 @@ def print_row(row: dict) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--streams", type=int, nargs="+", default=None, help="stream counts (default 1 4 16 64)")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument(
@@ -234,7 +302,14 @@ def main(argv=None) -> int:
         help="requests each client sends back to back in a run (1: a closed batch, every request at once)",
     )
     ap.add_argument("--model", default=DEMO_DIR, help="a demo checkpoint directory with manifest.json")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the rank")
+    ap.add_argument(
+        "--ranks",
+        choices=["inproc", "process"],
+        default="inproc",
+        help="inproc: one runner in this process, serial with the host; process: one rank "
+        "process beside the host, as the server runs it (the host's work overlaps the rank's)",
+    )
     ap.add_argument("--cost-model", default=None, help="pin the step cost model from this JSON file")
     ap.add_argument("--save-cost-model", default=None, help="write the learned cost model here at the end")
     ap.add_argument("--json", default=None, help="also write the figures here")
@@ -244,14 +319,17 @@ def main(argv=None) -> int:
     )
     args = ap.parse_args(argv)
     if args.quick:
-        args.streams, args.max_tokens, args.rounds = [1, 2], 6, 1
+        args.streams, args.max_tokens, args.rounds = args.streams or [1, 2], 6, 1
+    args.streams = args.streams or [1, 4, 16, 64]
     torch.set_num_threads(args.threads)
     tok = Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
     pool = heldout_prompts(args.model, tok)
     policy = adaptive_policy(args.cost_model, ModelConfig.from_dir(args.model))  # the server's, with its temperatures
-    run(args.model, "k0", pool[:1], 4, 0.0, None)  # warm-up (allocator, first-call paths)
+    where = dict(ranks=args.ranks, threads=args.threads)
+    run(args.model, "k0", pool[:1], 4, 0.0, None, **where)  # warm-up (allocator, first-call paths)
     if not args.quick and not args.cost_model:
-        warm_up(args.model, pool, policy, args.streams, args.temperatures, min(args.max_tokens, 32), args.constrained)
+        warmup_tokens = min(args.max_tokens, 32)
+        warm_up(args.model, pool, policy, args.streams, args.temperatures, warmup_tokens, args.constrained, **where)
     print(f"confidence temperatures (config.json): {policy.acceptance.temperatures}", flush=True)
     print(f"cost model after warm-up: {policy.cost.stats()}", flush=True)
     rows = []
@@ -261,7 +339,16 @@ def main(argv=None) -> int:
             rounds = args.rounds or (max(3, len(pool) // n) if args.requests_per_stream == 1 else 3)
             rows.append(
                 cell(
-                    args.model, pool, n, t, args.max_tokens, rounds, policy, args.constrained, args.requests_per_stream
+                    args.model,
+                    pool,
+                    n,
+                    t,
+                    args.max_tokens,
+                    rounds,
+                    policy,
+                    args.constrained,
+                    args.requests_per_stream,
+                    **where,
                 )
             )
             print_row(rows[-1])
@@ -274,6 +361,7 @@ def main(argv=None) -> int:
             "max_tokens": args.max_tokens,
             "requests_per_stream": args.requests_per_stream,
             "threads": args.threads,
+            "ranks": args.ranks,
             "constrained": args.constrained,
             "policy": policy.stats(),
             "rows": rows,

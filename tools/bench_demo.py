@@ -65,14 +65,17 @@ def demo_constraint(tok: Tokenizer, vocab_size: int):
 
 
 def serve_all(
-    engine: EngineLoop, requests: list[GenerateRequest], streams: int | None = None
+    engine: EngineLoop, requests: list[GenerateRequest], streams: int | None = None, mesh=None
 ) -> tuple[list[list[int]], float, float]:
     """Start the engine, send every request at once (streams None) or as `streams` clients
     each sending its requests back to back (request i belongs to client i % streams), stop
     it when all are done: (each request's tokens, mean per-user tok/s = tokens / (finish -
-    arrival), total tok/s = all tokens / wall)."""
+    arrival), total tok/s = all tokens / wall). mesh: rank processes (mesh.Mesh) to start
+    before the engine and close after it, outside the timed part."""
 
     async def main():
+        if mesh is not None:
+            await mesh.start()
         engine.start()
         per_user = []
 
@@ -94,6 +97,8 @@ def serve_all(
             outs = [by_client[i % streams][i // streams] for i in range(len(requests))]
         wall = time.perf_counter() - t0
         await engine.stop()
+        if mesh is not None:
+            await mesh.close()
         return outs, float(np.mean(per_user)), sum(map(len, outs)) / wall
 
     return asyncio.run(main())
@@ -146,17 +151,22 @@ class TimedMesh(LocalMesh):
         return tokens
 
 
+def demo_pages(prompts: list[list[int]], max_tokens: int, concurrent: int) -> int:
+    """KV pages for `concurrent` requests at the longest prompt (+ a K=7 window)."""
+    longest = max(map(len, prompts)) + max_tokens + 8
+    return concurrent * (-(-longest // BLOCK) + 1) + 4
+
+
 def demo_runner(
     path: str, prompts: list[list[int]], max_tokens: int, spec_k: int, concurrent: int | None = None
 ) -> ModelRunner:
     """One in-process runner with pages for `concurrent` requests (None: every prompt) at
     the longest prompt (a lease each at K=7)."""
     n = concurrent or len(prompts)
-    longest = max(map(len, prompts)) + max_tokens + 8
     cfg = RankConfig(
         model=path,
         block_size=BLOCK,
-        num_blocks=n * (-(-longest // BLOCK) + 1) + 4,
+        num_blocks=demo_pages(prompts, max_tokens, n),
         spec_k=spec_k,
         num_leases=n,
         max_model_len=4096,

@@ -126,6 +126,16 @@ class AdaptiveVerify:
         # NOTE: a pinned cost model is taken as is (reproducible choices): no guard, no residuals
         key = self.guard.key(R, num_sampled, num_constrained)
         allowed = self.cost.pinned or self.guard.allow(key)
+        if self.cost.trusted and not allowed and not cap.any():
+            # NOTE: the guard vetoes drafting and nobody has drafts to verify: one row each,
+            # nobody drafts (what the solve would say); no survival (nothing verified). With
+            # steady arrivals the requests change every few steps, so the idle-shape path
+            # below rarely holds, and the solve was ~0.4 ms of host time a step at K=0's rows.
+            self.expected_tokens += R
+            self.num_drafter_skips += R
+            self.new_drafts[:] = False
+            self.last_drafted = np.zeros(P)
+            return VerifyChoice(np.zeros(R, np.int32), np.zeros(R, bool))
         if self.cost.trusted:
             shape = (R, num_sampled, num_constrained, tuple(np.bincount(partition).tolist()), allowed)
             if self._idle_shape == shape and not cap.any() and (not allowed or self.num_steps % self.probe_every):

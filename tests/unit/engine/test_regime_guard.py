@@ -86,6 +86,26 @@ def test_the_policy_stops_drafting_when_its_realised_rates_say_drafting_is_slowe
     assert choice.verify_len.tolist() == [DSPARK_K] * 16  # the drafts it has are still verified
 
 
+def test_a_vetoed_step_without_drafts_runs_one_row_each_without_solving():
+    """Where the guard vetoes drafting and no request has drafts, every request runs one row
+    and none drafts, whatever requests come and go, without the solve (its host time is
+    what a step at K=0's rows cannot afford); the drafts a request still has are verified."""
+    policy = AdaptiveVerify(learned(c_row=1e-5), explore_every=0, redraft_every=1 << 20)
+    policy.guard.explore_every = policy.guard.first_explore = 1 << 20  # no epochs in this test
+    conf, cap, part = np.full((16, DSPARK_K), 0.8, np.float32), np.full(16, DSPARK_K, np.int32), np.zeros(16, np.int32)
+    for _ in range(10):
+        policy.observe_rate(16, 0, 40, 16 * DSPARK_K, True, 0.1)
+        policy.observe_rate(16, 0, 16, 0, False, 0.02)
+    solve = policy._solve
+    policy._solve = None  # must not be called
+    for R in (16, 17, 18, 19):  # the load's bucket; the requests differ every step
+        choice = policy.choose(conf[:R], np.zeros(R, np.int32), np.zeros(R, np.int32))
+        assert choice.verify_len.tolist() == [0] * R and not choice.draft_next.any()
+        assert not any(policy.drafts_new(c) for c in range(4))
+    policy._solve = solve
+    assert policy.choose(conf, cap, part).verify_len.tolist() == [DSPARK_K] * 16
+
+
 def test_an_untrusted_cost_model_still_answers_to_the_guard():
     """A cost model not trusted yet drafts every request and verifies full windows (the
     start-up profile); it must explore not drafting `first_explore` steps in, and once the

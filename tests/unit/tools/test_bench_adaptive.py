@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 
-from tools.bench_adaptive import MODES, main
+from tools.bench_adaptive import MODES, main, process_cpu_s
 
 
 def test_quick_bench_runs_every_mode_and_checks_tokens_against_k0(tmp_path):
@@ -36,3 +38,26 @@ def test_quick_constrained_bench_keeps_k0_tokens_under_the_schema_and_reports_ho
     for row in summary["rows"]:
         for m in MODES:
             assert row[m]["tokens_equal"] and row[m]["host_ms"] > 0
+
+
+def test_quick_bench_over_a_rank_process_keeps_k0_tokens(tmp_path):
+    """--ranks process runs every mode over a real rank process (the server's mesh, the
+    host's work beside the rank's): tokens equal K=0's, and the CPU figure counts the
+    rank's time (so it is below the host's alone, which is far less than a step)."""
+    out = tmp_path / "bench.json"
+    argv = ["--quick", "--ranks", "process", "--streams", "1", "--temperatures", "0", "--json", str(out)]
+    assert main(argv) == 0
+    summary = json.loads(out.read_text())
+    assert summary["ranks"] == "process"
+    (row,) = summary["rows"]
+    for m in MODES:
+        assert row[m]["tokens_equal"]
+        assert 0 < row[m]["cpu_tok_s"] <= 1.5 * row[m]["total_tok_s"]
+
+
+def test_process_cpu_s_reads_this_process_and_grows_with_work():
+    before = process_cpu_s(os.getpid())
+    deadline = time.process_time() + 0.05
+    while time.process_time() < deadline:
+        pass
+    assert process_cpu_s(os.getpid()) >= before + 0.03
