@@ -69,6 +69,7 @@ class Request(VerifyCounts):
         "num_proposed",
         "num_drafter_skips",
         "max_draft_tokens",
+        "sampled",
         "verify_len",
         "draft_next",
         "lease",
@@ -136,6 +137,7 @@ class Request(VerifyCounts):
         # adaptive verification (engine/verify_policy.py): the request's own cap on drafts
         # per verify (0: never speculate), and the policy's choice for the step being built
         self.max_draft_tokens = min(DSPARK_K, params.max_draft_tokens)
+        self.sampled = params.knobs.is_random  # its rows sample (else greedy): its class (request_class)
         self.verify_len = DSPARK_K  # drafts to verify this step (a contiguous prefix)
         self.draft_next = True  # run the drafter pass after this step
         self.num_accepted = 0  # tokens the chain accepted over all verifies (before truncation)

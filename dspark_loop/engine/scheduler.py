@@ -282,7 +282,7 @@ class Scheduler:
         drafts_new = getattr(self.policy, "drafts_new", None)
         for r, n in prefills:
             if r.plan_pos + n == r.prefill_target:
-                cls = int(request_class(r.params.knobs.is_random, r.constraint is not None))
+                cls = int(request_class(r.sampled, r.constraint is not None))
                 r.draft_next = r.max_draft_tokens > 0 and (drafts_new is None or drafts_new(cls))
 
     def _budget(self, part: Partition, inflight: int = -1, adaptive: bool = False) -> tuple[int, list[Request]]:

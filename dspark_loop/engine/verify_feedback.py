@@ -44,7 +44,7 @@ def observe_step(
     reqs = [r for p in parts for r in p.decode_reqs]
     if not reqs or len(reqs) != len(step.accepted_lens):  # in plan order (StepApplier)
         return
-    sampled = np.fromiter((r.params.knobs.is_random for r in reqs), bool, len(reqs))  # [n]
+    sampled = np.fromiter((r.sampled for r in reqs), bool, len(reqs))  # [n]
     constrained = np.fromiter((r.constraint is not None for r in reqs), bool, len(reqs))  # [n]
     if rate:
         busiest = int(np.argmax(num_rows))  # the partition whose shape set the step's time

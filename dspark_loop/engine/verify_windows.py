@@ -1,8 +1,9 @@
 """The decode requests a step's verify policy sees (Scheduler._choose_windows), as arrays.
 
-One pass over the running requests reads the fields the choice needs (~0.1-0.15 ms at
-256 requests; NOTE: attrgetter into a numpy array was slower, 0.2 ms, and 9 fromiter
-passes too); the rest is numpy.
+One pass over the running requests reads the fields the choice needs into one tuple per
+request, made one int64 array (0.13 ms at 256 requests; NOTE: a list per field, 9 appends
+a request, took 0.23 ms; attrgetter into a numpy array 0.2 ms, and 9 fromiter passes more);
+the rest is numpy.
 
     reqs       [R] the decode requests (position >= prefill_target), partition by partition,
                each partition's in its running order
@@ -41,42 +42,41 @@ def decode_windows(partitions, planned: bool, verify_limit: int) -> DecodeWindow
     (positions are plan_pos, drafts plan_drafts where plan_pending); verify_limit: the last
     position a full window may start at. None: no decode request."""
     reqs: list = []
-    leases: list[int] = []
-    maxd: list[int] = []
-    pos: list[int] = []
+    fields: list[tuple] = []  # per request: lease, max drafts, position, sampled, constrained, has, ahead, drafted
     sizes: list[int] = []
-    sampled: list[bool] = []
-    constrained: list[bool] = []
-    has: list[bool] = []
-    ahead: list[bool] = []
-    drafted: list[bool] = []
     for part in partitions:
         first = len(reqs)
         for r in part.running:
             p = r.plan_pos if planned else r.num_computed
             if p >= r.prefill_target:
                 reqs.append(r)
-                leases.append(r.lease)
-                maxd.append(r.max_draft_tokens)
-                sampled.append(r.params.knobs.is_random)
-                constrained.append(r.constraint is not None)
-                has.append(r.has_drafts)
+                h = r.has_drafts
                 a = planned and r.plan_pending
-                ahead.append(a)
-                drafted.append(r.plan_drafts if a else r.has_drafts)
-                pos.append(p)
+                fields.append(
+                    (
+                        r.lease,
+                        r.max_draft_tokens,
+                        p,
+                        r.sampled,
+                        r.constraint is not None,
+                        h,
+                        a,
+                        r.plan_drafts if a else h,
+                    )
+                )
         sizes.append(len(reqs) - first)
     if not reqs:
         return None
-    m = np.array(maxd, np.int32)  # [R]
-    d, h, ah = np.array(drafted, bool), np.array(has, bool), np.array(ahead, bool)  # [R] each
+    f = np.array(fields, np.int64)  # [R, 8]
+    lease, m, pos = f[:, 0], f[:, 1].astype(np.int32), f[:, 2]  # [R] each
+    h, ah, d = f[:, 5] != 0, f[:, 6] != 0, f[:, 7] != 0  # [R] each
     return DecodeWindows(
         reqs=reqs,
         partition=np.repeat(np.arange(len(sizes), dtype=np.int32), sizes),
-        cap=np.where(d & (np.array(pos) <= verify_limit), m, 0).astype(np.int32),
+        cap=np.where(d & (pos <= verify_limit), m, 0).astype(np.int32),
         may=m > 0,
-        sampled=np.array(sampled, bool),
-        constrained=np.array(constrained, bool),
+        sampled=f[:, 3] != 0,
+        constrained=f[:, 4] != 0,
         unknown=ah & d & ~h,
-        leases=np.array(leases, np.int64),
+        leases=lease,
     )
