@@ -17,8 +17,17 @@ what each operating point actually delivers:
                  switch, is neither)
     rate         tokens / step seconds per key and operating point: the mean of its first
                  1 / RATE_EMA steps, then an EMA
-    allow(key)   False (nobody drafts, probes aside) when both rates are known and "on"
-                 does not beat "off" by DRAFT_MARGIN (5%); True leaves the choice to the model
+    paired       per key, on / off from each epoch: the epoch's rate over the rate the
+                 other point had when the epoch began (a few steps apart), averaged in log
+    allow(key)   False (nobody drafts, probes aside) when "on" does not beat "off" by
+                 DRAFT_MARGIN (5%): by the paired ratio once an epoch gave one, else by the
+                 two rates once both are known; True leaves the choice to the model
+
+NOTE: paired, not the two rates side by side: a point the steady state does not run is
+measured only in epochs, minutes apart, and this CPU's speed drifts by more than the
+points differ (the same 8-row step at 1 stream: 56.7, 51.1, 32.7, 36.9 ms in four
+consecutive runs); at 1 stream T=0.8 an "on" rate from a slow spell (38.6 tok/s against
+"off" 45.6) vetoed drafting that delivered 1.23x K=0.
 
 Each key explores the other point: `epoch` steps of it (off while drafting is allowed, on
 while it is not) `first_explore` steps after the key's last epoch while that point has no
@@ -37,6 +46,7 @@ Tokens never depend on any of this (acceptance is exact).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 RATE_EMA = 0.1  # weight of a step in its operating point's rate
@@ -53,6 +63,8 @@ REGRET = 0.01  # an epoch of the worse point may cost this share of the steps be
 # back-to-back requests the epochs of five keys took 15% of a cell's request-steps
 EPOCH_SHARE = 0.02
 MAX_PERIOD = 1 << 14  # the longest between two epochs of a key
+PAIR_EMA = 0.3  # weight of an epoch in its key's paired ratio (after the plain mean of the first 1 / PAIR_EMA)
+PAIR_MIN_STEPS = 3  # an epoch's steps at its point (observed) for a paired ratio
 LOAD_BUCKETS = 12  # loads told apart: decode requests 1, 2-3, 4-7, ... (log2), the last open-ended
 Key = tuple[int, int, int]  # (load bucket, sampling mix, constraint mix): RegimeGuard.key
 
@@ -66,6 +78,24 @@ def load_bucket(num_requests: int) -> int:
 class _Point:
     rate: float = 0.0  # EMA of tokens per second
     steps: int = 0  # steps observed
+
+
+@dataclass
+class _Epoch:
+    """An epoch under way: its point's tokens and seconds so far, and the other point's
+    rate when it began."""
+
+    drafting: bool
+    baseline: float
+    tokens: float = 0.0
+    seconds: float = 0.0
+    steps: int = 0
+
+
+@dataclass
+class _Paired:
+    log_ratio: float = 0.0  # mean of log(on / off) over epochs (an EMA after the first few)
+    epochs: int = 0
 
 
 class RegimeGuard:
@@ -85,6 +115,8 @@ class RegimeGuard:
         self.epoch_share = epoch_share
         self.num_steps = 0  # allow() calls, all keys
         self.num_epoch_steps = 0  # steps in epochs of a measured point, all keys
+        self.open_epochs: dict[Key, _Epoch] = {}  # key -> its epoch being measured
+        self.paired: dict[Key, _Paired] = {}  # key -> on / off from its epochs
 
     @staticmethod
     def key(num_requests: int, num_sampled: int, num_constrained: int = 0) -> Key:
@@ -97,12 +129,21 @@ class RegimeGuard:
 
         return load_bucket(num_requests), mix(num_sampled), mix(num_constrained)
 
+    def on_over_off(self, key: Key) -> float | None:
+        """Drafting's rate over not drafting's at this key: the paired ratio once an epoch
+        gave one, else the two rates once both are measured; None: not known."""
+        paired = self.paired.get(key)
+        if paired is not None and paired.epochs:
+            return math.exp(paired.log_ratio)
+        on, off = self.points.get((*key, True)), self.points.get((*key, False))
+        if on is None or off is None or on.steps < MIN_STEPS or off.steps < MIN_STEPS or off.rate <= 0:
+            return None
+        return on.rate / off.rate
+
     def prefers_off(self, key: Key) -> bool:
         """Both points measured and drafting did not beat not drafting by DRAFT_MARGIN."""
-        on, off = self.points.get((*key, True)), self.points.get((*key, False))
-        if on is None or off is None or on.steps < MIN_STEPS or off.steps < MIN_STEPS:
-            return False
-        return off.rate * (1 + DRAFT_MARGIN) > on.rate
+        ratio = self.on_over_off(key)
+        return ratio is not None and ratio < 1 + DRAFT_MARGIN
 
     def allow(self, key: Key) -> bool:
         """Whether drafting may run this step at this key (the model decides), or not."""
@@ -130,6 +171,9 @@ class RegimeGuard:
             if not sure and affordable and tick - self.last_epoch.get(key, 0) >= period:  # an epoch of the other point
                 self.last_epoch[key] = tick
                 self.exploring[key] = (not allowed, self.epoch - 1)
+                here = self.points.get((*key, allowed))
+                if here is not None and here.steps >= MIN_STEPS and here.rate > 0:
+                    self.open_epochs[key] = _Epoch(not allowed, here.rate)
                 if not measured:
                     self.unmeasured_epochs[key] = self.unmeasured_epochs.get(key, 0) + 1
                 else:
@@ -146,10 +190,10 @@ class RegimeGuard:
         greedy draft in 9% of its steps, at a cost its rates do not show. NOTE: at 64 streams
         T=0.8 on the demo drafting delivers a quarter of not drafting: 6 drafting steps
         every 512 cost ~4% of K=0's speed."""
-        here, there = self.points.get((*key, allowed)), self.points.get((*key, not allowed))
-        if here is None or there is None or there.rate <= 0:
+        on_off = self.on_over_off(key)
+        if on_off is None or on_off <= 0:
             return self.explore_every
-        ratio = here.rate / there.rate
+        ratio = on_off if allowed else 1.0 / on_off
         return min(max(self.explore_every, int(self.epoch * max(ratio - 1.0, 0.0) / REGRET)), MAX_PERIOD)
 
     def observe(
@@ -176,6 +220,27 @@ class RegimeGuard:
         # 16 streams T=0.8 a slow first step left the off rate at 281 tok/s against ~365, and
         # the guard let drafting run at 0.62x K=0)
         point.rate += max(RATE_EMA, 1.0 / point.steps) * (rate - point.rate)
+        epoch = self.open_epochs.get(key)
+        if epoch is None:
+            return
+        if drafted == epoch.drafting:
+            epoch.tokens += num_tokens
+            epoch.seconds += step_s
+            epoch.steps += 1
+        elif self.exploring.get(key, (False, 0))[1] == 0:  # the epoch is over: its steps are all in
+            del self.open_epochs[key]
+            if epoch.steps >= PAIR_MIN_STEPS and epoch.seconds > 0:
+                self._pair(key, epoch)
+
+    def _pair(self, key: Key, epoch: _Epoch) -> None:
+        """One epoch's rate against the other point's when it began: a sample of on / off."""
+        rate = epoch.tokens / epoch.seconds
+        if rate <= 0:
+            return
+        sample = math.log(rate / epoch.baseline) if epoch.drafting else math.log(epoch.baseline / rate)
+        paired = self.paired.setdefault(key, _Paired())
+        paired.epochs += 1
+        paired.log_ratio += max(PAIR_EMA, 1.0 / paired.epochs) * (sample - paired.log_ratio)
 
     def stats(self) -> dict:
         return {
@@ -183,5 +248,9 @@ class RegimeGuard:
             "rates": {
                 f"load{k[0]}_mix{k[1]}_constrained{k[2]}_{'on' if k[3] else 'off'}": round(float(p.rate), 2)
                 for k, p in sorted(self.points.items())
+            },
+            "paired_on_over_off": {
+                f"load{k[0]}_mix{k[1]}_constrained{k[2]}": round(math.exp(p.log_ratio), 3)
+                for k, p in sorted(self.paired.items())
             },
         }

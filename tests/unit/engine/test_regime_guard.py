@@ -4,6 +4,7 @@ cost model where they disagree."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.adaptive_verify import AdaptiveVerify
@@ -210,3 +211,53 @@ def test_the_epochs_of_all_keys_together_stay_within_their_share_of_the_steps():
         feed(unlimited, 1 << i, on_rate=220, off_rate=200)
         unlimited.margin[keys[i]] = 1.5
     assert sum(not unlimited.allow(keys[t % 6]) for t in range(6000)) > 4 * vetoed  # ~6 every 64 key-steps
+
+
+def test_an_epoch_is_judged_against_the_other_points_rate_just_before_it_not_one_measured_apart():
+    """The machine's speed drifts: drafting measured during a slow spell (120 tok/s) and
+    not drafting during a fast one (200) say "veto", though at any one speed drafting
+    delivers 1.2x. The guard must judge each epoch against the other point's rate when the
+    epoch began, so its first epoch of drafting at the fast speed (240 against 200) lifts
+    the veto, and later epochs keep the paired ratio at 1.2."""
+    guard = RegimeGuard(explore_every=32, epoch=6, first_explore=8)
+    key = guard.key(1, 1)
+    for _ in range(20):
+        guard.observe(1, 1, 12, 7, True, 0.1)  # a slow spell, drafting: 120 tok/s
+    for _ in range(20):
+        guard.observe(1, 1, 20, 0, False, 0.1)  # a fast spell, not drafting: 200 tok/s
+    assert guard.prefers_off(key)  # the two rates, measured apart
+    drafted = []
+    for _ in range(2000):  # the fast speed from now on
+        drafting = guard.allow(key)
+        drafted.append(drafting)
+        guard.observe(1, 1, 24 if drafting else 20, 7 if drafting else 0, drafting, 0.1)
+    first = drafted.index(True)  # the first epoch of drafting
+    assert drafted[first : first + 6] == [True] * 6 and not drafted[first + 6]
+    assert all(drafted[first + 7 : first + 30])  # its paired ratio lifted the veto at once
+    assert guard.on_over_off(key) == pytest.approx(1.2)
+    assert not guard.prefers_off(key)
+    assert sum(drafted[-500:]) > 450  # drafting since, epochs of not drafting aside
+    assert guard.stats()["paired_on_over_off"] == {"load0_mix2_constrained0": 1.2}
+
+
+def test_an_epoch_pairs_its_own_steps_only_and_needs_a_few_of_them():
+    """Steps of the other point observed while the epoch runs (a step planned before it,
+    answered after) are not the epoch's; an epoch that measured fewer than
+    PAIR_MIN_STEPS steps of its point gives no paired ratio."""
+    guard = RegimeGuard(explore_every=1 << 20, epoch=6, first_explore=4)
+    key = guard.key(16, 0)
+    guard.margin[key] = 2.0  # the model drafts
+    for _ in range(10):
+        guard.observe(16, 0, 32, 16 * 7, True, 0.1)  # drafting, steady: 320 tok/s
+    ticks = [guard.allow(key) for _ in range(4)]
+    assert ticks == [True, True, True, False]  # first_explore: an epoch of not drafting begins
+    guard.observe(16, 0, 32, 16 * 7, True, 0.1)  # planned before the epoch, answered in it
+    for _ in range(2):
+        assert not guard.allow(key)
+        guard.observe(16, 0, 16, 0, False, 0.1)  # only two of its steps observed: 160 tok/s
+    for _ in range(3):
+        guard.allow(key)
+    assert guard.allow(key)  # the epoch is over
+    guard.observe(16, 0, 32, 16 * 7, True, 0.1)
+    assert key not in guard.paired and key not in guard.open_epochs
+    assert guard.on_over_off(key) is None  # not drafting: 2 steps measured, fewer than MIN_STEPS
