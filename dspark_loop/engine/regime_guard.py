@@ -17,8 +17,9 @@ what each operating point actually delivers:
                  switch, is neither)
     rate         tokens / step seconds per key and operating point: the mean of its first
                  1 / RATE_EMA steps, then an EMA
-    paired       per key, on / off from each epoch: the epoch's rate over the rate the
-                 other point had when the epoch began (a few steps apart), averaged in log
+    paired       per key, on / off from each epoch: the epoch's rate over the rate of
+                 the key's steps at the other point within the PAIR_RECENT steps before
+                 it (none: no sample), averaged in log
     allow(key)   False (nobody drafts, probes aside) when "on" does not beat "off" by
                  DRAFT_MARGIN (5%): by the paired ratio once an epoch gave one, else by the
                  two rates once both are known; True leaves the choice to the model
@@ -47,6 +48,7 @@ Tokens never depend on any of this (acceptance is exact).
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 RATE_EMA = 0.1  # weight of a step in its operating point's rate
@@ -64,7 +66,9 @@ REGRET = 0.01  # an epoch of the worse point may cost this share of the steps be
 EPOCH_SHARE = 0.02
 MAX_PERIOD = 1 << 14  # the longest between two epochs of a key
 PAIR_EMA = 0.3  # weight of an epoch in its key's paired ratio (after the plain mean of the first 1 / PAIR_EMA)
-PAIR_MIN_STEPS = 3  # an epoch's steps at its point (observed) for a paired ratio
+PAIR_MIN_STEPS = 3  # an epoch's steps at its point (observed) for a paired ratio, and the
+# other point's steps within PAIR_RECENT steps (all keys) before it began, its baseline
+PAIR_RECENT = 16
 LOAD_BUCKETS = 12  # loads told apart: decode requests 1, 2-3, 4-7, ... (log2), the last open-ended
 Key = tuple[int, int, int]  # (load bucket, sampling mix, constraint mix): RegimeGuard.key
 
@@ -83,7 +87,7 @@ class _Point:
 @dataclass
 class _Epoch:
     """An epoch under way: its point's tokens and seconds so far, and the other point's
-    rate when it began."""
+    rate over the steps just before it began (RegimeGuard._recent_rate)."""
 
     drafting: bool
     baseline: float
@@ -116,6 +120,8 @@ class RegimeGuard:
         self.num_steps = 0  # allow() calls, all keys
         self.num_epoch_steps = 0  # steps in epochs of a measured point, all keys
         self.open_epochs: dict[Key, _Epoch] = {}  # key -> its epoch being measured
+        # key -> its last steps observed: (num_steps then, drafted, tokens, seconds)
+        self.recent: dict[Key, deque[tuple[int, bool, int, float]]] = {}
         self.paired: dict[Key, _Paired] = {}  # key -> on / off from its epochs
 
     @staticmethod
@@ -171,9 +177,9 @@ class RegimeGuard:
             if not sure and affordable and tick - self.last_epoch.get(key, 0) >= period:  # an epoch of the other point
                 self.last_epoch[key] = tick
                 self.exploring[key] = (not allowed, self.epoch - 1)
-                here = self.points.get((*key, allowed))
-                if here is not None and here.steps >= MIN_STEPS and here.rate > 0:
-                    self.open_epochs[key] = _Epoch(not allowed, here.rate)
+                baseline = self._recent_rate(key, allowed)
+                if baseline is not None:
+                    self.open_epochs[key] = _Epoch(not allowed, baseline)
                 if not measured:
                     self.unmeasured_epochs[key] = self.unmeasured_epochs.get(key, 0) + 1
                 else:
@@ -181,6 +187,18 @@ class RegimeGuard:
                 allowed = not allowed
         self.num_vetoes += not allowed
         return allowed
+
+    def _recent_rate(self, key: Key, drafted: bool) -> float | None:
+        """The rate of this key's steps at this point within the last PAIR_RECENT steps (all
+        keys); None: fewer than PAIR_MIN_STEPS of them. NOTE: not the point's EMA: at a
+        load a run passes through briefly, that mixes in steps of earlier visits."""
+        tokens, seconds, steps = 0, 0.0, 0
+        for at, d, n, s in self.recent.get(key, ()):
+            if d == drafted and at > self.num_steps - PAIR_RECENT:
+                tokens, seconds, steps = tokens + n, seconds + s, steps + 1
+        if steps < PAIR_MIN_STEPS or seconds <= 0 or tokens <= 0:
+            return None
+        return tokens / seconds
 
     def _period(self, key: Key, allowed: bool) -> int:
         """Steps between epochs of the other point, both measured (rate ratio r = this
@@ -220,6 +238,7 @@ class RegimeGuard:
         # 16 streams T=0.8 a slow first step left the off rate at 281 tok/s against ~365, and
         # the guard let drafting run at 0.62x K=0)
         point.rate += max(RATE_EMA, 1.0 / point.steps) * (rate - point.rate)
+        self.recent.setdefault(key, deque(maxlen=PAIR_RECENT)).append((self.num_steps, drafted, num_tokens, step_s))
         epoch = self.open_epochs.get(key)
         if epoch is None:
             return

@@ -261,3 +261,29 @@ def test_an_epoch_pairs_its_own_steps_only_and_needs_a_few_of_them():
     guard.observe(16, 0, 32, 16 * 7, True, 0.1)
     assert key not in guard.paired and key not in guard.open_epochs
     assert guard.on_over_off(key) is None  # not drafting: 2 steps measured, fewer than MIN_STEPS
+
+
+@pytest.mark.parametrize("away", [0, 40])
+def test_an_epochs_baseline_is_the_other_points_steps_just_before_it(away):
+    """The baseline of an epoch is the rate of the key's steps at the other point within
+    the last PAIR_RECENT steps of all keys: a load the run comes back to after `away`
+    steps at another load has no recent baseline, and its epoch gives no paired ratio
+    (its old steps were taken at another time, another speed)."""
+    guard = RegimeGuard(explore_every=1 << 20, epoch=6, first_explore=8)
+    key, other = guard.key(16, 0), guard.key(64, 0)
+    guard.margin[key] = 2.0  # the model drafts at this load
+    for _ in range(7):
+        assert guard.allow(key)
+        guard.observe(16, 0, 32, 16 * 7, True, 0.1)  # drafting: 320 tok/s
+    for _ in range(away):
+        guard.allow(other)
+        guard.observe(64, 0, 64, 0, False, 0.1)  # the run at another load meanwhile
+    for _ in range(6):
+        assert not guard.allow(key)  # an epoch of not drafting (first_explore)
+        guard.observe(16, 0, 16, 0, False, 0.1)  # 160 tok/s
+    assert guard.allow(key)
+    guard.observe(16, 0, 32, 16 * 7, True, 0.1)  # back to drafting: the epoch's steps are all in
+    if away:
+        assert key not in guard.paired
+    else:
+        assert guard.on_over_off(key) == pytest.approx(2.0)
