@@ -69,7 +69,7 @@ from tools.bench_demo import (
     HostTimes,
     K,
     demo_constraint,
-    demo_pages,
+    demo_rank_config,
     demo_runner,
     heldout_prompts,
     serve_all,
@@ -98,14 +98,16 @@ class RankProcesses(Mesh):
     def __init__(self, rank_cfg: RankConfig) -> None:
         super().__init__(rank_cfg, start_timeout_s=300.0)
         self.cpu_s = 0.0
+        self._cpu_at_start: float | None = None
 
     async def start(self) -> None:
         await super().start()
-        self.cpu_s = -sum(map(process_cpu_s, self.pids))
+        self._cpu_at_start = sum(map(process_cpu_s, self.pids))
 
     async def close(self, grace_s: float = 5.0) -> None:
-        if self.cpu_s <= 0:
-            self.cpu_s += sum(map(process_cpu_s, self.pids))
+        if self._cpu_at_start is not None:
+            self.cpu_s = sum(map(process_cpu_s, self.pids)) - self._cpu_at_start
+            self._cpu_at_start = None
         await super().close(grace_s)
 
 
@@ -137,19 +139,9 @@ def run(
     spec_k = 0 if mode == "k0" else K
     procs = None
     if ranks == "process":
-        pages = demo_pages(prompts, max_tokens, n)
-        rank_cfg = RankConfig(
-            model=path,
-            block_size=BLOCK,
-            num_blocks=pages,
-            spec_k=spec_k,
-            num_leases=n if spec_k else 0,
-            max_model_len=4096,
-            threads=threads,
-            log_level="warning",
-        )
+        rank_cfg = demo_rank_config(path, prompts, max_tokens, spec_k, n, threads=threads, log_level="warning")
         mesh = procs = RankProcesses(rank_cfg)
-        pages = [pages] * len(CacheLayout.for_model(cfg, BLOCK).families)
+        pages = [rank_cfg.num_blocks] * len(CacheLayout.for_model(cfg, BLOCK).families)
     else:
         runner = demo_runner(path, prompts, max_tokens, spec_k, n)
         mesh, pages = LocalMesh([runner]), runner.num_blocks

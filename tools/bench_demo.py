@@ -162,16 +162,19 @@ def demo_runner(
 ) -> ModelRunner:
     """One in-process runner with pages for `concurrent` requests (None: every prompt) at
     the longest prompt (a lease each at K=7)."""
+    return ModelRunner(demo_rank_config(path, prompts, max_tokens, spec_k, concurrent), quiet=True)
+
+
+def demo_rank_config(
+    path: str, prompts: list[list[int]], max_tokens: int, spec_k: int, concurrent: int | None = None, **fields
+) -> RankConfig:
+    """The demo rank's config: pages for `concurrent` requests (None: every prompt) at the
+    longest prompt, a drafter lease each at K=7; fields: other RankConfig fields."""
     n = concurrent or len(prompts)
-    cfg = RankConfig(
-        model=path,
-        block_size=BLOCK,
-        num_blocks=demo_pages(prompts, max_tokens, n),
-        spec_k=spec_k,
-        num_leases=n,
-        max_model_len=4096,
+    pages = demo_pages(prompts, max_tokens, n)
+    return RankConfig(
+        model=path, block_size=BLOCK, num_blocks=pages, spec_k=spec_k, num_leases=n, max_model_len=4096, **fields
     )
-    return ModelRunner(cfg, quiet=True)
 
 
 def bench(

@@ -131,21 +131,15 @@ class AdaptiveVerify:
             # nobody drafts (what the solve would say); no survival (nothing verified). With
             # steady arrivals the requests change every few steps, so the idle-shape path
             # below rarely holds, and the solve was ~0.4 ms of host time a step at K=0's rows.
-            self.expected_tokens += R
-            self.num_drafter_skips += R
             self.new_drafts[:] = False
-            self.last_drafted = np.zeros(P)
-            return VerifyChoice(np.zeros(R, np.int32), np.zeros(R, bool))
+            return self._one_row_each(R, P)
         if self.cost.trusted:
             shape = (R, num_sampled, num_constrained, tuple(np.bincount(partition).tolist()), allowed)
-            if self._idle_shape == shape and not cap.any() and (not allowed or self.num_steps % self.probe_every):
+            if self._idle_shape == shape and not cap.any() and self.num_steps % self.probe_every:
                 # NOTE: the steady state of a load that does not draft: nobody has drafts and
                 # the same requests' last solve drafted nobody; solving again would say the
                 # same, and there is nothing to calibrate (no survival: nothing verified)
-                self.expected_tokens += R
-                self.num_drafter_skips += R
-                self.last_drafted = np.zeros(P)
-                return VerifyChoice(np.zeros(R, np.int32), np.zeros(R, bool))
+                return self._one_row_each(R, P)
         acc = self.acceptance
         raw = survival(acc.calibrated(acc.known(conf, cap, cls)), cap)  # [R, K] what the confidences say
         surv = acc.corrected(raw, cls)  # [R, K] what acceptance has been
@@ -218,6 +212,13 @@ class AdaptiveVerify:
         return bool(self.new_drafts[int(cls)])
 
     # ---- steps ----------------------------------------------------------------------------
+    def _one_row_each(self, R: int, P: int) -> VerifyChoice:
+        """Nobody verifies nor drafts this step, decided without a solve (nothing to verify)."""
+        self.expected_tokens += R
+        self.num_drafter_skips += R
+        self.last_drafted = np.zeros(P)
+        return VerifyChoice(np.zeros(R, np.int32), np.zeros(R, bool))
+
     def _untrusted(self, cap: np.ndarray, allowed: bool, key: Key) -> VerifyChoice:
         """The start-up profile (module docstring) where the guard allows drafting; where it
         does not, nobody drafts and the drafts already made are verified in full."""
