@@ -60,13 +60,13 @@ class ScriptedRunner(ModelRunner):
                 return ids
         return None
 
-    def execute(self, part: PartitionPlan) -> np.ndarray:
+    def execute(self, part: PartitionPlan, late_masks=None) -> np.ndarray:
         for req_id in part.freed_req_ids:
             self._seen.pop(req_id, None)
             self._active.pop(req_id, None)
         for chunk in part.prefills:
             self._seen.setdefault(chunk.req_id, []).extend(as_i32(chunk.token_ids).tolist())
-        tokens = np.array(super().execute(part), dtype=np.int32)  # [L]
+        tokens = np.array(super().execute(part, late_masks), dtype=np.int32)  # [L]
         row = 0
         for chunk in part.prefills:
             if not chunk.sample:

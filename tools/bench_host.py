@@ -15,8 +15,10 @@ gives every request 64 (all map and release pages in the same steps: the p99 wor
 Prefix caching is off unless --prefix-caching (the server's default is on: each page that
 fills is hashed and keyed). The event loop is the server's (--loop auto: uvloop when installed); --loop asyncio measures
 the standard one. --constrained N: the first N requests decode under a JSON schema at a
-129,280-id vocab (tools/constrained_mesh.py; needs xgrammar), so schedule includes their mask
-fills (up to 8 per request per step at K=7). --adaptive: K=7 under adaptive verification
+129,280-id vocab (tools/constrained_mesh.py; needs xgrammar), so schedule includes the mask
+fills of their verifies (up to 8 per request per step at K=7); the masks of one-row steps are
+filled once the plan is sent, beside the ranks' forward (StepMasks), and print as `masks`,
+outside the host figure. --adaptive: K=7 under adaptive verification
 (the server's default; a pinned cost model under which drafting pays, so the policy solves
 every step) instead of the fixed chain. K=0 and K=7 runs alternate --repeats times; the summary is the median of
 the runs' medians and p99s, with their range (one run on a shared machine swings ~10-20%).
@@ -228,12 +230,17 @@ class DeviceMesh(InstantMesh):
         return await self.gather(plan.step_id)
 
     async def send(self, plan) -> None:
+        if plan.masks_follow:
+            raise NotImplementedError("the simulated device answers at send: constrained requests run on InstantMesh")
         t0 = time.perf_counter()
         results = self.answer(plan)
         self.answer_s.append(time.perf_counter() - t0)
         loop = asyncio.get_running_loop()
         fut = self._futures[plan.step_id] = loop.create_future()
         self._queue.put((t0, loop, fut, results))
+
+    async def send_masks(self, masks) -> None:
+        raise NotImplementedError("no plan of the simulated device has masks_follow")
 
     async def gather(self, step_id: int) -> list[StepResult]:
         results = await self._futures.pop(step_id)
@@ -471,7 +478,8 @@ def main() -> None:
                 print(f"{name}: no steady-state traces recorded ({len(traces)} traces)")
                 continue
             runs[k].append((pct(host, 0.5), pct(host, 0.99)))
-            phase = {n: sorted(getattr(t, n) for t in steady) for n in ("schedule_s", "update_s", "deliver_s")}
+            names_s = ("schedule_s", "update_s", "deliver_s") + (("masks_s",) if args.constrained else ())
+            phase = {n: sorted(getattr(t, n) for t in steady) for n in names_s}
             toks = statistics.mean(t.num_new_tokens for t in steady)
             print(
                 f"{name:13s} {args.requests} req x {args.partitions} partitions, {len(steady)} steps "

@@ -40,6 +40,7 @@ from dspark_loop.contract.protocol import (
     StepResult,
     identity,
 )
+from workers.late_masks import LateMasks, ShutdownInStep
 from workers.runner_interface import Runner
 from workers.step_result import step_result
 
@@ -138,7 +139,13 @@ class Rank:
                 f"plan has {len(plan.partitions)} partitions, the mesh has {self.cfg.num_groups} TP groups"
             )
         t0, w0 = time.perf_counter(), self.work_clock()
-        part, tokens = self.samples.run(plan.partitions[self.group], self.runner.execute)
+        execute = self.runner.execute
+        late = LateMasks(plan.step_id, self.group, self.sock.recv) if plan.masks_follow else None
+        if late is not None:  # the runner asks for them just before it samples
+            execute = partial(execute, late_masks=late)
+        part, tokens = self.samples.run(plan.partitions[self.group], execute)
+        if late is not None:
+            late()  # NOTE: off the socket even if the runner never sampled: the next frame is the next plan's
         compute_s, work_s = time.perf_counter() - t0, self.work_clock() - w0
         # NOTE: every rank records its drafts: the next plan's placeholders may ask for them (K=7)
         return step_result(
@@ -164,8 +171,14 @@ class Rank:
             if isinstance(msg, Shutdown):
                 log.info("shutdown (%s)", msg.reason or "no reason given")
                 return 0
+            if not isinstance(msg, StepPlan):
+                log.warning("dropped a stray %s (no step waits for it)", type(msg).__name__)
+                continue
             try:
                 result = self.run_step(msg)
+            except ShutdownInStep as stop:
+                log.info("shutdown during step %d (%s)", msg.step_id, stop)
+                return 0
             except Exception as exc:
                 log.exception("step %d failed", msg.step_id)
                 self.send(StepResult(msg.step_id, self.rank, error=summarize(exc)))

@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.model_config import ModelConfig
-from dspark_loop.contract.protocol import DSPARK_K, PartitionPlan, RankConfig, as_i8, as_i32
+from dspark_loop.contract.protocol import DSPARK_K, PartitionPlan, RankConfig, TokenMask, as_i8, as_i32
 from workers.backend import torch_dtype
 from workers.comm import Comm, LocalComm, ShardSpec
 from workers.drafter_runner import SpecRunner
 from workers.kv_pool import SCRATCH_ROWS, KVPool, blocks_for_budget
+from workers.late_masks import with_masks
 from workers.logit_masks import mask_logits, masked_argmax
 from workers.model.dsv4 import ForwardOutput
 from workers.proposer import Proposer
@@ -160,14 +162,14 @@ class ModelRunner:
             with intra_op_threads(self.step_threads(batch.num_rows)):
                 return self.model(batch, self.pool, self.comm, tap_layers)
 
-    def execute(self, part: PartitionPlan) -> np.ndarray:
+    def execute(self, part: PartitionPlan, late_masks: Callable[[], list[TokenMask]] | None = None) -> np.ndarray:
         rows = sum(len(as_i32(c.token_ids)) for c in part.prefills)
         if part.decode is not None:
             rows += int(as_i8(part.decode.num_rows).sum())
         with torch.inference_mode(), intra_op_threads(self.step_threads(rows)):
-            return self._execute(part)
+            return self._execute(part, late_masks)
 
-    def _execute(self, part: PartitionPlan) -> np.ndarray:
+    def _execute(self, part: PartitionPlan, late_masks: Callable[[], list[TokenMask]] | None = None) -> np.ndarray:
         self.apply_tables(part)
         self.sampler.begin(part)
         if self.spec is not None:
@@ -175,6 +177,8 @@ class ModelRunner:
         rows = step_rows(part, self.sampler.wants_prompt_logprobs)
         out = self.forward(segments_of(part, rows), self.spec.tap_layers if self.spec is not None else ())
         offset = self.model.dims.vocab_offset
+        if late_masks is not None:  # NOTE: the server filled them while this forward ran
+            with_masks(part, late_masks)
         self.last_logprobs = None
         if self.sampler.is_plain(rows):  # greedy, no penalties, no logprobs: as before
             tokens = out.token_ids  # [L]

@@ -4,11 +4,12 @@ device) and must offer:"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from dspark_loop.contract.protocol import PartitionPlan
+from dspark_loop.contract.protocol import PartitionPlan, TokenMask
 
 if TYPE_CHECKING:
     from workers.sampling.rank_sampler import StepLogprobs
@@ -18,8 +19,10 @@ class Runner(Protocol):
     @property
     def num_blocks(self) -> list[int]: ...  # pages per cache family this rank holds
 
-    def execute(self, part: PartitionPlan) -> np.ndarray:
-        """int32 tokens in the protocol's order (protocol.py); every rank, every step."""
+    def execute(self, part: PartitionPlan, late_masks: Callable[[], list[TokenMask]] | None = None) -> np.ndarray:
+        """int32 tokens in the protocol's order (protocol.py); every rank, every step.
+        late_masks (a plan with masks_follow): call it before sampling, for the rest of the
+        plan's token_masks (it waits for the server's StepMasks; workers/late_masks.py)."""
         ...
 
     def take_drafts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

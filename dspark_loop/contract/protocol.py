@@ -17,6 +17,10 @@ A step plan carries only what the ranks cannot derive themselves:
                        verified (ragged; the fixed chain sends 1 or 8); all rows publish;
                        draft_mask: which requests run their drafter pass (empty: all)
         token_masks    TokenMask(req_id, bits, row): that request's row picks among allowed ids
+      masks_follow     the masks of some rows come after the plan, in a StepMasks(step_id,
+                       [TokenMask list per TP group]) sent before any later plan: the
+                       ranks run the forward meanwhile and wait for it before sampling
+                       (the host fills grammar masks while the ranks compute)
 
 Every rank receives the whole plan and runs its own partition's part (an empty part
 still runs the forward: the expert exchange needs every rank at every layer). Every rank
@@ -44,7 +48,7 @@ from dspark_loop.contract.sampling_knobs import SamplingKnobs
 # 2: the authenticated handshake (Knock, Challenge), node agents; 3: sampling; 4: SamplingSpec's
 # knobs as one nested SamplingKnobs; 5: placeholders a rank fills (contract/placeholders.py: a
 # K=7 window's start and drafts after an unanswered verify, async scheduling's default)
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 DSPARK_K = 7  # the speculative width: drafts per verify (a verify is DSPARK_K + 1 rows)
 DEFAULT_RUNNER = "workers.runner:ModelRunner"
 MAX_CHUNK = 8192  # the seeds' prefill dispatch bound: tokens of one prefill chunk
@@ -191,6 +195,15 @@ class PartitionPlan(msgspec.Struct, array_like=True):
 class StepPlan(msgspec.Struct, array_like=True, tag=2):
     step_id: int
     partitions: list[PartitionPlan]
+    masks_follow: bool = False  # a StepMasks for this step follows (before any later plan)
+
+
+class StepMasks(msgspec.Struct, array_like=True, tag=12):
+    """The token masks a StepPlan with masks_follow left out, per TP group (added to
+    that group's PartitionPlan.token_masks before it samples)."""
+
+    step_id: int
+    partitions: list[list[TokenMask]]
 
 
 class Shutdown(msgspec.Struct, array_like=True, tag=3):
@@ -279,7 +292,7 @@ class RankExited(msgspec.Struct, array_like=True, tag=11):
     how: str  # "code 2", "signal SIGKILL"
 
 
-ServerToRank = StepPlan | Shutdown | Challenge
+ServerToRank = StepPlan | StepMasks | Shutdown | Challenge
 RankToServer = Hello | StepResult | Knock | NodeHello | RankExited
 ServerToAgent = Challenge | Welcome | Refused | Shutdown
 
@@ -387,6 +400,7 @@ class StepTrace(msgspec.Struct, array_like=True, tag=5):
     accepted_num_drafts: list[int] = []  # per accepted_lens entry: drafts it verified (0..7)
     mesh_restart: MeshRestart | None = None  # set on the one trace published after a restart
     overlapped: bool = False  # planned while the step before it was unanswered (async scheduling)
+    masks_s: float = 0.0  # filling the grammar masks that followed the plan (StepMasks): beside the ranks' forward
 
 
 TRACE_DECODER = msgspec.msgpack.Decoder(StepTrace)

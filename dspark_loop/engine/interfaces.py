@@ -2,7 +2,7 @@
 
 API  --EngineClient-->  engine (EngineLoop, or launch.PendingEngine before the ranks are up)
 engine  --MeshClient-->  ranks (mesh.Mesh; in-process and scripted meshes in tests/tools);
-        PipelinedMeshClient: one that also takes send(plan) + gather(step_id) (mesh.Mesh)
+        PipelinedMeshClient: one that also takes send(plan), send_masks + gather(step_id) (mesh.Mesh)
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Protocol, runtime_checkable
 
-from dspark_loop.contract.protocol import StepPlan, StepResult
+from dspark_loop.contract.protocol import StepMasks, StepPlan, StepResult
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 
 
@@ -67,6 +67,10 @@ class PipelinedMeshClient(MeshClient, Protocol):
     a rank runs its plans in the order they arrive); engine/step_pipe.py uses it as is."""
 
     async def send(self, plan: StepPlan) -> None: ...
+
+    async def send_masks(self, masks: StepMasks) -> None:
+        """The masks a sent plan with masks_follow left out, before any later plan."""
+        ...
 
     async def gather(self, step_id: int) -> list[StepResult]:
         """The TP leaders' results of a sent step, in partition order (steps in send order)."""

@@ -277,6 +277,7 @@ class EngineLoop:
         sched = self.scheduler
         pipe = StepPipe(self.mesh)
         sched.plans_ahead = self.overlaps
+        sched.defers_masks = True  # grammar masks are filled while the ranks run the forward
         try:
             if self.overlaps:
                 await self._run_overlapped(pipe)
@@ -293,8 +294,8 @@ class EngineLoop:
                 # 2. schedule
                 step = sched.schedule()
                 t1, h1 = time.perf_counter(), time.thread_time()
-                # 3-4. send the plan, gather the leaders' results
-                results = [] if step.is_empty else await self._step_mesh(step)
+                # 3-4. send the plan (and its late masks), gather the leaders' results
+                results = [] if step.is_empty else await self._step_mesh(step, pipe)
                 t2, h2 = time.perf_counter(), time.thread_time()
                 # 5. update
                 outputs = sched.update(step, results)
@@ -343,10 +344,12 @@ class EngineLoop:
                 self._wakeup.clear()
                 await self._idle_wait()
                 continue
-            if sent is not None and sched.num_constrained:
-                # NOTE: a constrained request's next mask needs the tokens of the step in
-                # flight: planned ahead it sits out every other step (half its speed when
-                # unconstrained ones keep the pipeline full); lockstep while any is live
+            if sent is not None and sched.needs_lockstep(sent[0].step_id):
+                # NOTE: a constrained request drafts in the step in flight: its next verify's
+                # drafts must be walked by its grammar (and repaired) before the tile is built.
+                # Planned ahead it would sit out every other step (half its speed when
+                # unconstrained ones keep the pipeline full); lockstep until it stops drafting.
+                # One-row constrained requests run planned ahead: their masks follow the plan.
                 await self._complete(pipe, *sent)
                 sent = None
                 continue
@@ -358,6 +361,8 @@ class EngineLoop:
             completed = sent is not None
             if sent is not None:
                 await self._complete(pipe, *sent)
+            if step.plan.masks_follow:  # NOTE: after the step before it is applied: masks follow the outputs
+                await self._send_masks(pipe, step)
             if not step.is_empty:
                 sent = (step, wall, t0, t1)
                 continue
@@ -398,17 +403,30 @@ class EngineLoop:
         # steps' host work, not this step's: gather_s counts from the wait
         self._observe(step, results, wall, t0, t1, t1 + (t2 - t_wait), t1 + (t3 - t_wait), t1 + (t4 - t_wait))
 
-    async def _step_mesh(self, step: ScheduledStep):
+    async def _step_mesh(self, step: ScheduledStep, pipe: StepPipe):
         # NOTE: the loop does not yield between delivering step N and sending step N+1:
         # the consumers of step N's outputs (SSE writes) run while the ranks compute N+1,
         # when the mesh awaits their results. A mesh that answers without ever yielding
         # (the test meshes) gets one yield afterwards, so consumers always get their turn.
         self._mesh_yielded = False
         asyncio.get_running_loop().call_soon(self._note_mesh_yield)
-        results = await self.mesh.step(step.plan)
+        if step.plan.masks_follow:
+            await pipe.send(step.plan)
+            await self._send_masks(pipe, step)
+            results = await pipe.gather(step.step_id)
+        else:
+            results = await self.mesh.step(step.plan)
         if not self._mesh_yielded:
             await asyncio.sleep(0)
         return results
+
+    async def _send_masks(self, pipe: StepPipe, step: ScheduledStep) -> None:
+        """The grammar masks the step's plan left out, filled now (the ranks run its forward
+        meanwhile); the fill's time goes to the step's trace (masks_s)."""
+        t0 = time.perf_counter()
+        masks = self.scheduler.late_masks(step)
+        step.masks_s = time.perf_counter() - t0
+        await pipe.send_masks(masks)
 
     def _note_mesh_yield(self) -> None:
         self._mesh_yielded = True

@@ -41,6 +41,7 @@ class PartitionStep:
     num_placeholder_rows: int = 0  # decode rows whose input is a PLACEHOLDER (the tap's view)
     num_open_starts: int = 0  # K=7 windows whose start is a PLACEHOLDER
     live: list[bool] | None = None  # per decode request, at the read: still running (None: all)
+    late_masked: list[Request] = field(default_factory=list)  # constrained, masks after the plan (late_masks)
 
     @property
     def num_sampled(self) -> int:
@@ -61,6 +62,7 @@ class ScheduledStep:
     aborted_req_ids: list[int] = field(default_factory=list)  # since the previous plan
     # (req_ids [R], survival [R, K]) the verify policy predicted for this step's windows, or None
     verify_survival: tuple[np.ndarray, np.ndarray] | None = None
+    masks_s: float = 0.0  # the loop's fill of the masks that followed the plan (late_masks)
     # filled by update()
     finished: list[Request] = field(default_factory=list)
     accepted_req_ids: list[int] = field(default_factory=list)
@@ -172,7 +174,9 @@ def reconcile(pstep: PartitionStep, draft_table: np.ndarray) -> None:
     pstep.filled = None
 
 
-def plan_positions(running: list[Request], inflight: int, spec_k: int, max_model_len: int) -> None:
+def plan_positions(
+    running: list[Request], inflight: int, spec_k: int, max_model_len: int, defers_masks: bool = False
+) -> None:
     """Async scheduling, while step `inflight` is unanswered: where each running request's
     next rows start (plan_pos) and whether row 0's input is that step's sample
     (plan_pending: a PLACEHOLDER the ranks resolve); plan_pos -1: the request sits out.
@@ -188,8 +192,14 @@ def plan_positions(running: list[Request], inflight: int, spec_k: int, max_model
             req.plan_pos, req.plan_pending = req.num_computed, False
         elif not req.inflight_samples:  # a prompt chunk that samples nothing: the next follows it
             req.plan_pos, req.plan_pending = req.inflight_end, False
-        elif req.constraint is not None or len(req.output_ids) + 1 >= req.length_at:
-            # NOTE: the second: that step surely ends it (it commits at least one token);
+        elif (req.constraint is not None and (not defers_masks or (spec_k and req.inflight_drafted))) or len(
+            req.output_ids
+        ) + 1 >= req.length_at:
+            # NOTE: the first: a constrained request's mask needs the unanswered step's tokens:
+            # it runs when its mask may follow the plan (defers_masks), unless that step drafts
+            # for it (its verify's drafts must be walked, and repaired, before the tile is
+            # built; the loop plans in lockstep then: Scheduler.needs_lockstep).
+            # The second: that step surely ends it (it commits at least one token);
             # one that only may (a verify that accepts enough) runs, and wastes its rows if it did
             req.plan_pos, req.plan_pending = -1, False
         elif req.inflight_rows <= 1:  # a prompt's last chunk or a 1-row decode: one token

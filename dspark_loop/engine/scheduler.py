@@ -13,7 +13,15 @@ from functools import partial
 import numpy as np
 
 from dspark_loop.contract.cache_layout import CacheLayout
-from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK, BlockUpdate, PartitionPlan, StepPlan, TokenMask
+from dspark_loop.contract.protocol import (
+    DSPARK_K,
+    MAX_CHUNK,
+    BlockUpdate,
+    PartitionPlan,
+    StepMasks,
+    StepPlan,
+    TokenMask,
+)
 from dspark_loop.engine.accept_calibration import request_class
 from dspark_loop.engine.admission import Admission
 from dspark_loop.engine.finish_rules import FinishRules
@@ -33,7 +41,7 @@ from dspark_loop.engine.scheduled_step import (
 from dspark_loop.engine.spec_counters import SpecCounters
 from dspark_loop.engine.step_apply import StepApplier
 from dspark_loop.engine.step_update import read_results
-from dspark_loop.engine.token_masks import token_masks
+from dspark_loop.engine.token_masks import fill_masks, token_masks
 from dspark_loop.engine.verify_feedback import observe_step
 from dspark_loop.engine.verify_policy import FullVerify, VerifyPolicy
 from dspark_loop.engine.verify_windows import decode_windows
@@ -81,6 +89,9 @@ class Scheduler:
         self.num_preemptions = 0
         self._ended_in_step = False  # a scheduled request ended before its results came back
         self.plans_ahead = False  # the loop sends a step before the previous one is answered
+        # the loop asks late_masks() for the masks of one-row constrained requests once the
+        # plan is sent (StepPlan.masks_follow); False: every mask is in the plan
+        self.defers_masks = False
         self._unanswered: list[int] = []  # ids of sent (non-empty) steps not yet updated, oldest first
         self.num_constrained = 0  # live requests with a token constraint (output grammars)
         # K=7 adaptive verification: who chooses the windows and drafter skips (FullVerify:
@@ -205,13 +216,14 @@ class Scheduler:
         step.aborted_req_ids, self._aborted_req_ids = self._aborted_req_ids, []
         if inflight >= 0:
             for part in self.partitions:
-                plan_positions(part.running, inflight, self.spec_k, self.max_model_len)
+                plan_positions(part.running, inflight, self.spec_k, self.max_model_len, self.defers_masks)
         adaptive = bool(self.spec_k) and (self.num_capped > 0 or type(self.policy) is not FullVerify)
         masked = adaptive and self._choose_windows(step, inflight)
         for part in self.partitions:
             pstep, pplan = self._schedule_partition(part, step.preempted_req_ids, inflight, adaptive, masked)
             step.partitions.append(pstep)
             step.plan.partitions.append(pplan)
+        step.plan.masks_follow = any(p.late_masked for p in step.partitions)
         if not step.is_empty and self.plans_ahead:
             self._unanswered.append(step.step_id)
             note_inflight(step)
@@ -374,9 +386,36 @@ class Scheduler:
         """Phase 5, inside partition_step before the tile is built (a verify's forced tokens
         replace its drafts): the allowed-token masks of constrained requests' rows; the
         constraints that failed go to `failed` (their requests end once the plan is built)."""
-        masks, bad = token_masks(pstep, part.drafts if self.spec_k else None)
+        masks, bad, pstep.late_masked = token_masks(pstep, part.drafts if self.spec_k else None, self.defers_masks)
         failed.extend(bad)
         return masks
+
+    def late_masks(self, step: ScheduledStep) -> StepMasks:
+        """The masks the step's plan left out (masks_follow), per partition: call it once the
+        plan is sent and every earlier step is applied (each row follows its request's
+        outputs). A request that ended meanwhile gets none (its row's token is never read);
+        one whose constraint fails ends with an error (its row still runs, unread)."""
+        per_part = []
+        for pstep in step.partitions:
+            live = [r for r in pstep.late_masked if r.status == Status.RUNNING]
+            masks, failed = fill_masks(live) if live else ([], [])
+            for req, message in failed:
+                self._fail(req, message)
+                self._ended_in_step = True
+            per_part.append(masks)
+        return StepMasks(step.step_id, per_part)
+
+    def needs_lockstep(self, inflight: int) -> bool:
+        """Whether the next step must wait for step `inflight`'s answer: a constrained
+        request drafts in it, so its next step verifies drafts the grammar must walk (and
+        repair) before the tile is built."""
+        if not self.num_constrained or not self.spec_k:
+            return False
+        return any(
+            r.constraint is not None and r.inflight_step == inflight and r.inflight_samples and r.inflight_drafted
+            for p in self.partitions
+            for r in p.running
+        )
 
     # ---- step 5 -----------------------------------------------------------------------
     def update(self, step: ScheduledStep, results, now: float | None = None) -> list[RequestOutput]:

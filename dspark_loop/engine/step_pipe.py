@@ -2,17 +2,19 @@
 
     send(plan N)  send(plan N+1)  gather(N)  send(plan N+2)  gather(N+1) ...
 
-A mesh with `send` and `gather` of its own (mesh.Mesh: a rank runs its plans in the order
-they arrive) is used as is. A mesh with only `step(plan)` (in-process and scripted meshes)
-runs each plan in a task that first waits for the task of the plan sent before it, so
-plans still run one at a time, in order. Results come back in send order.
+A plan with masks_follow is followed by send_masks(StepMasks) before any later plan (the
+ranks run its forward meanwhile). A mesh with `send`, `send_masks` and `gather` of its own
+(mesh.Mesh: a rank runs its plans in the order they arrive) is used as is. A mesh with only
+`step(plan)` (in-process and scripted meshes) runs each plan in a task that first waits for
+the task of the plan sent before it (and for its masks, which join the plan), so plans
+still run one at a time, in order. Results come back in send order.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from dspark_loop.contract.protocol import StepPlan, StepResult
+from dspark_loop.contract.protocol import StepMasks, StepPlan, StepResult
 from dspark_loop.engine.interfaces import MeshClient, PipelinedMeshClient
 
 
@@ -23,13 +25,25 @@ class StepPipe:
         self._native = mesh if isinstance(mesh, PipelinedMeshClient) else None
         self._tasks: dict[int, asyncio.Task] = {}  # step id -> its step() task (not native)
         self._last: asyncio.Task | None = None
+        self._masks: dict[int, asyncio.Future] = {}  # step id -> its StepMasks (not native)
 
     async def send(self, plan: StepPlan) -> None:
         if self._native is not None:
             await self._native.send(plan)
             return
-        task = asyncio.get_running_loop().create_task(self._after(self._last, plan), name=f"step-{plan.step_id}")
+        loop = asyncio.get_running_loop()
+        masks = None
+        if plan.masks_follow:
+            masks = self._masks[plan.step_id] = loop.create_future()
+        task = loop.create_task(self._after(self._last, plan, masks), name=f"step-{plan.step_id}")
         self._tasks[plan.step_id] = self._last = task
+
+    async def send_masks(self, masks: StepMasks) -> None:
+        """The masks a sent plan left out (its masks_follow)."""
+        if self._native is not None:
+            await self._native.send_masks(masks)
+            return
+        self._masks.pop(masks.step_id).set_result(masks)
 
     async def gather(self, step_id: int) -> list[StepResult]:
         if self._native is not None:
@@ -37,7 +51,7 @@ class StepPipe:
         task = self._tasks.pop(step_id)
         return await task
 
-    async def _after(self, prev: asyncio.Task | None, plan: StepPlan) -> list[StepResult]:
+    async def _after(self, prev: asyncio.Task | None, plan: StepPlan, masks: asyncio.Future | None) -> list[StepResult]:
         if prev is not None:
             # NOTE: awaited directly (not asyncio.wait, one more loop turn): this plan starts
             # as soon as the previous one ends, before that one's consumers run
@@ -48,6 +62,11 @@ class StepPipe:
                     raise
             except Exception:  # noqa: BLE001 -- its failure is its gather's to report
                 pass
+        if masks is not None:
+            late: StepMasks = await masks
+            for part, extra in zip(plan.partitions, late.partitions):
+                part.token_masks = [*part.token_masks, *extra]
+            plan.masks_follow = False
         return await self.mesh.step(plan)
 
     def close(self) -> None:
@@ -58,4 +77,5 @@ class StepPipe:
             elif not task.cancelled():
                 task.exception()  # retrieved: no "never retrieved" warning
         self._tasks.clear()
+        self._masks.clear()
         self._last = None

@@ -58,6 +58,7 @@ def step_trace(sched: Scheduler, step: ScheduledStep, results, num_waiting: int,
         num_running=sched.num_running,
         num_waiting=num_waiting,
         overlapped=step.overlapped,
+        masks_s=step.masks_s,
     )
 
 

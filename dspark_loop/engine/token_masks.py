@@ -27,25 +27,46 @@ log = logging.getLogger(__name__)
 
 
 def token_masks(
-    pstep: PartitionStep, drafts: np.ndarray | None = None
-) -> tuple[list[TokenMask], list[tuple[Request, str]]]:
-    """(masks for the plan, [(request, error message)] for constraints that failed).
+    pstep: PartitionStep, drafts: np.ndarray | None = None, defer: bool = False
+) -> tuple[list[TokenMask], list[tuple[Request, str]], list[Request]]:
+    """(masks for the plan, [(request, error message)] for constraints that failed, the
+    requests whose masks were deferred).
     drafts: the partition's draft table [leases, K] (K=7), read for verifying requests and
-    written back with the forced tokens: call it before the plan's tile is built."""
+    written back with the forced tokens: call it before the plan's tile is built.
+    defer: leave out the requests whose rows hold no drafts (one row, masked by what
+    follows its outputs alone): fill_masks() answers for them once the plan is sent, while
+    the ranks run the forward (StepPlan.masks_follow). A verify's masks stay in the plan:
+    its forced tokens change the tile."""
     sampled = [r for r, _, sample in pstep.prefills if sample] + list(pstep.decode_reqs)
-    bound = [r for r in sampled if r.constraint is not None]
-    if not bound:
-        return [], []
-    row_drafts: list[list[int]] = []
-    for req in bound:
+    bound, windows, deferred = [], [], []
+    for req in sampled:
+        if req.constraint is None:
+            continue
         verifying = req.sched_n > 1 and req.num_computed >= req.prefill_target
         # the request's window: its first sched_n - 1 drafts (adaptive verification may verify fewer than K)
         window = drafts[req.lease, : req.sched_n - 1].tolist() if verifying and drafts is not None else []
-        row_drafts.append(window)  # [l] or []
-    answers = _ask(bound, row_drafts)
-    for req, d in zip(bound, row_drafts):
+        if defer and not window:
+            deferred.append(req)
+            continue
+        bound.append(req)
+        windows.append(window)  # [l] or []
+    if not bound:
+        return [], [], deferred
+    masks, failed = fill_masks(bound, windows)
+    for req, d in zip(bound, windows):
         if d and drafts is not None:  # NOTE: forced tokens go back into the draft table, which the tile reads
             drafts[req.lease, : len(d)] = d
+    return masks, failed, deferred
+
+
+def fill_masks(
+    bound: list[Request], windows: list[list[int]] | None = None
+) -> tuple[list[TokenMask], list[tuple[Request, str]]]:
+    """The masks of constrained requests' rows (row i follows the outputs and window[:i];
+    no windows: one row each), and the constraints that failed. Forced tokens replace the
+    windows' drafts in place."""
+    windows = [[] for _ in bound] if windows is None else windows
+    answers = _ask(bound, windows)
     masks, failed = [], []
     for req, rows in zip(bound, answers):
         if not isinstance(rows, Exception) and (not rows or not any(rows[0])):

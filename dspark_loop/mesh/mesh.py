@@ -35,7 +35,16 @@ import zmq
 
 from dspark_loop.contract.errors import EngineDead, MeshStartError
 from dspark_loop.contract.mesh_auth import SECRET_ENV
-from dspark_loop.contract.protocol import ENCODER, RankConfig, RankExited, Shutdown, StepPlan, StepResult, identity
+from dspark_loop.contract.protocol import (
+    ENCODER,
+    RankConfig,
+    RankExited,
+    Shutdown,
+    StepMasks,
+    StepPlan,
+    StepResult,
+    identity,
+)
 from dspark_loop.mesh.handshake import min_num_blocks
 from dspark_loop.mesh.nodes import NodeLayout
 from dspark_loop.mesh.peers import remote_loss
@@ -193,9 +202,16 @@ class Mesh:
     async def send(self, plan: StepPlan) -> None:
         """The plan, encoded once, to every rank. With async scheduling a second plan may be
         sent before the first one's results are gathered: a rank runs its plans in order."""
+        await self._broadcast(plan, plan.step_id)
+
+    async def send_masks(self, masks: StepMasks) -> None:
+        """The masks a sent plan left out (masks_follow), to every rank: before any later plan."""
+        await self._broadcast(masks, masks.step_id)
+
+    async def _broadcast(self, msg: StepPlan | StepMasks, step_id: int) -> None:
         if self._dead or self._closing or not self._started:
             raise EngineDead(self._dead or ("the mesh is closing" if self._closing else "the mesh is not started"))
-        frame = ENCODER.encode(plan)
+        frame = ENCODER.encode(msg)
         for rank in range(self.world_size):
             try:
                 await self.socket.send_frame(identity(rank), frame)
@@ -203,7 +219,7 @@ class Mesh:
                 await self._die(
                     self.procs.exit_reason()
                     or self.remote_loss_reason()
-                    or f"could not send step {plan.step_id} to rank {rank}: {exc}"
+                    or f"could not send step {step_id} to rank {rank}: {exc}"
                 )
 
     async def gather(self, step_id: int) -> list[StepResult]:

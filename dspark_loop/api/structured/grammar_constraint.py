@@ -34,11 +34,22 @@ _batch: xg.BatchGrammarMatcher | None = None
 
 def forced_token(words: np.ndarray) -> int | None:
     """The one id a bitmask row [words] int32 allows, or None (none or several)."""
-    nz = np.flatnonzero(words)
-    if len(nz) != 1:
-        return None
-    w = int(words[nz[0]]) & 0xFFFFFFFF
-    return None if w & (w - 1) else int(nz[0]) * 32 + w.bit_length() - 1
+    t = int(forced_tokens(words[None])[0])
+    return t if t >= 0 else None
+
+
+def forced_tokens(bitmask: np.ndarray) -> np.ndarray:
+    """[n] int64: the one id each bitmask row [n, words] int32 allows, -1 where none or several."""
+    out = np.full(len(bitmask), -1, np.int64)
+    one_word = np.flatnonzero(np.count_nonzero(bitmask, axis=1) == 1)  # [m] rows with one nonzero word
+    if not len(one_word):
+        return out
+    at = np.argmax(bitmask[one_word] != 0, axis=1)  # [m] that word's index
+    w = bitmask[one_word, at].astype(np.int64) & 0xFFFFFFFF  # [m]
+    single = (w & (w - 1)) == 0  # one bit set
+    bit = np.log2(np.where(single, w, 1)).astype(np.int64)  # exact: w is a power of two
+    out[one_word[single]] = at[single] * 32 + bit[single]
+    return out
 
 
 def _batch_matcher() -> xg.BatchGrammarMatcher:
@@ -119,10 +130,11 @@ class GrammarConstraint:
                 bitmask = np.empty((len(fill), words), np.int32)  # [n, words]
                 _batch_matcher().batch_fill_next_token_bitmask([constraints[j]._matcher for j in fill], bitmask)
                 rows = bitmask.view(np.uint8)  # [n, 4 * words]
+                forced = forced_tokens(bitmask).tolist()  # [n]
                 for n, j in enumerate(fill):
                     out[j].append(rows[n, : constraints[j]._nbytes].tobytes())
                     if step < len(drafts[j]):
-                        constraints[j]._repair(drafts[j], step, bitmask[n])
+                        constraints[j]._repair(drafts[j], step, bitmask[n], forced[n])
             filled = set(fill)
             nxt = []
             for j in live:
@@ -160,11 +172,11 @@ class GrammarConstraint:
     def is_terminated(self) -> bool:
         return self._grammar_start is not None and self._matcher.is_terminated()
 
-    def _repair(self, drafts: list, i: int, words: np.ndarray) -> None:
+    def _repair(self, drafts: list, i: int, words: np.ndarray, forced: int | None = None) -> None:
         """Draft i (and maybe those after it) from what the grammar forces at row i, whose
-        mask is `words` [words] int32."""
-        forced = forced_token(words)
-        if forced is not None:
+        mask is `words` [words] int32 (forced: its forced_token, when known; -1: none)."""
+        forced = forced_token(words) if forced is None else forced
+        if forced is not None and forced >= 0:
             drafts[i] = forced
             return
         d = int(drafts[i])
@@ -198,11 +210,15 @@ class GrammarConstraint:
     def _sync(self, output_ids) -> None:
         """Make the taken-in history equal `output_ids`."""
         ids = self._ids
-        common = 0
-        for a, b in zip(ids, output_ids):
-            if a != b:
-                break
-            common += 1
+        n = len(ids)
+        if ids == list(output_ids[:n]):  # NOTE: the usual case, compared in C: the outputs went on
+            common = n
+        else:
+            common = 0
+            for a, b in zip(ids, output_ids):
+                if a != b:
+                    break
+                common += 1
         if common < len(ids):
             start = self._grammar_start if self._grammar_start is not None else len(ids)
             if len(ids) - max(common, min(start, len(ids))) <= MAX_ROLLBACK:

@@ -6,6 +6,8 @@ the results of real cross-process collectives, so a test can check both from the
     tp_sum   sum_tp of (rank + 1) over the TP group
     world_sum  sum of gather_world parts; rank r sends (r + 1) rows of r (shapes differ)
 
+A row with a TokenMask targets the lowest id its mask allows instead (late masks included:
+they are waited for after the collectives, as the model runner waits after its forward).
 Test hooks: a prefill with req_id FAIL_REQ raises on rank 1; HANG_REQ sleeps on rank 0.
 """
 
@@ -17,8 +19,9 @@ import time
 import numpy as np
 import torch
 
-from dspark_loop.contract.protocol import PartitionPlan, RankConfig, as_i8, as_i32
+from dspark_loop.contract.protocol import PartitionPlan, RankConfig, as_i8, as_i32, unpack_mask
 from workers.comm import Comm, ShardSpec
+from workers.late_masks import with_masks
 
 VOCAB = 64
 FAIL_REQ = -1
@@ -43,6 +46,17 @@ def token_positions(part: PartitionPlan) -> list[tuple[int, int]]:
     return rows
 
 
+def masked_targets(part: PartitionPlan, rows: list[tuple[int, int]]) -> list[int]:
+    """Each row's target: (31 * req_id + 7 * pos) % VOCAB, or its mask's lowest allowed id."""
+    masks = {(m.req_id, m.row): m.bits for m in part.token_masks}
+    targets, row_of = [], {}  # req_id -> rows seen
+    for r, p in rows:
+        k = row_of[r] = row_of.get(r, -1) + 1
+        bits = masks.get((r, k))
+        targets.append(int(unpack_mask(bits, 0, VOCAB).argmax()) if bits else (31 * r + 7 * p) % VOCAB)
+    return targets
+
+
 class FakeRunner:
     def __init__(self, cfg: RankConfig, shard: ShardSpec, comm: Comm, device: str = "cpu") -> None:
         if not os.path.isfile(os.path.join(cfg.model, "config.json")):
@@ -50,7 +64,7 @@ class FakeRunner:
         self.shard, self.comm = shard, comm
         self.num_blocks = [cfg.num_blocks or 16, 100 - shard.rank]
 
-    def execute(self, part: PartitionPlan) -> np.ndarray:
+    def execute(self, part: PartitionPlan, late_masks=None) -> np.ndarray:
         req_ids = {c.req_id for c in part.prefills}
         if FAIL_REQ in req_ids and self.shard.rank == 1:
             raise RuntimeError("fake runner asked to fail")
@@ -67,7 +81,9 @@ class FakeRunner:
         # vocab-sharded logits [rows, VOCAB / tp] peaking at each row's target
         shard_len = VOCAB // self.shard.tp_size
         offset = self.shard.tp_rank * shard_len
-        targets = torch.tensor([(31 * r + 7 * p) % VOCAB for r, p in rows], dtype=torch.int64)
+        if late_masks is not None:
+            with_masks(part, late_masks)
+        targets = torch.tensor(masked_targets(part, rows), dtype=torch.int64)
         ids = torch.arange(offset, offset + shard_len)
         logits = -(ids[None, :] - targets[:, None]).abs().to(torch.bfloat16)  # [rows, shard_len]
         best = self.comm.argmax_tp(logits, offset)  # [rows]

@@ -43,3 +43,62 @@ async def test_close_is_safe_twice_and_concurrently(fake_model_dir):
     await mesh.close()
     assert not any(alive(p) for p in pids)
     assert [p.returncode for p in mesh.procs.procs] == [0, 0]  # they obeyed Shutdown
+
+
+async def test_masks_that_follow_the_plan_reach_every_rank_before_it_samples(fake_model_dir):
+    """A plan with masks_follow must wait, on every rank of each TP group, for the StepMasks
+    sent after it: each masked row answers its group's
+    mask, the other rows their usual targets, and the plan after it runs normally (every
+    rank took the masks off its socket, masked rows or not)."""
+    import asyncio
+
+    from dspark_loop.contract.protocol import StepMasks, TokenMask, pack_mask
+    from tests.integration.mesh.fake_runner import VOCAB
+
+    def only(token: int) -> bytes:
+        allowed = np.zeros(VOCAB, bool)
+        allowed[token] = True
+        return pack_mask(allowed)
+
+    mesh = make_mesh(fake_model_dir, num_blocks=12)
+    await mesh.start()
+    try:
+        await mesh.step(prefill_plan(0, 2))
+        plan = decode_plan(1, 2)
+        plan.masks_follow = True
+        await mesh.send(plan)
+        await asyncio.sleep(0.3)  # the ranks ran the forward and wait
+        # group 0: request a's only row and request b's row 3; group 1: nothing masked
+        a, b = 100, 200
+        await mesh.send_masks(StepMasks(1, [[TokenMask(a, only(5)), TokenMask(b, only(9), 3)], []]))
+        await mesh.send(decode_plan(2, 2))  # two steps in flight: the next plan follows the masks
+        for step_id in (1, 2):
+            results = await mesh.gather(step_id)
+            for group, result in enumerate(results):
+                assert not result.error, result.error
+                leader = ShardSpec(rank=group * 2, world_size=4, tp_size=2)
+                want = [expected_token(req, pos, leader) for req, pos in expected_rows(step_id, group)]
+                if step_id == 1 and group == 0:
+                    base = expected_token(a, 0, leader) - (31 * a) % VOCAB  # the collective part
+                    want[0], want[1 + 3] = base + 5, base + 9
+                np.testing.assert_array_equal(as_i32(result.token_ids), want)
+        assert mesh.dead is None
+    finally:
+        await mesh.close()
+
+
+async def test_a_rank_waiting_for_masks_obeys_shutdown(fake_model_dir):
+    """Closing the mesh while its ranks wait for a step's masks must end them cleanly (exit 0)."""
+    import asyncio
+
+    mesh = make_mesh(fake_model_dir, world_size=2, tp=1)
+    await mesh.start()
+    await mesh.step(prefill_plan(0, 2))
+    plan = decode_plan(1, 2)
+    plan.masks_follow = True
+    await mesh.send(plan)
+    await asyncio.sleep(0.3)
+    pids = mesh.pids
+    await mesh.close()
+    assert await wait_until(lambda: not any(alive(p) for p in pids), 5.0)
+    assert [p.returncode for p in mesh.procs.procs] == [0, 0]

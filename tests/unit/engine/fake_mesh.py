@@ -9,6 +9,9 @@ starts with no history: its chains are recovered from the swa slot just before i
 chunk (through `lineage`, every chain's parent), and then every compressed row it can
 read and the whole window before that chunk must hold exactly its prefix's content.
 
+A masked row (the plan's TokenMasks) answers its prediction if the mask allows it, else the
+lowest id the mask allows (a masked argmax, deterministically).
+
 Because reads go through the block table, a page that was released too early, mapped to
 the wrong prefix, written while another request maps it, or never mapped makes the fake
 raise (or the tokens change), so scheduler bugs cannot hide behind plausible output.
@@ -23,7 +26,7 @@ import numpy as np
 from dspark_loop.contract.acceptance import accept_chain
 from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.errors import EngineDead
-from dspark_loop.contract.protocol import DSPARK_K, StepPlan, StepResult, as_i8, as_i32
+from dspark_loop.contract.protocol import DSPARK_K, StepPlan, StepResult, as_i8, as_i32, unpack_mask
 from dspark_testing.local_mesh import LocalMesh
 
 
@@ -73,6 +76,7 @@ class FakeRank:
                 toks = [int(t) for t in all_toks[cu : cu + k]]
                 cu += k
                 segments.append((int(rid), int(start), toks, list(range(k))))
+        masks = {(m.req_id, m.row): m.bits for m in part.token_masks}
         live = self._live_owners()
         for rid, start, toks, _ in segments:  # write first, as the real ranks do
             self.next_pos[rid] = start  # reads of this step reach back from here
@@ -81,10 +85,10 @@ class FakeRank:
         for rid, start, toks, sampled in segments:
             self._check_reads(rid, start)
             preds = []
-            for i in sampled:
+            for k, i in enumerate(sampled):
                 p = start + i
                 prev = self._check_reads(rid, p)
-                preds.append(self.model(toks[i], prev, p))
+                preds.append(masked_pick(self.model(toks[i], prev, p), masks.get((rid, k))))
             out += preds
             # NOTE: exact for prefill and 1-row decode; an upper bound for verify rows
             self.next_pos[rid] = start + len(toks)
@@ -203,6 +207,14 @@ class FakeRank:
                     if page >= live_from:
                         live[fam.index].setdefault(block, set()).add(rid)
         return live
+
+
+def masked_pick(token: int, bits: bytes | None) -> int:
+    """token if the mask (TokenMask.bits; None: no mask) allows it, else its lowest allowed id."""
+    if bits is None:
+        return token
+    allowed = unpack_mask(bits, 0, 8 * len(bits))
+    return token if token < len(allowed) and allowed[token] else int(allowed.argmax())
 
 
 def default_model(allowed: list[int]):

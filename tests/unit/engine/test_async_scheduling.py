@@ -12,7 +12,7 @@ from dspark_loop.contract.protocol import as_i8, as_i32, pack_mask
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_testing.tiny_tokenizer import eos_id, tiny_tokenizer
-from tests.unit.engine.factories import make_mesh, make_scheduler, prompt_ids
+from tests.unit.engine.factories import allowed_tokens, make_mesh, make_scheduler, prompt_ids
 from tests.unit.engine.random_policy import RandomPolicy
 
 NUM_REQUESTS = 14
@@ -52,12 +52,28 @@ def assert_lockstep_tokens(reqs, abort_after, got, want) -> None:
             assert (tokens[rid], reasons[rid]) == (want_tokens[rid], want_reasons[rid]), rid
 
 
-class AllowAll:
-    """A grammar constraint that allows every token (its masks still make the request wait
-    for its last token)."""
+class OneWay:
+    """A grammar that allows one token at each output index i (a different one each time), so
+    a mask filled from stale outputs (before the step that sampled the last token was applied)
+    gives a wrong token. Drafts are walked as the real grammar walks them."""
+
+    def __init__(self) -> None:
+        self.vocab = tiny_tokenizer().get_vocab_size()
+
+    @staticmethod
+    def token(i: int) -> int:
+        ok = allowed_tokens()
+        return ok[(5 * i + 1) % len(ok)]
 
     def row_masks(self, output_ids, drafts=()):
-        return [pack_mask(np.ones(tiny_tokenizer().get_vocab_size(), bool))]
+        n, masks = len(output_ids), []
+        for i in range(len(drafts) + 1):
+            only = np.zeros(self.vocab, bool)
+            only[self.token(n + i)] = True
+            masks.append(pack_mask(only))
+            if i == len(drafts) or drafts[i] != self.token(n + i):
+                break
+        return masks
 
 
 async def run(
@@ -158,63 +174,80 @@ async def test_k7_overlap_with_adaptive_windows_and_drafter_skips_gives_k0_token
     assert len(policy.observed) >= len(plans) - 1  # it learns every gathered step's cost
 
 
-async def test_a_request_with_a_grammar_constraint_sits_out_the_overlapped_step():
-    """A constrained request's mask needs its last token: it must never get a placeholder
-    input, and must still finish with the tokens lockstep gives it."""
-
-    async def tokens(overlap: bool):
-        sched = make_scheduler(num_partitions=1, max_num_seqs=4)
-        mesh = make_mesh(sched)
-        engine = EngineLoop(sched, mesh, tiny_tokenizer(), async_scheduling=overlap)
-        engine.start()
-        out = {}
-
-        async def one(i: int, constrained: bool):
-            g = GenerateRequest(f"r{i}", prompt_ids(i, 6), SamplingParams(max_tokens=12, ignore_eos=True))
-            if constrained:
-                g.constraint = AllowAll()
-            out[g.request_id] = [t async for o in engine.generate(g) for t in o.new_token_ids]
-
-        await asyncio.gather(*(one(i, i == 0) for i in range(3)))
-        await engine.stop()
-        return out, mesh.plans
-
-    want, _ = await tokens(False)
-    got, plans = await tokens(True)
-    assert got == want
-    for plan in plans:
-        part = plan.partitions[0]
-        masked = {m.req_id for m in part.token_masks}
-        if part.decode is not None and masked:
-            ids, toks = as_i32(part.decode.req_ids), as_i32(part.decode.token_ids)
-            assert not any(t == PLACEHOLDER for r, t in zip(ids, toks) if r in masked)
-
-
-async def test_while_a_constrained_request_runs_the_loop_plans_in_lockstep_so_it_runs_every_step():
-    """Planned ahead, a constrained request would sit out every other step (its mask needs
-    the step in flight's token): while one is live the loop must plan in lockstep, so it
-    decodes in every step next to unconstrained requests, and overlap resumes after it."""
-
-    sched = make_scheduler(num_partitions=1, max_num_seqs=4)
-    mesh = make_mesh(sched)
-    engine = EngineLoop(sched, mesh, tiny_tokenizer(), async_scheduling=True)
+async def constrained_run(spec_k: int, overlap: bool, max_draft_tokens: int = 7):
+    """Request r0 under OneWay (12 tokens) next to two free ones (40, or 160 at K=7, where
+    they accept several tokens a step and must outlive it): (tokens by request id, the plans)."""
+    sched = make_scheduler(num_partitions=1, max_num_seqs=4, spec_k=spec_k, max_model_len=256)
+    mesh = make_mesh(sched, drafts=bool(spec_k))
+    engine = EngineLoop(sched, mesh, tiny_tokenizer(), async_scheduling=overlap)
     engine.start()
+    out: dict[str, list[int]] = {}
 
     async def one(i: int, max_tokens: int, constrained: bool):
-        g = GenerateRequest(f"r{i}", prompt_ids(i, 6), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, max_draft_tokens=max_draft_tokens)
+        g = GenerateRequest(f"r{i}", prompt_ids(i, 6), params)
         if constrained:
-            g.constraint = AllowAll()
-        return [t async for o in engine.generate(g) for t in o.new_token_ids]
+            g.constraint = OneWay()
+        out[g.request_id] = [t async for o in engine.generate(g) for t in o.new_token_ids]
 
-    await asyncio.gather(one(0, 12, True), one(1, 40, False), one(2, 40, False))
+    free = 160 if spec_k else 40
+    await asyncio.gather(one(0, 12, True), one(1, free, False), one(2, free, False))
     await engine.stop()
-    (constrained_id,) = {m.req_id for p in mesh.plans for part in p.partitions for m in part.token_masks}
-    steps = [p for p in mesh.plans if p.partitions[0].decode is not None]
-    with_it = [constrained_id in as_i32(p.partitions[0].decode.req_ids).tolist() for p in steps]
-    first, last = with_it.index(True), len(with_it) - 1 - with_it[::-1].index(True)
-    assert all(with_it[first : last + 1])  # every step while it decodes
-    after = [t for p in steps[last + 1 :] for t in as_i32(p.partitions[0].decode.token_ids).tolist()]
-    assert PLACEHOLDER in after  # planned ahead again once it finished
+    return out, mesh.plans
+
+
+def rows_of(plan, req_id: int) -> list[int] | None:
+    """The request's decode row inputs in the plan (None: it has no decode rows there)."""
+    d = plan.partitions[0].decode
+    if d is None:
+        return None
+    ids, rows, toks = as_i32(d.req_ids).tolist(), as_i8(d.num_rows).tolist(), as_i32(d.token_ids).tolist()
+    at = 0
+    for r, n in zip(ids, rows):
+        if r == req_id:
+            return toks[at : at + n]
+        at += n
+    return None
+
+
+@pytest.mark.parametrize("spec_k,max_draft_tokens", [(0, 7), (7, 0)], ids=["k0", "k7-speculation-off"])
+async def test_a_one_row_constrained_request_runs_planned_ahead_with_masks_that_follow_the_plan(
+    spec_k, max_draft_tokens
+):
+    """A constrained request without drafts (K=0, or K=7 with its speculation off) must
+    run planned ahead in every step while it decodes (placeholder inputs), its masks
+    following the plan and filled from its outputs including the step in flight's token:
+    it must write exactly the grammar's tokens, and everyone lockstep's tokens."""
+    want, _ = await constrained_run(spec_k, False, max_draft_tokens)
+    got, plans = await constrained_run(spec_k, True, max_draft_tokens)
+    assert got == want
+    assert got["r0"] == [OneWay.token(i) for i in range(12)]
+    masked = [p for p in plans if any(m for part in p.partitions for m in part.token_masks)]
+    (rid,) = {m.req_id for p in masked for m in p.partitions[0].token_masks}
+    with_it = [rows_of(p, rid) for p in plans]
+    decoding = [i for i, r in enumerate(with_it) if r is not None]
+    assert decoding == list(range(decoding[0], decoding[-1] + 1))  # every step while it decodes
+    assert sum(with_it[i] == [PLACEHOLDER] for i in decoding) >= len(decoding) - 1  # planned ahead
+    assert all(len(with_it[i]) == 1 for i in decoding)
+
+
+async def test_while_a_constrained_request_drafts_the_loop_plans_in_lockstep():
+    """At K=7 a constrained request that drafts verifies drafts its grammar must walk before
+    the tile is built: its verify rows are never placeholders (the loop waits for the step
+    in flight), it verifies in every step while it decodes, its tokens are the grammar's,
+    and the free requests get lockstep's tokens; overlap resumes after it."""
+    want, _ = await constrained_run(7, False)
+    got, plans = await constrained_run(7, True)
+    assert got == want
+    assert got["r0"] == [OneWay.token(i) for i in range(12)]
+    (rid,) = {m.req_id for p in plans for part in p.partitions for m in part.token_masks}
+    with_it = [rows_of(p, rid) for p in plans]
+    decoding = [i for i, r in enumerate(with_it) if r is not None]
+    assert decoding == list(range(decoding[0], decoding[-1] + 1))
+    assert all(PLACEHOLDER not in with_it[i] for i in decoding)
+    assert any(len(with_it[i]) > 1 for i in decoding)  # it verifies
+    after = [p.partitions[0].decode for p in plans[decoding[-1] + 1 :]]
+    assert any(PLACEHOLDER in as_i32(d.start_pos) for d in after if d is not None)  # planned ahead again after it
 
 
 async def test_k7_overlap_maps_pages_for_the_longest_outcome_and_no_further():
