@@ -9,8 +9,10 @@ row, or a K=7 verify tile of 8 rows. Its constraint (duck-typed) is asked once p
 row i being what may follow the outputs and drafts[:i]. The list ends after the first draft
 the grammar refuses: that row's masked pick cannot equal the draft, so acceptance stops
 there by itself and the rows after it (left unmasked) are never used. The masks travel
-packed in the plan as TokenMask(req_id, bits, row). A constraint that fails finishes only
-its request: token_masks() returns it with its message, and the Scheduler fails it.
+packed as TokenMask(req_id, bits, row): a verify's in the plan (its forced tokens change the
+tile), a one-row request's, with defer, in the StepMasks that follows the plan (fill_masks,
+once the plan is sent: the ranks run the forward meanwhile). A constraint that fails
+finishes only its request: it is returned with its message, and the Scheduler fails it.
 """
 
 from __future__ import annotations
