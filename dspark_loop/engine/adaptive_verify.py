@@ -43,7 +43,7 @@ import numpy as np
 
 from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.accept_calibration import NUM_CLASSES, AcceptCalibration, request_class
-from dspark_loop.engine.regime_guard import LOAD_BUCKETS, Key, RegimeGuard, load_bucket
+from dspark_loop.engine.regime_guard import LOAD_BUCKETS, Key, Mode, RegimeGuard, load_bucket
 from dspark_loop.engine.step_cost import StepCost
 from dspark_loop.engine.verify_budget import linear_drafts, solve_budget, survival
 from dspark_loop.engine.verify_policy import VerifyChoice
@@ -125,7 +125,8 @@ class AdaptiveVerify:
         num_sampled, num_constrained = int((cls & 1).sum()), int((cls >= 2).sum())
         # NOTE: a pinned cost model is taken as is (reproducible choices): no guard, no residuals
         key = self.guard.key(R, num_sampled, num_constrained)
-        allowed = self.cost.pinned or self.guard.allow(key)
+        mode = Mode.MODEL if self.cost.pinned else self.guard.allow(key)
+        allowed = mode != Mode.VETO
         if self.cost.trusted and not allowed and not cap.any():
             # NOTE: the guard vetoes drafting and nobody has drafts to verify: one row each,
             # nobody drafts (what the solve would say); no survival (nothing verified). With
@@ -134,7 +135,7 @@ class AdaptiveVerify:
             self.new_drafts[:] = False
             return self._one_row_each(R, P)
         if self.cost.trusted:
-            shape = (R, num_sampled, num_constrained, tuple(np.bincount(partition).tolist()), allowed)
+            shape = (R, num_sampled, num_constrained, tuple(np.bincount(partition).tolist()), int(mode))
             if self._idle_shape == shape and not cap.any() and self.num_steps % self.probe_every:
                 # NOTE: the steady state of a load that does not draft: nobody has drafts and
                 # the same requests' last solve drafted nobody; solving again would say the
@@ -146,7 +147,7 @@ class AdaptiveVerify:
         if not self.cost.trusted:
             choice = self._untrusted(cap, allowed, key)
         else:
-            choice, _ = self._solve(surv, cap, partition, cls, allowed, key)
+            choice, _ = self._solve(surv, cap, partition, cls, allowed, key, mode == Mode.INSIST)
             self._idle_shape = shape if not choice.draft_next.any() and not cap.any() else None
         verified = np.arange(DSPARK_K)[None, :] < choice.verify_len[:, None]  # [R, K]
         self.expected_tokens += R + float(np.where(verified, surv, 0.0).sum())
@@ -244,9 +245,11 @@ class AdaptiveVerify:
         cls: np.ndarray,
         allowed: bool = True,
         key: Key | None = None,
+        insist: bool = False,
     ) -> tuple[VerifyChoice, float]:
         """cls [R]: each request's class (request_class); allowed: the guard lets the model
-        draft; key: the guard's (load, mix, constrained mix) of this step."""
+        draft; insist: the guard makes everyone draft (Mode.INSIST); key: the guard's (load,
+        mix, constrained mix) of this step."""
         R = len(cap)
         c0, c_row, c_req, c_draft, c_ctx, c_pass = self.cost.coef
         P = int(partition.max()) + 1 if R else 1
@@ -300,8 +303,8 @@ class AdaptiveVerify:
         chosen = np.zeros(R, bool)
         # NOTE: the guard's realised rates overrule the model: where not drafting delivered
         # more at this load and mix, nobody drafts (probes aside)
-        num_chosen = R - int(np.argmax(rates[::-1])) if allowed else 0
-        if key is not None:
+        num_chosen = R if insist else R - int(np.argmax(rates[::-1])) if allowed else 0
+        if key is not None:  # NOTE: the model's own call, insisted on or not
             self.guard.margin[key] = float(rates.max() / rates[0])
         chosen[order[:num_chosen]] = True  # the LAST maximum: free drafting drafts all
         # a request of class k without drafts (a prompt completing) drafts where one more
@@ -313,6 +316,8 @@ class AdaptiveVerify:
         new_cost = c_draft + c_row * self.drafted_len  # [C]
         if not allowed:
             self.new_drafts = np.zeros(NUM_CLASSES, bool)
+        elif insist:
+            self.new_drafts = np.ones(NUM_CLASSES, bool)
         elif num_chosen:
             self.new_drafts = self.drafted_gain / (np.maximum(new_cost, 1e-12) * on_resid) >= rates.max()
         else:

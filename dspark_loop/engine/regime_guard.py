@@ -20,9 +20,11 @@ what each operating point actually delivers:
     paired       per key, on / off from each epoch: the epoch's rate over the rate of
                  the key's steps at the other point within the PAIR_RECENT steps before
                  it (none: no sample), averaged in log
-    allow(key)   False (nobody drafts, probes aside) when "on" does not beat "off" by
-                 DRAFT_MARGIN (5%): by the paired ratio once an epoch gave one, else by the
-                 two rates once both are known; True leaves the choice to the model
+    allow(key)   a Mode: VETO (nobody drafts, probes aside) when "on" does not beat "off"
+                 by DRAFT_MARGIN (5%): by the paired ratio once an epoch gave one, else by
+                 the two rates once both are known; INSIST (everyone drafts) where the model
+                 drafts nobody (its margin is 1) and "on" beats "off" by DRAFT_MARGIN;
+                 MODEL otherwise: the model decides
 
 NOTE: paired, not the two rates side by side: a point the steady state does not run is
 measured only in epochs, minutes apart, and this CPU's speed drifts by more than the
@@ -37,8 +39,12 @@ once it has, as often as the epochs' lost tokens stay within REGRET (1%) of the 
 between them (_period: every `explore_every` steps where the points are close,
 rarer where the other is far worse), so a rate the steady state never measures (the
 model drafts all along, or nobody does) is measured soon, and a stale one is renewed
-where it decides a close call; not the off point where the model drafts nobody anyway
-(its last `margin` at the key, predicted drafting / not-drafting rate, is 1). NOTE: also
+where it decides a close call. Where the model drafts nobody (its last `margin` at the key,
+predicted drafting / not-drafting rate, is 1) the steady point is "off" and its epochs
+INSIST: a model that underrates drafting at a load (one drafter-pass cost fitted across
+loads: at 1 stream of constrained JSON it predicted a pass as dear as a whole step, and
+drafted in ~1 step of 5 where the chain delivered 1.22x K=0) is corrected by what drafting
+delivered, as one that overrates it is by the veto. NOTE: also
 where the model expects drafting to win by far: at 64 streams greedy it predicted a 1.5x
 gain where K=0 was 1.37x faster (1 stream greedy, drafting 2.5x: an off epoch every 900
 steps).
@@ -50,6 +56,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from enum import IntEnum
 
 RATE_EMA = 0.1  # weight of a step in its operating point's rate
 MIN_STEPS = 5  # steps each point needs before the guard acts on its rate
@@ -71,6 +78,14 @@ PAIR_MIN_STEPS = 3  # an epoch's steps at its point (observed) for a paired rati
 PAIR_RECENT = 16
 LOAD_BUCKETS = 12  # loads told apart: decode requests 1, 2-3, 4-7, ... (log2), the last open-ended
 Key = tuple[int, int, int]  # (load bucket, sampling mix, constraint mix): RegimeGuard.key
+
+
+class Mode(IntEnum):
+    """What the guard lets the verify policy do at a step (falsy: nobody drafts)."""
+
+    VETO = 0  # nobody drafts (probes aside)
+    MODEL = 1  # the cost model decides
+    INSIST = 2  # everyone drafts: the model drafts nobody, and drafting delivered more here
 
 
 def load_bucket(num_requests: int) -> int:
@@ -113,9 +128,10 @@ class RegimeGuard:
         self.margin: dict[Key, float] = {}  # key -> the model's last predicted on / off rate
         self.points: dict[tuple[int, int, int, bool], _Point] = {}  # (*key, drafting) -> rate
         self.clock: dict[Key, int] = {}  # steps allow() saw per key
-        self.exploring: dict[Key, tuple[bool, int]] = {}  # key -> (allowed, steps left)
+        self.exploring: dict[Key, tuple[Mode, int]] = {}  # key -> (the epoch's mode, steps left)
         self.unmeasured_epochs: dict[Key, int] = {}  # key -> epochs run while the other point had no rate
         self.num_vetoes = 0  # steps the guard kept everyone from drafting
+        self.num_insists = 0  # steps the guard made everyone draft
         self.epoch_share = epoch_share
         self.num_steps = 0  # allow() calls, all keys
         self.num_epoch_steps = 0  # steps in epochs of a measured point, all keys
@@ -151,42 +167,52 @@ class RegimeGuard:
         ratio = self.on_over_off(key)
         return ratio is not None and ratio < 1 + DRAFT_MARGIN
 
-    def allow(self, key: Key) -> bool:
-        """Whether drafting may run this step at this key (the model decides), or not."""
+    def prefers_on(self, key: Key) -> bool:
+        """Both points measured and drafting beat not drafting by DRAFT_MARGIN."""
+        ratio = self.on_over_off(key)
+        return ratio is not None and ratio >= 1 + DRAFT_MARGIN
+
+    def allow(self, key: Key) -> Mode:
+        """What the verify policy may do at this key this step."""
         tick = self.clock.get(key, 0) + 1
         self.clock[key] = tick
         self.num_steps += 1
-        allowed = not self.prefers_off(key)
+        idle = self.margin.get(key, 1.0) <= 1.0  # the model drafts nobody here
+        mode = Mode.VETO if self.prefers_off(key) else Mode.INSIST if idle and self.prefers_on(key) else Mode.MODEL
+        drafting = mode == Mode.INSIST or (mode == Mode.MODEL and not idle)  # the steady point
         explore = self.exploring.get(key)
         if explore is not None and explore[1] > 0:
             self.exploring[key] = (explore[0], explore[1] - 1)
-            allowed = explore[0]
+            mode = explore[0]
         else:
-            other = self.points.get((*key, not allowed))
+            other = self.points.get((*key, not drafting))
             measured = other is not None and other.steps >= MIN_STEPS
             if measured:
-                period = self._period(key, allowed)
+                period = self._period(key, drafting)
             else:
                 # NOTE: an epoch can end with its point still unmeasured (too few of its steps
                 # counted); the next waits twice as long, so a key whose other point is hard to
                 # measure does not spend a sixth of its steps there
                 tries = self.unmeasured_epochs.get(key, 0)
                 period = min(self.first_explore << tries, max(self.explore_every, self.first_explore))
-            sure = allowed and self.margin.get(key, 1.0) <= 1.0  # the model drafts nobody anyway
             affordable = not measured or self.num_epoch_steps + self.epoch <= self.epoch_share * self.num_steps
-            if not sure and affordable and tick - self.last_epoch.get(key, 0) >= period:  # an epoch of the other point
+            if affordable and tick - self.last_epoch.get(key, 0) >= period:  # an epoch of the other point
+                # NOTE: drafting's epoch insists where the model would draft nobody: left to
+                # it, the epoch would measure nothing
+                epoch_mode = Mode.VETO if drafting else Mode.INSIST if idle else Mode.MODEL
                 self.last_epoch[key] = tick
-                self.exploring[key] = (not allowed, self.epoch - 1)
-                baseline = self._recent_rate(key, allowed)
+                self.exploring[key] = (epoch_mode, self.epoch - 1)
+                baseline = self._recent_rate(key, drafting)
                 if baseline is not None:
-                    self.open_epochs[key] = _Epoch(not allowed, baseline)
+                    self.open_epochs[key] = _Epoch(not drafting, baseline)
                 if not measured:
                     self.unmeasured_epochs[key] = self.unmeasured_epochs.get(key, 0) + 1
                 else:
                     self.num_epoch_steps += self.epoch
-                allowed = not allowed
-        self.num_vetoes += not allowed
-        return allowed
+                mode = epoch_mode
+        self.num_vetoes += mode == Mode.VETO
+        self.num_insists += mode == Mode.INSIST
+        return mode
 
     def _recent_rate(self, key: Key, drafted: bool) -> float | None:
         """The rate of this key's steps at this point within the last PAIR_RECENT steps (all
@@ -200,7 +226,7 @@ class RegimeGuard:
             return None
         return tokens / seconds
 
-    def _period(self, key: Key, allowed: bool) -> int:
+    def _period(self, key: Key, drafting: bool) -> int:
         """Steps between epochs of the other point, both measured (rate ratio r = this
         point's / that one's): as often as an epoch's lost tokens stay within REGRET of the
         steps between epochs, epoch * (r - 1) / REGRET, at least explore_every, at most
@@ -211,7 +237,7 @@ class RegimeGuard:
         on_off = self.on_over_off(key)
         if on_off is None or on_off <= 0:
             return self.explore_every
-        ratio = on_off if allowed else 1.0 / on_off
+        ratio = on_off if drafting else 1.0 / on_off
         return min(max(self.explore_every, int(self.epoch * max(ratio - 1.0, 0.0) / REGRET)), MAX_PERIOD)
 
     def observe(
@@ -264,6 +290,7 @@ class RegimeGuard:
     def stats(self) -> dict:
         return {
             "num_vetoes": self.num_vetoes,
+            "num_insists": self.num_insists,
             "rates": {
                 f"load{k[0]}_mix{k[1]}_constrained{k[2]}_{'on' if k[3] else 'off'}": round(float(p.rate), 2)
                 for k, p in sorted(self.points.items())

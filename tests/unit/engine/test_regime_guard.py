@@ -8,7 +8,7 @@ import pytest
 
 from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.adaptive_verify import AdaptiveVerify
-from dspark_loop.engine.regime_guard import MIN_STEPS, REGRET, RegimeGuard
+from dspark_loop.engine.regime_guard import MIN_STEPS, REGRET, Mode, RegimeGuard
 from tests.unit.engine.test_adaptive_policy import learned
 
 
@@ -148,10 +148,10 @@ def test_a_far_worse_point_is_explored_rarely_enough_to_cost_at_most_the_regret(
     feed(guard, 64, on_rate=100, off_rate=400)  # vetoed: drafting is 4x slower
     feed(guard, 16, on_rate=380, off_rate=400)
     period = int(6 * 3 / REGRET)
-    far_allowed = [guard.allow(far) for _ in range(2 * period - 1)]
+    far_allowed = [bool(guard.allow(far)) for _ in range(2 * period - 1)]
     assert far_allowed.count(True) == 6  # one epoch, at step `period`; the next at 2 * period
     assert far_allowed.index(True) == period - 1
-    near_allowed = [guard.allow(near) for _ in range(64 * 10 + 5)]
+    near_allowed = [bool(guard.allow(near)) for _ in range(64 * 10 + 5)]
     assert near_allowed.count(True) == 60  # an epoch every 64 steps: 10 of them
 
 
@@ -228,7 +228,7 @@ def test_an_epoch_is_judged_against_the_other_points_rate_just_before_it_not_one
     assert guard.prefers_off(key)  # the two rates, measured apart
     drafted = []
     for _ in range(2000):  # the fast speed from now on
-        drafting = guard.allow(key)
+        drafting = bool(guard.allow(key))
         drafted.append(drafting)
         guard.observe(1, 1, 24 if drafting else 20, 7 if drafting else 0, drafting, 0.1)
     first = drafted.index(True)  # the first epoch of drafting
@@ -287,3 +287,46 @@ def test_an_epochs_baseline_is_the_other_points_steps_just_before_it(away):
         assert key not in guard.paired
     else:
         assert guard.on_over_off(key) == pytest.approx(2.0)
+
+
+def test_where_the_model_drafts_nobody_the_guard_insists_on_drafting_that_delivered_more():
+    """A model that drafts nobody at a key (margin 1) where drafting delivers 1.3x must be
+    overruled: the guard's epochs of drafting insist (everyone drafts, or the epoch would
+    measure nothing), and once an epoch's paired ratio clears DRAFT_MARGIN it insists at
+    every step, epochs of not drafting (vetoes) aside. Where drafting delivers 0.5x it must
+    veto (what the model does anyway, without its solve), its insisting epochs rare enough to
+    cost at most REGRET."""
+    for gain, steady in ((1.3, Mode.INSIST), (0.5, Mode.VETO)):
+        guard = RegimeGuard(explore_every=64, epoch=6, first_explore=16)
+        key = guard.key(4, 0)
+        guard.margin[key] = 1.0  # the model's call: nobody drafts
+        modes = []
+        for _ in range(3000):
+            mode = guard.allow(key)
+            modes.append(mode)
+            on = mode == Mode.INSIST
+            guard.observe(4, 0, int((gain if on else 1.0) * 40), 12 if on else 0, on, 0.1)
+        first = modes.index(Mode.INSIST)
+        assert first == 15 and modes[first : first + 6] == [Mode.INSIST] * 6  # the first epoch, unmeasured
+        assert guard.on_over_off(key) == pytest.approx(gain, rel=0.02)
+        tail = modes[-1000:]
+        if steady is Mode.INSIST:
+            assert tail.count(Mode.INSIST) > 950 and Mode.VETO in tail  # insisting, off re-measured
+            assert Mode.MODEL not in tail
+        else:
+            assert tail.count(Mode.VETO) > 990 and Mode.MODEL not in tail
+            # epochs every epoch * (2 - 1) / REGRET steps, at most
+            assert modes[first + 6 :].count(Mode.INSIST) <= 6 * (len(modes) // int(6 / REGRET) + 1)
+        assert guard.stats()["num_insists"] == modes.count(Mode.INSIST)
+
+
+def test_the_policy_drafts_everyone_where_the_guard_insists():
+    """Whatever the cost model says (here: drafting never pays), a step the guard insists on
+    must draft every request, prompts included; the windows stay the model's, within the caps."""
+    policy = AdaptiveVerify(learned(c_row=1.0, c_pass=10.0), explore_every=0, redraft_every=1 << 20)
+    conf, cap, part = np.full((16, DSPARK_K), 0.3, np.float32), np.full(16, 2, np.int32), np.zeros(16, np.int32)
+    assert not policy.choose(conf, cap, part).draft_next.any()  # the model alone
+    policy.guard.allow = lambda key: Mode.INSIST
+    choice = policy.choose(conf, cap, part)
+    assert choice.draft_next.all() and all(policy.drafts_new(c) for c in range(4))
+    assert (choice.verify_len >= 0).all() and (choice.verify_len <= cap).all()
