@@ -20,7 +20,9 @@ class TokenConstraint(Protocol):
     def row_masks(self, output_ids: list[int], drafts: list[int], /) -> list[bytes]:
         """Packed masks for rows 0..m (m <= len(drafts)): row i is what may follow output_ids
         + drafts[:i]; the list ends after the first draft it refuses. It may replace drafts
-        in place (a token the grammar forces). Raises when output_ids broke it."""
+        in place (a token the grammar forces). Raises when output_ids broke it. A constraint
+        may also say, as `forced_rows` (list[int]), which rows of that walk allowed one token
+        only (their drafts are then accepted whenever the rows before them were)."""
         ...
 
 

@@ -41,7 +41,7 @@ from dspark_loop.engine.scheduled_step import (
 from dspark_loop.engine.spec_counters import SpecCounters
 from dspark_loop.engine.step_apply import StepApplier
 from dspark_loop.engine.step_update import read_results
-from dspark_loop.engine.token_masks import fill_masks, token_masks
+from dspark_loop.engine.token_masks import fill_masks, token_masks, walk
 from dspark_loop.engine.verify_feedback import observe_step
 from dspark_loop.engine.verify_policy import FullVerify, VerifyPolicy
 from dspark_loop.engine.verify_windows import decode_windows
@@ -92,6 +92,9 @@ class Scheduler:
         # the loop asks late_masks() for the masks of one-row constrained requests once the
         # plan is sent (StepPlan.masks_follow); False: every mask is in the plan
         self.defers_masks = False
+        # this step's verify windows of constrained requests walked by their grammars before
+        # the verify policy chose (req_id -> row masks): _walk_windows, read by _mask
+        self._walked: dict[int, list[bytes]] = {}
         self._unanswered: list[int] = []  # ids of sent (non-empty) steps not yet updated, oldest first
         self.num_constrained = 0  # live requests with a token constraint (output grammars)
         # K=7 adaptive verification: who chooses the windows and drafter skips (FullVerify:
@@ -218,6 +221,7 @@ class Scheduler:
             for part in self.partitions:
                 plan_positions(part.running, inflight, self.spec_k, self.max_model_len, self.defers_masks)
         adaptive = bool(self.spec_k) and (self.num_capped > 0 or type(self.policy) is not FullVerify)
+        self._walked = {}
         masked = adaptive and self._choose_windows(step, inflight)
         for part in self.partitions:
             pstep, pplan = self._schedule_partition(part, step.preempted_req_ids, inflight, adaptive, masked)
@@ -250,6 +254,8 @@ class Scheduler:
         )
         conf[cap == 0] = 0.0
         conf[w.unknown & (cap > 0)] = np.nan  # the policy's prior for its class
+        if self.num_constrained and inflight < 0:
+            self._walk_windows(reqs, cap, conf)
         verify_len, draft_next, surv = self.policy.choose(conf, cap, w.partition, w.sampled, w.constrained)
         if surv is not None:  # the policy learns acceptance: it gets this back in observe_step
             step.verify_survival = (np.fromiter((r.req_id for r in reqs), np.int64, n), surv)
@@ -260,6 +266,36 @@ class Scheduler:
             req.verify_len = vl
             req.draft_next = dn
         return not drafting.all()
+
+    def _walk_windows(self, reqs: list[Request], cap: np.ndarray, conf: np.ndarray) -> None:
+        """Constrained requests' whole windows, walked by their grammars before the policy
+        chooses (their forced tokens repair the drafts in the draft table): cap [R] becomes
+        the drafts the grammar allows (a refused draft's row can never match: nothing past
+        it is accepted), conf [R, K] 1.0 where a row allows one token (its draft, repaired,
+        is accepted whenever the rows before it were). The row masks are kept for _mask
+        (self._walked). A constraint that fails is left to _mask (cap 0: the request runs
+        one row, its constraint fails again there and ends it).
+        NOTE: lockstep only: planned ahead, a constrained request never verifies."""
+        idx = [j for j, r in enumerate(reqs) if r.constraint is not None and cap[j] > 0]
+        if not idx:
+            return
+        bound = [reqs[j] for j in idx]
+        tables = [self.partitions[r.partition].drafts for r in bound]  # [leases, K] each
+        assert all(t is not None for t in tables)  # K=7 partitions hold a draft table
+        windows = [t[r.lease, : int(cap[j])].tolist() for t, j, r in zip(tables, idx, bound)]  # type: ignore[index]
+        failed: list[tuple[Request, str]] = []
+        for j, req, table, window, rows in zip(idx, bound, tables, windows, walk(bound, windows, failed)):
+            if rows is None or table is None:
+                cap[j] = 0
+                conf[j] = 0.0
+                continue
+            table[req.lease, : len(window)] = window  # the forced tokens, for the tile
+            self._walked[req.req_id] = rows
+            valid = len(rows) - 1  # rows 0..valid; draft `valid` (if any) is refused
+            cap[j] = min(int(cap[j]), valid)
+            conf[j, valid:] = 0.0
+            forced = [i for i in getattr(req.constraint, "forced_rows", ()) if i < valid]
+            conf[j, forced] = 1.0
 
     def _schedule_partition(
         self, part: Partition, preempted: list[int], inflight: int = -1, adaptive: bool = False, masked: bool = False
@@ -386,7 +422,9 @@ class Scheduler:
         """Phase 5, inside partition_step before the tile is built (a verify's forced tokens
         replace its drafts): the allowed-token masks of constrained requests' rows; the
         constraints that failed go to `failed` (their requests end once the plan is built)."""
-        masks, bad, pstep.late_masked = token_masks(pstep, part.drafts if self.spec_k else None, self.defers_masks)
+        masks, bad, pstep.late_masked = token_masks(
+            pstep, part.drafts if self.spec_k else None, self.defers_masks, self._walked
+        )
         failed.extend(bad)
         return masks
 

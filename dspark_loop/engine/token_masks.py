@@ -29,7 +29,10 @@ log = logging.getLogger(__name__)
 
 
 def token_masks(
-    pstep: PartitionStep, drafts: np.ndarray | None = None, defer: bool = False
+    pstep: PartitionStep,
+    drafts: np.ndarray | None = None,
+    defer: bool = False,
+    walked: dict[int, list[bytes]] | None = None,
 ) -> tuple[list[TokenMask], list[tuple[Request, str]], list[Request]]:
     """(masks for the plan, [(request, error message)] for constraints that failed, the
     requests whose masks were deferred).
@@ -38,13 +41,21 @@ def token_masks(
     defer: leave out the requests whose rows hold no drafts (one row, masked by what
     follows its outputs alone): fill_masks() answers for them once the plan is sent, while
     the ranks run the forward (StepPlan.masks_follow). A verify's masks stay in the plan:
-    its forced tokens change the tile."""
+    its forced tokens change the tile.
+    walked: req_id -> the masks of rows 0..m of a verifying request's window, walked (and
+    its drafts repaired) before the verify policy chose the window's length
+    (Scheduler._walk_windows): its rows' masks are the first sched_n of them."""
     sampled = [r for r, _, sample in pstep.prefills if sample] + list(pstep.decode_reqs)
     bound, windows, deferred = [], [], []
+    masks: list[TokenMask] = []
     for req in sampled:
         if req.constraint is None:
             continue
         verifying = req.sched_n > 1 and req.num_computed >= req.prefill_target
+        rows = walked.get(req.req_id) if walked and verifying else None
+        if rows is not None:
+            masks += [TokenMask(req.req_id, bits, i) for i, bits in enumerate(rows[: req.sched_n])]
+            continue
         # the request's window: its first sched_n - 1 drafts (adaptive verification may verify fewer than K)
         window = drafts[req.lease, : req.sched_n - 1].tolist() if verifying and drafts is not None else []
         if defer and not window:
@@ -53,8 +64,9 @@ def token_masks(
         bound.append(req)
         windows.append(window)  # [l] or []
     if not bound:
-        return [], [], deferred
-    masks, failed = fill_masks(bound, windows)
+        return masks, [], deferred
+    more, failed = fill_masks(bound, windows)
+    masks += more
     for req, d in zip(bound, windows):
         if d and drafts is not None:  # NOTE: forced tokens go back into the draft table, which the tile reads
             drafts[req.lease, : len(d)] = d
@@ -67,18 +79,32 @@ def fill_masks(
     """The masks of constrained requests' rows (row i follows the outputs and window[:i];
     no windows: one row each), and the constraints that failed. Forced tokens replace the
     windows' drafts in place."""
+    masks: list[TokenMask] = []
+    failed: list[tuple[Request, str]] = []
+    for req, rows in zip(bound, walk(bound, windows, failed)):
+        if rows is not None:
+            masks += [TokenMask(req.req_id, bits, i) for i, bits in enumerate(rows)]
+    return masks, failed
+
+
+def walk(
+    bound: list[Request], windows: list[list[int]] | None, failed: list[tuple[Request, str]]
+) -> list[list[bytes] | None]:
+    """Each constrained request's packed row masks (row i follows the outputs and
+    window[:i]; no windows: one row each), None where its constraint failed (appended to
+    `failed` with its message). Forced tokens replace the windows' drafts in place."""
     windows = [[] for _ in bound] if windows is None else windows
-    answers = _ask(bound, windows)
-    masks, failed = [], []
-    for req, rows in zip(bound, answers):
+    out: list[list[bytes] | None] = []
+    for req, rows in zip(bound, _ask(bound, windows)):
         if not isinstance(rows, Exception) and (not rows or not any(rows[0])):
             rows = ValueError("the constraint allows no token")
         if isinstance(rows, Exception):
             log.error("constraint of request %s failed: %s", req.request_id, rows)
             failed.append((req, f"the output constraint failed: {type(rows).__name__}: {rows}"))
+            out.append(None)
             continue
-        masks += [TokenMask(req.req_id, bits, i) for i, bits in enumerate(rows)]
-    return masks, failed
+        out.append(rows)
+    return out
 
 
 def _ask(bound: list[Request], row_drafts: list[list[int]]) -> list:

@@ -6,6 +6,7 @@ token is allowed except `reasoning_refused` (e.g. `｜DSML｜`, or EOS while a c
 required). The engine asks once per step for the masks of a request's rows:
 
     c.row_masks(output_ids, drafts)  # [packed mask] for rows 0..m: row i follows drafts[:i]
+    c.forced_rows                    # of that walk: the rows whose mask allowed one token
 
 At K=0 (no drafts) that is one mask; at K=7 the matcher is advanced along the drafts,
 filling a mask at each position, and stops after the first draft the grammar refuses (its
@@ -87,6 +88,9 @@ class GrammarConstraint:
         self._bitmask = np.zeros(xg.get_bitmask_shape(1, vocab_size), dtype=np.int32)  # [1, words]
         self._filled = False
         self._encode = encode  # text -> token ids (jump-forward drafts); None: off
+        # the last walk's rows whose mask allowed one token only: that draft (repaired to it)
+        # is accepted whenever the rows before it were
+        self.forced_rows: list[int] = []
 
     # ---- what the engine asks ------------------------------------------------------------
     def row_masks(self, output_ids, drafts=()) -> list[bytes]:
@@ -97,9 +101,12 @@ class GrammarConstraint:
         self._sync(output_ids)
         base = len(self._ids)
         masks = []
+        self.forced_rows = []
         for i in range(len(drafts) + 1):
             masks.append(self._packed())
             if i < len(drafts) and self._filled:
+                if forced_token(self._bitmask[0]) is not None:
+                    self.forced_rows.append(i)
                 self._repair(drafts, i, self._bitmask[0])
             if i == len(drafts) or self.is_terminated() or not self.accept(int(drafts[i])):
                 break
@@ -121,6 +128,7 @@ class GrammarConstraint:
                 out[j] = e
                 continue
             c._base = len(c._ids)
+            c.forced_rows = []
             live.append(j)
         words = xg.get_bitmask_shape(1, constraints[0].vocab_size)[1] if constraints else 0
         step = 0
@@ -134,6 +142,8 @@ class GrammarConstraint:
                 for n, j in enumerate(fill):
                     out[j].append(rows[n, : constraints[j]._nbytes].tobytes())
                     if step < len(drafts[j]):
+                        if forced[n] >= 0:
+                            constraints[j].forced_rows.append(step)
                         constraints[j]._repair(drafts[j], step, bitmask[n], forced[n])
             filled = set(fill)
             nxt = []

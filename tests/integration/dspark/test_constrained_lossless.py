@@ -136,3 +136,24 @@ def test_grammar_valid_drafts_are_accepted_under_the_masks(ckpt, error_at):
         assert st.num_verify_steps > 1
         # every verify but the last (which may end the request early) accepts m + 1 or more
         assert st.num_accepted >= (st.num_verify_steps - 1) * (error_at + 1) + 1
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
+def test_constrained_k7_under_random_verify_windows_equals_k0(ckpt, sampled):
+    """Adaptive verification walks a constrained request's window before it chooses (its cap
+    cut to the grammar-valid drafts, forced rows certain): under a policy of random window
+    lengths and drafter skips, constrained and free requests together must still give the
+    K=0 tokens, greedy and seeded, planned ahead (one-row constrained requests' masks follow
+    their plans) and in lockstep while a constrained request drafts."""
+    from tests.unit.engine.random_policy import RandomPolicy
+
+    prompts, params, constraints = table(ckpt, sampled)
+    kw = dict(max_model_len=MAX_MODEL_LEN, constraints=constraints)
+    ref = run(ckpt, 0, prompts, params, **kw)
+    traces = Traces()
+    got = run(ckpt, 7, prompts, params, observers=[traces], policy=RandomPolicy(seed=11, p_draft=0.6), **kw)
+    assert got.tokens == ref.tokens
+    assert got.reasons == ref.reasons
+    check_documents(got, f"{ckpt}/tokenizer.json")
+    assert sum(traces.stats[r].num_verify_steps > 0 for r in ("r0", "r1", "r2")) >= 2
+    assert any(t.overlapped for t in traces.steps)  # some steps were planned ahead

@@ -156,3 +156,79 @@ def test_tokens_the_grammar_forces_replace_the_drafts_in_the_verify_tile():
     tile = np.frombuffer(step.plan.partitions[0].decode.token_ids, np.int32)
     assert tile[1:].tolist() == [int(np.flatnonzero(c.allowed(n + i))[0]) for i in range(7)]
     assert step.partitions[0].verify_drafts[0].tolist() == tile[1:].tolist()
+
+
+class PartlyForcing(RecordingConstraint):
+    """Like RecordingConstraint, but at output index n with n % 3 == 1 it allows one token
+    only (a forced row: the draft there is repaired to it, as the real grammar does), and
+    reports its forced rows."""
+
+    def allowed(self, n: int) -> np.ndarray:
+        if n % 3 != 1:
+            return super().allowed(n)
+        mask = np.zeros(VOCAB, dtype=bool)
+        mask[allowed_tokens()[(n + 1) % len(allowed_tokens())]] = True
+        return mask
+
+    def row_masks(self, output_ids: list[int], drafts: list[int]) -> list[bytes]:
+        self.asked_drafts.append(list(drafts))
+        self.forced_rows = []
+        n, masks = len(output_ids), []
+        for i in range(len(drafts) + 1):
+            allowed = self.allowed(n + i)
+            masks.append(pack_mask(allowed))
+            if i == len(drafts):
+                break
+            if allowed.sum() == 1:
+                self.forced_rows.append(i)
+                drafts[i] = int(np.flatnonzero(allowed)[0])
+            if not allowed[drafts[i]]:
+                break
+        return masks
+
+
+def test_adaptive_verification_chooses_a_constrained_window_after_its_grammar_walked_it():
+    """Before the verify policy chooses, a constrained request's whole window must be walked
+    by its grammar, once: the policy must see its cap cut to the drafts the grammar allows
+    and confidence 1.0 at the rows the grammar forces (0 past the cap), the tile must carry
+    the repaired drafts, and the plan the first rows' masks of that walk (no second walk)."""
+    from dspark_loop.engine.verify_policy import VerifyChoice
+    from tests.unit.engine.random_policy import RandomPolicy
+
+    class WholeWindows(RandomPolicy):  # verifies every draft it may
+        def choose(self, conf, cap, partition, sampled=None, constrained=None):
+            choice = VerifyChoice(cap.copy(), np.ones(len(cap), bool))
+            self.calls.append((conf.copy(), cap.copy(), partition.copy(), choice))
+            return choice
+
+    policy = WholeWindows(seed=0)
+    sched = make_scheduler(spec_k=7, policy=policy)
+    (bound,) = make_requests(sched, 1, prompt_len=4, max_tokens=20)
+    c = PartlyForcing()
+    bound.constraint = c
+    sched.add(bound)
+    mesh = make_mesh(sched)
+    run_step(sched, mesh)  # the prefill
+    ok = allowed_tokens()
+    n = len(bound.output_ids)
+    # every draft right where the grammar allows two tokens, wrong where it forces one
+    # (repaired), until draft 5, which it refuses
+    drafts = [ok[(n + i) % len(ok)] if (n + i) % 3 != 1 else ok[0] for i in range(5)]
+    drafts += [tiny_tokenizer().token_to_id("</think>")] * 2
+    sched.partitions[0].set_drafts(bound, np.array(drafts, np.int32), np.full(7, 0.5, np.float32))
+    asked = len(c.asked_drafts)
+    step, _ = run_step(sched, mesh)
+    assert len(c.asked_drafts) == asked + 1  # one walk, over the whole window
+    conf, cap, _, choice = policy.calls[-1]
+    assert cap.tolist() == [5]
+    forced = [i for i in range(5) if (n + i) % 3 == 1]
+    assert forced and conf[0].tolist() == [1.0 if i in forced else 0.5 for i in range(5)] + [0.0, 0.0]
+    pplan = step.plan.partitions[0]
+    rows = int(as_i8(pplan.decode.num_rows)[0])
+    assert rows == 6  # the five drafts the grammar allows
+    tile = np.frombuffer(pplan.decode.token_ids, np.int32).tolist()
+    repaired = [ok[(n + i + 1) % len(ok)] if i in forced else d for i, d in enumerate(drafts)]
+    assert tile[1:] == repaired[: rows - 1]
+    assert [(m.req_id, m.row) for m in pplan.token_masks] == [(bound.req_id, i) for i in range(rows)]
+    for m in pplan.token_masks:
+        assert np.array_equal(unpack_mask(m.bits, 0, VOCAB), c.allowed(n + m.row))
