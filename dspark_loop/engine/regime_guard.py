@@ -9,7 +9,7 @@ corrected by residuals; on a shared CPU its step times are erratic enough (the s
 greedy on the demo: 0.80x K=0) or draft at 1 stream T=0.8 (0.73x). The guard measures
 what each operating point actually delivers:
 
-    key          (log2 of the decode requests, sampling mix: all greedy / mixed / all
+    key          (log2 of the decode requests, rounded, sampling mix: all greedy / mixed / all
                  sampled, constraint mix: none / some / all constrained)
     observe      steps with decode requests (AdaptiveVerify.observe_rate takes a prompt
                  chunk's modelled cost out): "on" when a pass ran and windows were
@@ -76,7 +76,7 @@ PAIR_EMA = 0.3  # weight of an epoch in its key's paired ratio (after the plain 
 PAIR_MIN_STEPS = 3  # an epoch's steps at its point (observed) for a paired ratio, and the
 # other point's steps within PAIR_RECENT steps (all keys) before it began, its baseline
 PAIR_RECENT = 16
-LOAD_BUCKETS = 12  # loads told apart: decode requests 1, 2-3, 4-7, ... (log2), the last open-ended
+LOAD_BUCKETS = 12  # loads told apart: decode requests 1, 2, 3-5, 6-11, ... (log2, rounded), the last open-ended
 Key = tuple[int, int, int]  # (load bucket, sampling mix, constraint mix): RegimeGuard.key
 
 
@@ -89,8 +89,13 @@ class Mode(IntEnum):
 
 
 def load_bucket(num_requests: int) -> int:
-    """The load index of a step: floor(log2(decode requests)), capped."""
-    return min(max(int(num_requests), 1).bit_length() - 1, LOAD_BUCKETS - 1)
+    """The load index of a step: log2 of its decode requests, rounded (buckets centred on
+    the powers of two: 3-5 requests, 6-11, 12-22, 23-45, 46-90, ...), capped.
+    NOTE: not floor(log2): a load of n streams runs n - 1 decode requests whenever one
+    request ends and the next one prefills, and at 64 streams floor split the load between
+    the 32-63 and 64-127 keys; greedy on the demo the guard let 63 draft (its paired ratio
+    there read 1.2) and vetoed 64 (0.82), and adaptive ran 2.48 rows at 0.78x K=0."""
+    return min(int(math.floor(math.log2(max(int(num_requests), 1)) + 0.5)), LOAD_BUCKETS - 1)
 
 
 @dataclass

@@ -330,3 +330,18 @@ def test_the_policy_drafts_everyone_where_the_guard_insists():
     choice = policy.choose(conf, cap, part)
     assert choice.draft_next.all() and all(policy.drafts_new(c) for c in range(4))
     assert (choice.verify_len >= 0).all() and (choice.verify_len <= cap).all()
+
+
+def test_a_load_of_n_streams_keeps_its_key_when_one_request_is_between_requests():
+    """n streams run n - 1 decode requests whenever one request ends and the next prefills:
+    at the loads a server is run at (powers of two from 4 to 1024) n and n - 1 must share
+    the guard's key and the residuals' load bucket, and the loads stay told apart."""
+    from dspark_loop.engine.regime_guard import LOAD_BUCKETS, load_bucket
+
+    guard = RegimeGuard()
+    loads = [1 << k for k in range(2, 11)]
+    for n in loads:
+        assert guard.key(n - 1, 0) == guard.key(n, 0)
+        assert load_bucket(n - 1) == load_bucket(n)
+    assert len({load_bucket(n) for n in loads}) == len(loads)
+    assert load_bucket(1) == 0 and load_bucket(1 << 20) == LOAD_BUCKETS - 1
