@@ -35,12 +35,7 @@ class LateMasks:
 
     def __call__(self) -> list[TokenMask]:
         while self._masks is None:
-            frame = self._recv()
-            try:
-                msg = RANK_DECODER.decode(frame)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                log.warning("dropped a malformed frame (%d bytes): %s", len(frame), exc)
-                continue
+            msg = next_message(self._recv)
             if isinstance(msg, Shutdown):
                 raise ShutdownInStep(msg)
             if not isinstance(msg, StepMasks) or msg.step_id != self.step_id:
@@ -50,7 +45,19 @@ class LateMasks:
         return self._masks
 
 
+def next_message(recv: Callable[[], bytes]):
+    """The next message the server sent this rank; a frame that does not decode is logged
+    and dropped."""
+    while True:
+        frame = recv()
+        try:
+            return RANK_DECODER.decode(frame)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning("dropped a malformed frame (%d bytes): %s", len(frame), exc)
+
+
 def with_masks(part, late: Callable[[], list[TokenMask]]):
-    """part with the late masks added to its token_masks (a runner that samples at once)."""
+    """part with the late masks added to its token_masks (waits for them: call it just
+    before sampling)."""
     part.token_masks = [*part.token_masks, *late()]
     return part

@@ -22,7 +22,6 @@ import time
 import traceback
 from functools import partial
 
-import msgspec
 import zmq
 
 from dspark_loop.contract.checkpoint_fingerprint import checkpoint_fingerprint
@@ -40,7 +39,7 @@ from dspark_loop.contract.protocol import (
     StepResult,
     identity,
 )
-from workers.late_masks import LateMasks, ShutdownInStep
+from workers.late_masks import LateMasks, ShutdownInStep, next_message
 from workers.runner_interface import Runner
 from workers.step_result import step_result
 
@@ -162,12 +161,7 @@ class Rank:
     def serve(self) -> int:
         """The step loop; returns the process exit code."""
         while True:
-            frame = self.sock.recv()
-            try:
-                msg = RANK_DECODER.decode(frame)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                log.warning("dropped a malformed frame (%d bytes): %s", len(frame), exc)
-                continue
+            msg = next_message(self.sock.recv)
             if isinstance(msg, Shutdown):
                 log.info("shutdown (%s)", msg.reason or "no reason given")
                 return 0

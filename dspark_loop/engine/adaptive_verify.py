@@ -302,7 +302,8 @@ class AdaptiveVerify:
         )  # [R + 1]: drafting the first k
         chosen = np.zeros(R, bool)
         # NOTE: the guard's realised rates overrule the model: where not drafting delivered
-        # more at this load and mix, nobody drafts (probes aside)
+        # more at this load and mix, nobody drafts (probes aside); where the model drafts
+        # nobody and drafting delivered more, everyone does (insist)
         num_chosen = R if insist else R - int(np.argmax(rates[::-1])) if allowed else 0
         if key is not None:  # NOTE: the model's own call, insisted on or not
             self.guard.margin[key] = float(rates.max() / rates[0])

@@ -202,13 +202,13 @@ class Mesh:
     async def send(self, plan: StepPlan) -> None:
         """The plan, encoded once, to every rank. With async scheduling a second plan may be
         sent before the first one's results are gathered: a rank runs its plans in order."""
-        await self._broadcast(plan, plan.step_id)
+        await self._broadcast(plan)
 
     async def send_masks(self, masks: StepMasks) -> None:
         """The masks a sent plan left out (masks_follow), to every rank: before any later plan."""
-        await self._broadcast(masks, masks.step_id)
+        await self._broadcast(masks)
 
-    async def _broadcast(self, msg: StepPlan | StepMasks, step_id: int) -> None:
+    async def _broadcast(self, msg: StepPlan | StepMasks) -> None:
         if self._dead or self._closing or not self._started:
             raise EngineDead(self._dead or ("the mesh is closing" if self._closing else "the mesh is not started"))
         frame = ENCODER.encode(msg)
@@ -219,7 +219,7 @@ class Mesh:
                 await self._die(
                     self.procs.exit_reason()
                     or self.remote_loss_reason()
-                    or f"could not send step {step_id} to rank {rank}: {exc}"
+                    or f"could not send step {msg.step_id} to rank {rank}: {exc}"
                 )
 
     async def gather(self, step_id: int) -> list[StepResult]:

@@ -105,9 +105,10 @@ class GrammarConstraint:
         for i in range(len(drafts) + 1):
             masks.append(self._packed())
             if i < len(drafts) and self._filled:
-                if forced_token(self._bitmask[0]) is not None:
+                forced = forced_token(self._bitmask[0])
+                if forced is not None:
                     self.forced_rows.append(i)
-                self._repair(drafts, i, self._bitmask[0])
+                self._repair(drafts, i, self._bitmask[0], -1 if forced is None else forced)
             if i == len(drafts) or self.is_terminated() or not self.accept(int(drafts[i])):
                 break
         self._truncate(base)
@@ -182,11 +183,10 @@ class GrammarConstraint:
     def is_terminated(self) -> bool:
         return self._grammar_start is not None and self._matcher.is_terminated()
 
-    def _repair(self, drafts: list, i: int, words: np.ndarray, forced: int | None = None) -> None:
+    def _repair(self, drafts: list, i: int, words: np.ndarray, forced: int) -> None:
         """Draft i (and maybe those after it) from what the grammar forces at row i, whose
-        mask is `words` [words] int32 (forced: its forced_token, when known; -1: none)."""
-        forced = forced_token(words) if forced is None else forced
-        if forced is not None and forced >= 0:
+        mask is `words` [words] int32 and whose one allowed id is `forced` (-1: none)."""
+        if forced >= 0:
             drafts[i] = forced
             return
         d = int(drafts[i])
