@@ -37,6 +37,9 @@ unless given, 6 tokens, one round, no warm-up). --constrained: every request wri
 under tools.bench_demo.SCHEMA (response_format json_schema; grammar masks along the
 drafts at K=7), ended by EOS; host ms is the median
 per step of the host's schedule + update time (the masks are filled in schedule).
+Also per mode, over the steps with decode requests: rank ms (the median compute time the
+rank reported), drafting (the share of steps that ran a drafter pass) and lockstep (the
+share planned after the step before was answered, not ahead of it).
 """
 
 from __future__ import annotations
@@ -79,16 +82,30 @@ MODES = ("k0", "fixed", "adaptive")
 
 
 class DecodeRows(EngineObserver):
-    """Decode rows and decode request-steps, from the engine's step traces."""
+    """Decode rows and decode request-steps, from the engine's step traces; and, over the
+    steps with decode requests, how many ran a drafter pass, how many were planned in
+    lockstep (not overlapped with the step before), and the rank's compute per step."""
 
-    def __init__(self) -> None:
+    def __init__(self, spec: bool) -> None:
+        self.spec = spec  # K=7: a step whose requests did not all skip their drafter pass drafted
         self.decode_rows = 0
         self.decode_reqs = 0
+        self.steps = 0
+        self.drafting_steps = 0
+        self.lockstep_steps = 0
+        self.compute_s: list[float] = []
 
     def on_step(self, trace) -> None:
+        reqs = sum(len(p.decode_req_ids) for p in trace.partitions)
         for p in trace.partitions:
             self.decode_rows += p.decode_num_rows
             self.decode_reqs += len(p.decode_req_ids)
+        if reqs:
+            self.steps += 1
+            drafted = any(p.num_drafter_skips < len(p.decode_req_ids) for p in trace.partitions)
+            self.drafting_steps += self.spec and drafted
+            self.lockstep_steps += not trace.overlapped
+            self.compute_s.append(trace.compute_max_s)
 
 
 class RankProcesses(Mesh):
@@ -148,7 +165,7 @@ def run(
     policy = policy if mode == "adaptive" else None
     sched = model_scheduler(cfg, BLOCK, pages, max_num_seqs=n, spec_k=spec_k, policy=policy)
     tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
-    host, rows = HostTimes(), DecodeRows()
+    host, rows = HostTimes(), DecodeRows(spec_k > 0)
     engine = EngineLoop(sched, mesh, tok, observers=[host, rows])
 
     requests = []
@@ -176,6 +193,10 @@ def run(
         "decode_reqs": rows.decode_reqs,
         "decode_tokens": decode_tokens,
         "host_ms": 1e3 * float(np.median(host.host_s)) if host.host_s else 0.0,
+        "steps": rows.steps,
+        "drafting_steps": rows.drafting_steps,
+        "lockstep_steps": rows.lockstep_steps,
+        "rank_ms": 1e3 * float(np.median(rows.compute_s)) if rows.compute_s else 0.0,
     }
 
 
@@ -189,6 +210,9 @@ def merge(runs: list[dict]) -> dict:
         "mean_verify_rows": sum(r["decode_rows"] for r in runs) / reqs,
         "mean_accepted_len": sum(r["decode_tokens"] for r in runs) / reqs,
         "host_ms": float(np.median([r["host_ms"] for r in runs])),
+        "drafting_share": sum(r["drafting_steps"] for r in runs) / max(1, sum(r["steps"] for r in runs)),
+        "lockstep_share": sum(r["lockstep_steps"] for r in runs) / max(1, sum(r["steps"] for r in runs)),
+        "rank_ms": float(np.median([r["rank_ms"] for r in runs])),
     }
 
 
@@ -245,6 +269,9 @@ def cell(
             "mean_verify_rows": g["mean_verify_rows"],
             "mean_accepted_len": g["mean_accepted_len"],
             "host_ms": g["host_ms"],
+            "drafting_share": g["drafting_share"],
+            "lockstep_share": g["lockstep_share"],
+            "rank_ms": g["rank_ms"],
             "tokens_equal": g["outputs"] == k0["outputs"],
         }
     ad, fx = row["adaptive"], row["fixed"]
@@ -263,7 +290,8 @@ def print_row(row: dict) -> None:
         parts.append(
             f"{m} {g['per_user_tok_s']:6.1f}/{g['total_tok_s']:6.1f} (cpu {g['cpu_tok_s']:6.1f}) "
             f"rows {g['mean_verify_rows']:.2f} "
-            f"acc {g['mean_accepted_len']:.2f} host {g['host_ms']:.2f} ms"
+            f"acc {g['mean_accepted_len']:.2f} host {g['host_ms']:.2f} ms rank {g['rank_ms']:.1f} ms "
+            f"drafting {100 * g['drafting_share']:.0f}% lockstep {100 * g['lockstep_share']:.0f}%"
             f"{'' if g['tokens_equal'] else ' TOKENS DIFFER'}"
         )
     print(

@@ -2,9 +2,9 @@
     [--seed 0] [--threads 2] [--target-steps N] [--drafter-steps N]
 python -m tools.train_demo calibrate --model MODEL [--out DIR] [--anchors 4096] [--smoke] [--resume]
 python -m tools.train_demo redraft --model MODEL --out DIR [--drafter-steps N] [--temperatures 0 0.7 1]
-    [--resume] [--smoke]
+    [--constrained-share F] [--from-model] [--resume] [--smoke]
 python -m tools.train_demo evaluate --model MODEL [--model MODEL2 ...] [--temperatures 0 0.8]
-    [--out DIR] [--anchors 2048] [--rollouts 64] [--smoke]
+    [--out DIR] [--anchors 2048] [--rollouts 64] [--constrained] [--smoke]
 
 Each stage reads the previous stage's output under DIR and writes its own; DIR/train.log
 collects every stage's log lines; --resume continues a stage from DIR/<stage>/state.pt.
@@ -13,7 +13,9 @@ calibrate fits per-position confidence temperatures for an already-trained check
 place; DIR (default: a new temporary directory) holds its log and its rollouts (--resume
 reuses them).
 redraft retrains the drafter of MODEL (its target frozen) on rollouts sampled at the given
-temperatures (a share each; 0 = greedy), then calibrates it and writes DIR/model (redraft.py).
+temperatures (a share each; 0 = greedy), a share F of them JSON documents under random
+schemas (--constrained-share), from a fresh drafter or MODEL's own (--from-model), then
+calibrates it and writes DIR/model (redraft.py).
 evaluate measures the offline acceptance of each MODEL's drafter, greedy and Gumbel-coupled
 under sampling, on held-out rollouts sampled at each temperature (evaluate.py).
 """
@@ -55,6 +57,20 @@ def parse(argv):
         help="redraft: the rollouts' temperatures (0 0.7 1); evaluate: the measured ones (0 0.8)",
     )
     ap.add_argument("--rollouts", type=int, default=None, help="evaluate: held-out rollouts per temperature (64)")
+    ap.add_argument(
+        "--constrained-share",
+        type=float,
+        default=0.0,
+        help="redraft: the share of rollouts written as JSON documents under random schemas (0)",
+    )
+    ap.add_argument(
+        "--constrained",
+        action="store_true",
+        help="evaluate: also JSON documents under tools.bench_demo.SCHEMA (reported as 'json T=t')",
+    )
+    ap.add_argument(
+        "--from-model", action="store_true", help="redraft: fine-tune MODEL's drafter instead of a fresh one"
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny shapes and a few steps (the tests)")
     ap.add_argument("--resume", action="store_true", help="continue from DIR/<stage>/state.pt")
     ap.add_argument("--seed", type=int, default=0)
@@ -68,6 +84,8 @@ def parse(argv):
     )
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
+    if not 0.0 <= args.constrained_share < 1.0:
+        ap.error(f"--constrained-share must be in [0, 1), got {args.constrained_share}")
     if args.stage in ("calibrate", "redraft", "evaluate"):
         if args.model is None or (len(args.model) > 1 and args.stage != "evaluate"):
             ap.error(f"{args.stage} needs --model (one)")
@@ -152,6 +170,7 @@ def main(argv=None) -> int:
                 args.rollouts,
                 log,
                 progress,
+                constrained=args.constrained,
             )
         elif stage == "redraft":
             from tools.train_demo import redraft
@@ -167,6 +186,8 @@ def main(argv=None) -> int:
                 log=log,
                 progress=progress,
                 stop_after=args.stop_after,
+                constrained_share=args.constrained_share,
+                from_model=args.from_model,
             )
         else:
             from tools.train_demo import drafter

@@ -8,7 +8,8 @@ Per step, R anchors (sequence, position P in the generated part) of the target's
               logits = block_logits(x) + markov(prev) with prev = anchor, label_1..label_6
               (teacher-forced), confidence_logit(x_s, markov_w1[prev])
     labels    the rollout's tokens at P+1..P+7 (the target's greedy tokens); p_target =
-              softmax(head(final[P+k-1])) of the frozen target
+              softmax(head(final[P+k-1])) of the frozen target, over the grammar mask
+              the token was picked under for a constrained rollout (rollout.constrained)
     loss      sum_k w_k (0.1 CE + 0.9 |p_draft - p_target|_1 + 1.0 BCE(c, clamp(1 - L1/2, 0, 1)))
               / sum_k w_k, w_k = exp(-(k-1)/4)
 Then the confidence head is calibrated: one temperature folded into its weight, then one per
@@ -69,7 +70,13 @@ def draft_loss(drafter, target, ro: rollout.Rollouts, seq: np.ndarray, pos: np.n
     labels = torch.from_numpy(ro.tokens[seq[:, None], pos[:, None] + 1 + np.arange(K)[None, :]])  # [R, 7]
     with torch.no_grad():
         fin = ro.final[seq[:, None], pos[:, None] + np.arange(K)[None, :]]  # [R, 7, d]
-        p_target = torch.softmax(linear_rows(target.head, fin.reshape(R * K, -1)).float(), -1).view(R, K, -1)
+        t_logits = linear_rows(target.head, fin.reshape(R * K, -1)).float().view(R, K, -1)  # [R, 7, V]
+        # a constrained rollout's token was the target's pick under its grammar mask: the
+        # distribution to match is the masked one (free rollouts: every bit set)
+        allowed = ro.allowed_at(seq[:, None], pos[:, None] + 1 + np.arange(K)[None, :], t_logits.shape[-1])
+        if allowed is not None:
+            t_logits = t_logits.masked_fill(~allowed, float("-inf"))
+        p_target = torch.softmax(t_logits, -1)
     logp = torch.log_softmax(logits, -1)
     ce = -logp.gather(-1, labels[..., None]).squeeze(-1)  # [R, 7]
     l1 = (logp.exp() - p_target).abs().sum(-1)  # [R, 7]

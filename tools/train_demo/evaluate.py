@@ -15,6 +15,12 @@ rollouts: the 7-draft chain as the server drafts and verifies it.
                 mean accepted length = 1 + E[accepted drafts] per 8-row verify, and
                 acceptance per position = P(drafts 0..s all accepted)
 
+--constrained: also, per T, held-out rollouts written as JSON documents under
+tools.bench_demo.SCHEMA (a schema outside redraft's training pool; rollout.constrained:
+the target's picks under the grammar masks), reported as "json T=t". The drafts are the
+drafter's own (the server also replaces a draft where the grammar allows one token only),
+so this is a lower bound of what a served constrained request accepts.
+
 Several --model directories sharing one target (e.g. a retrained drafter and the shipped
 one) are measured on the same rollouts and anchors.
 """
@@ -61,10 +67,14 @@ def acceptance(drafter, target, ro: rollout.Rollouts, n: int, seed: int) -> dict
     return {**calibration.acceptance(drafts, labels), "anchors": n}
 
 
-def heldout(target, cfg, held_stream, temperature: float, n: int, seed: int, smoke: bool, progress):
-    rng = np.random.default_rng([seed, 5000, round(temperature * 1000)])
+def heldout(target, cfg, held_stream, temperature: float, n: int, seed: int, smoke: bool, progress, grammar=None):
+    """grammar: () -> a fresh GrammarConstraint (constrained rollouts), None: free ones."""
+    rng = np.random.default_rng([seed, 5000 + (grammar is not None), round(temperature * 1000)])
     bar = progress(total=rollout.sizes(smoke)[3] - 1, desc=f"rollouts T={temperature}")
-    ro = rollout.sampled(target, cfg, held_stream, n, [temperature], rng, smoke, bar)
+    if grammar is None:
+        ro = rollout.sampled(target, cfg, held_stream, n, [temperature], rng, smoke, bar)
+    else:
+        ro = rollout.constrained(target, cfg, held_stream, n, [temperature], rng, smoke, [grammar], bar)
     bar.close()
     return ro
 
@@ -79,6 +89,7 @@ def run(
     n_rollouts: int,
     log,
     progress,
+    constrained: bool = False,
 ) -> dict:
     d = os.path.join(out_dir, "evaluate")
     os.makedirs(d, exist_ok=True)
@@ -89,21 +100,31 @@ def run(
     target = load_model(model_dirs[0], cfg, quiet=True)
     held_stream = None
     results = {m: {} for m in model_dirs}
-    for t in temperatures:
-        path = os.path.join(d, f"heldout-T{t:g}-n{n_rollouts}-s{seed}-{digests[0][:16]}.pt")
-        ro = state.load_state(path)
-        if ro is None:
-            t0 = time.perf_counter()
-            if held_stream is None:
-                held_stream = streams(model_dirs[0], smoke)[2]
-            ro = heldout(target, cfg, held_stream, t, n_rollouts, seed, smoke, progress)
-            state.save_state(path, ro)
-            log(f"evaluate: {n_rollouts} held-out rollouts at T={t:g} in {time.perf_counter() - t0:.0f}s")
-        for m in model_dirs:
-            acc = acceptance(load_drafter(m, cfg), target, ro, n_anchors, seed)
-            results[m][f"T={t:g}"] = acc
-            log(
-                f"evaluate: {m} T={t:g}: mean accepted length {acc['mean_accepted_len']:.3f}, "
-                f"per position {acc['acceptance_per_position']} ({n_anchors} anchors of {n_rollouts} rollouts)"
-            )
+    grammar = None
+    if constrained:
+        from tools.bench_demo import SCHEMA
+        from tools.train_demo.schemas import constraint_factory
+
+        grammar = constraint_factory(
+            Tokenizer.from_file(os.path.join(model_dirs[0], "tokenizer.json")), cfg.vocab_size, SCHEMA
+        )
+    for kind, g in (("", None),) + ((("json-", grammar),) if constrained else ()):
+        for t in temperatures:
+            name = f"{'json ' if g is not None else ''}T={t:g}"
+            path = os.path.join(d, f"heldout-{kind}T{t:g}-n{n_rollouts}-s{seed}-{digests[0][:16]}.pt")
+            ro = state.load_state(path)
+            if ro is None:
+                t0 = time.perf_counter()
+                if held_stream is None:
+                    held_stream = streams(model_dirs[0], smoke)[2]
+                ro = heldout(target, cfg, held_stream, t, n_rollouts, seed, smoke, progress, g)
+                state.save_state(path, ro)
+                log(f"evaluate: {n_rollouts} held-out rollouts at {name} in {time.perf_counter() - t0:.0f}s")
+            for m in model_dirs:
+                acc = acceptance(load_drafter(m, cfg), target, ro, n_anchors, seed)
+                results[m][name] = acc
+                log(
+                    f"evaluate: {m} {name}: mean accepted length {acc['mean_accepted_len']:.3f}, "
+                    f"per position {acc['acceptance_per_position']} ({n_anchors} anchors of {n_rollouts} rollouts)"
+                )
     return {"models": results, "temperatures": temperatures, "anchors": n_anchors, "rollouts": n_rollouts}

@@ -5,7 +5,11 @@ demo) for sampling users, its target frozen.
     rollouts    train and held-out prompts continued by the target, SAMPLED: rollout i at
                 temperatures[i % n] (0 = greedy) with its own seed, the server's sampler;
                 3x the drafter stage's count (a greedy-only set's share each)
-    training    a fresh drafter (drafter.init_drafter), drafter.train: the drafter stage's
+    constrained --constrained-share F: that share of the rollouts continue as JSON documents
+                under random schemas (schemas.py; rollout.constrained: the target's picks
+                under the server's grammar masks), the rest as above
+    training    a fresh drafter (drafter.init_drafter), or MODEL's own (--from-model: a
+                fine-tune, e.g. to add constrained rollouts to a shipped drafter), drafter.train: the drafter stage's
                 objective and schedule, teacher-forced on the sampled tokens (what a sampling
                 request's accepted drafts are); resumable from DIR/redraft/state.pt
     calibration calibration.calibrate on these rollouts: the drafts of sampled rollouts
@@ -24,22 +28,42 @@ import numpy as np
 import torch
 
 from dspark_loop.contract.model_config import ModelConfig
-from tools.train_demo import calibration, drafter, rollout, state
+from tools.train_demo import calibration, drafter, rollout, schemas, state
 from tools.train_demo.evaluate import streams
 from tools.train_demo.shape import shape
+from workers.drafter_weights import load_drafter
 from workers.weights import load_model
 
 SCALE = 3  # rollouts per temperature share: sizes() x SCALE in all
 
 
-def make_rollouts(target, cfg, train_stream, held_stream, temperatures, seed: int, smoke: bool, progress) -> dict:
+SCHEMAS = 64  # random schemas the constrained rollouts are spread over
+
+
+def make_rollouts(
+    target, cfg, train_stream, held_stream, temperatures, seed: int, smoke: bool, progress, model_dir: str, share: float
+) -> dict:
+    """share: the constrained rollouts' share (0: none)."""
     n_train, n_held, _, glen = rollout.sizes(smoke)
     rng = np.random.default_rng([seed, 17])
-    bar = progress(total=2 * (glen - 1), desc="sampled rollouts")
-    data = {
-        name: rollout.sampled(target, cfg, stream, n * SCALE, temperatures, rng, smoke, bar)
-        for name, stream, n in (("train", train_stream, n_train), ("heldout", held_stream, n_held))
-    }
+    factories = None
+    if share > 0:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+        pool = schemas.schema_pool(seed, 4 if smoke else SCHEMAS)
+        factories = [schemas.constraint_factory(tok, cfg.vocab_size, s) for s in pool]
+    bar = progress(total=(4 if factories else 2) * (glen - 1), desc="rollouts")
+    data = {}
+    for name, stream, n in (("train", train_stream, n_train), ("heldout", held_stream, n_held)):
+        n_con = int(round(share * n * SCALE))
+        parts = [rollout.sampled(target, cfg, stream, n * SCALE - n_con, temperatures, rng, smoke, bar)]
+        if n_con:
+            # NOTE: held-out documents under schemas of their own (the pool's second half)
+            half = len(factories) // 2
+            mine = factories[:half] if name == "train" else factories[half:]
+            parts.append(rollout.constrained(target, cfg, stream, n_con, temperatures, rng, smoke, mine, bar))
+        data[name] = rollout.concat(parts)
     bar.close()
     return data
 
@@ -55,6 +79,8 @@ def run(
     log,
     progress,
     stop_after: int | None = None,
+    constrained_share: float = 0.0,
+    from_model: bool = False,
 ) -> dict | None:
     d = os.path.join(out_dir, "redraft")
     os.makedirs(d, exist_ok=True)
@@ -66,7 +92,9 @@ def run(
     data = state.load_state(data_path) if resume else None
     if data is None:
         _, train_stream, held_stream = streams(model_dir, smoke)
-        data = make_rollouts(target, cfg, train_stream, held_stream, temperatures, seed, smoke, progress)
+        data = make_rollouts(
+            target, cfg, train_stream, held_stream, temperatures, seed, smoke, progress, model_dir, constrained_share
+        )
         state.save_state(data_path, data)
         n = {k: len(v.tokens) for k, v in data.items()}
         with open(os.path.join(d, "rollouts.json"), "w", encoding="utf-8") as f:
@@ -78,8 +106,8 @@ def run(
     with open(os.path.join(d, "rollouts.json"), encoding="utf-8") as f:
         t_roll = json.load(f)["seconds"]  # NOTE: the run that built them (a --resume reuses them)
     ro, held = data["train"], data["heldout"]
-    net = drafter.init_drafter(shape(smoke), seed, cfg)
-    lr, R = 2e-3, 16 if smoke else 128
+    net = load_drafter(model_dir, cfg) if from_model else drafter.init_drafter(shape(smoke), seed, cfg)
+    lr, R = (5e-4 if from_model else 2e-3), 16 if smoke else 128
     fit = drafter.train(net, target, ro, d, seed, smoke, resume, steps, lr, R, log, progress, stop_after, "redraft")
     if fit is None:
         return None
@@ -87,7 +115,18 @@ def run(
     calib = calibration.calibrate(net, target, ro, held, seed, 64 if smoke else 1024, log, progress)
     rollouts = {k: len(v.tokens) for k, v in data.items()}
     info = drafter.fit_info(
-        steps, R, lr, seconds, t_roll, history, calib, model=model_dir, temperatures=temperatures, rollouts=rollouts
+        steps,
+        R,
+        lr,
+        seconds,
+        t_roll,
+        history,
+        calib,
+        model=model_dir,
+        temperatures=temperatures,
+        rollouts=rollouts,
+        constrained_share=constrained_share,
+        from_model=from_model,
     )
     drafter.finish(
         "redraft",

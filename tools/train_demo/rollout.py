@@ -7,6 +7,14 @@ noise of (seed, choice 0, position)): what a sampling user's request produces.
     Rollouts.tokens  [N, L] int64        prompt (P tokens) + continuation
     Rollouts.taps    [N, 3, L, d] fp32   hc-mean of the trunk after each dspark_target_layer_id
     Rollouts.final   [N, L, d]           the head's input (p_target = softmax(head(final)))
+    Rollouts.allowed [N, L, ceil(V/8)]   uint8, constrained rollouts (redraft
+                                         --constrained-share): the packed grammar mask that
+                                         token t was picked under (all bits set: free)
+
+Constrained rollouts (constrained()) continue each prompt with JSON documents under one
+schema per rollout, through the server's GrammarConstraint: the target's logits outside the
+mask at -inf before the pick, as the ranks apply a TokenMask; a document that ends (its EOS
+accepted) is followed by a fresh one, so every generated token is a grammar's pick.
 """
 
 from __future__ import annotations
@@ -32,6 +40,15 @@ class Rollouts:
     greedy_match: float  # teacher-forced argmax == the rollout's next token (batch invariance)
     temperature: np.ndarray | None = None  # [N] fp32 per rollout (0: greedy); None: all greedy
     seeds: np.ndarray | None = None  # [N] int64 per rollout: its sampling noise's seed
+    allowed: np.ndarray | None = None  # [N, L, ceil(V/8)] uint8 packed grammar masks; None: all free
+
+    def allowed_at(self, seq: np.ndarray, pos: np.ndarray, vocab_size: int) -> torch.Tensor | None:
+        """[*seq.shape, V] bool: the mask each token seq[i], pos[i] was picked under;
+        None: every rollout is free."""
+        if self.allowed is None:
+            return None
+        bits = np.unpackbits(self.allowed[seq, pos], axis=-1, bitorder="little")[..., :vocab_size]
+        return torch.from_numpy(bits.astype(bool))
 
     def sampling_rows(self, seq: np.ndarray) -> SamplingRows | None:
         """The requests of rollouts seq [R] (position left 0), None when all are greedy."""
@@ -40,23 +57,61 @@ class Rollouts:
         return SamplingRows.make(len(seq), temperature=self.temperature[seq], seed=self.seeds[seq])
 
 
+class GrammarRows:
+    """Per rollout, documents under its schema: the mask of its next token, and the tokens
+    it took. factories [N]: () -> a fresh GrammarConstraint (schemas.constraint_factory)."""
+
+    def __init__(self, factories: list, vocab_size: int) -> None:
+        self.factories, self.vocab_size = factories, vocab_size
+        self.live = [f() for f in factories]
+        self.docs: list[list[int]] = [[] for _ in factories]  # each rollout's current document
+
+    def allowed(self) -> np.ndarray:
+        """[N, V] bool: what may follow each rollout's document so far."""
+        return np.stack([c.allowed_token_mask(d) for c, d in zip(self.live, self.docs)])
+
+    def take(self, tokens: np.ndarray) -> None:
+        for r, t in enumerate(tokens.tolist()):
+            self.docs[r].append(int(t))
+            if not self.live[r].accept(int(t)):
+                raise RuntimeError(f"rollout {r}: token {t} outside its own grammar mask")
+            if self.live[r].is_terminated():  # the document ended: the next one starts
+                self.live[r], self.docs[r] = self.factories[r](), []
+
+
 @torch.no_grad()
-def generate(model, cfg, prompts: np.ndarray, gen_len: int, progress=None, temperature=None, seeds=None) -> np.ndarray:
+def generate(
+    model, cfg, prompts: np.ndarray, gen_len: int, progress=None, temperature=None, seeds=None, grammar=None
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """prompts [N, P] -> [N, P + gen_len]: continuations, all N in one decode batch; greedy,
-    or sampled at temperature [N] (0: greedy) with seeds [N] as the server samples them."""
+    or sampled at temperature [N] (0: greedy) with seeds [N] as the server samples them.
+    grammar: a GrammarRows; then -> (tokens, the packed masks [N, P + gen_len, ceil(V/8)]
+    each token was picked under, all bits set for the prompt)."""
     N, P = prompts.shape
     paged = trunk.PagedPass(cfg, N, P + gen_len)
     pool = paged.pool(model.dtype)
     comm = LocalComm()
     rows = None if temperature is None else SamplingRows.make(N, temperature=temperature, seed=seeds)
+    masks = None
+    if grammar is not None:
+        masks = np.full((N, P + gen_len, (cfg.vocab_size + 7) // 8), 0xFF, np.uint8)
 
     def run(segs, at: int):
         out = model(stage(segs, paged.tables, paged.layout, cfg, pool), pool, comm)
+        logits = out.logits
+        if grammar is not None:
+            allowed = grammar.allowed()  # [N, V]
+            masks[:, at] = np.packbits(allowed, axis=-1, bitorder="little")
+            logits = logits.float().masked_fill(~torch.from_numpy(allowed[:, : logits.shape[1]]), float("-inf"))
         if rows is None:
-            return out.token_ids.numpy()
-        # NOTE: position = the sampled token's own position (SamplingRows), the noise
-        # coordinate the drafter's coupled pick of that token uses too
-        return sample(out.logits, replace(rows, position=torch.full((N,), at)), comm, 0).numpy()
+            picked = out.token_ids.numpy() if grammar is None else logits.argmax(-1).numpy()
+        else:
+            # NOTE: position = the sampled token's own position (SamplingRows), the noise
+            # coordinate the drafter's coupled pick of that token uses too
+            picked = sample(logits, replace(rows, position=torch.full((N,), at)), comm, 0).numpy()
+        if grammar is not None:
+            grammar.take(picked)
+        return picked
 
     out = np.zeros((N, P + gen_len), np.int64)
     out[:, :P] = prompts
@@ -66,7 +121,7 @@ def generate(model, cfg, prompts: np.ndarray, gen_len: int, progress=None, tempe
         out[:, t + 1] = run(segs, t + 1)
         if progress is not None:
             progress.update(1)
-    return out
+    return out if grammar is None else (out, masks)
 
 
 @torch.no_grad()
@@ -125,6 +180,53 @@ def sampled(
     seeds = rng.integers(0, 2**62, n)
     toks = generate(model, cfg, prompts_from(stream, n, plen, rng), glen, bar, temp, seeds)
     return replace(features(model, cfg, toks, plen), temperature=temp, seeds=seeds)
+
+
+def constrained(
+    model,
+    cfg,
+    stream: np.ndarray,
+    n: int,
+    temperatures,
+    rng: np.random.Generator,
+    smoke: bool,
+    factories: list,
+    bar=None,
+) -> Rollouts:
+    """sampled(), each rollout's continuation JSON documents under its factory's grammar
+    (factories: one per rollout, cycled)."""
+    _, _, plen, glen = sizes(smoke)
+    temp = np.asarray([temperatures[i % len(temperatures)] for i in range(n)], np.float32)
+    seeds = rng.integers(0, 2**62, n)
+    grammar = GrammarRows([factories[i % len(factories)] for i in range(n)], cfg.vocab_size)
+    toks, masks = generate(model, cfg, prompts_from(stream, n, plen, rng), glen, bar, temp, seeds, grammar)
+    return replace(features(model, cfg, toks, plen), temperature=temp, seeds=seeds, allowed=masks)
+
+
+def concat(parts: list[Rollouts]) -> Rollouts:
+    """One set of rollouts from several of the same prompt and total lengths."""
+    a = parts[0]
+    if any(p.prompt_len != a.prompt_len or p.tokens.shape[1] != a.tokens.shape[1] for p in parts):
+        raise ValueError("rollouts of different prompt or total lengths cannot be joined")
+    n = [len(p.tokens) for p in parts]
+
+    def column(get, fill):
+        if all(get(p) is None for p in parts):
+            return None
+        return np.concatenate([get(p) if get(p) is not None else fill(p) for p in parts])
+
+    vbytes = next((p.allowed.shape[2] for p in parts if p.allowed is not None), 0)
+    L = a.tokens.shape[1]
+    return Rollouts(
+        tokens=np.concatenate([p.tokens for p in parts]),
+        taps=torch.cat([p.taps for p in parts]),
+        final=torch.cat([p.final for p in parts]),
+        prompt_len=a.prompt_len,
+        greedy_match=float(np.average([p.greedy_match for p in parts], weights=n)),
+        temperature=column(lambda p: p.temperature, lambda p: np.zeros(len(p.tokens), np.float32)),
+        seeds=column(lambda p: p.seeds, lambda p: np.zeros(len(p.tokens), np.int64)),
+        allowed=column(lambda p: p.allowed, lambda p: np.full((len(p.tokens), L, vbytes), 0xFF, np.uint8)),
+    )
 
 
 def describe(data: dict[str, Rollouts], smoke: bool) -> str:
