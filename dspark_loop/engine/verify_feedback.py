@@ -29,12 +29,13 @@ def observe_step(
     policy: VerifyPolicy, step: ScheduledStep, results, wall_s: float, host_s: float | None, overlapped: bool
 ) -> None:
     parts = step.partitions
-    num_rows = np.array([sum(n for _, n, _ in p.prefills) + int(p.decode_rows.sum()) for p in parts], np.int64)
+    prompt_rows = np.array([sum(n for _, n, _ in p.prefills) for p in parts], np.int64)
+    num_rows = prompt_rows + np.array([int(p.decode_rows.sum()) for p in parts], np.int64)
     num_requests = np.array([len(p.decode_reqs) for p in parts], np.int64)
     num_drafted = np.array([len(r.draft_req_ids) // 4 for r in results], np.int64)
     context = np.array([int(p.decode_start.sum()) for p in parts], np.int64)
     step_s = step_cost_s(results, wall_s, host_s, overlapped)
-    policy.observe(num_rows, num_requests, num_drafted, context, step_s)
+    policy.observe(num_rows, num_requests, num_drafted, context, step_s, prompt_rows)
     observe_rate = getattr(policy, "observe_rate", None)
     observe_accepted = getattr(policy, "observe_accepted", None)
     rate = observe_rate is not None

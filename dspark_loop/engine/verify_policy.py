@@ -96,7 +96,12 @@ class VerifyPolicy(Protocol):
         num_drafted: np.ndarray,
         context: np.ndarray,
         step_s: float,
-    ) -> None: ...
+        prompt_rows: np.ndarray | None = None,
+    ) -> None:
+        """A finished step: per partition its rows (prompt rows included), decode
+        requests, drafter passes and context; the step's cost; per partition the prompt
+        rows among its rows (None: not known)."""
+        ...
 
 
 class FullVerify:
@@ -113,7 +118,7 @@ class FullVerify:
     ) -> VerifyChoice:
         return VerifyChoice(np.asarray(cap, np.int32).copy(), np.ones(len(cap), bool))
 
-    def observe(self, num_rows, num_requests, num_drafted, context, step_s: float) -> None:
+    def observe(self, num_rows, num_requests, num_drafted, context, step_s: float, prompt_rows=None) -> None:
         pass
 
 

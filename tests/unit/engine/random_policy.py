@@ -26,5 +26,5 @@ class RandomPolicy:
     def drafts_new(self, cls: int) -> bool:
         return bool(self.rng.random() < self.p_draft)
 
-    def observe(self, num_rows, num_requests, num_drafted, context, step_s: float) -> None:
+    def observe(self, num_rows, num_requests, num_drafted, context, step_s: float, prompt_rows=None) -> None:
         self.observed.append((num_rows, num_requests, num_drafted, context, step_s))

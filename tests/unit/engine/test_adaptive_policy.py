@@ -383,6 +383,24 @@ def test_a_cost_model_that_underestimates_drafting_steps_is_corrected_by_their_r
     assert not decide(2.0)
 
 
+def test_steps_with_prompt_rows_leave_the_residuals_alone():
+    """The residuals correct the decode steps the solve compares: drafting steps twice as
+    slow as predicted because a prompt chunk rode along (prompt_rows > 0) must not stop a
+    request's drafting, the same steps without one must."""
+
+    def decide(prompt_rows: int) -> bool:
+        policy = AdaptiveVerify(learned(c_row=1e-4, c_pass=0.01), explore_every=0, redraft_every=1 << 20)
+        conf, cap, part = batch(1, c=0.6)
+        for _ in range(40):
+            shape = (np.array([8 + prompt_rows]), np.array([1]), np.array([1]), np.array([0]))
+            slow = 2.0 * float(policy.cost.predict(8, 1, 1))
+            policy.observe(*shape, slow, np.array([prompt_rows]))
+        return bool(policy.choose(conf, cap, part).draft_next.all())
+
+    assert decide(prompt_rows=16)
+    assert not decide(prompt_rows=0)
+
+
 def test_confidences_not_known_yet_read_as_the_class_mean_of_known_ones():
     """A NaN confidence row (drafts in flight for a request that had none) must be read as
     its class's running mean of the known full-window rows, not as 0: its survival then

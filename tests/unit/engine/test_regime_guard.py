@@ -367,3 +367,31 @@ def test_a_veto_resting_on_few_paired_epochs_is_re_measured_sooner():
         return -1
 
     assert [first_epoch(n) for n in (1, 2, 3, 4, 10)] == [64, 128, 256, 512, 512]
+
+
+def test_the_guard_overrules_the_model_only_where_every_measure_agrees():
+    """Where the paired ratio says drafting does not pay but the rates say it does (or the
+    other way round) the model decides (MODEL); where both say it does not, VETO; where
+    both say it does and the model drafts nobody, INSIST."""
+    import math
+
+    from dspark_loop.engine.regime_guard import _Paired
+
+    def mode(on_rate: float, paired: float | None, margin: float = 1.2) -> Mode:
+        guard = RegimeGuard(explore_every=1 << 20, first_explore=1 << 20)
+        key = guard.key(1, 1)
+        guard.margin[key] = margin
+        for _ in range(10):
+            guard.observe(1, 1, int(on_rate * 0.1), 3, True, 0.1)
+            guard.observe(1, 1, 4, 0, False, 0.1)  # off: 40 tok/s
+        if paired is not None:
+            guard.paired[key] = _Paired(math.log(paired), 3)
+        return guard.allow(key)
+
+    assert mode(on_rate=60, paired=None) == Mode.MODEL  # the rates alone: 1.5, the model drafts
+    assert mode(on_rate=30, paired=None) == Mode.VETO  # the rates alone: 0.75
+    assert mode(on_rate=60, paired=1.0) == Mode.MODEL  # they disagree
+    assert mode(on_rate=30, paired=1.3) == Mode.MODEL
+    assert mode(on_rate=30, paired=0.8) == Mode.VETO
+    assert mode(on_rate=60, paired=1.3, margin=1.0) == Mode.INSIST
+    assert mode(on_rate=60, paired=1.0, margin=1.0) == Mode.MODEL
