@@ -252,27 +252,16 @@ class RegimeGuard:
     def _period(self, key: Key, drafting: bool) -> int:
         """Steps between epochs of the other point, both measured (rate ratio r = this
         point's / that one's): as often as an epoch's lost tokens stay within REGRET of the
-        steps between epochs, epoch * (r - 1) / REGRET, at least explore_every (first_explore
-        << the key's paired epochs, once it has one, while that is less), at most
+        steps between epochs, epoch * (r - 1) / REGRET, at least explore_every, at most
         MAX_PERIOD. NOTE: a floor of 64 (close calls re-measured often) made 64 streams
         greedy draft in 9% of its steps, at a cost its rates do not show. NOTE: at 64 streams
         T=0.8 on the demo drafting delivers a quarter of not drafting: 6 drafting steps
         every 512 cost ~4% of K=0's speed."""
         on_off = self.on_over_off(key)
-        paired = self.paired.get(key)
-        epochs = paired.epochs if paired is not None else 0
-        # NOTE: a paired ratio from few epochs is re-measured sooner (first_explore << its
-        # epochs, up to explore_every): one epoch's sample swings with where in its requests
-        # it fell (a JSON document's keys accept most drafts, its strings few); at 1 stream
-        # of constrained JSON on the demo the paired ratio read 0.78 where the rates read
-        # 1.44, and its veto held for the whole run (512 steps between epochs)
-        floor = (
-            self.explore_every if not epochs else min(self.explore_every, max(self.first_explore, 1) << min(epochs, 30))
-        )
         if on_off is None or on_off <= 0:
-            return floor
+            return self.explore_every
         ratio = on_off if drafting else 1.0 / on_off
-        return min(max(floor, int(self.epoch * max(ratio - 1.0, 0.0) / REGRET)), MAX_PERIOD)
+        return min(max(self.explore_every, int(self.epoch * max(ratio - 1.0, 0.0) / REGRET)), MAX_PERIOD)
 
     def observe(
         self,

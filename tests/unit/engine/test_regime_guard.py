@@ -347,28 +347,6 @@ def test_a_load_of_n_streams_keeps_its_key_when_one_request_is_between_requests(
     assert load_bucket(1) == 0 and load_bucket(1 << 20) == LOAD_BUCKETS - 1
 
 
-def test_a_veto_resting_on_few_paired_epochs_is_re_measured_sooner():
-    """One epoch's paired sample swings with where in its requests it fell: a veto resting
-    on 1 epoch must see drafting again after first_explore << 1 steps, on 2 after << 2,
-    and one resting on many only every explore_every steps."""
-    import math
-
-    from dspark_loop.engine.regime_guard import _Paired
-
-    def first_epoch(epochs: int) -> int:
-        guard = RegimeGuard(explore_every=512, epoch=6, first_explore=32, epoch_share=1.0)
-        key = guard.key(1, 0)
-        feed(guard, 1, on_rate=85, off_rate=90)  # both points measured
-        # NOTE: a close call (0.95), so the regret bound (epoch * (1 / 0.95 - 1) / REGRET ~ 32) is below every floor
-        guard.paired[key] = _Paired(math.log(0.95), epochs)
-        for tick in range(1, 2000):
-            if guard.allow(key) != Mode.VETO:
-                return tick
-        return -1
-
-    assert [first_epoch(n) for n in (1, 2, 3, 4, 10)] == [64, 128, 256, 512, 512]
-
-
 def test_the_guard_overrules_the_model_only_where_every_measure_agrees():
     """Where the paired ratio says drafting does not pay but the rates say it does (or the
     other way round) the model decides (MODEL); where both say it does not, VETO; where
