@@ -106,6 +106,7 @@ class AdaptiveVerify:
         self.new_drafts = np.ones(NUM_CLASSES, bool)  # [C] a request without drafts, per class, drafts (drafts_new)
         self._idle_shape: tuple | None = None  # (R, classes, per partition, allowed) whose last solve drafted nobody
         self.guard = RegimeGuard()  # realised rates of drafting and not: may veto the model's drafting
+        self.prompt_row_s = 0.0  # EMA of a prompt row's cost beyond its step's decode rows (0: none yet)
 
     # ---- VerifyPolicy -------------------------------------------------------------------
     def choose(
@@ -172,14 +173,19 @@ class AdaptiveVerify:
         # 1.30 against 1.10 with a pass: not drafting looked 18% dearer to the solve, which
         # compares decode steps without prompts (adaptive drafted in 13% of that cell's
         # steps, 0.86x K=0)
-        decode_only = prompt_rows is None or int(np.asarray(prompt_rows)[p]) == 0
+        prompt = 0 if prompt_rows is None else int(np.asarray(prompt_rows)[p])
         # NOTE: predicted before the model sees this step
-        if self.cost.trusted and not self.cost.pinned and shape[1] > 0 and decode_only:
-            predicted = float(self.cost.predict(*shape))
-            if predicted > 0:
-                cell = (int(np.max(num_drafted) > 0), load_bucket(shape[1]))
+        if self.cost.trusted and not self.cost.pinned and shape[1] > 0:
+            cell = (int(np.max(num_drafted) > 0), load_bucket(shape[1]))
+            predicted = float(self.cost.predict(shape[0] - prompt, *shape[1:]))  # its decode rows' step
+            if predicted > 0 and not prompt:
                 ratio = min(max(step_s / predicted, RESIDUAL_RANGE[0]), RESIDUAL_RANGE[1])
                 self.residual[cell] += RESIDUAL_EMA * (ratio - self.residual[cell])
+            elif predicted > 0:
+                # what a prompt row cost beyond the decode step it rode along: observe_rate
+                # takes it out of the step's time for the guard's rates
+                row_s = max(step_s - predicted * self.residual[cell], 0.0) / prompt
+                self.prompt_row_s += RESIDUAL_EMA * (row_s - self.prompt_row_s) if self.prompt_row_s else row_s
         self.cost.observe(*shape, step_s)
         self.last_context = np.asarray(context, np.float64)
 
@@ -195,7 +201,9 @@ class AdaptiveVerify:
         prefill_rows: int = 0,
     ) -> None:
         """A step's realised decode tokens per second (RegimeGuard.observe). A step that
-        also computed prompt rows counts with their cost taken out (the model's c_row per
+        also computed prompt rows counts with their cost taken out (prompt_row_s, learned
+        in observe from such steps' time beyond their decode rows' prediction; before any,
+        the model's c_row per
         row), where the model is trusted and they took at most half the step. NOTE: with
         steady arrivals most steps carry a prompt chunk (16 streams of back-to-back
         requests); counting decode-only steps alone, an epoch of the other point often
@@ -204,7 +212,7 @@ class AdaptiveVerify:
         if prefill_rows > 0:
             if not self.cost.trusted:
                 return
-            prompt_s = float(self.cost.coef[1]) * prefill_rows
+            prompt_s = (self.prompt_row_s or float(self.cost.coef[1])) * prefill_rows
             if prompt_s > 0.5 * step_s:
                 return
             step_s -= prompt_s
@@ -385,6 +393,7 @@ class AdaptiveVerify:
             "accept_ratio_constrained_greedy": self.acceptance.ratio[2].tolist(),
             "accept_ratio_constrained_sampled": self.acceptance.ratio[3].tolist(),
             "probe_every": self.probe_every,
+            "prompt_row_s": self.prompt_row_s,
             "guard": self.guard.stats(),
             "residual_no_pass": self.residual[0].tolist(),
             "residual_pass": self.residual[1].tolist(),

@@ -401,6 +401,22 @@ def test_steps_with_prompt_rows_leave_the_residuals_alone():
     assert not decide(prompt_rows=0)
 
 
+def test_a_prompt_rows_cost_is_learned_from_the_steps_it_rode_along_and_taken_out_of_the_guards_rates():
+    """Steps carrying 4 prompt rows that took 1 ms a row beyond their decode rows' predicted
+    time must teach prompt_row_s = 1 ms (the model's c_row says 0.1 ms), and the guard
+    must then see such a step's decode tokens at the decode step's own rate."""
+    policy = AdaptiveVerify(learned(c_row=1e-4, c_pass=0.01), explore_every=0, redraft_every=1 << 20)
+    decode_s = float(policy.cost.predict(8, 8, 0))
+    step_s = decode_s + 4 * 0.001
+    for _ in range(60):
+        policy.observe(np.array([8 + 4]), np.array([8]), np.array([0]), np.array([0]), step_s, np.array([4]))
+    assert policy.prompt_row_s == pytest.approx(0.001, rel=0.01)
+    for _ in range(10):
+        policy.observe_rate(8, 0, 8, 0, False, step_s, prefill_rows=4)
+    rate = policy.guard.points[(*policy.guard.key(8, 0), False)].rate
+    assert rate == pytest.approx(8 / decode_s, rel=0.02)
+
+
 def test_confidences_not_known_yet_read_as_the_class_mean_of_known_ones():
     """A NaN confidence row (drafts in flight for a request that had none) must be read as
     its class's running mean of the known full-window rows, not as 0: its survival then
