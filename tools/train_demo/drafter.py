@@ -9,7 +9,7 @@ Per step, R anchors (sequence, position P in the generated part) of the target's
               (teacher-forced), confidence_logit(x_s, markov_w1[prev])
     labels    the rollout's tokens at P+1..P+7 (the target's greedy tokens); p_target =
               softmax(head(final[P+k-1])) of the frozen target, over the grammar mask
-              the token was picked under for a constrained rollout (rollout.constrained)
+              the token was picked under for a constrained rollout (rollout.sampled(factories=))
     loss      sum_k w_k (0.1 CE + 0.9 |p_draft - p_target|_1 + 1.0 BCE(c, clamp(1 - L1/2, 0, 1)))
               / sum_k w_k, w_k = exp(-(k-1)/4)
 Then the confidence head is calibrated: one temperature folded into its weight, then one per

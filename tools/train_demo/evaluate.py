@@ -16,7 +16,7 @@ rollouts: the 7-draft chain as the server drafts and verifies it.
                 acceptance per position = P(drafts 0..s all accepted)
 
 --constrained: also, per T, held-out rollouts written as JSON documents under
-tools.bench_demo.SCHEMA (a schema outside redraft's training pool; rollout.constrained:
+tools.bench_demo.SCHEMA (a schema outside redraft's training pool; rollout.sampled(factories=):
 the target's picks under the grammar masks), reported as "json T=t". The drafts are the
 drafter's own (the server also replaces a draft where the grammar allows one token only),
 so this is a lower bound of what a served constrained request accepts.
@@ -71,10 +71,8 @@ def heldout(target, cfg, held_stream, temperature: float, n: int, seed: int, smo
     """grammar: () -> a fresh GrammarConstraint (constrained rollouts), None: free ones."""
     rng = np.random.default_rng([seed, 5000 + (grammar is not None), round(temperature * 1000)])
     bar = progress(total=rollout.sizes(smoke)[3] - 1, desc=f"rollouts T={temperature}")
-    if grammar is None:
-        ro = rollout.sampled(target, cfg, held_stream, n, [temperature], rng, smoke, bar)
-    else:
-        ro = rollout.constrained(target, cfg, held_stream, n, [temperature], rng, smoke, [grammar], bar)
+    factories = None if grammar is None else [grammar]
+    ro = rollout.sampled(target, cfg, held_stream, n, [temperature], rng, smoke, bar, factories)
     bar.close()
     return ro
 

@@ -6,7 +6,7 @@ demo) for sampling users, its target frozen.
                 temperatures[i % n] (0 = greedy) with its own seed, the server's sampler;
                 3x the drafter stage's count (a greedy-only set's share each)
     constrained --constrained-share F: that share of the rollouts continue as JSON documents
-                under random schemas (schemas.py; rollout.constrained: the target's picks
+                under random schemas (schemas.py; rollout.sampled(factories=): the target's picks
                 under the server's grammar masks), the rest as above
     training    a fresh drafter (drafter.init_drafter), or MODEL's own (--from-model: a
                 fine-tune, e.g. to add constrained rollouts to a shipped drafter), drafter.train: the drafter stage's
@@ -62,7 +62,7 @@ def make_rollouts(
             # NOTE: held-out documents under schemas of their own (the pool's second half)
             half = len(factories) // 2
             mine = factories[:half] if name == "train" else factories[half:]
-            parts.append(rollout.constrained(target, cfg, stream, n_con, temperatures, rng, smoke, mine, bar))
+            parts.append(rollout.sampled(target, cfg, stream, n_con, temperatures, rng, smoke, bar, mine))
         data[name] = rollout.concat(parts)
     bar.close()
     return data

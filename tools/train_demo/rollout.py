@@ -11,7 +11,7 @@ noise of (seed, choice 0, position)): what a sampling user's request produces.
                                          --constrained-share): the packed grammar mask that
                                          token t was picked under (all bits set: free)
 
-Constrained rollouts (constrained()) continue each prompt with JSON documents under one
+Constrained rollouts (sampled(factories=...)) continue each prompt with JSON documents under one
 schema per rollout, through the server's GrammarConstraint: the target's logits outside the
 mask at -inf before the pick, as the ranks apply a TokenMask; a document that ends (its EOS
 accepted) is followed by a fresh one, so every generated token is a grammar's pick.
@@ -59,16 +59,21 @@ class Rollouts:
 
 class GrammarRows:
     """Per rollout, documents under its schema: the mask of its next token, and the tokens
-    it took. factories [N]: () -> a fresh GrammarConstraint (schemas.constraint_factory)."""
+    it took. factories [N]: () -> a fresh GrammarConstraint (schemas.constraint_factory).
+    masks [N, length, ceil(V/8)]: the packed mask each token was picked under (all bits
+    set where no grammar ruled: the prompt)."""
 
-    def __init__(self, factories: list, vocab_size: int) -> None:
-        self.factories, self.vocab_size = factories, vocab_size
+    def __init__(self, factories: list, vocab_size: int, length: int) -> None:
+        self.factories = factories
         self.live = [f() for f in factories]
         self.docs: list[list[int]] = [[] for _ in factories]  # each rollout's current document
+        self.masks = np.full((len(factories), length, (vocab_size + 7) // 8), 0xFF, np.uint8)
 
-    def allowed(self) -> np.ndarray:
-        """[N, V] bool: what may follow each rollout's document so far."""
-        return np.stack([c.allowed_token_mask(d) for c, d in zip(self.live, self.docs)])
+    def allowed(self, at: int) -> np.ndarray:
+        """[N, V] bool: what may follow each rollout's document so far, the token at `at`."""
+        allowed = np.stack([c.allowed_token_mask(d) for c, d in zip(self.live, self.docs)])
+        self.masks[:, at] = np.packbits(allowed, axis=-1, bitorder="little")
+        return allowed
 
     def take(self, tokens: np.ndarray) -> None:
         for r, t in enumerate(tokens.tolist()):
@@ -82,26 +87,22 @@ class GrammarRows:
 @torch.no_grad()
 def generate(
     model, cfg, prompts: np.ndarray, gen_len: int, progress=None, temperature=None, seeds=None, grammar=None
-) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+) -> np.ndarray:
     """prompts [N, P] -> [N, P + gen_len]: continuations, all N in one decode batch; greedy,
     or sampled at temperature [N] (0: greedy) with seeds [N] as the server samples them.
-    grammar: a GrammarRows; then -> (tokens, the packed masks [N, P + gen_len, ceil(V/8)]
-    each token was picked under, all bits set for the prompt)."""
+    grammar: a GrammarRows (of length P + gen_len), whose masks rule every generated token
+    and record what each was picked under."""
     N, P = prompts.shape
     paged = trunk.PagedPass(cfg, N, P + gen_len)
     pool = paged.pool(model.dtype)
     comm = LocalComm()
     rows = None if temperature is None else SamplingRows.make(N, temperature=temperature, seed=seeds)
-    masks = None
-    if grammar is not None:
-        masks = np.full((N, P + gen_len, (cfg.vocab_size + 7) // 8), 0xFF, np.uint8)
 
     def run(segs, at: int):
         out = model(stage(segs, paged.tables, paged.layout, cfg, pool), pool, comm)
         logits = out.logits
         if grammar is not None:
-            allowed = grammar.allowed()  # [N, V]
-            masks[:, at] = np.packbits(allowed, axis=-1, bitorder="little")
+            allowed = grammar.allowed(at)  # [N, V]
             logits = logits.float().masked_fill(~torch.from_numpy(allowed[:, : logits.shape[1]]), float("-inf"))
         if rows is None:
             picked = out.token_ids.numpy() if grammar is None else logits.argmax(-1).numpy()
@@ -121,7 +122,7 @@ def generate(
         out[:, t + 1] = run(segs, t + 1)
         if progress is not None:
             progress.update(1)
-    return out if grammar is None else (out, masks)
+    return out
 
 
 @torch.no_grad()
@@ -171,18 +172,6 @@ def train_and_heldout(
 
 
 def sampled(
-    model, cfg, stream: np.ndarray, n: int, temperatures, rng: np.random.Generator, smoke: bool, bar=None
-) -> Rollouts:
-    """n rollouts of prompts from stream, rollout i continued at temperatures[i % len] (0:
-    greedy) with its own seed from rng: the contexts sampling users produce."""
-    _, _, plen, glen = sizes(smoke)
-    temp = np.asarray([temperatures[i % len(temperatures)] for i in range(n)], np.float32)
-    seeds = rng.integers(0, 2**62, n)
-    toks = generate(model, cfg, prompts_from(stream, n, plen, rng), glen, bar, temp, seeds)
-    return replace(features(model, cfg, toks, plen), temperature=temp, seeds=seeds)
-
-
-def constrained(
     model,
     cfg,
     stream: np.ndarray,
@@ -190,17 +179,22 @@ def constrained(
     temperatures,
     rng: np.random.Generator,
     smoke: bool,
-    factories: list,
     bar=None,
+    factories: list | None = None,
 ) -> Rollouts:
-    """sampled(), each rollout's continuation JSON documents under its factory's grammar
-    (factories: one per rollout, cycled)."""
+    """n rollouts of prompts from stream, rollout i continued at temperatures[i % len] (0:
+    greedy) with its own seed from rng: the contexts sampling users produce. factories:
+    each rollout's continuation JSON documents under factories[i % len]'s grammar (module
+    docstring), its masks in Rollouts.allowed; None: free text."""
     _, _, plen, glen = sizes(smoke)
     temp = np.asarray([temperatures[i % len(temperatures)] for i in range(n)], np.float32)
     seeds = rng.integers(0, 2**62, n)
-    grammar = GrammarRows([factories[i % len(factories)] for i in range(n)], cfg.vocab_size)
-    toks, masks = generate(model, cfg, prompts_from(stream, n, plen, rng), glen, bar, temp, seeds, grammar)
-    return replace(features(model, cfg, toks, plen), temperature=temp, seeds=seeds, allowed=masks)
+    grammar = None
+    if factories is not None:
+        grammar = GrammarRows([factories[i % len(factories)] for i in range(n)], cfg.vocab_size, plen + glen)
+    toks = generate(model, cfg, prompts_from(stream, n, plen, rng), glen, bar, temp, seeds, grammar)
+    allowed = None if grammar is None else grammar.masks
+    return replace(features(model, cfg, toks, plen), temperature=temp, seeds=seeds, allowed=allowed)
 
 
 def concat(parts: list[Rollouts]) -> Rollouts:

@@ -39,7 +39,7 @@ def constrained(smoke_run):
     ]
     factories = [schemas.constraint_factory(tok, cfg.vocab_size, s) for s in pool]
     held = streams(model, True)[2]
-    ro = rollout.constrained(target, cfg, held, 4, [0.0, 0.8], np.random.default_rng(2), True, factories)
+    ro = rollout.sampled(target, cfg, held, 4, [0.0, 0.8], np.random.default_rng(2), True, factories=factories)
     return cfg, target, tok, pool, ro, load_drafter(model, cfg)
 
 
