@@ -15,11 +15,14 @@ what each operating point actually delivers:
                  chunk's modelled cost out): "on" when a pass ran and windows were
                  verified, "off" when neither (a step in between, e.g. the first after a
                  switch, is neither)
-    rate         tokens / step seconds per key and operating point: the mean of its first
-                 1 / RATE_EMA steps, then an EMA
-    paired       per key, on / off from each epoch: the epoch's rate over the rate of
-                 the key's steps at the other point within the PAIR_RECENT steps before
-                 it (none: no sample), averaged in log
+    rate         tokens per second per key and operating point, as its pace (decode
+                 request-steps per step second: the mean of its first 1 / RATE_EMA
+                 steps, then an EMA) times its yield (tokens per request-step: the mean
+                 of its first 1 / YIELD_EMA steps, then a slower EMA)
+    paired       per key, drafting's pace over not drafting's from each epoch: the
+                 epoch's pace over that of the key's steps at the other point within the
+                 PAIR_RECENT steps before it (none: no sample), averaged in log; as a
+                 measure of on / off, times the two points' yields
     allow(key)   a Mode: VETO (nobody drafts, probes aside) when "on" does not beat "off"
                  by DRAFT_MARGIN (5%) by every measure the key has: the paired ratio once an
                  epoch gave one, the two rates once both are known; INSIST (everyone drafts)
@@ -32,6 +35,13 @@ measured only in epochs, minutes apart, and this CPU's speed drifts by more than
 points differ (the same 8-row step at 1 stream: 56.7, 51.1, 32.7, 36.9 ms in four
 consecutive runs); at 1 stream T=0.8 an "on" rate from a slow spell (38.6 tok/s against
 "off" 45.6) vetoed drafting that delivered 1.23x K=0.
+NOTE: pace paired, yield not: what an epoch and the steps just before it share is the
+machine's speed, not the text. Sampled acceptance runs in long stretches (a hard passage
+accepts little for many steps), and 6 steps say nothing of it: at 1 stream T=0.8 on the
+demo an epoch's baseline of six drafting steps that accepted 1-2 tokens each read 26 tok/s
+against 34 not drafting, the paired ratio settled at 0.77 where the fixed chain delivered
+1.5x K=0, and the model drafted in 61% of the steps alone. Each point's yield comes from
+all its steps (the drafting point's, in a key that does not draft, from all its epochs).
 
 Each key explores the other point: `epoch` steps of it (off while drafting is allowed, on
 while it is not) `first_explore` steps after the key's last epoch while that point has no
@@ -59,7 +69,8 @@ from collections import deque
 from dataclasses import dataclass
 from enum import IntEnum
 
-RATE_EMA = 0.1  # weight of a step in its operating point's rate
+RATE_EMA = 0.1  # weight of a step in its operating point's pace
+YIELD_EMA = 0.02  # weight of a step in its operating point's yield (tokens per request-step)
 MIN_STEPS = 5  # steps each point needs before the guard acts on its rate
 # NOTE: drafting must beat not drafting by this much: its step rates leave out costs it has
 # and the off point has not (the steps that switch between them, the host's acceptance work
@@ -101,25 +112,31 @@ def load_bucket(num_requests: int) -> int:
 
 @dataclass
 class _Point:
-    rate: float = 0.0  # EMA of tokens per second
+    pace: float = 0.0  # EMA of decode request-steps per second
+    yield_: float = 0.0  # EMA of tokens per decode request-step
     steps: int = 0  # steps observed
+
+    @property
+    def rate(self) -> float:
+        """Tokens per second."""
+        return self.pace * self.yield_
 
 
 @dataclass
 class _Epoch:
-    """An epoch under way: its point's tokens and seconds so far, and the other point's
-    rate over the steps just before it began (RegimeGuard._recent_rate)."""
+    """An epoch under way: its point's request-steps and seconds so far, and the other
+    point's pace over the steps just before it began (RegimeGuard._recent_pace)."""
 
     drafting: bool
     baseline: float
-    tokens: float = 0.0
+    request_steps: int = 0
     seconds: float = 0.0
     steps: int = 0
 
 
 @dataclass
 class _Paired:
-    log_ratio: float = 0.0  # mean of log(on / off) over epochs (an EMA after the first few)
+    log_ratio: float = 0.0  # mean of log(on pace / off pace) over epochs (an EMA after the first few)
     epochs: int = 0
 
 
@@ -142,9 +159,9 @@ class RegimeGuard:
         self.num_steps = 0  # allow() calls, all keys
         self.num_epoch_steps = 0  # steps in epochs of a measured point, all keys
         self.open_epochs: dict[Key, _Epoch] = {}  # key -> its epoch being measured
-        # key -> its last steps observed: (num_steps then, drafted, tokens, seconds)
+        # key -> its last steps observed: (num_steps then, drafted, decode requests, seconds)
         self.recent: dict[Key, deque[tuple[int, bool, int, float]]] = {}
-        self.paired: dict[Key, _Paired] = {}  # key -> on / off from its epochs
+        self.paired: dict[Key, _Paired] = {}  # key -> on / off pace from its epochs
 
     @staticmethod
     def key(num_requests: int, num_sampled: int, num_constrained: int = 0) -> Key:
@@ -158,25 +175,23 @@ class RegimeGuard:
         return load_bucket(num_requests), mix(num_sampled), mix(num_constrained)
 
     def on_over_off(self, key: Key) -> float | None:
-        """Drafting's rate over not drafting's at this key: the paired ratio once an epoch
-        gave one, else the two rates once both are measured; None: not known."""
-        paired = self.paired.get(key)
-        if paired is not None and paired.epochs:
-            return math.exp(paired.log_ratio)
-        on, off = self.points.get((*key, True)), self.points.get((*key, False))
-        if on is None or off is None or on.steps < MIN_STEPS or off.steps < MIN_STEPS or off.rate <= 0:
-            return None
-        return on.rate / off.rate
+        """Drafting's rate over not drafting's at this key: the paired measure once an
+        epoch gave one, else the two rates once both are measured; None: not known."""
+        ratios = self.measures(key)
+        return ratios[0] if ratios else None
 
     def measures(self, key: Key) -> list[float]:
         """Every measure of drafting's rate over not drafting's this key has: the paired
-        ratio once an epoch gave one, the two rates once both are measured."""
-        out = []
+        pace ratio times the points' yields once an epoch gave one, the two rates once both
+        are measured."""
+        out: list[float] = []
         paired = self.paired.get(key)
-        if paired is not None and paired.epochs:
-            out.append(math.exp(paired.log_ratio))
         on, off = self.points.get((*key, True)), self.points.get((*key, False))
-        if on is not None and off is not None and min(on.steps, off.steps) >= MIN_STEPS and off.rate > 0:
+        if on is None or off is None or off.yield_ <= 0:
+            return out
+        if paired is not None and paired.epochs:
+            out.append(math.exp(paired.log_ratio) * on.yield_ / off.yield_)
+        if min(on.steps, off.steps) >= MIN_STEPS and off.rate > 0:
             out.append(on.rate / off.rate)
         return out
 
@@ -225,7 +240,7 @@ class RegimeGuard:
                 epoch_mode = Mode.VETO if drafting else Mode.INSIST if idle else Mode.MODEL
                 self.last_epoch[key] = tick
                 self.exploring[key] = (epoch_mode, self.epoch - 1)
-                baseline = self._recent_rate(key, drafting)
+                baseline = self._recent_pace(key, drafting)
                 if baseline is not None:
                     self.open_epochs[key] = _Epoch(not drafting, baseline)
                 if not measured:
@@ -237,17 +252,17 @@ class RegimeGuard:
         self.num_insists += mode == Mode.INSIST
         return mode
 
-    def _recent_rate(self, key: Key, drafted: bool) -> float | None:
-        """The rate of this key's steps at this point within the last PAIR_RECENT steps (all
+    def _recent_pace(self, key: Key, drafted: bool) -> float | None:
+        """The pace of this key's steps at this point within the last PAIR_RECENT steps (all
         keys); None: fewer than PAIR_MIN_STEPS of them. NOTE: not the point's EMA: at a
         load a run passes through briefly, that mixes in steps of earlier visits."""
-        tokens, seconds, steps = 0, 0.0, 0
+        request_steps, seconds, steps = 0, 0.0, 0
         for at, d, n, s in self.recent.get(key, ()):
             if d == drafted and at > self.num_steps - PAIR_RECENT:
-                tokens, seconds, steps = tokens + n, seconds + s, steps + 1
-        if steps < PAIR_MIN_STEPS or seconds <= 0 or tokens <= 0:
+                request_steps, seconds, steps = request_steps + n, seconds + s, steps + 1
+        if steps < PAIR_MIN_STEPS or seconds <= 0:
             return None
-        return tokens / seconds
+        return request_steps / seconds
 
     def _period(self, key: Key, drafting: bool) -> int:
         """Steps between epochs of the other point, both measured (rate ratio r = this
@@ -280,19 +295,19 @@ class RegimeGuard:
             return  # a step between the points
         key = self.key(num_requests, num_sampled, num_constrained)
         point = self.points.setdefault((*key, drafted), _Point())
-        rate = num_tokens / step_s
         point.steps += 1
         # NOTE: the plain mean of the first 1 / RATE_EMA steps, then the EMA: started from its
         # first step, a point measured by one 6-step epoch kept half that step's weight (at
         # 16 streams T=0.8 a slow first step left the off rate at 281 tok/s against ~365, and
         # the guard let drafting run at 0.62x K=0)
-        point.rate += max(RATE_EMA, 1.0 / point.steps) * (rate - point.rate)
-        self.recent.setdefault(key, deque(maxlen=PAIR_RECENT)).append((self.num_steps, drafted, num_tokens, step_s))
+        point.pace += max(RATE_EMA, 1.0 / point.steps) * (num_requests / step_s - point.pace)
+        point.yield_ += max(YIELD_EMA, 1.0 / point.steps) * (num_tokens / num_requests - point.yield_)
+        self.recent.setdefault(key, deque(maxlen=PAIR_RECENT)).append((self.num_steps, drafted, num_requests, step_s))
         epoch = self.open_epochs.get(key)
         if epoch is None:
             return
         if drafted == epoch.drafting:
-            epoch.tokens += num_tokens
+            epoch.request_steps += num_requests
             epoch.seconds += step_s
             epoch.steps += 1
         elif self.exploring.get(key, (False, 0))[1] == 0:  # the epoch is over: its steps are all in
@@ -301,11 +316,11 @@ class RegimeGuard:
                 self._pair(key, epoch)
 
     def _pair(self, key: Key, epoch: _Epoch) -> None:
-        """One epoch's rate against the other point's when it began: a sample of on / off."""
-        rate = epoch.tokens / epoch.seconds
-        if rate <= 0:
+        """One epoch's pace against the other point's when it began: a sample of on / off pace."""
+        pace = epoch.request_steps / epoch.seconds
+        if pace <= 0:
             return
-        sample = math.log(rate / epoch.baseline) if epoch.drafting else math.log(epoch.baseline / rate)
+        sample = math.log(pace / epoch.baseline) if epoch.drafting else math.log(epoch.baseline / pace)
         paired = self.paired.setdefault(key, _Paired())
         paired.epochs += 1
         paired.log_ratio += max(PAIR_EMA, 1.0 / paired.epochs) * (sample - paired.log_ratio)
@@ -318,8 +333,13 @@ class RegimeGuard:
                 f"load{k[0]}_mix{k[1]}_constrained{k[2]}_{'on' if k[3] else 'off'}": round(float(p.rate), 2)
                 for k, p in sorted(self.points.items())
             },
+            "yields": {
+                f"load{k[0]}_mix{k[1]}_constrained{k[2]}_{'on' if k[3] else 'off'}": round(float(p.yield_), 3)
+                for k, p in sorted(self.points.items())
+            },
             "paired_on_over_off": {
-                f"load{k[0]}_mix{k[1]}_constrained{k[2]}": round(math.exp(p.log_ratio), 3)
+                f"load{k[0]}_mix{k[1]}_constrained{k[2]}": round(self.measures(k)[0], 3)
                 for k, p in sorted(self.paired.items())
+                if p.epochs and self.measures(k)
             },
         }

@@ -214,23 +214,23 @@ def test_the_epochs_of_all_keys_together_stay_within_their_share_of_the_steps():
 
 
 def test_an_epoch_is_judged_against_the_other_points_rate_just_before_it_not_one_measured_apart():
-    """The machine's speed drifts: drafting measured during a slow spell (120 tok/s) and
-    not drafting during a fast one (200) say "veto", though at any one speed drafting
-    delivers 1.2x. The guard must judge each epoch against the other point's rate when the
-    epoch began, so its first epoch of drafting at the fast speed (240 against 200) lifts
+    """The machine's speed drifts: drafting measured during a slow spell (12 tok/s) and
+    not drafting during a fast one (20) say "veto", though at any one speed drafting
+    delivers 1.2x. The guard must judge each epoch against the other point's pace when the
+    epoch began, so its first epoch of drafting at the fast speed (24 against 20) lifts
     the veto, and later epochs keep the paired ratio at 1.2."""
     guard = RegimeGuard(explore_every=32, epoch=6, first_explore=8)
     key = guard.key(1, 1)
     for _ in range(20):
-        guard.observe(1, 1, 12, 7, True, 0.1)  # a slow spell, drafting: 120 tok/s
+        guard.observe(1, 1, 3, 7, True, 0.25)  # a slow spell, drafting: 3 tokens a step, 12 tok/s
     for _ in range(20):
-        guard.observe(1, 1, 20, 0, False, 0.1)  # a fast spell, not drafting: 200 tok/s
+        guard.observe(1, 1, 1, 0, False, 0.05)  # a fast spell, not drafting: 20 tok/s
     assert guard.prefers_off(key)  # the two rates, measured apart
     drafted = []
-    for _ in range(2000):  # the fast speed from now on
+    for _ in range(2000):  # the fast speed from now on: a drafting step takes 0.125 s
         drafting = bool(guard.allow(key))
         drafted.append(drafting)
-        guard.observe(1, 1, 24 if drafting else 20, 7 if drafting else 0, drafting, 0.1)
+        guard.observe(1, 1, 3 if drafting else 1, 7 if drafting else 0, drafting, 0.125 if drafting else 0.05)
     first = drafted.index(True)  # the first epoch of drafting
     assert drafted[first : first + 6] == [True] * 6 and not drafted[first + 6]
     assert all(drafted[first + 7 : first + 30])  # its paired ratio lifted the veto at once
@@ -238,6 +238,32 @@ def test_an_epoch_is_judged_against_the_other_points_rate_just_before_it_not_one
     assert not guard.prefers_off(key)
     assert sum(drafted[-500:]) > 450  # drafting since, epochs of not drafting aside
     assert guard.stats()["paired_on_over_off"] == {"load0_mix2_constrained0": 1.2}
+
+
+def test_an_epoch_pairs_the_machines_speed_and_takes_acceptance_from_all_of_the_points_steps():
+    """Sampled acceptance runs in stretches: an epoch of not drafting that follows a
+    passage of drafting steps accepting nothing must not read drafting as slower than not
+    drafting (those steps' own rate, 10 tok/s against 20); the steps just before the epoch
+    give the machine's pace, the drafting point's yield comes from all its steps (3 tokens
+    a step over the run before: drafting delivers 1.5x at this speed)."""
+    guard = RegimeGuard(explore_every=1 << 20, epoch=6, first_explore=8)
+    key = guard.key(1, 1)
+    guard.margin[key] = 2.0  # the model drafts
+    for i in range(200):
+        guard.observe(1, 1, 2 + 2 * (i % 2), 7, True, 0.1)  # 2 or 4 tokens a step: 30 tok/s
+    for _ in range(8):
+        guard.observe(1, 1, 1, 7, True, 0.1)  # a hard passage: nothing accepted, 10 tok/s
+    while guard.allow(key):  # the epoch of not drafting comes (first_explore)
+        guard.observe(1, 1, 1, 7, True, 0.1)
+    for _ in range(5):
+        guard.observe(1, 1, 1, 0, False, 0.05)  # 20 tok/s
+        guard.allow(key)
+    guard.observe(1, 1, 1, 0, False, 0.05)
+    guard.observe(1, 1, 3, 7, True, 0.1)  # drafting again: the epoch's steps are all in
+    assert guard.paired[key].epochs == 1
+    assert guard.paired[key].log_ratio == pytest.approx(np.log(0.5))  # the pace: 10 steps a second against 20
+    assert 1.2 < guard.on_over_off(key) < 1.5  # its yield: ~2.5 tokens a step, the passage (15 steps) in it
+    assert not guard.prefers_off(key)
 
 
 def test_an_epoch_pairs_its_own_steps_only_and_needs_a_few_of_them():
@@ -362,8 +388,9 @@ def test_the_guard_overrules_the_model_only_where_every_measure_agrees():
         for _ in range(10):
             guard.observe(1, 1, int(on_rate * 0.1), 3, True, 0.1)
             guard.observe(1, 1, 4, 0, False, 0.1)  # off: 40 tok/s
-        if paired is not None:
-            guard.paired[key] = _Paired(math.log(paired), 3)
+        if paired is not None:  # the epochs' pace ratio that, with the points' yields, reads `paired`
+            on, off = guard.points[(*key, True)], guard.points[(*key, False)]
+            guard.paired[key] = _Paired(math.log(paired * off.yield_ / on.yield_), 3)
         return guard.allow(key)
 
     assert mode(on_rate=60, paired=None) == Mode.MODEL  # the rates alone: 1.5, the model drafts
