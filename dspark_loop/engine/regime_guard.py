@@ -78,9 +78,10 @@ MIN_STEPS = 5  # steps each point needs before the guard acts on its rate
 # the two rates were within 1% while K=0 delivered 1.18x adaptive's tokens
 DRAFT_MARGIN = 0.05
 REGRET = 0.01  # an epoch of the worse point may cost this share of the steps between epochs
-# NOTE: and all keys' epochs of measured points together at most this share of all steps: a
-# key's period counts its own steps, and a load visited briefly (the tail of a batch, each
-# bucket on the way down) is due an epoch on most visits; on the demo with 16 streams of
+# NOTE: and all keys' epochs of measured points together at most this share of all steps
+# (an epoch counted in steps of its key's steady point's length): a key's period counts its
+# own steps, and a load visited briefly (the tail of a batch, each bucket on the way down)
+# is due an epoch on most visits; on the demo with 16 streams of
 # back-to-back requests the epochs of five keys took 15% of a cell's request-steps
 EPOCH_SHARE = 0.02
 MAX_PERIOD = 1 << 14  # the longest between two epochs of a key
@@ -157,7 +158,7 @@ class RegimeGuard:
         self.num_insists = 0  # steps the guard made everyone draft
         self.epoch_share = epoch_share
         self.num_steps = 0  # allow() calls, all keys
-        self.num_epoch_steps = 0  # steps in epochs of a measured point, all keys
+        self.epoch_cost = 0.0  # epochs of measured points, all keys, in steps of their steady point's length
         self.open_epochs: dict[Key, _Epoch] = {}  # key -> its epoch being measured
         # key -> its last steps observed: (num_steps then, drafted, decode requests, seconds)
         self.recent: dict[Key, deque[tuple[int, bool, int, float]]] = {}
@@ -233,7 +234,10 @@ class RegimeGuard:
                 # measure does not spend a sixth of its steps there
                 tries = self.unmeasured_epochs.get(key, 0)
                 period = min(self.first_explore << tries, max(self.explore_every, self.first_explore))
-            affordable = not measured or self.num_epoch_steps + self.epoch <= self.epoch_share * self.num_steps
+            # an epoch's cost in steps of the steady point's length (a drafting step at 64
+            # streams takes ~6 of K=0's)
+            cost = self.epoch * self._step_ratio(key, drafting) if measured else 0.0
+            affordable = not measured or self.epoch_cost + cost <= self.epoch_share * self.num_steps
             if affordable and tick - self.last_epoch.get(key, 0) >= period:  # an epoch of the other point
                 # NOTE: drafting's epoch insists where the model would draft nobody: left to
                 # it, the epoch would measure nothing
@@ -246,7 +250,7 @@ class RegimeGuard:
                 if not measured:
                     self.unmeasured_epochs[key] = self.unmeasured_epochs.get(key, 0) + 1
                 else:
-                    self.num_epoch_steps += self.epoch
+                    self.epoch_cost += cost
                 mode = epoch_mode
         self.num_vetoes += mode == Mode.VETO
         self.num_insists += mode == Mode.INSIST
@@ -266,9 +270,12 @@ class RegimeGuard:
 
     def _period(self, key: Key, drafting: bool) -> int:
         """Steps between epochs of the other point, both measured (rate ratio r = this
-        point's / that one's): as often as an epoch's lost tokens stay within REGRET of the
-        steps between epochs, epoch * (r - 1) / REGRET, at least explore_every, at most
-        MAX_PERIOD. NOTE: a floor of 64 (close calls re-measured often) made 64 streams
+        point's / that one's, step ratio t = the length of its step / this one's): as often
+        as an epoch's lost tokens stay within REGRET of the steps between epochs, epoch * t
+        * (r - 1) / REGRET, at least explore_every, at most MAX_PERIOD. NOTE: t, since an
+        epoch's steps are not the steady point's length: at 64 streams greedy on the demo a
+        drafting step took 6.7 of K=0's, and epochs counted in steps drafted in 5% of a
+        cell's steps (0.83x K=0). NOTE: a floor of 64 (close calls re-measured often) made 64 streams
         greedy draft in 9% of its steps, at a cost its rates do not show. NOTE: at 64 streams
         T=0.8 on the demo drafting delivers a quarter of not drafting: 6 drafting steps
         every 512 cost ~4% of K=0's speed."""
@@ -276,7 +283,16 @@ class RegimeGuard:
         if on_off is None or on_off <= 0:
             return self.explore_every
         ratio = on_off if drafting else 1.0 / on_off
-        return min(max(self.explore_every, int(self.epoch * max(ratio - 1.0, 0.0) / REGRET)), MAX_PERIOD)
+        lost = self.epoch * self._step_ratio(key, drafting) * max(ratio - 1.0, 0.0)  # in steady steps
+        return min(max(self.explore_every, int(lost / REGRET)), MAX_PERIOD)
+
+    def _step_ratio(self, key: Key, drafting: bool) -> float:
+        """How much longer a step at the other point takes than one at the steady point
+        (`drafting`), from their paces; 1 while either is unknown."""
+        steady, other = self.points.get((*key, drafting)), self.points.get((*key, not drafting))
+        if steady is None or other is None or steady.pace <= 0 or other.pace <= 0:
+            return 1.0
+        return steady.pace / other.pace
 
     def observe(
         self,

@@ -155,6 +155,35 @@ def test_a_far_worse_point_is_explored_rarely_enough_to_cost_at_most_the_regret(
     assert near_allowed.count(True) == 60  # an epoch every 64 steps: 10 of them
 
 
+def test_an_epoch_of_longer_steps_comes_as_much_more_rarely_and_counts_so_in_the_share():
+    """The regret is in time: where drafting delivers half of not drafting's rate with
+    steps 4x as long, its epochs come every 6 * 4 * (2 - 1) / REGRET steps; where its steps
+    are 12x as long (the same rate: more tokens a step), 3x more rarely. And the epochs'
+    share of the steps counts each at its length: 12x steps make an epoch 72 steps' worth."""
+    guard = RegimeGuard(explore_every=64, epoch=6, epoch_share=1.0)
+    short, long = guard.key(16, 0), guard.key(64, 0)
+    for _ in range(10):
+        guard.observe(16, 0, 32, 16 * 7, True, 0.4)  # 2 tokens a request-step, 80 tok/s
+        guard.observe(16, 0, 16, 0, False, 0.1)  # 160 tok/s
+        guard.observe(64, 0, 384, 64 * 7, True, 1.2)  # 6 tokens a request-step, 320 tok/s
+        guard.observe(64, 0, 64, 0, False, 0.1)  # 640 tok/s
+    first = {}
+    for key in (short, long):
+        allowed = [bool(guard.allow(key)) for _ in range(8000)]
+        first[key] = allowed.index(True) + 1
+    assert first[short] == int(6 * 4 * 1 / REGRET)
+    assert first[long] == int(6 * 12 * 1 / REGRET)
+    assert guard.epoch_cost == pytest.approx(3 * 6 * 4 + 6 * 12)  # 3 epochs of 4x steps in 8000, 1 of 12x
+    shared = RegimeGuard(explore_every=64, epoch=6, epoch_share=0.02)
+    for _ in range(10):
+        shared.observe(64, 0, 752, 64 * 7, True, 1.2)  # 627 tok/s: due an epoch every ~150 steps
+        shared.observe(64, 0, 64, 0, False, 0.1)
+    allowed = [bool(shared.allow(long)) for _ in range(8000)]
+    assert allowed.index(True) + 1 == int(6 * 12 / 0.02)  # 72 steps' worth: at 2%, after 3600 steps
+    assert allowed.count(True) == 12  # and the second after 7200
+    assert shared.epoch_cost == pytest.approx(2 * 6 * 12)
+
+
 def test_a_points_first_steps_are_averaged_not_dominated_by_the_first():
     """A point measured by one epoch must read the mean of its steps: one slow first step
     (100 tok/s) then five at 400 must give 350, not the ~250 an EMA started from the first
@@ -227,7 +256,10 @@ def test_an_epoch_is_judged_against_the_other_points_rate_just_before_it_not_one
         guard.observe(1, 1, 1, 0, False, 0.05)  # a fast spell, not drafting: 20 tok/s
     assert guard.prefers_off(key)  # the two rates, measured apart
     drafted = []
-    for _ in range(2000):  # the fast speed from now on: a drafting step takes 0.125 s
+    # the fast speed from now on: a drafting step takes 0.125 s; the first epoch of drafting
+    # comes late (measured in the slow spell, a drafting step looks 5 of not drafting's long
+    # and delivers 0.6x: every 6 * 5 * (1.67 - 1) / REGRET steps)
+    for _ in range(4000):
         drafting = bool(guard.allow(key))
         drafted.append(drafting)
         guard.observe(1, 1, 3 if drafting else 1, 7 if drafting else 0, drafting, 0.125 if drafting else 0.05)
