@@ -38,8 +38,12 @@ under tools.bench_demo.SCHEMA (response_format json_schema; grammar masks along 
 drafts at K=7), ended by EOS; host ms is the median
 per step of the host's schedule + update time (the masks are filled in schedule).
 Also per mode, over the steps with decode requests: rank ms (the median compute time the
-rank reported), drafting (the share of steps that ran a drafter pass) and lockstep (the
-share planned after the step before was answered, not ahead of it).
+rank reported), drafting (the share of steps that ran a drafter pass), lockstep (the
+share planned after the step before was answered, not ahead of it) and tail (the share
+with fewer decode requests than the cell's streams: a request prefilling, or streams that
+are done while others are not; and those steps' share of the rank's compute). K=0's streams
+stay in step; speculation puts them apart, and a cell's last requests then run in smaller
+steps that cost nearly a full one on the demo (its step time is mostly fixed cost).
 """
 
 from __future__ import annotations
@@ -84,10 +88,15 @@ MODES = ("k0", "fixed", "adaptive")
 class DecodeRows(EngineObserver):
     """Decode rows and decode request-steps, from the engine's step traces; and, over the
     steps with decode requests, how many ran a drafter pass, how many were planned in
-    lockstep (not overlapped with the step before), and the rank's compute per step."""
+    lockstep (not overlapped with the step before), the rank's compute per step, and the
+    tail: the steps (and their compute) with fewer decode requests than the cell's streams
+    (a request prefilling, or streams done)."""
 
-    def __init__(self, spec: bool) -> None:
+    def __init__(self, spec: bool, streams: int) -> None:
         self.spec = spec  # K=7: a step whose requests did not all skip their drafter pass drafted
+        self.streams = streams
+        self.tail_steps = 0
+        self.tail_s = 0.0
         self.decode_rows = 0
         self.decode_reqs = 0
         self.steps = 0
@@ -106,6 +115,9 @@ class DecodeRows(EngineObserver):
             self.drafting_steps += self.spec and drafted
             self.lockstep_steps += not trace.overlapped
             self.compute_s.append(trace.compute_max_s)
+            if reqs < self.streams:
+                self.tail_steps += 1
+                self.tail_s += trace.compute_max_s
 
 
 class RankProcesses(Mesh):
@@ -165,7 +177,7 @@ def run(
     policy = policy if mode == "adaptive" else None
     sched = model_scheduler(cfg, BLOCK, pages, max_num_seqs=n, spec_k=spec_k, policy=policy)
     tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
-    host, rows = HostTimes(), DecodeRows(spec_k > 0)
+    host, rows = HostTimes(), DecodeRows(spec_k > 0, n)
     engine = EngineLoop(sched, mesh, tok, observers=[host, rows])
 
     requests = []
@@ -196,6 +208,8 @@ def run(
         "steps": rows.steps,
         "drafting_steps": rows.drafting_steps,
         "lockstep_steps": rows.lockstep_steps,
+        "tail_steps": rows.tail_steps,
+        "tail_compute_share": rows.tail_s / max(sum(rows.compute_s), 1e-9),
         "rank_ms": 1e3 * float(np.median(rows.compute_s)) if rows.compute_s else 0.0,
     }
 
@@ -212,6 +226,8 @@ def merge(runs: list[dict]) -> dict:
         "host_ms": float(np.median([r["host_ms"] for r in runs])),
         "drafting_share": sum(r["drafting_steps"] for r in runs) / max(1, sum(r["steps"] for r in runs)),
         "lockstep_share": sum(r["lockstep_steps"] for r in runs) / max(1, sum(r["steps"] for r in runs)),
+        "tail_share": sum(r["tail_steps"] for r in runs) / max(1, sum(r["steps"] for r in runs)),
+        "tail_compute_share": float(np.mean([r["tail_compute_share"] for r in runs])),
         "rank_ms": float(np.median([r["rank_ms"] for r in runs])),
     }
 
@@ -271,6 +287,8 @@ def cell(
             "host_ms": g["host_ms"],
             "drafting_share": g["drafting_share"],
             "lockstep_share": g["lockstep_share"],
+            "tail_share": g["tail_share"],
+            "tail_compute_share": g["tail_compute_share"],
             "rank_ms": g["rank_ms"],
             "tokens_equal": g["outputs"] == k0["outputs"],
         }
@@ -291,7 +309,8 @@ def print_row(row: dict) -> None:
             f"{m} {g['per_user_tok_s']:6.1f}/{g['total_tok_s']:6.1f} (cpu {g['cpu_tok_s']:6.1f}) "
             f"rows {g['mean_verify_rows']:.2f} "
             f"acc {g['mean_accepted_len']:.2f} host {g['host_ms']:.2f} ms rank {g['rank_ms']:.1f} ms "
-            f"drafting {100 * g['drafting_share']:.0f}% lockstep {100 * g['lockstep_share']:.0f}%"
+            f"drafting {100 * g['drafting_share']:.0f}% lockstep {100 * g['lockstep_share']:.0f}% "
+            f"tail {100 * g['tail_share']:.0f}% ({100 * g['tail_compute_share']:.0f}% of compute)"
             f"{'' if g['tokens_equal'] else ' TOKENS DIFFER'}"
         )
     print(

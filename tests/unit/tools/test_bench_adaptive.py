@@ -12,7 +12,7 @@ from tools.bench_adaptive import MODES, main, process_cpu_s
 def test_quick_bench_runs_every_mode_and_checks_tokens_against_k0(tmp_path):
     """--quick must run K=0, the fixed chain and adaptive verification (here with a pinned
     cost model, so the solver and drafter skips are used) and report every cell's figures
-    with tokens equal to K=0's, seeded sampling included."""
+    with tokens equal to K=0's, seeded sampling included, and each mode's tail."""
     cost = tmp_path / "cost.json"
     cost.write_text(json.dumps({"c0": 0.01, "c_row": 0.002, "c_req": 0.001, "c_draft": 0.004}))
     out = tmp_path / "bench.json"
@@ -26,6 +26,9 @@ def test_quick_bench_runs_every_mode_and_checks_tokens_against_k0(tmp_path):
             assert row[m]["total_tok_s"] > 0
         assert row["k0"]["mean_verify_rows"] == 1.0
         assert row["adaptive"]["mean_verify_rows"] < 8.0  # dear rows: the window shrinks
+    # the tail: steps below the cell's streams; one stream's decode steps are all full
+    assert all(rows[0][m]["tail_share"] == 0.0 == rows[0][m]["tail_compute_share"] for m in MODES)
+    assert all(0.0 <= rows[1][m]["tail_share"] <= 1.0 for m in MODES)
 
 
 def test_quick_constrained_bench_keeps_k0_tokens_under_the_schema_and_reports_host_time(tmp_path):
