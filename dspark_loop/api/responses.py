@@ -68,7 +68,7 @@ class SpeculationStats(Body):
     """`"speculation": {"return_stats": true}`: this request's DSpark figures (all choices)."""
 
     proposed: int  # drafts verified
-    accepted: int  # tokens the verifies produced (matched drafts + one each)
+    accepted: int  # drafts accepted (the verifies produced these + one token each)
     verify_steps: int  # steps that verified at least one draft
 
 

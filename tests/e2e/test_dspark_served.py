@@ -100,9 +100,10 @@ def test_k7_output_equals_k0_and_prefix_hits_keep_it(k7_server, k0_outputs):
 
 
 def test_test_drafter_accepts_exactly_error_position_plus_one(k7_server, k0_outputs):
-    """With the true continuation wrong at index m, every verify must accept m+1 tokens."""
+    """With the true continuation wrong at index m, every verify must accept m+1 tokens;
+    the request's own figures (return_stats) must say so: m drafts accepted a verify."""
     before = k7_server.engine_stats()["dspark"]
-    out = k7_server.complete(PROMPT_A, MAX_TOKENS)
+    out = k7_server.complete(PROMPT_A, MAX_TOKENS, speculation={"return_stats": True})
     after = k7_server.wait_idle()["dspark"]
     assert out["choices"][0]["token_ids"] == k0_outputs["a"]
     verifies = after["num_verify_steps"] - before["num_verify_steps"]
@@ -111,6 +112,7 @@ def test_test_drafter_accepts_exactly_error_position_plus_one(k7_server, k0_outp
     assert accepted == verifies * (ERROR_AT + 1) == MAX_TOKENS - 1
     assert after["num_matched"] - before["num_matched"] == verifies * ERROR_AT
     assert after["leases_in_use"] == 0
+    assert out["speculation"] == {"proposed": 7 * verifies, "accepted": ERROR_AT * verifies, "verify_steps": verifies}
 
 
 def test_metrics_and_tap_traces_agree_with_the_served_workload(k7_server, k0_outputs):

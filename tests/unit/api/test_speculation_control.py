@@ -56,11 +56,12 @@ async def test_bad_speculation_values_are_a_400_naming_the_field(path, body, spe
 @pytest.mark.parametrize(("path", "body"), ROUTES)
 async def test_return_stats_answers_the_requests_own_figures(path, body):
     """With return_stats the JSON answer must carry "speculation" with the engine's
-    per-request proposed / accepted / verify steps; without it, no such field."""
+    per-request proposed / accepted / verify steps, accepted as drafts (the engine's
+    accepted tokens less each verify's bonus: 9 - 2); without it, no such field."""
     async with serving(FakeEngine(script=with_stats)) as client:
         base = {"model": MODEL, "max_tokens": 3, **body}
         got = await (await client.post(path, json={**base, "speculation": {"return_stats": True}})).json()
-        assert got["speculation"] == {"proposed": 14, "accepted": 9, "verify_steps": 2}
+        assert got["speculation"] == {"proposed": 14, "accepted": 7, "verify_steps": 2}
         plain = await (await client.post(path, json=base)).json()
         assert "speculation" not in plain
 
@@ -77,6 +78,6 @@ async def test_return_stats_in_a_stream_rides_the_final_usage_chunk(path, body):
             events = sse_events(await (await client.post(path, json={**req, **extra})).read())
             assert events[-1] == "[DONE]"
             last = events[-2]
-            assert last["speculation"] == {"proposed": 28, "accepted": 18, "verify_steps": 4}
+            assert last["speculation"] == {"proposed": 28, "accepted": 14, "verify_steps": 4}
             assert ("usage" in last) == bool(opts)
             assert sum("speculation" in e for e in events[:-1]) == 1
