@@ -216,6 +216,7 @@ def run(
 
 def merge(runs: list[dict]) -> dict:
     reqs = max(1, sum(r["decode_reqs"] for r in runs))
+    steps = max(1, sum(r["steps"] for r in runs))
     return {
         "outputs": [o for r in runs for o in r["outputs"]],
         "per_user_tok_s": float(np.mean([r["per_user_tok_s"] for r in runs])),
@@ -224,9 +225,9 @@ def merge(runs: list[dict]) -> dict:
         "mean_verify_rows": sum(r["decode_rows"] for r in runs) / reqs,
         "mean_accepted_len": sum(r["decode_tokens"] for r in runs) / reqs,
         "host_ms": float(np.median([r["host_ms"] for r in runs])),
-        "drafting_share": sum(r["drafting_steps"] for r in runs) / max(1, sum(r["steps"] for r in runs)),
-        "lockstep_share": sum(r["lockstep_steps"] for r in runs) / max(1, sum(r["steps"] for r in runs)),
-        "tail_share": sum(r["tail_steps"] for r in runs) / max(1, sum(r["steps"] for r in runs)),
+        "drafting_share": sum(r["drafting_steps"] for r in runs) / steps,
+        "lockstep_share": sum(r["lockstep_steps"] for r in runs) / steps,
+        "tail_share": sum(r["tail_steps"] for r in runs) / steps,
         "tail_compute_share": float(np.mean([r["tail_compute_share"] for r in runs])),
         "rank_ms": float(np.median([r["rank_ms"] for r in runs])),
     }
