@@ -22,7 +22,10 @@ put the requests out of step, a cost no server with steady arrivals has: at 64 s
 greedy it made drafting look 0.87x K=0 total while per-user it was 1.02x.
 
 Per cell and mode: per-user tok/s (output tokens / (finish - arrival), mean over users),
-total tok/s (all output tokens / wall), CPU tok/s (all output tokens / the CPU time of
+total tok/s (all output tokens / wall), steady tok/s (the tokens received until the
+first client got its last one, over that time: the throughput at this concurrency without
+the closed run's ramp-down, which K=0's streams, in step, do not have and speculation's,
+put apart, do; what a server with steady arrivals sees), CPU tok/s (all output tokens / the CPU time of
 the host and the rank, in this process or its rank process: the work each mode costs,
 which other processes sharing the cores do not inflate), mean decode rows per request-step (1 at K=0, 8
 for the fixed chain's verifies), mean tokens per request-step (the accepted length, the
@@ -191,7 +194,7 @@ def run(
         requests.append(g)
 
     cpu0 = time.process_time()
-    outs, user, total = serve_all(engine, requests, streams, procs)
+    outs, user, total, steady = serve_all(engine, requests, streams, procs)
     cpu_s = time.process_time() - cpu0  # the host (and an in-process rank)
     if procs is not None:
         cpu_s += procs.cpu_s  # all of the run's work, host and rank
@@ -200,6 +203,7 @@ def run(
         "outputs": outs,
         "per_user_tok_s": user,
         "total_tok_s": total,
+        "steady_tok_s": steady,
         "cpu_tok_s": sum(map(len, outs)) / cpu_s,
         "decode_rows": rows.decode_rows,
         "decode_reqs": rows.decode_reqs,
@@ -221,6 +225,7 @@ def merge(runs: list[dict]) -> dict:
         "outputs": [o for r in runs for o in r["outputs"]],
         "per_user_tok_s": float(np.mean([r["per_user_tok_s"] for r in runs])),
         "total_tok_s": float(np.mean([r["total_tok_s"] for r in runs])),
+        "steady_tok_s": float(np.mean([r["steady_tok_s"] for r in runs])),
         "cpu_tok_s": float(np.mean([r["cpu_tok_s"] for r in runs])),
         "mean_verify_rows": sum(r["decode_rows"] for r in runs) / reqs,
         "mean_accepted_len": sum(r["decode_tokens"] for r in runs) / reqs,
@@ -282,6 +287,7 @@ def cell(
         row[m] = {
             "per_user_tok_s": g["per_user_tok_s"],
             "total_tok_s": g["total_tok_s"],
+            "steady_tok_s": g["steady_tok_s"],
             "cpu_tok_s": g["cpu_tok_s"],
             "mean_verify_rows": g["mean_verify_rows"],
             "mean_accepted_len": g["mean_accepted_len"],
@@ -296,6 +302,8 @@ def cell(
     ad, fx = row["adaptive"], row["fixed"]
     row["adaptive_vs_k0_total"] = ad["total_tok_s"] / k0["total_tok_s"]
     row["adaptive_vs_best_total"] = ad["total_tok_s"] / max(k0["total_tok_s"], fx["total_tok_s"])
+    row["adaptive_vs_k0_steady"] = ad["steady_tok_s"] / k0["steady_tok_s"]
+    row["adaptive_vs_best_steady"] = ad["steady_tok_s"] / max(k0["steady_tok_s"], fx["steady_tok_s"])
     row["adaptive_vs_k0_per_user"] = ad["per_user_tok_s"] / k0["per_user_tok_s"]
     row["adaptive_vs_k0_cpu"] = ad["cpu_tok_s"] / k0["cpu_tok_s"]
     row["adaptive_vs_best_cpu"] = ad["cpu_tok_s"] / max(k0["cpu_tok_s"], fx["cpu_tok_s"])
@@ -307,7 +315,8 @@ def print_row(row: dict) -> None:
     for m in MODES:
         g = row[m]
         parts.append(
-            f"{m} {g['per_user_tok_s']:6.1f}/{g['total_tok_s']:6.1f} (cpu {g['cpu_tok_s']:6.1f}) "
+            f"{m} {g['per_user_tok_s']:6.1f}/{g['total_tok_s']:6.1f} (steady {g['steady_tok_s']:6.1f}, "
+            f"cpu {g['cpu_tok_s']:6.1f}) "
             f"rows {g['mean_verify_rows']:.2f} "
             f"acc {g['mean_accepted_len']:.2f} host {g['host_ms']:.2f} ms rank {g['rank_ms']:.1f} ms "
             f"drafting {100 * g['drafting_share']:.0f}% lockstep {100 * g['lockstep_share']:.0f}% "
@@ -318,6 +327,7 @@ def print_row(row: dict) -> None:
         f"{row['streams']:2d} streams T={row['temperature']:.1f} | per-user/total tok/s: "
         + " | ".join(parts)
         + f" | adaptive {row['adaptive_vs_k0_total']:.2f}x K=0 total, {row['adaptive_vs_best_total']:.2f}x best, "
+        f"steady {row['adaptive_vs_k0_steady']:.2f}x K=0, {row['adaptive_vs_best_steady']:.2f}x best, "
         f"{row['adaptive_vs_k0_per_user']:.2f}x K=0 per-user; by CPU time {row['adaptive_vs_k0_cpu']:.2f}x K=0, "
         f"{row['adaptive_vs_best_cpu']:.2f}x best",
         flush=True,

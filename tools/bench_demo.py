@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import time
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -64,30 +65,45 @@ def demo_constraint(tok: Tokenizer, vocab_size: int):
     return format_constraint(tok, fmt, start_in_reasoning=False, vocab_size=vocab_size)
 
 
-def serve_all(
-    engine: EngineLoop, requests: list[GenerateRequest], streams: int | None = None, mesh=None
-) -> tuple[list[list[int]], float, float]:
+class Served(NamedTuple):
+    outputs: list[list[int]]  # each request's tokens, in request order
+    per_user_tok_s: float  # mean over requests of tokens / (finish - arrival)
+    total_tok_s: float  # all tokens / wall
+    # tokens emitted while every client was still sending / that time: the wall up to the
+    # moment the first client received its last token (the whole wall without streams, or
+    # with one). A closed run ends in a ramp-down where fewer clients remain; a server with
+    # steady arrivals at this concurrency has none.
+    steady_tok_s: float
+
+
+def serve_all(engine: EngineLoop, requests: list[GenerateRequest], streams: int | None = None, mesh=None) -> Served:
     """Start the engine, send every request at once (streams None) or as `streams` clients
     each sending its requests back to back (request i belongs to client i % streams), stop
-    it when all are done: (each request's tokens, mean per-user tok/s = tokens / (finish -
-    arrival), total tok/s = all tokens / wall). mesh: rank processes (mesh.Mesh) to start
-    before the engine and close after it, outside the timed part."""
+    it when all are done. mesh: rank processes (mesh.Mesh) to start before the engine and
+    close after it, outside the timed part."""
 
     async def main():
         if mesh is not None:
             await mesh.start()
         engine.start()
         per_user = []
+        emitted = 0  # tokens received so far, all clients
+        steady: list[tuple[int, float]] = []  # (tokens, time) when the first client was done
 
         async def one(g: GenerateRequest) -> list[int]:
+            nonlocal emitted
             t0, toks = time.perf_counter(), []
             async for out in engine.generate(g):
                 toks += out.new_token_ids
+                emitted += len(out.new_token_ids)
             per_user.append(len(toks) / (time.perf_counter() - t0))
             return toks
 
         async def client(c: int) -> list[list[int]]:
-            return [await one(g) for g in requests[c::streams]]
+            outs = [await one(g) for g in requests[c::streams]]
+            if outs and not steady:
+                steady.append((emitted, time.perf_counter()))
+            return outs
 
         t0 = time.perf_counter()
         if streams is None:
@@ -99,7 +115,9 @@ def serve_all(
         await engine.stop()
         if mesh is not None:
             await mesh.close()
-        return outs, float(np.mean(per_user)), sum(map(len, outs)) / wall
+        total = sum(map(len, outs))
+        steady_tokens, steady_at = steady[0] if streams is not None and streams > 1 else (total, t0 + wall)
+        return Served(outs, float(np.mean(per_user)), total / wall, steady_tokens / (steady_at - t0))
 
     return asyncio.run(main())
 
@@ -201,7 +219,7 @@ def bench(
             g.constraint = demo_constraint(tok, cfg.vocab_size)
         requests.append(g)
 
-    outs, user, total = serve_all(engine, requests)
+    outs, user, total, _ = serve_all(engine, requests)
     s = engine.dspark_summary()
     hist = mesh.matched
     verifies = max(1, int(hist.sum()))

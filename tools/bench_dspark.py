@@ -43,7 +43,7 @@ def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, dra
         for i, p in enumerate(prompts)
     ]
 
-    outs, user_tps, total_tps = serve_all(engine, requests)
+    outs, user_tps, total_tps, _ = serve_all(engine, requests)
     return outs, user_tps, total_tps, engine.dspark_summary()
 
 

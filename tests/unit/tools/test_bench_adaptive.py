@@ -29,6 +29,9 @@ def test_quick_bench_runs_every_mode_and_checks_tokens_against_k0(tmp_path):
     # the tail: steps below the cell's streams; one stream's decode steps are all full
     assert all(rows[0][m]["tail_share"] == 0.0 == rows[0][m]["tail_compute_share"] for m in MODES)
     assert all(0.0 <= rows[1][m]["tail_share"] <= 1.0 for m in MODES)
+    # steady: one client has no ramp-down (steady is total); two clients' steady is measured
+    assert all(rows[0][m]["steady_tok_s"] == rows[0][m]["total_tok_s"] for m in MODES)
+    assert all(rows[1][m]["steady_tok_s"] > 0 for m in MODES)
 
 
 def test_quick_constrained_bench_keeps_k0_tokens_under_the_schema_and_reports_host_time(tmp_path):

@@ -39,7 +39,7 @@ def test_each_client_sends_its_requests_one_after_another_and_outputs_keep_reque
     """With 3 streams, at most 3 requests are in flight, client c sends requests c, c+3, ...
     in that order, and the tokens come back in request order."""
     engine = FakeEngine()
-    outs, per_user, total = serve_all(engine, [str(i) for i in range(9)], streams=3)
+    outs, per_user, total, _ = serve_all(engine, [str(i) for i in range(9)], streams=3)
     assert outs == [[i, i] for i in range(9)]
     assert engine.most == 3
     for c in range(3):
@@ -50,5 +50,33 @@ def test_each_client_sends_its_requests_one_after_another_and_outputs_keep_reque
 
 def test_without_streams_every_request_is_sent_at_once():
     engine = FakeEngine()
-    outs, _, _ = serve_all(engine, [str(i) for i in range(5)])
+    outs, _, _, _ = serve_all(engine, [str(i) for i in range(5)])
     assert outs == [[i, i] for i in range(5)] and engine.most == 5
+
+
+class StaggeredEngine(FakeEngine):
+    """An even request takes 1 step of 5 ms, an odd one 6; one token per step."""
+
+    async def generate(self, g):
+        i = int(g)
+        for _ in range(1 if i % 2 == 0 else 6):
+            await asyncio.sleep(0.005)
+
+            class Out:
+                new_token_ids = [i]
+
+            yield Out()
+
+
+def test_steady_counts_the_tokens_received_until_the_first_client_is_done():
+    """Two clients: client 0 (requests 0, 2) is done after 2 steps with 2 tokens, when
+    client 1 (1, 3: 12 steps) has ~2 of its 12: steady is ~4 tokens / 2 steps, total 14
+    tokens / 12 steps. Without streams, or with one, steady is total."""
+    served = serve_all(StaggeredEngine(), [str(i) for i in range(4)], streams=2)
+    assert served.outputs == [[0], [1] * 6, [2], [3] * 6]
+    # ~1.5x with exact sleeps; the event loop's wake-ups add to every step
+    assert served.steady_tok_s > 1.15 * served.total_tok_s  # the ramp-down is left out
+    alone = serve_all(StaggeredEngine(), [str(i) for i in range(3)], streams=1)
+    assert alone.steady_tok_s == alone.total_tok_s
+    batch = serve_all(StaggeredEngine(), [str(i) for i in range(3)])
+    assert batch.steady_tok_s == batch.total_tok_s
