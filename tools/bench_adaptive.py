@@ -258,6 +258,17 @@ def warm_up(
             run(path, "adaptive", prompts, 2 * max_tokens, t, policy, constrained, **where)
 
 
+def cell_prompts(streams: int, per_stream: int) -> list[int]:
+    """Which prompt (an index into a rotation) each request of a cell's run gets, in request
+    order (request i is client i % streams's (i // streams)-th): wave j (every client's j-th
+    request) takes prompts j * streams .. + streams - 1, as one client each, client c the
+    (c + j) % streams-th of them. NOTE: not prompt i: with a pool of 8 prompts and 16 or 64
+    streams a client then got the same prompt every time, so greedy, the same text; a client
+    of easy ones finished its requests far ahead of one of hard ones, and the run's ramp-down
+    grew with the spread."""
+    return [j * streams + (c + j) % streams for j in range(per_stream) for c in range(streams)]
+
+
 def cell(
     path: str,
     pool,
@@ -275,7 +286,7 @@ def cell(
     runs = {m: [] for m in MODES}
     size = n * per_stream
     for r in range(rounds):
-        prompts = [pool[(r * size + i) % len(pool)] for i in range(size)]
+        prompts = [pool[(r * size + i) % len(pool)] for i in cell_prompts(n, per_stream)]
         # NOTE: the order rotates round by round, so a mode is not always run after the same one
         for m in MODES[r % len(MODES) :] + MODES[: r % len(MODES)]:
             runs[m].append(run(path, m, prompts, max_tokens, temperature, policy, constrained, n, **where))

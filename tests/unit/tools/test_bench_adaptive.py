@@ -6,7 +6,7 @@ import json
 import os
 import time
 
-from tools.bench_adaptive import MODES, main, process_cpu_s
+from tools.bench_adaptive import MODES, cell_prompts, main, process_cpu_s
 
 
 def test_quick_bench_runs_every_mode_and_checks_tokens_against_k0(tmp_path):
@@ -67,3 +67,18 @@ def test_process_cpu_s_reads_this_process_and_grows_with_work():
     while time.process_time() < deadline:
         pass
     assert process_cpu_s(os.getpid()) >= before + 0.03
+
+
+def test_a_cells_clients_take_each_waves_prompts_once_and_rotate_through_the_pool():
+    """Each wave (every client's j-th request) takes its own block of prompts, one each; a
+    client's prompts differ from wave to wave even when the streams are a multiple of the
+    pool (16 streams over 8 prompts gave client 0 prompt 0 three times)."""
+    for streams, per_stream in [(1, 3), (4, 3), (16, 3), (64, 3)]:
+        idx = cell_prompts(streams, per_stream)
+        assert len(idx) == streams * per_stream
+        for j in range(per_stream):
+            wave = idx[j * streams : (j + 1) * streams]
+            assert sorted(wave) == list(range(j * streams, (j + 1) * streams))
+        for c in range(streams):
+            mine = [idx[j * streams + c] % 8 for j in range(per_stream)]
+            assert len(set(mine)) == per_stream  # no repeat within 3 requests
