@@ -96,7 +96,7 @@ class DrafterProposer:
         self.rings = [torch.zeros(rows, cfg.head_dim, dtype=dtype, device=device) for _ in range(cfg.dspark.num_stages)]
         # context rows not yet in the rings: [leases * RING_POSITIONS] slots (lease, pos % RING_POSITIONS)
         self.pending_ctx: torch.Tensor | None = None  # [slots, d], made at the first skipped pass
-        self.pending_pos = torch.zeros(num_leases * RING_POSITIONS, dtype=torch.long, device=device)
+        self.pending_pos = np.zeros(num_leases * RING_POSITIONS, np.int64)  # [slots] the held row's position
         self.pending = np.zeros(num_leases * RING_POSITIONS, bool)  # [slots] holds a row not yet written
 
     @property
@@ -125,28 +125,27 @@ class DrafterProposer:
         """sampler: the runner's RankSampler (sampling requests draft with their own noise);
         None: greedy drafts."""
         dev = self.device
-
-        def lease_of(reqs):
-            try:
-                return torch.tensor([leases[r] for r in reqs], dtype=torch.long, device=dev)
-            except KeyError as e:
-                raise ValueError(f"request {e.args[0]} runs at K=7 without a drafter lease") from None
-
         if b.ctx_rows:
-            rows = torch.tensor(b.ctx_rows, dtype=torch.long, device=dev)
-            ctx = self.drafter.context_rows(out.taps, rows)  # [n, d]
-            lease, pos = lease_of(b.ctx_req), torch.tensor(b.ctx_pos, dtype=torch.long, device=dev)  # [n], [n]
-            drafting = np.isin(np.asarray(b.ctx_req), np.asarray(b.q_req))  # [n] its pass runs now
-            if not drafting.all():
-                keep = torch.from_numpy(~drafting).to(dev)
-                self._hold(lease[keep], pos[keep], ctx[keep])
-            if b.q_req:
-                self._flush(lease_of(b.q_req))
-            if drafting.any():
-                now = torch.from_numpy(drafting).to(dev)
-                self.drafter.write_context(self.rings, lease[now], pos[now], ctx[now])
+            ctx_req = np.asarray(b.ctx_req, np.int64)
+            lease, pos = lease_ids(b.ctx_req, leases), np.asarray(b.ctx_pos, np.int64)  # [n], [n]
+            ctx = self.drafter.context_rows(out.taps, self._rows(b.ctx_rows, out))  # [n, d]
+            drafting = np.isin(ctx_req, b.q_req) if b.q_req else np.zeros(len(ctx_req), bool)  # [n] its pass runs now
+            if not drafting.any():
+                self._hold(lease, pos, ctx)  # nobody drafts: every row is held, no masks
+            else:
+                if not drafting.all():
+                    keep = np.flatnonzero(~drafting)
+                    self._hold(lease[keep], pos[keep], ctx[torch.from_numpy(keep).to(dev)])
+                self._flush(lease_ids(b.q_req, leases))
+                now = np.flatnonzero(drafting)
+                self.drafter.write_context(
+                    self.rings,
+                    torch.from_numpy(lease[now]).to(dev),
+                    torch.from_numpy(pos[now]).to(dev),
+                    ctx[torch.from_numpy(now).to(dev)],
+                )
         elif b.q_req:
-            self._flush(lease_of(b.q_req))
+            self._flush(lease_ids(b.q_req, leases))
         if not b.q_req and self.alone:
             # NOTE: no anchor (every drafter pass skipped): an empty pass is a few hundred ops
             # of pure overhead; only a rank that is alone may leave it out (with peers, its
@@ -160,31 +159,54 @@ class DrafterProposer:
             self.embed,
             self.head,
             comm,
-            lease_of(b.q_req),
+            torch.from_numpy(lease_ids(b.q_req, leases)).to(dev),
             anchor_pos,
             torch.tensor(b.q_tok, dtype=torch.long, device=dev),
             pick,
         )
         return drafts.to(torch.int32).cpu().numpy(), conf.cpu().numpy().astype(np.float32)
 
-    def _hold(self, lease: torch.Tensor, pos: torch.Tensor, ctx: torch.Tensor) -> None:
+    @staticmethod
+    def _rows(ctx_rows: list[int], out: ForwardOutput) -> torch.Tensor | None:
+        """The tap rows of the context rows; None where they are every row (a decode step
+        of one row each): context_rows then reads the taps as they are, no gather."""
+        taps = next(iter(out.taps.values()), None)
+        if taps is not None and len(ctx_rows) == taps.shape[0]:
+            return None  # ctx_rows rise strictly (packed order): all T of them are 0..T-1
+        return torch.tensor(ctx_rows, dtype=torch.long, device=taps.device if taps is not None else None)
+
+    def _hold(self, lease: np.ndarray, pos: np.ndarray, ctx: torch.Tensor) -> None:
         """Keep context rows ctx [n, d] at positions pos [n] of leases [n] for later."""
         if self.pending_ctx is None:
             self.pending_ctx = torch.zeros(len(self.pending), ctx.shape[1], dtype=ctx.dtype, device=ctx.device)
         slot = lease * RING_POSITIONS + pos % RING_POSITIONS  # [n] (distinct: n <= the window)
-        self.pending_ctx[slot] = ctx
+        self.pending_ctx.index_copy_(0, torch.from_numpy(slot).to(ctx.device), ctx)
         self.pending_pos[slot] = pos
-        self.pending[slot.cpu().numpy()] = True
+        self.pending[slot] = True
 
-    def _flush(self, leases: torch.Tensor) -> None:
+    def _flush(self, leases: np.ndarray) -> None:
         """Write the held context rows of these leases into the rings (before this step's
         own rows, which are newer)."""
         if self.pending_ctx is None:
             return
-        held = self.pending.reshape(-1, RING_POSITIONS)[leases.cpu().numpy()]  # [m, RING_POSITIONS]
+        held = self.pending.reshape(-1, RING_POSITIONS)[leases]  # [m, RING_POSITIONS]
         if not held.any():
             return
         m, j = np.nonzero(held)
-        slot = torch.from_numpy(leases.cpu().numpy()[m] * RING_POSITIONS + j).to(leases.device)  # [h]
-        self.drafter.write_context(self.rings, slot // RING_POSITIONS, self.pending_pos[slot], self.pending_ctx[slot])
-        self.pending[slot.cpu().numpy()] = False
+        slot = leases[m] * RING_POSITIONS + j  # [h]
+        dev = self.pending_ctx.device
+        self.drafter.write_context(
+            self.rings,
+            torch.from_numpy(slot // RING_POSITIONS).to(dev),
+            torch.from_numpy(self.pending_pos[slot]).to(dev),
+            self.pending_ctx[torch.from_numpy(slot).to(dev)],
+        )
+        self.pending[slot] = False
+
+
+def lease_ids(req_ids, leases: dict[int, int]) -> np.ndarray:
+    """The drafter leases of these requests (int64)."""
+    try:
+        return np.fromiter((leases[r] for r in req_ids), np.int64, len(req_ids))
+    except KeyError as e:
+        raise ValueError(f"request {e.args[0]} runs at K=7 without a drafter lease") from None

@@ -101,11 +101,15 @@ class Drafter(nn.Module):
         return rope_cos_sin(self._inv_freq, pos, self.dtype)
 
     # ---- context rows ------------------------------------------------------------------
-    def context_rows(self, taps: dict[int, torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
-        """taps: layer -> [T, hc, d] (trunk hidden after that layer); rows [n] -> ctx [n, d]."""
+    def context_rows(self, taps: dict[int, torch.Tensor], rows: torch.Tensor | None) -> torch.Tensor:
+        """taps: layer -> [T, hc, d] (trunk hidden after that layer); rows [n] -> ctx [n, d]
+        (rows None: every row, ctx [T, d])."""
         # NOTE: the 4 hc streams are reduced by their mean (dspark.md leaves this open).
-        parts = [taps[i][rows].float().mean(dim=1).to(self.dtype) for i in self.target_layer_ids]  # [n, d]
-        return self.main_norm(linear_rows(self.main_proj, torch.cat(parts, dim=-1)))
+        picked = [taps[i] if rows is None else taps[i][rows] for i in self.target_layer_ids]  # [n, hc, d]
+        stacked = torch.stack(picked, dim=1)  # [n, layers, hc, d]
+        # each layer's hc mean in fp32, then the layers side by side: [n, layers * d]
+        cat = stacked.mean(dim=2, dtype=torch.float32).to(self.dtype).flatten(1)
+        return self.main_norm(linear_rows(self.main_proj, cat))
 
     def write_context(
         self, rings: list[torch.Tensor], lease: torch.Tensor, pos: torch.Tensor, ctx: torch.Tensor
