@@ -6,6 +6,8 @@ import json
 import os
 import time
 
+import pytest
+
 from tools.bench_adaptive import MODES, cell_prompts, main, process_cpu_s
 
 
@@ -32,6 +34,10 @@ def test_quick_bench_runs_every_mode_and_checks_tokens_against_k0(tmp_path):
     # steady: one client has no ramp-down (steady is total); two clients' steady is measured
     assert all(rows[0][m]["steady_tok_s"] == rows[0][m]["total_tok_s"] for m in MODES)
     assert all(rows[1][m]["steady_tok_s"] > 0 for m in MODES)
+    # one round: the rounds' median ratio is the cell's ratio
+    for row in rows:
+        assert row["adaptive_vs_k0_total_rounds"] == pytest.approx(row["adaptive_vs_k0_total"])
+        assert row["adaptive_vs_best_total_rounds"] == pytest.approx(row["adaptive_vs_best_total"])
 
 
 def test_quick_constrained_bench_keeps_k0_tokens_under_the_schema_and_reports_host_time(tmp_path):
