@@ -4,7 +4,7 @@ the manifest's held-out Python prompts.
 
     python -m tools.bench_adaptive [--streams 1 4 16 64] [--temperatures 0 0.8]
         [--max-tokens 64] [--requests-per-stream 3] [--ranks inproc|process] [--threads N]
-        [--cost-model FILE] [--save-cost-model FILE] [--json FILE] [--quick] [--constrained]
+        [--cost-model FILE] [--save-cost-model FILE] [--json FILE] [--trace FILE] [--quick] [--constrained]
 
 --ranks inproc (default): one runner in this process (LocalComm), run inside the engine's
 step, so the host's work (schedule, the policy, update) and the rank's are serial, as
@@ -128,6 +128,18 @@ class DecodeRows(EngineObserver):
                 self.tail_s += trace.compute_max_s
 
 
+class TraceFile:
+    """The adaptive policy's trace (AdaptiveVerify.trace): every step its regime guard was
+    shown, one JSON line each, with the run it came from (`where`, set by run())."""
+
+    def __init__(self, path: str) -> None:
+        self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed by main)
+        self.where: dict = {}
+
+    def __call__(self, step: dict) -> None:
+        self.file.write(json.dumps({**self.where, **step}) + "\n")
+
+
 class RankProcesses(Mesh):
     """One rank process (the server's mesh, world size 1), with the CPU time it spends
     between start() and close(): `cpu_s`."""
@@ -183,6 +195,8 @@ def run(
         runner = demo_runner(path, prompts, max_tokens, spec_k, n)
         mesh, pages = LocalMesh([runner]), runner.num_blocks
     policy = policy if mode == "adaptive" else None
+    if policy is not None and isinstance(policy.trace, TraceFile):
+        policy.trace.where = {"streams": streams, "temperature": temperature, "max_tokens": max_tokens}
     sched = model_scheduler(cfg, BLOCK, pages, max_num_seqs=n, spec_k=spec_k, policy=policy)
     tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
     host, rows = HostTimes(), DecodeRows(spec_k > 0, n)
@@ -387,6 +401,13 @@ def main(argv=None) -> int:
     ap.add_argument("--cost-model", default=None, help="pin the step cost model from this JSON file")
     ap.add_argument("--save-cost-model", default=None, help="write the learned cost model here at the end")
     ap.add_argument("--json", default=None, help="also write the figures here")
+    ap.add_argument(
+        "--trace",
+        default=None,
+        help="write every step the adaptive policy's regime guard was shown here (JSON lines: "
+        "the run's streams and temperature, the step's key, point, requests, tokens, time, "
+        "prompt rows and the key's measures after it)",
+    )
     ap.add_argument("--quick", action="store_true", help="a smoke test: streams 1 2, 6 tokens, one round")
     ap.add_argument(
         "--constrained", action="store_true", help="every request writes a JSON document under bench_demo.SCHEMA"
@@ -400,6 +421,8 @@ def main(argv=None) -> int:
     pool = heldout_prompts(args.model, tok)
     policy = adaptive_policy(args.cost_model, ModelConfig.from_dir(args.model))  # the server's, with its temperatures
     where = dict(ranks=args.ranks, threads=args.threads)
+    if args.trace:
+        policy.trace = TraceFile(args.trace)
     run(args.model, "k0", pool[:1], 4, 0.0, None, **where)  # warm-up (allocator, first-call paths)
     if not args.quick and not args.cost_model:
         warmup_tokens = min(args.max_tokens, 32)
@@ -430,6 +453,8 @@ def main(argv=None) -> int:
     if args.save_cost_model:
         with open(args.save_cost_model, "w", encoding="utf-8") as f:
             json.dump({t: float(c) for t, c in zip(TERMS, policy.cost.coef)}, f, indent=1)
+    if isinstance(policy.trace, TraceFile):
+        policy.trace.file.close()
     if args.json:
         summary = {
             "max_tokens": args.max_tokens,

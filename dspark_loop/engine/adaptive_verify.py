@@ -40,6 +40,8 @@ the demo 0.6-0.7x K=0.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from dspark_loop.contract.protocol import DSPARK_K
@@ -107,6 +109,8 @@ class AdaptiveVerify:
         self._idle_shape: tuple | None = None  # (R, classes, per partition, allowed) whose last solve drafted nobody
         self.guard = RegimeGuard()  # realised rates of drafting and not: may veto the model's drafting
         self.prompt_row_s = 0.0  # EMA of a prompt row's cost beyond its step's decode rows (0: none yet)
+        # each step the guard was shown, as a dict (tools.bench_adaptive --trace); None: off
+        self.trace: Callable[[dict], None] | None = None
 
     # ---- VerifyPolicy -------------------------------------------------------------------
     def choose(
@@ -209,14 +213,32 @@ class AdaptiveVerify:
         requests); counting decode-only steps alone, an epoch of the other point often
         measured too few steps, the point stayed unmeasured, and its epochs came back every
         first_explore steps (a fifth of the steps at 1 row at 16 streams greedy)."""
+        prompt_s = 0.0
         if prefill_rows > 0:
             if not self.cost.trusted:
                 return
             prompt_s = (self.prompt_row_s or float(self.cost.coef[1])) * prefill_rows
             if prompt_s > 0.5 * step_s:
                 return
-            step_s -= prompt_s
-        self.guard.observe(num_requests, num_sampled, num_tokens, verify_rows, drafted, step_s, num_constrained)
+        self.guard.observe(
+            num_requests, num_sampled, num_tokens, verify_rows, drafted, step_s - prompt_s, num_constrained
+        )
+        if self.trace is not None:
+            key = self.guard.key(num_requests, num_sampled, num_constrained)
+            self.trace(
+                {
+                    "step": self.guard.num_steps,
+                    "key": list(key),
+                    "point": "on" if drafted and verify_rows else "off" if not drafted and not verify_rows else None,
+                    "requests": num_requests,
+                    "tokens": num_tokens,
+                    "step_s": step_s,
+                    "prompt_rows": prefill_rows,
+                    "prompt_s": prompt_s,
+                    "epoch": key in self.guard.open_epochs,
+                    "measures": self.guard.measures(key),
+                }
+            )
 
     def observe_accepted(self, surv, verify_len, accepted, cls) -> None:
         """One finished step's verifying requests: surv [n, K] the survival choose()

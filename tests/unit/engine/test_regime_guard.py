@@ -432,3 +432,21 @@ def test_the_guard_overrules_the_model_only_where_every_measure_agrees():
     assert mode(on_rate=30, paired=0.8) == Mode.VETO
     assert mode(on_rate=60, paired=1.3, margin=1.0) == Mode.INSIST
     assert mode(on_rate=60, paired=1.0, margin=1.0) == Mode.MODEL
+
+
+def test_the_trace_shows_each_step_the_guard_saw_with_its_point_and_the_prompt_cost_taken_out():
+    """AdaptiveVerify.trace gets every step observe_rate passes on: its key, point (on, off,
+    or neither for a step between them), figures, the prompt cost taken out, and the key's
+    measures after it; a step dropped (its prompt rows over half of it) is not traced."""
+    policy = AdaptiveVerify(learned(c_row=1e-3), explore_every=0)
+    seen: list[dict] = []
+    policy.trace = seen.append
+    policy.observe_rate(16, 16, 40, 16 * DSPARK_K, True, 0.1)
+    policy.observe_rate(16, 16, 16, 0, False, 0.02)
+    policy.observe_rate(16, 16, 16, 0, True, 0.03)  # a pass but nothing verified: between
+    policy.observe_rate(16, 16, 16, 0, False, 0.03, prefill_rows=10)  # 10 ms of prompt taken out
+    policy.observe_rate(16, 16, 16, 0, False, 0.03, prefill_rows=20)  # 20 of 30 ms: dropped
+    assert [s["point"] for s in seen] == ["on", "off", None, "off"]
+    assert all(s["key"] == list(policy.guard.key(16, 16)) and s["requests"] == 16 for s in seen)
+    assert seen[3]["prompt_rows"] == 10 and seen[3]["prompt_s"] == pytest.approx(0.01)
+    assert seen[0]["measures"] == [] and seen[0]["tokens"] == 40 and seen[0]["step_s"] == 0.1

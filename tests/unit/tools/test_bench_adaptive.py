@@ -18,9 +18,14 @@ def test_quick_bench_runs_every_mode_and_checks_tokens_against_k0(tmp_path):
     cost = tmp_path / "cost.json"
     cost.write_text(json.dumps({"c0": 0.01, "c_row": 0.002, "c_req": 0.001, "c_draft": 0.004}))
     out = tmp_path / "bench.json"
-    argv = ["--quick", "--temperatures", "0.8", "--cost-model", str(cost), "--json", str(out)]
+    trace = tmp_path / "trace.jsonl"
+    argv = ["--quick", "--temperatures", "0.8", "--cost-model", str(cost), "--json", str(out), "--trace", str(trace)]
     assert main(argv) == 0
     rows = json.loads(out.read_text())["rows"]
+    # the trace: adaptive's steps, each with its cell (all sampled: sampling mix 2)
+    steps = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert {s["streams"] for s in steps} == {1, 2} and {s["temperature"] for s in steps} == {0.8}
+    assert all(s["key"][1] == 2 and s["point"] in ("on", "off", None) for s in steps)
     assert [(r["streams"], r["temperature"]) for r in rows] == [(1, 0.8), (2, 0.8)]
     for row in rows:
         for m in MODES:
