@@ -24,11 +24,12 @@ what each operating point actually delivers:
                  PAIR_RECENT steps before it (none: no sample), averaged in log; as a
                  measure of on / off, times the two points' yields
     allow(key)   a Mode: VETO (nobody drafts, probes aside) when "on" does not beat "off"
-                 by DRAFT_MARGIN (5%) by every measure the key has: the paired ratio once an
-                 epoch gave one, the two rates once both are known; INSIST (everyone drafts)
-                 where the model drafts nobody (its margin is 1) and "on" beats "off" by
-                 DRAFT_MARGIN by every measure; MODEL otherwise (no measure yet, or they
-                 disagree): the model decides
+                 by DRAFT_MARGIN (5%) by the measures it acts on (`deciding`): the paired
+                 ratio alone once it rests on PAIR_TRUST epochs, else every measure the key
+                 has (the paired ratio once an epoch gave one, the two rates once both are
+                 known); INSIST (everyone drafts) where the model drafts nobody (its margin
+                 is 1) and "on" beats "off" by DRAFT_MARGIN by those measures; MODEL
+                 otherwise (no measure yet, or they disagree): the model decides
 
 NOTE: paired, not the two rates side by side: a point the steady state does not run is
 measured only in epochs, minutes apart, and this CPU's speed drifts by more than the
@@ -48,7 +49,8 @@ while it is not) `first_explore` steps after the key's last epoch while that poi
 rate yet (doubling after each epoch that left it unmeasured, up to explore_every), and
 once it has, as often as the epochs' lost tokens stay within REGRET (1%) of the steps
 between them (_period: every `explore_every` steps where the points are close,
-rarer where the other is far worse), so a rate the steady state never measures (the
+rarer where the other is far worse; until the paired ratio rests on PAIR_TRUST epochs,
+sooner: first_explore doubling per epoch, up to explore_every), so a rate the steady state never measures (the
 model drafts all along, or nobody does) is measured soon, and a stale one is renewed
 where it decides a close call. Where the model drafts nobody (its last `margin` at the key,
 predicted drafting / not-drafting rate, is 1) the steady point is "off" and its epochs
@@ -89,6 +91,17 @@ PAIR_EMA = 0.3  # weight of an epoch in its key's paired ratio (after the plain 
 PAIR_MIN_STEPS = 3  # an epoch's steps at its point (observed) for a paired ratio, and the
 # other point's steps within PAIR_RECENT steps (all keys) before it began, its baseline
 PAIR_RECENT = 16
+# NOTE: a key whose paired measure rests on this many epochs is decided by it alone; before,
+# where it and the rates disagree, the model decides. The rates err by the machine's drift
+# between two points measured minutes apart, and no number of steps mends that: at 16
+# streams T=0.8 on the demo they read 1.44 (not drafting 452 tok/s, a stale figure against
+# ~850 in the steady state) where drafting delivered 0.6x, the key had no paired sample
+# (its epochs came every 512 of its steps), and adaptive drafted in 34% of the cell's steps
+# (0.75x K=0). One epoch's sample errs too (where in its requests the epoch fell, a slow
+# spell): trusted after one, it vetoed 1 stream T=0.8 at 1.04 where the chain delivered
+# 1.46x K=0. Until then a key's epochs come sooner (`first_explore` << the epochs it ran
+# so far), within the time share.
+PAIR_TRUST = 4
 LOAD_BUCKETS = 12  # loads told apart: decode requests 1, 2, 3-5, 6-11, ... (log2, rounded), the last open-ended
 Key = tuple[int, int, int]  # (load bucket, sampling mix, constraint mix): RegimeGuard.key
 
@@ -154,6 +167,7 @@ class RegimeGuard:
         self.clock: dict[Key, int] = {}  # steps allow() saw per key
         self.exploring: dict[Key, tuple[Mode, int]] = {}  # key -> (the epoch's mode, steps left)
         self.unmeasured_epochs: dict[Key, int] = {}  # key -> epochs run while the other point had no rate
+        self.pairing_epochs: dict[Key, int] = {}  # key -> epochs run, both measured, before PAIR_TRUST pairs
         self.num_vetoes = 0  # steps the guard kept everyone from drafting
         self.num_insists = 0  # steps the guard made everyone draft
         self.epoch_share = epoch_share
@@ -196,6 +210,15 @@ class RegimeGuard:
             out.append(on.rate / off.rate)
         return out
 
+    def deciding(self, key: Key) -> list[float]:
+        """The measures the guard acts on at this key: the paired measure alone once it
+        rests on PAIR_TRUST epochs, else every measure the key has (they must agree)."""
+        ratios = self.measures(key)
+        paired = self.paired.get(key)
+        if ratios and paired is not None and paired.epochs >= PAIR_TRUST:
+            return ratios[:1]
+        return ratios
+
     def prefers_off(self, key: Key) -> bool:
         """Drafting did not beat not drafting by DRAFT_MARGIN, by every measure the key has
         (and it has one). NOTE: every, not the paired ratio alone: at 1 stream T=0.8 on the
@@ -203,12 +226,12 @@ class RegimeGuard:
         delivered 1.39x K=0), and the veto held the whole run at 0.75x the chain; each
         measure errs its own way (a paired sample by where in its requests the epoch fell,
         the rates by the machine's speed between epochs minutes apart)."""
-        ratios = self.measures(key)
+        ratios = self.deciding(key)
         return bool(ratios) and all(r < 1 + DRAFT_MARGIN for r in ratios)
 
     def prefers_on(self, key: Key) -> bool:
         """Drafting beat not drafting by DRAFT_MARGIN by every measure the key has."""
-        ratios = self.measures(key)
+        ratios = self.deciding(key)
         return bool(ratios) and all(r >= 1 + DRAFT_MARGIN for r in ratios)
 
     def allow(self, key: Key) -> Mode:
@@ -226,8 +249,13 @@ class RegimeGuard:
         else:
             other = self.points.get((*key, not drafting))
             measured = other is not None and other.steps >= MIN_STEPS
-            if measured:
+            pairing = self.pairing_epochs.get(key, 0)
+            if measured and self._paired_epochs(key) >= PAIR_TRUST:
                 period = self._period(key, drafting)
+            elif measured:
+                # the paired measure is not yet trusted: sooner, so it soon is (and the rates,
+                # which may be stale, decide less long)
+                period = min(self.first_explore << pairing, max(self.explore_every, self.first_explore))
             else:
                 # NOTE: an epoch can end with its point still unmeasured (too few of its steps
                 # counted); the next waits twice as long, so a key whose other point is hard to
@@ -251,10 +279,16 @@ class RegimeGuard:
                     self.unmeasured_epochs[key] = self.unmeasured_epochs.get(key, 0) + 1
                 else:
                     self.epoch_cost += cost
+                    if self._paired_epochs(key) < PAIR_TRUST:
+                        self.pairing_epochs[key] = pairing + 1
                 mode = epoch_mode
         self.num_vetoes += mode == Mode.VETO
         self.num_insists += mode == Mode.INSIST
         return mode
+
+    def _paired_epochs(self, key: Key) -> int:
+        paired = self.paired.get(key)
+        return 0 if paired is None else paired.epochs
 
     def _recent_pace(self, key: Key, drafted: bool) -> float | None:
         """The pace of this key's steps at this point within the last PAIR_RECENT steps (all

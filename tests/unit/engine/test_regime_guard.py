@@ -3,12 +3,14 @@ cost model where they disagree."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.adaptive_verify import AdaptiveVerify
-from dspark_loop.engine.regime_guard import MIN_STEPS, REGRET, Mode, RegimeGuard
+from dspark_loop.engine.regime_guard import MIN_STEPS, PAIR_TRUST, REGRET, Mode, RegimeGuard, _Paired
 from tests.unit.engine.test_adaptive_policy import learned
 
 
@@ -16,6 +18,14 @@ def feed(guard: RegimeGuard, R: int, on_rate: float, off_rate: float, steps: int
     for _ in range(steps):
         guard.observe(R, 0, int(on_rate * 0.1), R * 3, True, 0.1)  # a verify + drafter pass step
         guard.observe(R, 0, int(off_rate * 0.1), 0, False, 0.1)  # one row each, no pass
+
+
+def trust(guard: RegimeGuard, *keys) -> None:
+    """Give each key a paired measure that agrees with its rates and rests on PAIR_TRUST
+    epochs (as a key's epochs would have made it), so its epochs come at the regret's pace."""
+    for key in keys:
+        on, off = guard.points[(*key, True)], guard.points[(*key, False)]
+        guard.paired[key] = _Paired(math.log(on.pace / off.pace), PAIR_TRUST)
 
 
 def test_drafting_is_vetoed_where_not_drafting_delivered_more_and_allowed_where_it_did_not():
@@ -51,7 +61,8 @@ def test_each_key_explores_the_other_point_soon_while_unmeasured_then_every_expl
     """Where the model drafts all along the off rate is never measured: `first_explore`
     steps into a key `epoch` steps must be vetoed, and while the point stays unmeasured
     again after twice the wait each time (up to explore_every); once both rates are known,
-    an epoch of the other point every explore_every steps."""
+    an epoch of the other point every explore_every steps (once the paired measure is
+    trusted: before, sooner, see the next test)."""
     guard = RegimeGuard(explore_every=64, epoch=8, first_explore=16, epoch_share=1.0)
     key = guard.key(16, 0)
     guard.margin[key] = 1.2  # the model drafts, expecting a little more than not drafting
@@ -59,6 +70,7 @@ def test_each_key_explores_the_other_point_soon_while_unmeasured_then_every_expl
     assert allowed[15:23] == [False] * 8 and allowed[47:55] == [False] * 8 and allowed[111:119] == [False] * 8
     assert allowed.count(False) == 24
     feed(guard, 16, on_rate=190, off_rate=200)  # now off is the (slightly) better point
+    trust(guard, key)
     allowed = [guard.allow(key) for _ in range(128)]  # steps 121..248: epochs at 176 and 240
     assert allowed.count(True) == 16
 
@@ -147,6 +159,7 @@ def test_a_far_worse_point_is_explored_rarely_enough_to_cost_at_most_the_regret(
     far, near = guard.key(64, 0), guard.key(16, 0)
     feed(guard, 64, on_rate=100, off_rate=400)  # vetoed: drafting is 4x slower
     feed(guard, 16, on_rate=380, off_rate=400)
+    trust(guard, far, near)
     period = int(6 * 3 / REGRET)
     far_allowed = [bool(guard.allow(far)) for _ in range(2 * period - 1)]
     assert far_allowed.count(True) == 6  # one epoch, at step `period`; the next at 2 * period
@@ -167,6 +180,7 @@ def test_an_epoch_of_longer_steps_comes_as_much_more_rarely_and_counts_so_in_the
         guard.observe(16, 0, 16, 0, False, 0.1)  # 160 tok/s
         guard.observe(64, 0, 384, 64 * 7, True, 1.2)  # 6 tokens a request-step, 320 tok/s
         guard.observe(64, 0, 64, 0, False, 0.1)  # 640 tok/s
+    trust(guard, short, long)
     first = {}
     for key in (short, long):
         allowed = [bool(guard.allow(key)) for _ in range(8000)]
@@ -178,6 +192,7 @@ def test_an_epoch_of_longer_steps_comes_as_much_more_rarely_and_counts_so_in_the
     for _ in range(10):
         shared.observe(64, 0, 752, 64 * 7, True, 1.2)  # 627 tok/s: due an epoch every ~150 steps
         shared.observe(64, 0, 64, 0, False, 0.1)
+    trust(shared, long)
     allowed = [bool(shared.allow(long)) for _ in range(8000)]
     assert allowed.index(True) + 1 == int(6 * 12 / 0.02)  # 72 steps' worth: at 2%, after 3600 steps
     assert allowed.count(True) == 12  # and the second after 7200
@@ -372,9 +387,12 @@ def test_where_the_model_drafts_nobody_the_guard_insists_on_drafting_that_delive
             assert tail.count(Mode.INSIST) > 950 and Mode.VETO in tail  # insisting, off re-measured
             assert Mode.MODEL not in tail
         else:
-            assert tail.count(Mode.VETO) > 990 and Mode.MODEL not in tail
-            # epochs every epoch * (2 - 1) / REGRET steps, at most
-            assert modes[first + 6 :].count(Mode.INSIST) <= 6 * (len(modes) // int(6 / REGRET) + 1)
+            # an epoch every 600 steps: at most two in the last 1000
+            assert tail.count(Mode.VETO) >= 1000 - 2 * 6 and Mode.MODEL not in tail
+            # until the paired measure is trusted (PAIR_TRUST epochs) sooner, then every
+            # epoch * (2 - 1) / REGRET steps, at most
+            bound = 6 * (PAIR_TRUST + len(modes) // int(6 / REGRET) + 1)
+            assert modes[first + 6 :].count(Mode.INSIST) <= bound
         assert guard.stats()["num_insists"] == modes.count(Mode.INSIST)
 
 
@@ -450,3 +468,54 @@ def test_the_trace_shows_each_step_the_guard_saw_with_its_point_and_the_prompt_c
     assert all(s["key"] == list(policy.guard.key(16, 16)) and s["requests"] == 16 for s in seen)
     assert seen[3]["prompt_rows"] == 10 and seen[3]["prompt_s"] == pytest.approx(0.01)
     assert seen[0]["measures"] == [] and seen[0]["tokens"] == 40 and seen[0]["step_s"] == 0.1
+
+
+def test_a_key_acts_on_its_paired_measure_alone_once_it_rests_on_pair_trust_epochs():
+    """The rates can be stale (a point measured minutes before the other, at another speed):
+    where they say drafting delivers 1.5x and the paired measure 0.6x, the model decides
+    while the paired measure rests on fewer than PAIR_TRUST epochs, and the guard vetoes
+    once it rests on PAIR_TRUST; the other way round (0.75x by the rates, 1.3x paired) it
+    insists where the model drafts nobody."""
+
+    def mode(on_rate: float, paired: float, epochs: int) -> Mode:
+        guard = RegimeGuard(explore_every=1 << 20, first_explore=1 << 20)
+        key = guard.key(16, 16)
+        guard.margin[key] = 1.0 if paired > 1 else 1.2  # the model drafts nobody / someone
+        for _ in range(10):
+            guard.observe(16, 16, int(on_rate * 0.1), 3, True, 0.1)
+            guard.observe(16, 16, 40, 0, False, 0.1)  # off: 400 tok/s
+        on, off = guard.points[(*key, True)], guard.points[(*key, False)]
+        guard.paired[key] = _Paired(math.log(paired * off.yield_ / on.yield_), epochs)
+        assert guard.measures(key) == pytest.approx([paired, on_rate / 400])
+        return guard.allow(key)
+
+    assert mode(on_rate=600, paired=0.6, epochs=PAIR_TRUST - 1) == Mode.MODEL
+    assert mode(on_rate=600, paired=0.6, epochs=PAIR_TRUST) == Mode.VETO
+    assert mode(on_rate=300, paired=1.3, epochs=PAIR_TRUST - 1) == Mode.MODEL
+    assert mode(on_rate=300, paired=1.3, epochs=PAIR_TRUST) == Mode.INSIST
+
+
+def test_a_measured_key_explores_sooner_until_its_paired_measure_is_trusted():
+    """A key whose two points have rates but whose paired measure rests on fewer than
+    PAIR_TRUST epochs explores after first_explore, 2 x, 4 x ... its steps (up to
+    explore_every), so the measure it will act on is soon made; epochs that pair count, and
+    once PAIR_TRUST of them have, the epochs come at the regret's pace (here explore_every)."""
+    guard = RegimeGuard(explore_every=256, epoch=6, first_explore=16, epoch_share=1.0)
+    key = guard.key(16, 0)
+    guard.margin[key] = 1.5  # the model drafts
+    for _ in range(10):  # both measured, nothing paired
+        guard.observe(16, 0, 35, 16 * 7, True, 0.08)  # 2.2 tokens a request-step, 440 tok/s
+        guard.observe(16, 0, 16, 0, False, 0.04)  # 400 tok/s
+    starts, tick = [], 0
+    while len(starts) < PAIR_TRUST + 2:
+        tick += 1
+        mode = guard.allow(key)
+        drafting = mode != Mode.VETO
+        if not drafting and (not starts or tick - starts[-1] > 6):
+            starts.append(tick)
+        # drafting: 0.08 s a step, 2.2 tokens a request-step (440 tok/s); not: 0.04 s, 1 token (400)
+        guard.observe(16, 0, 35 if drafting else 16, 16 * 7 if drafting else 0, drafting, 0.08 if drafting else 0.04)
+    gaps = np.diff(starts).tolist()
+    assert gaps[: PAIR_TRUST - 1] == [32, 64, 128][: PAIR_TRUST - 1]  # 16 << pairing epochs so far
+    assert guard.paired[key].epochs >= PAIR_TRUST
+    assert gaps[-1] == 256  # trusted: explore_every (the points are close)
