@@ -229,6 +229,20 @@ class RegimeGuard:
         ratios = self.deciding(key)
         return bool(ratios) and all(r < 1 + DRAFT_MARGIN for r in ratios)
 
+    def lighter_prefers_off(self, key: Key) -> bool:
+        """A lighter load of the same mixes (a lower load bucket) prefers not drafting: then
+        so does this one, which has no measure yet. NOTE: drafting pays less the more
+        requests a step carries (its verify rows and drafter pass grow with them, a step's
+        fixed cost does not; on the demo at T=0.8 drafting delivers ~1.4x at 1 stream, ~1.0x
+        at 4, ~0.6x at 16): a load visited only as a batch runs down (6-11 requests, between
+        16 streams and 4) was left to the model, which drafted there, and those steps cost a
+        16-stream cell at T=0.8 several percent."""
+        return any(
+            self.prefers_off(lighter)
+            for lighter in {point[:3] for point in self.points}
+            if lighter[1:] == key[1:] and lighter[0] < key[0]
+        )
+
     def prefers_on(self, key: Key) -> bool:
         """Drafting beat not drafting by DRAFT_MARGIN by every measure the key has."""
         ratios = self.deciding(key)
@@ -240,7 +254,8 @@ class RegimeGuard:
         self.clock[key] = tick
         self.num_steps += 1
         idle = self.margin.get(key, 1.0) <= 1.0  # the model drafts nobody here
-        mode = Mode.VETO if self.prefers_off(key) else Mode.INSIST if idle and self.prefers_on(key) else Mode.MODEL
+        off = self.prefers_off(key) or (not self.measures(key) and self.lighter_prefers_off(key))
+        mode = Mode.VETO if off else Mode.INSIST if idle and self.prefers_on(key) else Mode.MODEL
         drafting = mode == Mode.INSIST or (mode == Mode.MODEL and not idle)  # the steady point
         explore = self.exploring.get(key)
         if explore is not None and explore[1] > 0:

@@ -519,3 +519,26 @@ def test_a_measured_key_explores_sooner_until_its_paired_measure_is_trusted():
     assert gaps[: PAIR_TRUST - 1] == [32, 64, 128][: PAIR_TRUST - 1]  # 16 << pairing epochs so far
     assert guard.paired[key].epochs >= PAIR_TRUST
     assert gaps[-1] == 256  # trusted: explore_every (the points are close)
+
+
+def test_a_load_without_a_measure_is_vetoed_where_a_lighter_load_of_its_mix_prefers_not_drafting():
+    """Drafting pays less the heavier the load: where 4 sampled streams measured drafting at
+    0.8x, 8 sampled streams (no measure yet) must be vetoed too (and 8 greedy ones, 4 greedy
+    streams having measured 0.8x as well), while 2 sampled streams (lighter, not heavier)
+    and 8 of a mixed load (no lighter mixed load measured) are left to the model; once 8
+    sampled streams have a measure of their own, it decides."""
+    guard = RegimeGuard(explore_every=1 << 20, first_explore=1 << 20)
+    feed(guard, 4, on_rate=80, off_rate=100)  # greedy at 4 streams: 0.8x
+    for _ in range(10):
+        guard.observe(4, 4, 8, 3, True, 0.1)  # sampled at 4 streams: 80 tok/s drafting
+        guard.observe(4, 4, 4, 0, False, 0.04)  # 100 not
+    for key in (guard.key(8, 8), guard.key(8, 0)):
+        guard.margin[key] = 1.2  # the model drafts
+    assert guard.allow(guard.key(8, 8)) == Mode.VETO
+    assert guard.allow(guard.key(8, 0)) == Mode.VETO  # greedy 4 streams measured 0.8x too
+    assert guard.allow(guard.key(2, 2)) == Mode.MODEL  # lighter: no inference upwards
+    assert guard.allow(guard.key(8, 4)) == Mode.MODEL  # a mixed load: no lighter mixed load measured
+    for _ in range(10):
+        guard.observe(8, 8, 24, 3, True, 0.1)  # 8 sampled streams: 240 tok/s drafting
+        guard.observe(8, 8, 8, 0, False, 0.05)  # 160 not
+    assert guard.allow(guard.key(8, 8)) == Mode.MODEL  # its own rates: 1.5x
