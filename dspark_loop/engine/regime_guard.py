@@ -19,10 +19,11 @@ what each operating point actually delivers:
                  request-steps per step second: the mean of its first 1 / RATE_EMA
                  steps, then an EMA) times its yield (tokens per request-step: the mean
                  of its first 1 / YIELD_EMA steps, then a slower EMA)
-    paired       per key, drafting's pace over not drafting's from each epoch: the
-                 epoch's pace over that of the key's steps at the other point within the
-                 PAIR_RECENT steps before it (none: no sample), averaged in log; as a
-                 measure of on / off, times the two points' yields
+    paired       per key, drafting's pace over not drafting's from each run of a point
+                 (an epoch, or any switch the model made; its first PAIR_RECENT steps, at
+                 least PAIR_MIN_STEPS): the run's pace over that of the key's steps at the
+                 other point within the PAIR_RECENT steps before it (none: no sample),
+                 averaged in log; as a measure of on / off, times the two points' yields
     allow(key)   a Mode: VETO (nobody drafts, probes aside) when "on" does not beat "off"
                  by DRAFT_MARGIN (5%) by the measures it acts on (`deciding`): the paired
                  ratio alone once it rests on PAIR_TRUST epochs, else every measure the key
@@ -138,7 +139,8 @@ class _Point:
 
 @dataclass
 class _Epoch:
-    """An epoch under way: its point's request-steps and seconds so far, and the other
+    """A run of one point under way at a key (an epoch, or any switch the model made): its
+    request-steps and seconds so far (its first PAIR_RECENT steps at most), and the other
     point's pace over the steps just before it began (RegimeGuard._recent_pace)."""
 
     drafting: bool
@@ -287,9 +289,6 @@ class RegimeGuard:
                 epoch_mode = Mode.VETO if drafting else Mode.INSIST if idle else Mode.MODEL
                 self.last_epoch[key] = tick
                 self.exploring[key] = (epoch_mode, self.epoch - 1)
-                baseline = self._recent_pace(key, drafting)
-                if baseline is not None:
-                    self.open_epochs[key] = _Epoch(not drafting, baseline)
                 if not measured:
                     self.unmeasured_epochs[key] = self.unmeasured_epochs.get(key, 0) + 1
                 else:
@@ -368,20 +367,25 @@ class RegimeGuard:
         point.pace += max(RATE_EMA, 1.0 / point.steps) * (num_requests / step_s - point.pace)
         point.yield_ += max(YIELD_EMA, 1.0 / point.steps) * (num_tokens / num_requests - point.yield_)
         self.recent.setdefault(key, deque(maxlen=PAIR_RECENT)).append((self.num_steps, drafted, num_requests, step_s))
-        epoch = self.open_epochs.get(key)
-        if epoch is None:
-            return
-        if drafted == epoch.drafting:
-            epoch.request_steps += num_requests
-            epoch.seconds += step_s
-            epoch.steps += 1
-        elif self.exploring.get(key, (False, 0))[1] == 0:  # the epoch is over: its steps are all in
-            del self.open_epochs[key]
-            if epoch.steps >= PAIR_MIN_STEPS and epoch.seconds > 0:
-                self._pair(key, epoch)
+        run = self.open_epochs.get(key)
+        if run is not None:
+            if drafted == run.drafting and run.steps < PAIR_RECENT:
+                run.request_steps += num_requests
+                run.seconds += step_s
+                run.steps += 1
+                return
+            del self.open_epochs[key]  # the run is over (the other point), or long enough
+            if run.steps >= PAIR_MIN_STEPS and run.seconds > 0:
+                self._pair(key, run)
+            if drafted == run.drafting:
+                return  # a long run: its first PAIR_RECENT steps made its sample
+        # a run of this point begins: against the other point's steps just before it
+        baseline = self._recent_pace(key, not drafted)
+        if baseline is not None:
+            self.open_epochs[key] = _Epoch(drafted, baseline, num_requests, step_s, 1)
 
     def _pair(self, key: Key, epoch: _Epoch) -> None:
-        """One epoch's pace against the other point's when it began: a sample of on / off pace."""
+        """One run's pace against the other point's when it began: a sample of on / off pace."""
         pace = epoch.request_steps / epoch.seconds
         if pace <= 0:
             return

@@ -10,7 +10,15 @@ import pytest
 
 from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.adaptive_verify import AdaptiveVerify
-from dspark_loop.engine.regime_guard import MIN_STEPS, PAIR_TRUST, REGRET, Mode, RegimeGuard, _Paired
+from dspark_loop.engine.regime_guard import (
+    MIN_STEPS,
+    PAIR_RECENT,
+    PAIR_TRUST,
+    REGRET,
+    Mode,
+    RegimeGuard,
+    _Paired,
+)
 from tests.unit.engine.test_adaptive_policy import learned
 
 
@@ -267,6 +275,9 @@ def test_an_epoch_is_judged_against_the_other_points_rate_just_before_it_not_one
     key = guard.key(1, 1)
     for _ in range(20):
         guard.observe(1, 1, 3, 7, True, 0.25)  # a slow spell, drafting: 3 tokens a step, 12 tok/s
+    for _ in range(PAIR_RECENT):  # other loads meanwhile: the two spells are apart
+        guard.allow(guard.key(64, 0))
+        guard.observe(64, 0, 64, 0, False, 0.1)
     for _ in range(20):
         guard.observe(1, 1, 1, 0, False, 0.05)  # a fast spell, not drafting: 20 tok/s
     assert guard.prefers_off(key)  # the two rates, measured apart
@@ -497,9 +508,10 @@ def test_a_key_acts_on_its_paired_measure_alone_once_it_rests_on_pair_trust_epoc
 
 def test_a_measured_key_explores_sooner_until_its_paired_measure_is_trusted():
     """A key whose two points have rates but whose paired measure rests on fewer than
-    PAIR_TRUST epochs explores after first_explore, 2 x, 4 x ... its steps (up to
-    explore_every), so the measure it will act on is soon made; epochs that pair count, and
-    once PAIR_TRUST of them have, the epochs come at the regret's pace (here explore_every)."""
+    PAIR_TRUST samples explores after first_explore, 2 x, 4 x ... its steps (up to
+    explore_every), so the measure it will act on is soon made; an epoch gives two samples
+    (its steps against those just before it, the steps after it against its own), and once
+    PAIR_TRUST samples are in, the epochs come at the regret's pace (here explore_every)."""
     guard = RegimeGuard(explore_every=256, epoch=6, first_explore=16, epoch_share=1.0)
     key = guard.key(16, 0)
     guard.margin[key] = 1.5  # the model drafts
@@ -516,9 +528,9 @@ def test_a_measured_key_explores_sooner_until_its_paired_measure_is_trusted():
         # drafting: 0.08 s a step, 2.2 tokens a request-step (440 tok/s); not: 0.04 s, 1 token (400)
         guard.observe(16, 0, 35 if drafting else 16, 16 * 7 if drafting else 0, drafting, 0.08 if drafting else 0.04)
     gaps = np.diff(starts).tolist()
-    assert gaps[: PAIR_TRUST - 1] == [32, 64, 128][: PAIR_TRUST - 1]  # 16 << pairing epochs so far
+    pairing = PAIR_TRUST // 2  # epochs before the paired measure is trusted (2 samples each)
+    assert gaps == [16 << i for i in range(1, pairing)] + [256] * (len(gaps) - pairing + 1)
     assert guard.paired[key].epochs >= PAIR_TRUST
-    assert gaps[-1] == 256  # trusted: explore_every (the points are close)
 
 
 def test_a_load_without_a_measure_is_vetoed_where_a_lighter_load_of_its_mix_prefers_not_drafting():
@@ -542,3 +554,34 @@ def test_a_load_without_a_measure_is_vetoed_where_a_lighter_load_of_its_mix_pref
         guard.observe(8, 8, 24, 3, True, 0.1)  # 8 sampled streams: 240 tok/s drafting
         guard.observe(8, 8, 8, 0, False, 0.05)  # 160 not
     assert guard.allow(guard.key(8, 8)) == Mode.MODEL  # its own rates: 1.5x
+
+
+def test_any_switch_between_the_points_is_a_paired_sample_not_only_an_epoch():
+    """Where the model itself switches (it drafts for a while, then not), each run of a few
+    steps is judged against the other point's steps just before it, as an epoch is: here
+    drafting delivers 0.6x at the speed of the moment, while the off rate, measured once in
+    a slow spell long before, makes the rates read 1.6x; the paired measure reads 0.6
+    after the switches, and once it rests on PAIR_TRUST samples the guard vetoes."""
+    guard = RegimeGuard(explore_every=1 << 20, first_explore=1 << 20)
+    key = guard.key(16, 16)
+    guard.margin[key] = 1.2  # the model drafts
+    for _ in range(10):
+        guard.observe(16, 16, 16, 0, False, 0.08)  # a slow spell, not drafting: 200 tok/s
+    for _ in range(PAIR_RECENT):  # other loads meanwhile
+        guard.allow(guard.key(64, 0))
+        guard.observe(64, 0, 64, 0, False, 0.1)
+    for _ in range(12):
+        guard.allow(key)
+        guard.observe(16, 16, 32, 16 * 7, True, 0.1)  # drafting, 2 tokens a step: 320 tok/s
+    assert guard.measures(key) == pytest.approx([1.6])  # the rates alone, 320 against a stale 200
+    for switch in range(PAIR_TRUST + 1):  # the model switches: runs of 5 steps (the last one still open)
+        drafting = switch % 2 == 1
+        for _ in range(5):
+            guard.allow(key)
+            # at this speed not drafting runs 0.03 s a step: drafting 320 tok/s against 533
+            guard.observe(
+                16, 16, 32 if drafting else 16, 16 * 7 if drafting else 0, drafting, 0.1 if drafting else 0.03
+            )
+    assert guard.paired[key].epochs == PAIR_TRUST
+    assert guard.measures(key)[0] == pytest.approx(0.6)
+    assert guard.allow(key) == Mode.VETO
