@@ -26,7 +26,7 @@ what each operating point actually delivers:
                  averaged in log; as a measure of on / off, times the two points' yields
     allow(key)   a Mode: VETO (nobody drafts, probes aside) when "on" does not beat "off"
                  by DRAFT_MARGIN (5%) by the measures it acts on (`deciding`): the paired
-                 ratio alone once it rests on PAIR_TRUST epochs, else every measure the key
+                 ratio alone once it rests on PAIR_TRUST samples, else every measure the key
                  has (the paired ratio once an epoch gave one, the two rates once both are
                  known); INSIST (everyone drafts) where the model drafts nobody (its margin
                  is 1) and "on" beats "off" by DRAFT_MARGIN by those measures; MODEL
@@ -50,7 +50,7 @@ while it is not) `first_explore` steps after the key's last epoch while that poi
 rate yet (doubling after each epoch that left it unmeasured, up to explore_every), and
 once it has, as often as the epochs' lost tokens stay within REGRET (1%) of the steps
 between them (_period: every `explore_every` steps where the points are close,
-rarer where the other is far worse; until the paired ratio rests on PAIR_TRUST epochs,
+rarer where the other is far worse; until the paired ratio rests on PAIR_TRUST samples,
 sooner: first_explore doubling per epoch, up to explore_every), so a rate the steady state never measures (the
 model drafts all along, or nobody does) is measured soon, and a stale one is renewed
 where it decides a close call. Where the model drafts nobody (its last `margin` at the key,
@@ -92,7 +92,8 @@ PAIR_EMA = 0.3  # weight of an epoch in its key's paired ratio (after the plain 
 PAIR_MIN_STEPS = 3  # an epoch's steps at its point (observed) for a paired ratio, and the
 # other point's steps within PAIR_RECENT steps (all keys) before it began, its baseline
 PAIR_RECENT = 16
-# NOTE: a key whose paired measure rests on this many epochs is decided by it alone; before,
+# NOTE: a key whose paired measure rests on this many samples (runs: an epoch gives two, the
+# steps after it paired with it too) is decided by it alone; before,
 # where it and the rates disagree, the model decides. The rates err by the machine's drift
 # between two points measured minutes apart, and no number of steps mends that: at 16
 # streams T=0.8 on the demo they read 1.44 (not drafting 452 tok/s, a stale figure against
@@ -152,8 +153,8 @@ class _Epoch:
 
 @dataclass
 class _Paired:
-    log_ratio: float = 0.0  # mean of log(on pace / off pace) over epochs (an EMA after the first few)
-    epochs: int = 0
+    log_ratio: float = 0.0  # mean of log(on pace / off pace) over its samples (an EMA after the first few)
+    epochs: int = 0  # samples: runs of either point paired with the steps before them (an epoch, a switch)
 
 
 class RegimeGuard:
@@ -214,7 +215,7 @@ class RegimeGuard:
 
     def deciding(self, key: Key) -> list[float]:
         """The measures the guard acts on at this key: the paired measure alone once it
-        rests on PAIR_TRUST epochs, else every measure the key has (they must agree)."""
+        rests on PAIR_TRUST samples, else every measure the key has (they must agree)."""
         ratios = self.measures(key)
         paired = self.paired.get(key)
         if ratios and paired is not None and paired.epochs >= PAIR_TRUST:
@@ -222,8 +223,9 @@ class RegimeGuard:
         return ratios
 
     def prefers_off(self, key: Key) -> bool:
-        """Drafting did not beat not drafting by DRAFT_MARGIN, by every measure the key has
-        (and it has one). NOTE: every, not the paired ratio alone: at 1 stream T=0.8 on the
+        """Drafting did not beat not drafting by DRAFT_MARGIN, by the measures the guard acts
+        on (`deciding`; and there is one). NOTE: every measure, not the paired ratio alone,
+        until that rests on PAIR_TRUST samples: at 1 stream T=0.8 on the
         demo the paired ratio read 1.005 where the rates read 1.58 (the fixed chain
         delivered 1.39x K=0), and the veto held the whole run at 0.75x the chain; each
         measure errs its own way (a paired sample by where in its requests the epoch fell,
@@ -246,7 +248,7 @@ class RegimeGuard:
         )
 
     def prefers_on(self, key: Key) -> bool:
-        """Drafting beat not drafting by DRAFT_MARGIN by every measure the key has."""
+        """Drafting beat not drafting by DRAFT_MARGIN by the measures the guard acts on."""
         ratios = self.deciding(key)
         return bool(ratios) and all(r >= 1 + DRAFT_MARGIN for r in ratios)
 
