@@ -195,7 +195,7 @@ def run(
         runner = demo_runner(path, prompts, max_tokens, spec_k, n)
         mesh, pages = LocalMesh([runner]), runner.num_blocks
     policy = policy if mode == "adaptive" else None
-    if policy is not None and isinstance(policy.trace, TraceFile):
+    if isinstance(getattr(policy, "trace", None), TraceFile):
         policy.trace.where = {"streams": streams, "temperature": temperature, "max_tokens": max_tokens}
     sched = model_scheduler(cfg, BLOCK, pages, max_num_seqs=n, spec_k=spec_k, policy=policy)
     tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
