@@ -125,6 +125,7 @@ class DrafterProposer:
         """sampler: the runner's RankSampler (sampling requests draft with their own noise);
         None: greedy drafts."""
         dev = self.device
+        q_lease = lease_ids(b.q_req, leases)  # [R] the anchors' leases
         if b.ctx_rows:
             ctx_req = np.asarray(b.ctx_req, np.int64)
             lease, pos = lease_ids(b.ctx_req, leases), np.asarray(b.ctx_pos, np.int64)  # [n], [n]
@@ -136,7 +137,7 @@ class DrafterProposer:
                 if not drafting.all():
                     keep = np.flatnonzero(~drafting)
                     self._hold(lease[keep], pos[keep], ctx[torch.from_numpy(keep).to(dev)])
-                self._flush(lease_ids(b.q_req, leases))
+                self._flush(q_lease)
                 now = np.flatnonzero(drafting)
                 self.drafter.write_context(
                     self.rings,
@@ -145,7 +146,7 @@ class DrafterProposer:
                     ctx[torch.from_numpy(now).to(dev)],
                 )
         elif b.q_req:
-            self._flush(lease_ids(b.q_req, leases))
+            self._flush(q_lease)
         if not b.q_req and self.alone:
             # NOTE: no anchor (every drafter pass skipped): an empty pass is a few hundred ops
             # of pure overhead; only a rank that is alone may leave it out (with peers, its
@@ -159,7 +160,7 @@ class DrafterProposer:
             self.embed,
             self.head,
             comm,
-            torch.from_numpy(lease_ids(b.q_req, leases)).to(dev),
+            torch.from_numpy(q_lease).to(dev),
             anchor_pos,
             torch.tensor(b.q_tok, dtype=torch.long, device=dev),
             pick,
