@@ -1,7 +1,7 @@
 """create_app: the aiohttp application and its routes.
 
     GET  /health              200 {"status":"ok"} | 503 not_ready | draining | restarting | dead
-    GET  /v1/models           the served model (OpenAI list)
+    GET  /v1/models           the served model (OpenAI list); 503 engine_not_ready while starting
     POST /v1/completions      completions.py
     POST /v1/chat/completions chat_completions.py
     POST /tokenize /detokenize tokenize.py
@@ -23,7 +23,7 @@ from aiohttp import web
 from dspark_loop.api.auth import api_key_middleware
 from dspark_loop.api.chat.completions import ChatCompletionsRoute
 from dspark_loop.api.context import ServingContext
-from dspark_loop.api.errors import error_middleware
+from dspark_loop.api.errors import error_middleware, not_ready
 from dspark_loop.api.gate import AdmissionGate
 from dspark_loop.api.generation.completions import CompletionsRoute
 from dspark_loop.api.openapi import openapi_document
@@ -69,6 +69,8 @@ def create_app(
         return web.json_response({"status": "ok"})
 
     async def models(request: web.Request) -> web.Response:
+        if not engine.ready and engine.dead_reason is None and engine.restarting is None:
+            raise not_ready()  # still starting (errors.not_ready says why)
         card = {
             "id": name,
             "object": "model",

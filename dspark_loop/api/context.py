@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import uuid
 
-from dspark_loop.api.errors import ApiError, model_not_found
+from dspark_loop.api.errors import ApiError, model_not_found, not_ready
 from dspark_loop.api.generation.defaults import KEYS, sampling_defaults
 from dspark_loop.api.prompt import PromptEncoder
 from dspark_loop.config.server_config import GenerateDefaults
@@ -58,7 +58,7 @@ class ServingContext:
                 headers={"Retry-After": "1"},
             )
         if not self.engine.ready:
-            raise ApiError(503, "The engine is not ready yet; retry shortly.", code="engine_not_ready")
+            raise not_ready()
 
     def check_context(self, prompt_len: int) -> None:
         limit = self.max_model_len

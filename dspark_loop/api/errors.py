@@ -63,6 +63,16 @@ def unsupported(param: str, message: str) -> ApiError:
     return ApiError(400, message, param=param, code="unsupported_parameter")
 
 
+def not_ready() -> ApiError:
+    """Before the ranks are up (weights loading): every model route, /v1/models included.
+    NOTE: /v1/models too: a client that polls it until 200 and then sends (a common start-up
+    script) got this 503 for its first request while the ranks still loaded. smg reads
+    /v1/models only after /health answers 200, so routers are not affected."""
+    return ApiError(
+        503, "The engine is not ready yet; retry shortly.", code="engine_not_ready", headers={"Retry-After": "1"}
+    )
+
+
 def model_not_found(model: str) -> ApiError:
     return ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
 

@@ -90,7 +90,7 @@ ROUTES = [
         r.ChatCompletionChunk,
         (400, 401, 404, 413, 500, 503),
     ),
-    ("get", "/v1/models", "The served model", None, r.ModelList, None, (401,)),
+    ("get", "/v1/models", "The served model (503 while starting)", None, r.ModelList, None, (401, 503)),
     ("post", "/tokenize", "Prompt text to token ids", TokenizeRequest, r.TokenizeResponse, None, (400, 401, 404, 413)),
     ("post", "/detokenize", "Token ids to text", DetokenizeRequest, r.DetokenizeResponse, None, (400, 401, 404, 413)),
     ("get", "/health", "200 when serving; 503 while starting, draining or dead", None, r.HealthResponse, None, ()),

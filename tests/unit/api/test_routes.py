@@ -23,6 +23,20 @@ async def test_health_is_503_until_ready_ok_while_ready_and_503_with_reason_afte
         assert await r.json() == {"status": "dead", "reason": "rank 2 stopped answering"}
 
 
+async def test_models_is_503_with_retry_after_until_the_engine_is_ready_like_the_generation_routes():
+    """A client that polls /v1/models until 200 and then sends must find the engine up: before
+    the ranks are ready /v1/models answers what a completion would (503 engine_not_ready,
+    Retry-After), and the listing once they are."""
+    engine = FakeEngine(ready=False)
+    async with serving(engine) as client:
+        for r in (await client.get("/v1/models"), await client.post("/v1/completions", json={"prompt": "x"})):
+            assert r.status == 503 and r.headers["Retry-After"] == "1"
+            assert (await r.json())["error"]["code"] == "engine_not_ready"
+        engine.ready = True
+        r = await client.get("/v1/models")
+        assert r.status == 200 and [c["id"] for c in (await r.json())["data"]] == [MODEL]
+
+
 async def test_models_lists_the_served_name_and_context():
     """/v1/models must list exactly the served model with its max_model_len."""
     async with serving(served_model_name="dsv4-flash-w8a8") as client:
