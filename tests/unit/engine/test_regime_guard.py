@@ -585,3 +585,26 @@ def test_any_switch_between_the_points_is_a_paired_sample_not_only_an_epoch():
     assert guard.paired[key].epochs == PAIR_TRUST
     assert guard.measures(key)[0] == pytest.approx(0.6)
     assert guard.allow(key) == Mode.VETO
+
+
+@pytest.mark.parametrize(("off_s", "settled"), [(0.02, True), (0.0107, False)])
+def test_a_key_whose_paired_measure_and_rates_agree_by_far_explores_at_the_regrets_pace(off_s, settled):
+    """Once one epoch paired the points, a key whose paired measure and rates both say drafting
+    wins by far (here 2.25x, beyond 1.05 x SETTLED) does not rush to PAIR_TRUST samples: its
+    next epoch comes at the regret's pace (6 off steps of half a drafting step's length losing
+    1.25x: 375 steps), not first_explore later; a close call (~1.2x: off steps of 10.7 ms
+    against 40) still pairs sooner."""
+    guard = RegimeGuard(explore_every=256, epoch=6, first_explore=16, epoch_share=1.0)
+    key = guard.key(4, 0)
+    guard.margin[key] = 2.0  # the model drafts
+    starts, tick = [], 0
+    while tick < 400:
+        tick += 1
+        mode = guard.allow(key)
+        drafting = mode != Mode.VETO
+        if not drafting and (not starts or tick - starts[-1] > 6):
+            starts.append(tick)
+        # drafting: 40 ms a step, 4.5 tokens a request-step; not: off_s, 1 token
+        guard.observe(4, 0, 18 if drafting else 4, 28 if drafting else 0, drafting, 0.04 if drafting else off_s)
+    assert guard.settled(key) is settled
+    assert starts[1] - starts[0] == (375 if settled else 16)
