@@ -35,7 +35,10 @@ seeded sampling with seed = the user's index: speculation must never change them
 Adaptive's ratios to K=0 and to the better mode are also given per round (each round
 runs the modes back to back) as the median over rounds: a slow spell of this shared box
 (a step of the same shape 1.5x as long for a few seconds) that falls on one mode's run
-moves the mean of the cell's runs but not that median.
+moves the mean of the cell's runs but not that median. Each round's ratio to the better
+mode is printed (and in --json, rounds_vs_k0 / rounds_vs_best): on this 2-core box the
+same mode's runs move by +-15% (K=0 alone, 16 streams T=0.8: 506-663 tok/s in 4 rounds),
+so read a cell's ratio with that spread, and run more --rounds where it decides.
 
 The adaptive policy is ONE instance for the whole run, as in a server: its cost model is
 learned online (first on a warm-up that varies the load) and keeps learning, unless
@@ -234,6 +237,7 @@ def run(
         "tail_steps": rows.tail_steps,
         "tail_compute_share": rows.tail_s / max(sum(rows.compute_s), 1e-9),
         "rank_ms": 1e3 * float(np.median(rows.compute_s)) if rows.compute_s else 0.0,
+        "rank_s": float(sum(rows.compute_s)),  # the rank's compute over the decode steps
     }
 
 
@@ -339,6 +343,8 @@ def cell(
     row["adaptive_vs_best_total"] = ad["total_tok_s"] / max(k0["total_tok_s"], fx["total_tok_s"])
     row["adaptive_vs_k0_total_rounds"] = float(np.median([r[0] for r in per_round]))
     row["adaptive_vs_best_total_rounds"] = float(np.median([r[1] for r in per_round]))
+    row["rounds_vs_k0"] = [round(r[0], 3) for r in per_round]  # each round's ratio: the spread the median hides
+    row["rounds_vs_best"] = [round(r[1], 3) for r in per_round]
     row["adaptive_vs_k0_steady"] = ad["steady_tok_s"] / k0["steady_tok_s"]
     row["adaptive_vs_best_steady"] = ad["steady_tok_s"] / max(k0["steady_tok_s"], fx["steady_tok_s"])
     row["adaptive_vs_k0_per_user"] = ad["per_user_tok_s"] / k0["per_user_tok_s"]
@@ -364,7 +370,8 @@ def print_row(row: dict) -> None:
         f"{row['streams']:2d} streams T={row['temperature']:.1f} | per-user/total tok/s: "
         + " | ".join(parts)
         + f" | adaptive {row['adaptive_vs_k0_total']:.2f}x K=0 total, {row['adaptive_vs_best_total']:.2f}x best, "
-        f"(rounds' median {row['adaptive_vs_k0_total_rounds']:.2f}x / {row['adaptive_vs_best_total_rounds']:.2f}x), "
+        f"(rounds' median {row['adaptive_vs_k0_total_rounds']:.2f}x / {row['adaptive_vs_best_total_rounds']:.2f}x; "
+        f"rounds vs best {' '.join(f'{x:.2f}' for x in row['rounds_vs_best'])}), "
         f"steady {row['adaptive_vs_k0_steady']:.2f}x K=0, {row['adaptive_vs_best_steady']:.2f}x best, "
         f"{row['adaptive_vs_k0_per_user']:.2f}x K=0 per-user; by CPU time {row['adaptive_vs_k0_cpu']:.2f}x K=0, "
         f"{row['adaptive_vs_best_cpu']:.2f}x best",

@@ -43,6 +43,7 @@ def test_quick_bench_runs_every_mode_and_checks_tokens_against_k0(tmp_path):
     for row in rows:
         assert row["adaptive_vs_k0_total_rounds"] == pytest.approx(row["adaptive_vs_k0_total"])
         assert row["adaptive_vs_best_total_rounds"] == pytest.approx(row["adaptive_vs_best_total"])
+        assert row["rounds_vs_best"] == [pytest.approx(row["adaptive_vs_best_total"], abs=1e-3)]
 
 
 def test_quick_constrained_bench_keeps_k0_tokens_under_the_schema_and_reports_host_time(tmp_path):
