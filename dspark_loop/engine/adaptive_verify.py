@@ -46,7 +46,7 @@ import numpy as np
 
 from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.accept_calibration import NUM_CLASSES, AcceptCalibration, request_class
-from dspark_loop.engine.regime_guard import LOAD_BUCKETS, Key, Mode, RegimeGuard, load_bucket
+from dspark_loop.engine.regime_guard import LOAD_BUCKETS, Key, Mode, RegimeGuard, load_bucket, on_point
 from dspark_loop.engine.step_cost import StepCost
 from dspark_loop.engine.verify_budget import linear_drafts, solve_budget, survival
 from dspark_loop.engine.verify_policy import VerifyChoice
@@ -198,7 +198,7 @@ class AdaptiveVerify:
         num_requests: int,
         num_sampled: int,
         num_tokens: int,
-        verify_rows: int,
+        verifying: int,
         drafted: bool,
         step_s: float,
         num_constrained: int = 0,
@@ -221,7 +221,7 @@ class AdaptiveVerify:
             if prompt_s > 0.5 * step_s:
                 return
         self.guard.observe(
-            num_requests, num_sampled, num_tokens, verify_rows, drafted, step_s - prompt_s, num_constrained
+            num_requests, num_sampled, num_tokens, verifying, drafted, step_s - prompt_s, num_constrained
         )
         if self.trace is not None:
             key = self.guard.key(num_requests, num_sampled, num_constrained)
@@ -229,7 +229,7 @@ class AdaptiveVerify:
                 {
                     "step": self.guard.num_steps,
                     "key": list(key),
-                    "point": "on" if drafted and verify_rows else "off" if not drafted and not verify_rows else None,
+                    "point": {True: "on", False: "off", None: None}[on_point(num_requests, verifying, drafted)],
                     "requests": num_requests,
                     "tokens": num_tokens,
                     "step_s": step_s,

@@ -65,17 +65,17 @@ def decode_rate(
     prefill_rows: int,
     observe_rate,
 ) -> None:
-    """A step's decode requests, the tokens they appended, drafts verified and drafter
-    pass, and the prompt rows the busiest partition computed beside them, for the policy's
-    realised rates (engine/regime_guard.py)."""
+    """A step's decode requests, the tokens they appended, how many of them verified
+    drafts, whether a drafter pass ran, and the prompt rows the busiest partition computed
+    beside them, for the policy's realised rates (engine/regime_guard.py)."""
     num_requests = len(step.accepted_lens)
-    verify_rows = sum(int(p.decode_rows.sum()) - len(p.decode_reqs) for p in step.partitions)
+    verifying = sum(int((p.decode_rows > 1).sum()) for p in step.partitions)
     tokens = sum(step.accepted_lens)
     observe_rate(
         num_requests,
         num_sampled,
         tokens,
-        verify_rows,
+        verifying,
         drafted,
         step_s,
         num_constrained=num_constrained,

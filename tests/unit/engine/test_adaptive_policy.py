@@ -441,7 +441,7 @@ def test_a_pinned_cost_model_is_taken_as_is_without_realised_corrections():
     for _ in range(40):
         slow = 2 * float(policy.cost.predict(8, 1, 1))
         policy.observe(np.array([8]), np.array([1]), np.array([1]), np.array([0]), slow)
-        policy.observe_rate(1, 0, 2, 7, True, 0.1)
+        policy.observe_rate(1, 0, 2, 1, True, 0.1)
         policy.observe_rate(1, 0, 1, 0, False, 0.01)
     assert policy.choose(conf, cap, part).draft_next.all()
     assert policy.residual.tolist() == np.ones_like(policy.residual).tolist()

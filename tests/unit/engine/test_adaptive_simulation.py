@@ -52,7 +52,7 @@ def adaptive_rate(q: np.ndarray, steps: int = 200) -> tuple[float, float]:
         surv = q[:, None] ** np.arange(1, K + 1)[None, :]  # [R, K]
         got = R + float(surv[np.arange(K)[None, :] < lens[:, None]].sum())
         took = step_s(int(R + lens.sum()), R, int(choice.draft_next.sum()))
-        policy.observe_rate(R, 0, got, int(lens.sum()), bool(choice.draft_next.any()), took)
+        policy.observe_rate(R, 0, got, int((lens > 0).sum()), bool(choice.draft_next.any()), took)
         tokens, seconds = tokens + got, seconds + took
         skipped += int((~choice.draft_next).sum())
         has_drafts = choice.draft_next

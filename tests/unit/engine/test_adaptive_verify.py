@@ -300,16 +300,16 @@ class RateRecorder(RandomPolicy):
         self.rates: list[tuple] = []
 
     def observe_rate(
-        self, num_requests, num_sampled, num_tokens, verify_rows, drafted, step_s, num_constrained, prefill_rows
+        self, num_requests, num_sampled, num_tokens, verifying, drafted, step_s, num_constrained, prefill_rows
     ) -> None:
         self.rates.append(
-            (num_requests, num_sampled, num_tokens, verify_rows, drafted, step_s, num_constrained, prefill_rows)
+            (num_requests, num_sampled, num_tokens, verifying, drafted, step_s, num_constrained, prefill_rows)
         )
 
 
-def test_the_policy_sees_each_steps_decode_tokens_verify_rows_drafter_pass_and_prompt_rows():
+def test_the_policy_sees_each_steps_decode_tokens_verifying_requests_drafter_pass_and_prompt_rows():
     """observe_rate must be called for every step with decode requests, with those
-    requests, the tokens they appended, the drafts verified, whether a drafter pass ran,
+    requests, the tokens they appended, how many of them verified drafts, whether a drafter pass ran,
     the step's cost and the prompt rows the busiest partition computed beside them (a
     request arriving later puts a prompt chunk into decode steps)."""
     policy = RateRecorder(4)
@@ -332,7 +332,7 @@ def test_the_policy_sees_each_steps_decode_tokens_verify_rows_drafter_pass_and_p
             per_part = [sum(n for _, n, _ in p.prefills) + int(p.decode_rows.sum()) for p in step.partitions]
             busiest = step.partitions[int(np.argmax(per_part))]
             prompt = sum(n for _, n, _ in busiest.prefills)
-            want.append((len(rows), 0, sum(step.accepted_lens), sum(rows) - len(rows), drafted, 0.02, 0, prompt))
+            want.append((len(rows), 0, sum(step.accepted_lens), sum(k > 1 for k in rows), drafted, 0.02, 0, prompt))
     assert policy.rates == want and len(want) > 5
     assert any(w[4] for w in want) and any(w[3] for w in want) and any(w[7] for w in want)
 

@@ -18,13 +18,14 @@ from dspark_loop.engine.regime_guard import (
     Mode,
     RegimeGuard,
     _Paired,
+    on_point,
 )
 from tests.unit.engine.test_adaptive_policy import learned
 
 
 def feed(guard: RegimeGuard, R: int, on_rate: float, off_rate: float, steps: int = 10) -> None:
     for _ in range(steps):
-        guard.observe(R, 0, int(on_rate * 0.1), R * 3, True, 0.1)  # a verify + drafter pass step
+        guard.observe(R, 0, int(on_rate * 0.1), R, True, 0.1)  # a verify + drafter pass step
         guard.observe(R, 0, int(off_rate * 0.1), 0, False, 0.1)  # one row each, no pass
 
 
@@ -58,9 +59,9 @@ def test_a_constrained_load_has_its_own_rates():
     free, constrained = guard.key(16, 0), guard.key(16, 0, 16)
     assert len({free, constrained, guard.key(16, 0, 4)}) == 3
     for _ in range(20):
-        guard.observe(16, 0, 60, 48, True, 0.1, num_constrained=16)  # drafting: 600 tok/s
+        guard.observe(16, 0, 60, 16, True, 0.1, num_constrained=16)  # drafting: 600 tok/s
         guard.observe(16, 0, 80, 0, False, 0.1, num_constrained=16)  # not: 800 tok/s
-        guard.observe(16, 0, 120, 48, True, 0.1)  # free, drafting: 1200 tok/s
+        guard.observe(16, 0, 120, 16, True, 0.1)  # free, drafting: 1200 tok/s
         guard.observe(16, 0, 80, 0, False, 0.1)
     assert not guard.allow(constrained) and guard.allow(free)
 
@@ -88,7 +89,7 @@ def test_steps_between_the_two_points_are_not_counted():
     a pass without verifying (the first after it starts) belongs to neither point."""
     guard = RegimeGuard()
     for _ in range(MIN_STEPS + 1):
-        guard.observe(8, 0, 30, 20, False, 0.1)
+        guard.observe(8, 0, 30, 8, False, 0.1)
         guard.observe(8, 0, 8, 0, True, 0.1)
     assert guard.points == {}
 
@@ -100,7 +101,7 @@ def test_the_policy_stops_drafting_when_its_realised_rates_say_drafting_is_slowe
     conf, cap, part = np.full((16, DSPARK_K), 0.8, np.float32), np.full(16, DSPARK_K, np.int32), np.zeros(16, np.int32)
     assert policy.choose(conf, cap, part).draft_next.all()
     for _ in range(10):
-        policy.observe_rate(16, 0, 40, 16 * DSPARK_K, True, 0.1)  # 400 tok/s drafting
+        policy.observe_rate(16, 0, 40, 16, True, 0.1)  # 400 tok/s drafting
         policy.observe_rate(16, 0, 16, 0, False, 0.02)  # 800 tok/s not
     choice = policy.choose(conf, cap, part)
     assert not choice.draft_next.any() and not policy.drafts_new(False)
@@ -115,7 +116,7 @@ def test_a_vetoed_step_without_drafts_runs_one_row_each_without_solving():
     policy.guard.explore_every = policy.guard.first_explore = 1 << 20  # no epochs in this test
     conf, cap, part = np.full((16, DSPARK_K), 0.8, np.float32), np.full(16, DSPARK_K, np.int32), np.zeros(16, np.int32)
     for _ in range(10):
-        policy.observe_rate(16, 0, 40, 16 * DSPARK_K, True, 0.1)
+        policy.observe_rate(16, 0, 40, 16, True, 0.1)
         policy.observe_rate(16, 0, 16, 0, False, 0.02)
     solve = policy._solve
     policy._solve = None  # must not be called
@@ -140,7 +141,7 @@ def test_an_untrusted_cost_model_still_answers_to_the_guard():
     drafted = [policy.choose(conf, cap, part).draft_next.all() for _ in range(40)]
     assert drafted[:31] == [True] * 31 and not all(drafted[31:])  # an epoch of the off point
     for _ in range(10):
-        policy.observe_rate(16, 0, 40, 16 * DSPARK_K, True, 0.1)  # 400 tok/s drafting
+        policy.observe_rate(16, 0, 40, 16, True, 0.1)  # 400 tok/s drafting
         policy.observe_rate(16, 0, 16, 0, False, 0.02)  # 800 tok/s not
     choice = policy.choose(conf, cap, part)
     assert not choice.draft_next.any() and not policy.drafts_new(0)
@@ -184,9 +185,9 @@ def test_an_epoch_of_longer_steps_comes_as_much_more_rarely_and_counts_so_in_the
     guard = RegimeGuard(explore_every=64, epoch=6, epoch_share=1.0)
     short, long = guard.key(16, 0), guard.key(64, 0)
     for _ in range(10):
-        guard.observe(16, 0, 32, 16 * 7, True, 0.4)  # 2 tokens a request-step, 80 tok/s
+        guard.observe(16, 0, 32, 16, True, 0.4)  # 2 tokens a request-step, 80 tok/s
         guard.observe(16, 0, 16, 0, False, 0.1)  # 160 tok/s
-        guard.observe(64, 0, 384, 64 * 7, True, 1.2)  # 6 tokens a request-step, 320 tok/s
+        guard.observe(64, 0, 384, 64, True, 1.2)  # 6 tokens a request-step, 320 tok/s
         guard.observe(64, 0, 64, 0, False, 0.1)  # 640 tok/s
     trust(guard, short, long)
     first = {}
@@ -274,7 +275,7 @@ def test_an_epoch_is_judged_against_the_other_points_rate_just_before_it_not_one
     guard = RegimeGuard(explore_every=32, epoch=6, first_explore=8)
     key = guard.key(1, 1)
     for _ in range(20):
-        guard.observe(1, 1, 3, 7, True, 0.25)  # a slow spell, drafting: 3 tokens a step, 12 tok/s
+        guard.observe(1, 1, 3, 1, True, 0.25)  # a slow spell, drafting: 3 tokens a step, 12 tok/s
     for _ in range(PAIR_RECENT):  # other loads meanwhile: the two spells are apart
         guard.allow(guard.key(64, 0))
         guard.observe(64, 0, 64, 0, False, 0.1)
@@ -288,7 +289,7 @@ def test_an_epoch_is_judged_against_the_other_points_rate_just_before_it_not_one
     for _ in range(4000):
         drafting = bool(guard.allow(key))
         drafted.append(drafting)
-        guard.observe(1, 1, 3 if drafting else 1, 7 if drafting else 0, drafting, 0.125 if drafting else 0.05)
+        guard.observe(1, 1, 3 if drafting else 1, 1 if drafting else 0, drafting, 0.125 if drafting else 0.05)
     first = drafted.index(True)  # the first epoch of drafting
     assert drafted[first : first + 6] == [True] * 6 and not drafted[first + 6]
     assert all(drafted[first + 7 : first + 30])  # its paired ratio lifted the veto at once
@@ -308,16 +309,16 @@ def test_an_epoch_pairs_the_machines_speed_and_takes_acceptance_from_all_of_the_
     key = guard.key(1, 1)
     guard.margin[key] = 2.0  # the model drafts
     for i in range(200):
-        guard.observe(1, 1, 2 + 2 * (i % 2), 7, True, 0.1)  # 2 or 4 tokens a step: 30 tok/s
+        guard.observe(1, 1, 2 + 2 * (i % 2), 1, True, 0.1)  # 2 or 4 tokens a step: 30 tok/s
     for _ in range(8):
-        guard.observe(1, 1, 1, 7, True, 0.1)  # a hard passage: nothing accepted, 10 tok/s
+        guard.observe(1, 1, 1, 1, True, 0.1)  # a hard passage: nothing accepted, 10 tok/s
     while guard.allow(key):  # the epoch of not drafting comes (first_explore)
-        guard.observe(1, 1, 1, 7, True, 0.1)
+        guard.observe(1, 1, 1, 1, True, 0.1)
     for _ in range(5):
         guard.observe(1, 1, 1, 0, False, 0.05)  # 20 tok/s
         guard.allow(key)
     guard.observe(1, 1, 1, 0, False, 0.05)
-    guard.observe(1, 1, 3, 7, True, 0.1)  # drafting again: the epoch's steps are all in
+    guard.observe(1, 1, 3, 1, True, 0.1)  # drafting again: the epoch's steps are all in
     assert guard.paired[key].epochs == 1
     assert guard.paired[key].log_ratio == pytest.approx(np.log(0.5))  # the pace: 10 steps a second against 20
     assert 1.2 < guard.on_over_off(key) < 1.5  # its yield: ~2.5 tokens a step, the passage (15 steps) in it
@@ -332,17 +333,17 @@ def test_an_epoch_pairs_its_own_steps_only_and_needs_a_few_of_them():
     key = guard.key(16, 0)
     guard.margin[key] = 2.0  # the model drafts
     for _ in range(10):
-        guard.observe(16, 0, 32, 16 * 7, True, 0.1)  # drafting, steady: 320 tok/s
+        guard.observe(16, 0, 32, 16, True, 0.1)  # drafting, steady: 320 tok/s
     ticks = [guard.allow(key) for _ in range(4)]
     assert ticks == [True, True, True, False]  # first_explore: an epoch of not drafting begins
-    guard.observe(16, 0, 32, 16 * 7, True, 0.1)  # planned before the epoch, answered in it
+    guard.observe(16, 0, 32, 16, True, 0.1)  # planned before the epoch, answered in it
     for _ in range(2):
         assert not guard.allow(key)
         guard.observe(16, 0, 16, 0, False, 0.1)  # only two of its steps observed: 160 tok/s
     for _ in range(3):
         guard.allow(key)
     assert guard.allow(key)  # the epoch is over
-    guard.observe(16, 0, 32, 16 * 7, True, 0.1)
+    guard.observe(16, 0, 32, 16, True, 0.1)
     assert key not in guard.paired and key not in guard.open_epochs
     assert guard.on_over_off(key) is None  # not drafting: 2 steps measured, fewer than MIN_STEPS
 
@@ -358,7 +359,7 @@ def test_an_epochs_baseline_is_the_other_points_steps_just_before_it(away):
     guard.margin[key] = 2.0  # the model drafts at this load
     for _ in range(7):
         assert guard.allow(key)
-        guard.observe(16, 0, 32, 16 * 7, True, 0.1)  # drafting: 320 tok/s
+        guard.observe(16, 0, 32, 16, True, 0.1)  # drafting: 320 tok/s
     for _ in range(away):
         guard.allow(other)
         guard.observe(64, 0, 64, 0, False, 0.1)  # the run at another load meanwhile
@@ -366,7 +367,7 @@ def test_an_epochs_baseline_is_the_other_points_steps_just_before_it(away):
         assert not guard.allow(key)  # an epoch of not drafting (first_explore)
         guard.observe(16, 0, 16, 0, False, 0.1)  # 160 tok/s
     assert guard.allow(key)
-    guard.observe(16, 0, 32, 16 * 7, True, 0.1)  # back to drafting: the epoch's steps are all in
+    guard.observe(16, 0, 32, 16, True, 0.1)  # back to drafting: the epoch's steps are all in
     if away:
         assert key not in guard.paired
     else:
@@ -389,7 +390,7 @@ def test_where_the_model_drafts_nobody_the_guard_insists_on_drafting_that_delive
             mode = guard.allow(key)
             modes.append(mode)
             on = mode == Mode.INSIST
-            guard.observe(4, 0, int((gain if on else 1.0) * 40), 12 if on else 0, on, 0.1)
+            guard.observe(4, 0, int((gain if on else 1.0) * 40), 4 if on else 0, on, 0.1)
         first = modes.index(Mode.INSIST)
         assert first == 15 and modes[first : first + 6] == [Mode.INSIST] * 6  # the first epoch, unmeasured
         assert guard.on_over_off(key) == pytest.approx(gain, rel=0.02)
@@ -447,7 +448,7 @@ def test_the_guard_overrules_the_model_only_where_every_measure_agrees():
         key = guard.key(1, 1)
         guard.margin[key] = margin
         for _ in range(10):
-            guard.observe(1, 1, int(on_rate * 0.1), 3, True, 0.1)
+            guard.observe(1, 1, int(on_rate * 0.1), 1, True, 0.1)
             guard.observe(1, 1, 4, 0, False, 0.1)  # off: 40 tok/s
         if paired is not None:  # the epochs' pace ratio that, with the points' yields, reads `paired`
             on, off = guard.points[(*key, True)], guard.points[(*key, False)]
@@ -470,7 +471,7 @@ def test_the_trace_shows_each_step_the_guard_saw_with_its_point_and_the_prompt_c
     policy = AdaptiveVerify(learned(c_row=1e-3), explore_every=0)
     seen: list[dict] = []
     policy.trace = seen.append
-    policy.observe_rate(16, 16, 40, 16 * DSPARK_K, True, 0.1)
+    policy.observe_rate(16, 16, 40, 16, True, 0.1)
     policy.observe_rate(16, 16, 16, 0, False, 0.02)
     policy.observe_rate(16, 16, 16, 0, True, 0.03)  # a pass but nothing verified: between
     policy.observe_rate(16, 16, 16, 0, False, 0.03, prefill_rows=10)  # 10 ms of prompt taken out
@@ -493,7 +494,7 @@ def test_a_key_acts_on_its_paired_measure_alone_once_it_rests_on_pair_trust_epoc
         key = guard.key(16, 16)
         guard.margin[key] = 1.0 if paired > 1 else 1.2  # the model drafts nobody / someone
         for _ in range(10):
-            guard.observe(16, 16, int(on_rate * 0.1), 3, True, 0.1)
+            guard.observe(16, 16, int(on_rate * 0.1), 16, True, 0.1)
             guard.observe(16, 16, 40, 0, False, 0.1)  # off: 400 tok/s
         on, off = guard.points[(*key, True)], guard.points[(*key, False)]
         guard.paired[key] = _Paired(math.log(paired * off.yield_ / on.yield_), epochs)
@@ -516,7 +517,7 @@ def test_a_measured_key_explores_sooner_until_its_paired_measure_is_trusted():
     key = guard.key(16, 0)
     guard.margin[key] = 1.5  # the model drafts
     for _ in range(10):  # both measured, nothing paired
-        guard.observe(16, 0, 35, 16 * 7, True, 0.08)  # 2.2 tokens a request-step, 440 tok/s
+        guard.observe(16, 0, 35, 16, True, 0.08)  # 2.2 tokens a request-step, 440 tok/s
         guard.observe(16, 0, 16, 0, False, 0.04)  # 400 tok/s
     starts, tick = [], 0
     while len(starts) < PAIR_TRUST + 2:
@@ -526,7 +527,7 @@ def test_a_measured_key_explores_sooner_until_its_paired_measure_is_trusted():
         if not drafting and (not starts or tick - starts[-1] > 6):
             starts.append(tick)
         # drafting: 0.08 s a step, 2.2 tokens a request-step (440 tok/s); not: 0.04 s, 1 token (400)
-        guard.observe(16, 0, 35 if drafting else 16, 16 * 7 if drafting else 0, drafting, 0.08 if drafting else 0.04)
+        guard.observe(16, 0, 35 if drafting else 16, 16 if drafting else 0, drafting, 0.08 if drafting else 0.04)
     gaps = np.diff(starts).tolist()
     pairing = PAIR_TRUST // 2  # epochs before the paired measure is trusted (2 samples each)
     assert gaps == [16 << i for i in range(1, pairing)] + [256] * (len(gaps) - pairing + 1)
@@ -542,7 +543,7 @@ def test_a_load_without_a_measure_is_vetoed_where_a_lighter_load_of_its_mix_pref
     guard = RegimeGuard(explore_every=1 << 20, first_explore=1 << 20)
     feed(guard, 4, on_rate=80, off_rate=100)  # greedy at 4 streams: 0.8x
     for _ in range(10):
-        guard.observe(4, 4, 8, 3, True, 0.1)  # sampled at 4 streams: 80 tok/s drafting
+        guard.observe(4, 4, 8, 4, True, 0.1)  # sampled at 4 streams: 80 tok/s drafting
         guard.observe(4, 4, 4, 0, False, 0.04)  # 100 not
     for key in (guard.key(8, 8), guard.key(8, 0)):
         guard.margin[key] = 1.2  # the model drafts
@@ -551,7 +552,7 @@ def test_a_load_without_a_measure_is_vetoed_where_a_lighter_load_of_its_mix_pref
     assert guard.allow(guard.key(2, 2)) == Mode.MODEL  # lighter: no inference upwards
     assert guard.allow(guard.key(8, 4)) == Mode.MODEL  # a mixed load: no lighter mixed load measured
     for _ in range(10):
-        guard.observe(8, 8, 24, 3, True, 0.1)  # 8 sampled streams: 240 tok/s drafting
+        guard.observe(8, 8, 24, 8, True, 0.1)  # 8 sampled streams: 240 tok/s drafting
         guard.observe(8, 8, 8, 0, False, 0.05)  # 160 not
     assert guard.allow(guard.key(8, 8)) == Mode.MODEL  # its own rates: 1.5x
 
@@ -572,16 +573,14 @@ def test_any_switch_between_the_points_is_a_paired_sample_not_only_an_epoch():
         guard.observe(64, 0, 64, 0, False, 0.1)
     for _ in range(12):
         guard.allow(key)
-        guard.observe(16, 16, 32, 16 * 7, True, 0.1)  # drafting, 2 tokens a step: 320 tok/s
+        guard.observe(16, 16, 32, 16, True, 0.1)  # drafting, 2 tokens a step: 320 tok/s
     assert guard.measures(key) == pytest.approx([1.6])  # the rates alone, 320 against a stale 200
     for switch in range(PAIR_TRUST + 1):  # the model switches: runs of 5 steps (the last one still open)
         drafting = switch % 2 == 1
         for _ in range(5):
             guard.allow(key)
             # at this speed not drafting runs 0.03 s a step: drafting 320 tok/s against 533
-            guard.observe(
-                16, 16, 32 if drafting else 16, 16 * 7 if drafting else 0, drafting, 0.1 if drafting else 0.03
-            )
+            guard.observe(16, 16, 32 if drafting else 16, 16 if drafting else 0, drafting, 0.1 if drafting else 0.03)
     assert guard.paired[key].epochs == PAIR_TRUST
     assert guard.measures(key)[0] == pytest.approx(0.6)
     assert guard.allow(key) == Mode.VETO
@@ -605,6 +604,24 @@ def test_a_key_whose_paired_measure_and_rates_agree_by_far_explores_at_the_regre
         if not drafting and (not starts or tick - starts[-1] > 6):
             starts.append(tick)
         # drafting: 40 ms a step, 4.5 tokens a request-step; not: off_s, 1 token
-        guard.observe(4, 0, 18 if drafting else 4, 28 if drafting else 0, drafting, 0.04 if drafting else off_s)
+        guard.observe(4, 0, 18 if drafting else 4, 4 if drafting else 0, drafting, 0.04 if drafting else off_s)
     assert guard.settled(key) is settled
     assert starts[1] - starts[0] == (375 if settled else 16)
+
+
+def test_a_step_where_few_requests_draft_is_neither_point():
+    """A probe's few drafters among many requests run a step at not drafting's pace with a
+    token and a bit a request: counted as drafting, that pace times drafting's yield (~6,
+    from full windows) would read drafting at several times not drafting. Such a step (a
+    pass, fewer than half verifying) is between the points; half or more is drafting."""
+    assert on_point(64, 8, True) is None and on_point(64, 32, True) is True
+    assert on_point(64, 0, False) is False and on_point(64, 64, False) is None and on_point(64, 0, True) is None
+    guard = RegimeGuard(explore_every=1 << 20, first_explore=1 << 20)
+    key = guard.key(64, 0)
+    for _ in range(10):
+        guard.observe(64, 0, 384, 64, True, 0.25)  # full windows: 6 tokens a request, 1536 tok/s
+        guard.observe(64, 0, 64, 0, False, 0.04)  # 1600 tok/s
+    before = guard.on_over_off(key)
+    for _ in range(20):
+        guard.observe(64, 0, 70, 8, True, 0.045)  # a probe's 8 drafters: 1556 tok/s, but K=0's pace
+    assert guard.on_over_off(key) == pytest.approx(before) and before < 1
