@@ -52,9 +52,10 @@ rate yet (doubling after each epoch that left it unmeasured, up to explore_every
 once it has, as often as the epochs' lost tokens stay within REGRET (1%) of the steps
 between them (_period: every `explore_every` steps where the points are close,
 rarer where the other is far worse; until the paired ratio rests on PAIR_TRUST samples,
-sooner: first_explore doubling per epoch, up to explore_every, unless the key's measures
-already agree by far, `settled`), so a rate the steady state never measures (the
-model drafts all along, or nobody does) is measured soon, and a stale one is renewed
+sooner: first_explore doubling per epoch, up to explore_every, times how much longer the
+other point's step is, unless the key's measures already agree by far, `settled`), so a
+rate the steady state never measures (the model drafts all along, or nobody does) is
+measured soon, and a stale one is renewed
 where it decides a close call. Where the model drafts nobody (its last `margin` at the key,
 predicted drafting / not-drafting rate, is 1) the steady point is "off" and its epochs
 INSIST: a model that underrates drafting at a load (one drafter-pass cost fitted across
@@ -308,8 +309,12 @@ class RegimeGuard:
                 period = self._period(key, drafting)
             elif measured:
                 # the paired measure is not yet trusted: sooner, so it soon is (and the rates,
-                # which may be stale, decide less long)
+                # which may be stale, decide less long), counted in time: NOTE: a drafting
+                # epoch at 64 streams greedy on the demo is 6 steps of ~6 of K=0's each, and
+                # three such epochs every 32, 64, 128 steps ran early in a ~950-step cell
+                # (adaptive 0.88x K=0 by its rounds' median)
                 period = min(self.first_explore << pairing, max(self.explore_every, self.first_explore))
+                period = int(period * max(1.0, self._step_ratio(key, drafting)))
             else:
                 # NOTE: an epoch can end with its point still unmeasured (too few of its steps
                 # counted); the next waits twice as long, so a key whose other point is hard to

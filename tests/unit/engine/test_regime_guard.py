@@ -625,3 +625,25 @@ def test_a_step_where_few_requests_draft_is_neither_point():
     for _ in range(20):
         guard.observe(64, 0, 70, 8, True, 0.045)  # a probe's 8 drafters: 1556 tok/s, but K=0's pace
     assert guard.on_over_off(key) == pytest.approx(before) and before < 1
+
+
+def test_the_pairing_epochs_of_a_dear_point_come_as_much_later_as_its_steps_are_longer():
+    """Until the paired measure is trusted, epochs come first_explore, 2 x, ... steps apart,
+    counted in time: where the other point's step is 6x the steady one (drafting at 64
+    streams), the gaps are 6x as long, so the rush costs the same share of the key's time."""
+    guard = RegimeGuard(explore_every=1 << 12, epoch=6, first_explore=16, epoch_share=1.0)
+    key = guard.key(64, 0)
+    guard.margin[key] = 0.5  # the model drafts nobody: the steady point is off
+    for _ in range(10):  # both measured, nothing paired: drafting 0.6 s a step (0.95x), not 0.1 s
+        guard.observe(64, 0, 365, 64, True, 0.6)
+        guard.observe(64, 0, 64, 0, False, 0.1)
+    guard.paired.clear()
+    starts, tick = [], 0
+    while len(starts) < 2:
+        tick += 1
+        drafting = guard.allow(key) == Mode.INSIST
+        if drafting and (not starts or tick - starts[-1] > 6):
+            starts.append(tick)
+        guard.observe(64, 0, 365 if drafting else 64, 64 if drafting else 0, drafting, 0.6 if drafting else 0.1)
+    assert guard._step_ratio(key, False) == pytest.approx(6.0)
+    assert starts[1] - starts[0] == 6 * (16 << 1)  # not 16 << 1: the second pairing epoch
