@@ -237,7 +237,6 @@ def run(
         "tail_steps": rows.tail_steps,
         "tail_compute_share": rows.tail_s / max(sum(rows.compute_s), 1e-9),
         "rank_ms": 1e3 * float(np.median(rows.compute_s)) if rows.compute_s else 0.0,
-        "rank_s": float(sum(rows.compute_s)),  # the rank's compute over the decode steps
     }
 
 
