@@ -1,5 +1,6 @@
 """Test doubles and fixtures: nothing here runs in a real deployment.
 
-The product loads these only when a test asks (DSPARK_TEST_RUNNER, DSPARK_TEST_DRAFTER,
-ModelRunner(proposer=...)); tests and tools/ benchmarks import them directly.
+The product never imports them: a test hands them in (ModelRunner(proposer=...)) or names a
+runner the ranks load by name (DSPARK_TEST_RUNNER=module:Class, as RankConfig.runner); tests
+and tools/ benchmarks import them directly.
 """

@@ -1,9 +1,9 @@
 """A scripted drafter for tests (K=7): it knows each prompt's true greedy continuation and is
 wrong on purpose at one draft index, so every verify accepts exactly a chosen length.
 
-A Proposer (workers/proposer.py), selected only by a test-only option: env
-DSPARK_TEST_DRAFTER=/path/spec.json read by the rank (the only time the product imports
-this module), or ModelRunner(proposer=...).
+A Proposer (workers/proposer.py), handed to the runner by the test: ModelRunner(proposer=...)
+in one process, or through the test runner scripted_drafter_runner.py (DSPARK_TEST_RUNNER,
+with DSPARK_TEST_DRAFTER=/path/spec.json) in a served test; the product never imports it.
 The spec:
 
     {"cases": [{"prompt": [ids], "reference": [ids], "error_at": m}, ...]}

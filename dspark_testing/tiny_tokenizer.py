@@ -7,7 +7,7 @@ import functools
 
 from tokenizers import Tokenizer
 
-from tools.checkpoint_tokenizer import BOS, EOS, tokenizer_json
+from dspark_loop.checkpoint.tokenizer import BOS, EOS, tokenizer_json
 
 VOCAB_SIZE = 1024
 

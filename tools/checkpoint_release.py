@@ -1,6 +1,6 @@
 """Random checkpoints in DeepSeek's release format, for testing tools.convert_release.
 
-The same tensors as tools.checkpoint_tensors (same seed -> same fp32 values), stored as the
+The same tensors as dspark_loop.checkpoint.tensors (same seed -> same fp32 values), stored as the
 release stores them (tools.convert_release.names.released_as): FP8 e4m3 codes with an e8m0
 scale per 128x128 block (partial edge blocks included), FP4 e2m1 codes packed two per
 byte (low nibble first) in I8 [out, in/2] with an e8m0 scale per 32 inputs, F32 mixers
@@ -17,8 +17,8 @@ import os
 
 import numpy as np
 
-from tools.checkpoint_safetensors import BF16, Raw, save_safetensors
-from tools.checkpoint_tensors import TensorSpec, drafter_tensors, fill, trunk_tensors
+from dspark_loop.checkpoint.safetensors_file import BF16, Raw, save_safetensors
+from dspark_loop.checkpoint.tensors import TensorSpec, drafter_tensors, fill, trunk_tensors
 from tools.convert_release import fp4, fp8
 from tools.convert_release.names import FP4_GROUP, released_as, scale_of
 

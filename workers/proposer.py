@@ -1,6 +1,7 @@
 """Proposer: what SpecRunner (drafter_runner.py) drafts with at K=7, behind one interface:
 the DSpark drafter over its rings (DrafterProposer, here) or a test's scripted drafter
-(dspark_testing.scripted_drafter, chosen by DSPARK_TEST_DRAFTER or ModelRunner(proposer=)).
+(dspark_testing.scripted_drafter, passed as ModelRunner(proposer=), or in a served test through
+the runner dspark_testing.scripted_drafter_runner names by DSPARK_TEST_RUNNER).
 SpecRunner keeps the leases and decides what to draft (a DraftBatch, plan_drafts); the
 proposer drafts it.
 """

@@ -13,7 +13,6 @@ rows, every row a logit row), stages them and runs one packed forward.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 
 import numpy as np
@@ -34,8 +33,6 @@ from workers.sampling.rank_sampler import RankSampler, StepLogprobs
 from workers.sampling.step_rows import StepRows, step_rows
 from workers.staging import BlockTables, Segment, stage
 from workers.weights import load_model
-
-SCRIPTED_DRAFTER_ENV = "DSPARK_TEST_DRAFTER"  # tests: a ScriptedDrafter spec (dspark_testing)
 
 # NOTE: a CPU step whose projections are this small (rows * hidden^2 multiply-adds) runs on
 # one intra-op thread: every bmm/einsum would otherwise fork and join the OpenMP team for a
@@ -126,14 +123,6 @@ class ModelRunner:
         if cfg.spec_k:
             if cfg.spec_k != DSPARK_K:
                 raise ValueError(f"num_speculative_tokens must be 0 or {DSPARK_K}, got {cfg.spec_k}")
-            spec_path = os.environ.get(SCRIPTED_DRAFTER_ENV)
-            if proposer is None and spec_path:
-                # NOTE: a test double, imported only when a test asks for it
-                from dspark_testing.scripted_drafter import ScriptedDrafter
-
-                proposer = ScriptedDrafter(
-                    spec_path, self.cfg.vocab_size, self.cfg.dspark.noise_token_id if self.cfg.dspark else 0
-                )
             trunk = (self.model.embed, self.model.head)
             self.spec = SpecRunner(self.cfg, cfg, self.shard, self.dtype, self.device, trunk, proposer)
 

@@ -73,8 +73,7 @@ def ensure_default_model(cache_dir: str | None = None) -> str:
     if is_complete(final):
         return final
     os.makedirs(root, exist_ok=True)
-    # NOTE: tools/ ships with the product (pyproject packages it); imported only to build
-    from tools.make_checkpoint import make_checkpoint
+    from dspark_loop.checkpoint.writer import make_checkpoint  # numpy + tokenizers: only when building
 
     work = tempfile.mkdtemp(prefix=f".{DEFAULT_NAME}.build-", dir=root)
     try:

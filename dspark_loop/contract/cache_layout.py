@@ -69,10 +69,16 @@ class CacheLayout:
 
     @classmethod
     def for_model(cls, cfg: ModelConfig, block_size: int) -> CacheLayout:
-        reach = [2 * r if r == cfg.csa_ratio else r for r in cfg.ratios]
-        window = max([cfg.sliding_window, *reach])
+        return cls.for_shape(block_size, cfg.sliding_window, cfg.ratios, cfg.csa_ratio)
+
+    @classmethod
+    def for_shape(cls, block_size: int, sliding_window: int, ratios: tuple[int, ...], csa_ratio: int) -> CacheLayout:
+        """The layout of a model whose layers compress by `ratios` (the distinct non-zero
+        ones, ascending), csa_ratio the overlapping compressor's."""
+        reach = [2 * r if r == csa_ratio else r for r in ratios]
+        window = max([sliding_window, *reach])
         fams = [Family(0, "swa", True, block_size, 0, window)]
-        for r in cfg.ratios:
+        for r in ratios:
             rows = max(1, 4 * block_size // r)
             tokens = rows * r
             if tokens % block_size and block_size % tokens:

@@ -15,6 +15,7 @@ import zmq
 
 from dspark_loop.contract.protocol import TRACE_DECODER
 from dspark_testing.prompts import token_prompt
+from dspark_testing.scripted_drafter_runner import served_env
 from dspark_testing.server_process import ServerProcess, free_port
 from tests.e2e.conftest import E2E_SEED
 
@@ -82,7 +83,7 @@ def k7_server(drafter_ckpt, k0_outputs, tmp_path_factory):
     speculative = {"method": "dspark", "num_speculative_tokens": 7, "cost_model": str(cost)}
     server = ServerProcess(
         ["--model", drafter_ckpt, "--debug-tap", tap, "--speculative-config", json.dumps(speculative)],
-        env={"DSPARK_TEST_DRAFTER": str(spec)},
+        env=served_env(str(spec)),
     )
     server.tap = tap
     yield server

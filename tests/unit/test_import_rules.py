@@ -4,7 +4,10 @@ workers/            -> dspark_loop.contract only (the facts both sides agree on)
 dspark_loop/contract -> nothing else of ours; no torch, aiohttp, zmq
 dspark_loop/engine   -> dspark_loop.engine, dspark_loop.contract; no torch, aiohttp, zmq
 dspark_loop/ (server) -> never torch at module level (the server process stays torch-free)
-anything shipped     -> never tests/ (the wheel does not ship it)
+the product          -> never tools/, dspark_testing/ or tests/, not even lazily inside a function
+                        (dspark_loop/ and workers/: what a deployment runs; test doubles are
+                        handed in or named by config, as RankConfig.runner)
+dspark_testing/      -> never tests/ (it is installed; tests/ is not)
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ("dspark_loop", "workers", "tools", "dspark_testing")
+PRODUCT = ("dspark_loop", "workers")
+NOT_PRODUCT = ("tools", "dspark_testing", "tests")
 
 
 def imports_of(path: Path, module_level_only: bool = False) -> list[tuple[int, str]]:
@@ -88,10 +92,16 @@ def test_the_server_process_never_imports_torch_at_module_level():
     assert violations("dspark_loop", lambda m: top(m) != "torch", module_level_only=True) == []
 
 
-@pytest.mark.parametrize("package", SHIPPED)
-def test_nothing_shipped_imports_the_tests(package):
-    """The wheel ships dspark_loop, workers, tools and dspark_testing, never tests/."""
-    assert violations(package, lambda m: top(m) != "tests") == []
+@pytest.mark.parametrize("package", PRODUCT)
+def test_the_product_imports_neither_tools_nor_test_doubles_nor_tests(package):
+    """dspark_loop/ and workers/ run in a deployment: nothing of tools/, dspark_testing/ or
+    tests/ (module level or inside a function), so neither needs to ship with them."""
+    assert violations(package, lambda m: top(m) not in NOT_PRODUCT) == []
+
+
+def test_the_installed_test_doubles_never_import_the_tests():
+    """dspark_testing/ is installed (rank processes load its runners by name); tests/ is not."""
+    assert violations("dspark_testing", lambda m: top(m) != "tests") == []
 
 
 def test_the_rule_catches_a_violation(tmp_path):

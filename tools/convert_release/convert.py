@@ -14,7 +14,7 @@ import shutil
 import time
 from dataclasses import dataclass
 
-from tools import checkpoint_w8a8 as w8a8_rules
+from dspark_loop.checkpoint import w8a8 as w8a8_rules
 from tools.convert_release.errors import ReleaseError
 from tools.convert_release.marker import Marker, partial_path, source_hash
 from tools.convert_release.plan import Plan, TensorJob, build_plan

@@ -1,6 +1,6 @@
 """The tensors config.json implies: name -> logical (dequantised) shape.
 
-The same table tools.make_checkpoint generates from (tools.checkpoint_tensors), so the
+The same table tools.make_checkpoint generates from (dspark_loop.checkpoint.tensors), so the
 converter's idea of a complete checkpoint is the loader's. The drafter stages mtp.0..K-1
 are expected when config.json carries the dspark_* keys; without them, mtp.* tensors
 (e.g. a plain MTP module) are converted by the same rules but not shape-checked.
@@ -8,8 +8,8 @@ are expected when config.json carries the dspark_* keys; without them, mtp.* ten
 
 from __future__ import annotations
 
+from dspark_loop.checkpoint.tensors import drafter_tensors, trunk_tensors
 from dspark_loop.contract.model_config import ModelConfig
-from tools.checkpoint_tensors import drafter_tensors, trunk_tensors
 from tools.convert_release.errors import ReleaseError
 
 

@@ -12,8 +12,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from dspark_loop.checkpoint import w8a8 as w8a8_rules
 from dspark_loop.contract.model_config import ModelConfig
-from tools import checkpoint_w8a8 as w8a8_rules
 from tools.convert_release.errors import ReleaseError
 from tools.convert_release.layout import expected_shapes, is_checked, read_model_config
 from tools.convert_release.names import FP4_GROUP, FP4_WEIGHT, SCALE_SUFFIX, release_name, scale_of, weight_of

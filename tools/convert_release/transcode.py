@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from tools import checkpoint_w8a8 as w8a8_rules
-from tools.checkpoint_safetensors import bf16_bits_to_f32, to_bf16_bits
+from dspark_loop.checkpoint import w8a8 as w8a8_rules
+from dspark_loop.checkpoint.safetensors_file import bf16_bits_to_f32, to_bf16_bits
 from tools.convert_release import fp4, fp8
 from tools.convert_release.errors import ReleaseError
 from tools.convert_release.plan import TensorJob

@@ -1,7 +1,7 @@
 """The demo's shapes: a deep, thin DeepSeek-V4 target (so the three drafter blocks are a
 small share of a target step) and a tiny one for smoke runs.
 
-Keys are tools.checkpoint_config's (make_checkpoint overrides of the "small" preset):
+Keys are dspark_loop.checkpoint.config's (make_checkpoint overrides of the "small" preset):
 the random initial checkpoint and the shipped config.json come from the same code.
 """
 

@@ -14,7 +14,7 @@ import shutil
 import torch
 from safetensors.torch import save_file
 
-from tools.checkpoint_config import generation_config
+from dspark_loop.checkpoint.config import generation_config
 
 
 def save_state(path: str, obj: dict) -> None:

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dspark_loop.checkpoint.config import build_config, resolve_size
+from dspark_loop.checkpoint.tensors import HEAD_LOGIT_STD
 from dspark_loop.contract.model_config import ModelConfig
-from tools.checkpoint_config import build_config, resolve_size
-from tools.checkpoint_tensors import HEAD_LOGIT_STD
 from tools.make_checkpoint import make_checkpoint
 from tools.train_demo import state, trunk
 from tools.train_demo.shape import shape

@@ -1,5 +1,5 @@
 """Stage 1: a byte-level BPE over the train files, with DeepSeek-V4's special tokens at
-their fixed ids (tools.checkpoint_tokenizer: bos 0, eos 1, noise 7), then the token streams.
+their fixed ids (dspark_loop.checkpoint.tokenizer: bos 0, eos 1, noise 7), then the token streams.
 
     DIR/tokenizer/tokenizer.json, tokenizer_config.json
     DIR/tokenizer/train.npy, heldout.npy    uint16 streams: BOS file-tokens EOS, file after file
@@ -14,7 +14,7 @@ import os
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from tools.checkpoint_tokenizer import SPECIAL_TOKENS, tokenizer_config
+from dspark_loop.checkpoint.tokenizer import SPECIAL_TOKENS, tokenizer_config
 from tools.train_demo.corpus import corpus_hash, split, stdlib_files
 
 BOS_ID, EOS_ID = 0, 1

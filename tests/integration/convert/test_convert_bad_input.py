@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tools.checkpoint_safetensors import Raw, save_safetensors
+from dspark_loop.checkpoint.safetensors_file import Raw, save_safetensors
 from tools.convert_release.__main__ import main
 from tools.convert_release.convert import convert
 from tools.convert_release.errors import ReleaseError

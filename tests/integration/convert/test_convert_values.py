@@ -9,10 +9,10 @@ import os
 import numpy as np
 import torch
 
+from dspark_loop.checkpoint.w8a8 import is_quantized
 from dspark_loop.contract.model_config import ModelConfig
 from tests.integration.convert.conftest import release_tensors
 from tests.integration.model.conftest import Driver, new_runner, prompt
-from tools.checkpoint_w8a8 import is_quantized
 from workers.drafter_weights import load_drafter
 from workers.staging import Segment
 

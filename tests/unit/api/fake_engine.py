@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import functools
 
+from dspark_loop.checkpoint.config import build_config, resolve_size
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
-from tools.checkpoint_config import build_config, resolve_size
 
 REPLY = " the quick brown fox jumps over the lazy dog."
 

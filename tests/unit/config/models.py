@@ -6,8 +6,8 @@ import json
 import os
 import struct
 
+from dspark_loop.checkpoint.config import build_config, resolve_size
 from dspark_loop.contract.model_config import ModelConfig
-from tools.checkpoint_config import build_config, resolve_size
 
 FLASH = dict(
     hidden_size=4096,

@@ -1,5 +1,6 @@
 import pytest
 
+from dspark_loop.contract.flash_layout import flash_layout
 from dspark_loop.engine.kv_cache import BlockPool, PartitionCache, map_limit, pages_needed
 from tests.unit.engine.factories import make_layout
 
@@ -67,8 +68,6 @@ def test_integrity_check_finds_a_leaked_block():
 def test_the_hot_path_page_arithmetic_equals_the_family_rules():
     """PartitionCache's inlined num_new_pages / map_limit must agree with pages_needed and
     map_limit for every family, end position and mapped length."""
-    from tools.bench_engine import flash_layout
-
     cache = PartitionCache(flash_layout(), [4096, 4096, 4096])
     for end in range(0, 9000, 7):
         assert cache.num_new_pages(cache.new_pages(), end) == [pages_needed(f, end) for f in cache.families]
@@ -85,8 +84,6 @@ def test_grow_maps_what_num_new_pages_asks_or_changes_nothing():
     """grow() must map exactly num_new_pages' counts (same ids as allocate) and report the
     new map_limit; when any pool is short it must return None and leave pools and pages
     untouched."""
-    from tools.bench_engine import flash_layout
-
     a, b = PartitionCache(flash_layout(), [64, 16, 16]), PartitionCache(flash_layout(), [64, 16, 16])
     pa, pb = a.new_pages(), b.new_pages()
     for end in (1, 33, 129, 300, 513, 900):
@@ -102,8 +99,6 @@ def test_release_behind_frees_what_left_the_window_and_names_the_next_release():
     """release_behind() must free exactly the ring pages below Family.first_live_page(next
     write position), to the back of the free list, keep every other page, and return the
     smallest later position whose first live page passes the ring's new first page."""
-    from tools.bench_engine import flash_layout
-
     cache = PartitionCache(flash_layout(), [64, 16, 16])
     pages = cache.new_pages()
     swa = cache.families[0]

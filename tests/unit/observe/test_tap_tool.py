@@ -5,6 +5,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -13,6 +14,8 @@ from dspark_loop.contract.protocol import PartitionTrace
 from dspark_loop.observe.tap_publisher import TapPublisher
 from tests.unit.observe.factories import make_trace
 from tools import tap
+
+REPO = Path(__file__).resolve().parents[3]  # tools/ is run from a checkout, not installed
 
 
 def run_main_in_thread(argv: list[str]):
@@ -189,7 +192,11 @@ def test_module_runs_from_the_command_line(tmp_path):
     path = tmp_path / "run.jsonl"
     write_jsonl(path, SCRIPTED)
     proc = subprocess.run(
-        [sys.executable, "-m", "tools.tap", "--replay", str(path)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "tools.tap", "--replay", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("steps 4")

@@ -68,7 +68,7 @@ def test_bfloat16_checkpoint_is_the_float32_one_rounded(make_ckpt):
 
 def test_bf16_rounding_is_nearest_even_on_ties():
     """Halfway cases must round to the even bf16 pattern, as torch does."""
-    from tools.checkpoint_safetensors import bf16_bits_to_f32, to_bf16_bits
+    from dspark_loop.checkpoint.safetensors_file import bf16_bits_to_f32, to_bf16_bits
 
     vals = np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3.0e38, 1e-40, np.inf], dtype=np.float32)
     got = torch.from_numpy(bf16_bits_to_f32(to_bf16_bits(vals)))

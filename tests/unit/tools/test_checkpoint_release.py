@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tools.checkpoint_config import resolve_size
-from tools.checkpoint_tensors import fill, trunk_tensors
+from dspark_loop.checkpoint.config import resolve_size
+from dspark_loop.checkpoint.tensors import fill, trunk_tensors
 from tools.make_checkpoint import main, make_checkpoint
 
 from .conftest import read_config

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dspark_loop.contract.model_config import DRAFT_STAGES
 from dspark_loop.contract.protocol import DSPARK_K
 
-# Token ids the tokenizer fixes (checkpoint_tokenizer.SPECIAL_TOKENS order).
+# Token ids the tokenizer fixes (tokenizer.SPECIAL_TOKENS order).
 BOS_ID, EOS_ID, NOISE_ID = 0, 1, 7
 
 SIZES: dict[str, dict] = {

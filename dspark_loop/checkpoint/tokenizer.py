@@ -15,7 +15,7 @@ import json
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from tools.checkpoint_corpus import corpus_lines
+from dspark_loop.checkpoint.corpus import corpus_lines
 
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
