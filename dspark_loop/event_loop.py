@@ -3,7 +3,7 @@ default), else asyncio's own.
 
 uvloop (libuv, C) makes the loop's per-callback work cheaper: waking a request's consumer
 at every step, aiohttp's socket writes, ZeroMQ readiness. At the production tile (256
-requests x 8 rows) it halves the engine's delivery time (tools/bench_host --loop).
+requests x 8 rows) it halves the engine's delivery time (tools/bench/host --loop).
 """
 
 from __future__ import annotations

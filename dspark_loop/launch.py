@@ -206,7 +206,7 @@ def verify_policy(cfg: ServerConfig, model: ModelConfig | None = None) -> Verify
 
 
 def adaptive_policy(cost_model: str | None, model: ModelConfig | None) -> AdaptiveVerify:
-    """AdaptiveVerify as the server builds it (also tools/bench_adaptive): the cost model
+    """AdaptiveVerify as the server builds it (also tools/bench/adaptive): the cost model
     pinned from cost_model when given, the checkpoint's confidence temperatures when it has them."""
     temps = model.raw.get("dspark_confidence_temperatures") if model is not None else None
     if temps is not None and (len(temps) != DSPARK_K or min(temps) <= 0):

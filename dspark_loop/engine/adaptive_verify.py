@@ -109,7 +109,7 @@ class AdaptiveVerify:
         self._idle_shape: tuple | None = None  # (R, classes, per partition, allowed) whose last solve drafted nobody
         self.guard = RegimeGuard()  # realised rates of drafting and not: may veto the model's drafting
         self.prompt_row_s = 0.0  # EMA of a prompt row's cost beyond its step's decode rows (0: none yet)
-        # each step the guard was shown, as a dict (tools.bench_adaptive --trace); None: off
+        # each step the guard was shown, as a dict (tools.bench.adaptive --trace); None: off
         self.trace: Callable[[dict], None] | None = None
 
     # ---- VerifyPolicy -------------------------------------------------------------------

@@ -38,7 +38,7 @@ IDLE_CHECK_S = 0.5  # an idle loop looks this often whether its mesh died
 # NOTE: a step allocates and frees thousands of small objects (token lists, outputs). At
 # CPython's default gen0 threshold (700) the collector ran every step at 256 requests (0.1-0.3
 # ms) and its older-generation passes paused the loop for 10-20 ms; almost all of them die by
-# reference count long before 50,000 net allocations (tools/bench_host: no collection in 300
+# reference count long before 50,000 net allocations (tools/bench/host: no collection in 300
 # steps, max host time 23.6 -> 2.4 ms at K=7).
 GC_THRESHOLDS = (50_000, 50, 100)
 

@@ -66,7 +66,7 @@ def parse(argv):
     ap.add_argument(
         "--constrained",
         action="store_true",
-        help="evaluate: also JSON documents under tools.bench_demo.SCHEMA (reported as 'json T=t')",
+        help="evaluate: also JSON documents under tools.bench.demo.SCHEMA (reported as 'json T=t')",
     )
     ap.add_argument(
         "--from-model", action="store_true", help="redraft: fine-tune MODEL's drafter instead of a fresh one"

@@ -16,7 +16,7 @@ rollouts: the 7-draft chain as the server drafts and verifies it.
                 acceptance per position = P(drafts 0..s all accepted)
 
 --constrained: also, per T, held-out rollouts written as JSON documents under
-tools.bench_demo.SCHEMA (a schema outside redraft's training pool; rollout.sampled(factories=):
+tools.bench.demo.SCHEMA (a schema outside redraft's training pool; rollout.sampled(factories=):
 the target's picks under the grammar masks), reported as "json T=t". The drafts are the
 drafter's own (the server also replaces a draft where the grammar allows one token only),
 so this is a lower bound of what a served constrained request accepts.
@@ -100,7 +100,7 @@ def run(
     results = {m: {} for m in model_dirs}
     grammar = None
     if constrained:
-        from tools.bench_demo import SCHEMA
+        from tools.bench.demo import SCHEMA
         from tools.train_demo.schemas import constraint_factory
 
         grammar = constraint_factory(

@@ -108,7 +108,7 @@ def ship(out_dir: str, eval_dir: str, dest: str, command: str, goal: str = "samp
     ]
     manifest["commands"] = kept + commands_of(os.path.join(out_dir, "train.log"), "redraft") + [command]
     if "bench" in manifest:
-        manifest["bench_drafter"] = "the greedy-only drafter (drafter_before_redraft): rerun tools.bench_demo"
+        manifest["bench_drafter"] = "the greedy-only drafter (drafter_before_redraft): rerun tools.bench.demo"
     manifest["files"] = {n: file_entry(os.path.join(dest, n)) for n in sorted(manifest["files"])}
     write_json(os.path.join(dest, DEMO_MANIFEST), manifest, 1)
     return True, lines

@@ -7,7 +7,7 @@ A schema is an object of 2-5 properties, keys drawn from KEYS, each value one of
 array of 1-4 strings or integers, all required. Key order and types vary from schema to
 schema, so the drafter learns JSON's punctuation and the target's habits under a grammar
 mask (e.g. the demo target spells an unknown key letter by letter), not one document.
-NOTE: tools.bench_demo.SCHEMA is not in the pool; its keys are common words and may be.
+NOTE: tools.bench.demo.SCHEMA is not in the pool; its keys are common words and may be.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 
 manifest.json: how the checkpoint was made (the train.log commands, seed, threads, corpus
 hash, stage figures: held-out loss, ECE, offline acceptance, times), the held-out prompts
-the tests and tools/bench_demo use, the benchmark figures when given, and every file's
+the tests and tools/bench/demo use, the benchmark figures when given, and every file's
 size and sha256 (dspark_loop.config.default_model checks the sizes at start-up, the tests the hashes).
 """
 
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="the train_demo working directory")
     ap.add_argument("--dest", default=DEMO_DIR)
-    ap.add_argument("--bench", default=None, help="tools.bench_demo --json output to record")
+    ap.add_argument("--bench", default=None, help="tools.bench.demo --json output to record")
     args = ap.parse_args(argv)
     m = ship(args.out, args.dest, args.bench)
     mb = sum(f["bytes"] for f in m["files"].values()) / 2**20

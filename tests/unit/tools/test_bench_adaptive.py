@@ -1,4 +1,4 @@
-"""tools/bench_adaptive --quick: the benchmark runs end to end on the shipped demo."""
+"""tools/bench/adaptive --quick: the benchmark runs end to end on the shipped demo."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tools.bench_adaptive import MODES, cell_prompts, main, process_cpu_s
+from tools.bench.adaptive import MODES, cell_prompts, main, process_cpu_s
 
 
 def test_quick_bench_runs_every_mode_and_checks_tokens_against_k0(tmp_path):

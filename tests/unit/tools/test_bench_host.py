@@ -1,13 +1,12 @@
-"""tools/bench_host runs the real EngineLoop on its instant mesh and measures the steady state
+"""tools/bench/host runs the real EngineLoop on its instant mesh and measures the steady state
 (numbers are benchmarks, never asserted here)."""
 
 from __future__ import annotations
 
 import asyncio
-import sys
 
 from dspark_loop.contract.protocol import DSPARK_K
-from tools import bench_host
+from tools.bench import host as bench_host
 
 
 def test_the_k7_steady_state_decodes_every_request_and_accepts_drafts():
@@ -17,10 +16,8 @@ def test_the_k7_steady_state_decodes_every_request_and_accepts_drafts():
     assert sum(t.num_new_tokens for t in steady) > 32 * len(steady)  # drafts were accepted
 
 
-def test_main_prints_every_run_and_the_summary_per_k(monkeypatch, capsys):
-    argv = ["bench_host", "--requests", "16", "--partitions", "2", "--steps", "20", "--repeats", "2"]
-    monkeypatch.setattr(sys, "argv", argv + ["--loop", "asyncio"])
-    bench_host.main()
+def test_main_prints_every_run_and_the_summary_per_k(capsys):
+    bench_host.main(["--requests", "16", "--partitions", "2", "--steps", "20", "--repeats", "2", "--loop", "asyncio"])
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "event loop: asyncio"
     assert sum(line.startswith("K=0 (1 row)   16 req") for line in out) == 2

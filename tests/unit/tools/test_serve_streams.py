@@ -1,10 +1,10 @@
-"""tools.bench_demo.serve_all with streams: n clients, each sending its requests back to back."""
+"""tools.bench.demo.serve_all with streams: n clients, each sending its requests back to back."""
 
 from __future__ import annotations
 
 import asyncio
 
-from tools.bench_demo import serve_all
+from tools.bench.demo import serve_all
 
 
 class FakeEngine:

@@ -1,7 +1,7 @@
 """How long a lost rank takes the server down, and what it costs: kill (or freeze) one rank
 while requests run and wait, and time the recovery.
 
-    python -m tools.bench_recovery [--model DIR] [--topology "--dp 2 --tp 2 --ep 4"]
+    python -m tools.bench.recovery [--model DIR] [--topology "--dp 2 --tp 2 --ep 4"]
                                    [--signal SIGKILL|SIGSTOP] [--rounds 3] [--running 2] [--waiting 2]
 
 Per round: `running` long streams and `waiting` short requests (--max-num-seqs = running,
@@ -15,7 +15,6 @@ so the short ones wait; running >= dp), then the signal to the last rank. Report
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -26,6 +25,8 @@ import tempfile
 import time
 
 import aiohttp
+
+from tools.bench import harness
 
 
 async def one_round(server, sig: int, running: int, waiting: int, seed: int) -> dict:
@@ -78,8 +79,7 @@ async def one_round(server, sig: int, running: int, waiting: int, seed: int) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.bench_recovery", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None)
+    p = harness.parser("recovery", __doc__)
     p.add_argument("--topology", default="", help='e.g. "--dp 2 --tp 2 --ep 4" (default 1 rank)')
     p.add_argument("--signal", default="SIGKILL", choices=["SIGKILL", "SIGSTOP"])
     p.add_argument("--rounds", type=int, default=3)
@@ -89,11 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     from dspark_testing.server_process import ServerProcess
 
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = args.model
-        if ckpt is None:
-            from tools.make_checkpoint import make_checkpoint
-
-            ckpt = make_checkpoint(os.path.join(tmp, "tiny"), size="tiny", seed=7, quiet=True)
+        ckpt = args.model or harness.tiny_checkpoint(tmp, seed=7)
         server = ServerProcess(
             [
                 "--model",

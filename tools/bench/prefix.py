@@ -1,6 +1,6 @@
 """Time to first token of a multi-turn chat with its prefix cached vs not cached.
 
-    python -m tools.bench_prefix [--turns 4] [--system-repeat 12] [--reply-tokens 8]
+    python -m tools.bench.prefix [--turns 4] [--system-repeat 12] [--reply-tokens 8]
         [--model DIR] [--flags "--block-size 8 --max-num-batched-tokens 256"]
 
 Starts the server twice on the same checkpoint (default: a fresh tiny one), once as is
@@ -16,13 +16,13 @@ repository checkout (it uses the e2e harness in tests/e2e: run it with
 
 from __future__ import annotations
 
-import argparse
-import os
 import shlex
 import statistics
 import sys
 import tempfile
 import time
+
+from tools.bench import harness
 
 SYSTEM = (
     "You are the support assistant of a small travel agency. Answer briefly, cite the "
@@ -93,11 +93,10 @@ def bench(ckpt: str, flags: list[str], args) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench_prefix", description=__doc__.split("\n\n")[0])
+    ap = harness.parser("prefix", __doc__)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--system-repeat", type=int, default=12, help="copies of the system sentence")
     ap.add_argument("--reply-tokens", type=int, default=8)
-    ap.add_argument("--model", default=None, help="checkpoint (default: a fresh tiny one)")
     ap.add_argument(
         "--flags",
         default="--block-size 8 --max-model-len 4096 --max-num-batched-tokens 256",
@@ -106,21 +105,26 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     flags = shlex.split(args.flags)
     with tempfile.TemporaryDirectory(prefix="dspark-bench-prefix-") as tmp:
-        ckpt = args.model
-        if ckpt is None:
-            from tools.make_checkpoint import make_checkpoint
-
-            ckpt = make_checkpoint(os.path.join(tmp, "tiny"), size="tiny", seed=0, quiet=True)
+        ckpt = args.model or harness.tiny_checkpoint(tmp)
         print("... prefix caching on", flush=True)
         cached = bench(ckpt, flags, args)
         print("... prefix caching off", flush=True)
         plain = bench(ckpt, [*flags, "--no-enable-prefix-caching"], args)
-    print(f"{'turn':>4} {'prompt':>7} {'cached':>7} {'ttft cache (s)':>15} {'ttft no cache (s)':>18} {'same text':>9}")
-    for t, (a, b) in enumerate(zip(cached, plain), 1):
-        print(
-            f"{t:>4} {a['prompt_tokens']:>7} {a['cached_tokens']:>7} {a['ttft_s']:>15.3f} "
-            f"{b['ttft_s']:>18.3f} {str(a['text'] == b['text']):>9}"
-        )
+    rows = [
+        {**a, "turn": t, "ttft_uncached_s": b["ttft_s"], "same_text": str(a["text"] == b["text"])}
+        for t, (a, b) in enumerate(zip(cached, plain), 1)
+    ]
+    harness.table(
+        rows,
+        [
+            ("turn", "turn", "d"),
+            ("prompt", "prompt_tokens", "d"),
+            ("cached", "cached_tokens", "d"),
+            ("ttft cache (s)", "ttft_s", ".3f"),
+            ("ttft no cache (s)", "ttft_uncached_s", ".3f"),
+            ("same text", "same_text", ""),
+        ],
+    )
     later_a = statistics.mean(r["ttft_s"] for r in cached[1:])
     later_b = statistics.mean(r["ttft_s"] for r in plain[1:])
     print(

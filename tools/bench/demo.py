@@ -1,8 +1,8 @@
 """DSpark on the shipped demo (a trained target + drafter): K=0 vs K=7 in one run, in
 process (one runner, LocalComm), greedy, on the manifest's held-out Python prompts.
 
-    python -m tools.bench_demo [--streams 1 4 16] [--max-tokens 64] [--model DIR] [--json FILE]
-                               [--constrained] [--async-scheduling off|on|both]
+    python -m tools.bench.demo [--streams 1 4 16] [--max-tokens 64] [--model DIR] [--json FILE]
+                               [--plot FILE] [--constrained] [--async-scheduling off|on|both]
 
 Per stream count (all held-out prompts, in rounds of that many streams): per-user tok/s
 (output tokens / (finish - arrival), mean over users), total tok/s (all output tokens /
@@ -15,12 +15,12 @@ EOS; the host's schedule + update time per step (its mask fills) is reported too
 --async-scheduling (default on, as the server): both runs every round (at least 3) planning
 one step ahead and in lockstep, checks the tokens are the same and reports tok/s on / off per K (one
 in-process runner shares the engine's thread and cores, so no gain is expected here: the
-figure to watch is "no loss").
+figure to watch is "no loss"). --plot FILE: K=0 and K=7 total tok/s per stream count, a bar
+chart (the plot extra).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -40,6 +40,7 @@ from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_testing.local_mesh import LocalMesh
 from dspark_testing.schedulers import model_scheduler
+from tools.bench import harness
 from workers.runner import ModelRunner
 
 BLOCK = 32
@@ -238,23 +239,35 @@ def bench(
     }
 
 
+# Rounds of one stream count: means of the speeds, verify-weighted acceptance, median step costs.
+MERGE = {
+    "outputs": harness.CONCAT,
+    "per_user_tok_s": harness.MEAN,
+    "total_tok_s": harness.MEAN,
+    "mean_accepted_len": harness.WEIGHTED + "verifies",
+    "acceptance_per_position": harness.WEIGHTED + "verifies",
+    "step_ms": harness.MEDIAN,
+    "drafter_ms": harness.MEDIAN,
+    "host_ms": harness.MEDIAN,
+}
+
+
 def merge(runs: list[dict]) -> dict:
-    """Rounds of one stream count: means of the speeds, verify-weighted acceptance."""
-    w = np.array([r["verifies"] for r in runs], np.float64)
-    w = w / w.sum() if w.sum() else np.full(len(runs), 1 / len(runs))
-    out = {
-        "outputs": [o for r in runs for o in r["outputs"]],
-        "per_user_tok_s": float(np.mean([r["per_user_tok_s"] for r in runs])),
-        "total_tok_s": float(np.mean([r["total_tok_s"] for r in runs])),
-        "mean_accepted_len": float(sum(wi * r["mean_accepted_len"] for wi, r in zip(w, runs))),
-        "acceptance_per_position": [
-            float(sum(wi * r["acceptance_per_position"][j] for wi, r in zip(w, runs))) for j in range(K)
-        ],
-    }
-    for key in ("step_ms", "drafter_ms", "host_ms"):
-        vals = [r[key] for r in runs if r[key] is not None]
-        out[key] = float(np.median(vals)) if vals else None
-    return out
+    return harness.merge(runs, MERGE)
+
+
+def draw(figures: dict, path: str) -> None:
+    """--plot: K=0 and K=7 total tok/s per stream count."""
+    from tools.bench.plot import grouped_bars
+
+    rows = figures["rows"]
+    grouped_bars(
+        path,
+        f"DSpark on the demo: K=0 vs K=7, {figures['max_tokens']} tokens, greedy",
+        [f"{r['streams']} stream{'s' * (r['streams'] > 1)}" for r in rows],
+        {"K=0": [r["k0_total_tok_s"] for r in rows], "K=7": [r["k7_total_tok_s"] for r in rows]},
+        "total tok/s",
+    )
 
 
 def heldout_prompts(path: str, tok: Tokenizer) -> list[list[int]]:
@@ -264,12 +277,17 @@ def heldout_prompts(path: str, tok: Tokenizer) -> list[list[int]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(
+        "demo",
+        __doc__,
+        model=DEMO_DIR,
+        model_help="a demo checkpoint directory with manifest.json",
+        json=True,
+        plot=True,
+    )
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--model", default=DEMO_DIR, help="a demo checkpoint directory with manifest.json")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json", default=None, help="also write the figures here")
     ap.add_argument("--constrained", action="store_true", help="every request under the JSON schema SCHEMA")
     ap.add_argument(
         "--async-scheduling",
@@ -340,10 +358,8 @@ def main(argv=None) -> int:
                 f"({row['k7_on_total_tok_s']:.1f} tok/s)  | tokens on == off: {row['tokens_equal']}",
                 flush=True,
             )
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            figures = {"max_tokens": args.max_tokens, "threads": args.threads, "constrained": args.constrained}
-            json.dump({**figures, "rows": rows}, f, indent=1)
+    figures = {"max_tokens": args.max_tokens, "threads": args.threads, "constrained": args.constrained}
+    harness.report(args, {**figures, "rows": rows}, draw)
     return 0 if all(r["tokens_equal"] for r in rows) else 1
 
 

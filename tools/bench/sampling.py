@@ -1,7 +1,7 @@
 """Speculation under sampling: K=7 vs K=0 at temperature 0.7 and 1.0, with the drafter
 proposing with the verify rows' noise (shared) or greedily, in process (one runner).
 
-    python -m tools.bench_sampling [--users 4] [--prompt-len 32] [--max-tokens 64] [--model DIR]
+    python -m tools.bench.sampling [--users 4] [--prompt-len 32] [--max-tokens 64] [--model DIR]
 
 Per setting: mean accepted length per verify, per-user tok/s (output tokens / (finish -
 arrival), mean over users) and the ratio to K=0 at the same temperature. Prompts: the
@@ -13,11 +13,9 @@ drafter is untrained: acceptance there says nothing about a trained one).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
-import tempfile
 import time
 
 import numpy as np
@@ -30,6 +28,7 @@ from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_testing.local_mesh import LocalMesh
 from dspark_testing.schedulers import model_scheduler
+from tools.bench import harness
 from workers.runner import ModelRunner
 
 
@@ -76,9 +75,7 @@ def default_model() -> str:
             return DEMO_DIR
     except ImportError:
         pass
-    from tools.make_checkpoint import make_checkpoint
-
-    return make_checkpoint(os.path.join(tempfile.mkdtemp(), "tiny"), size="tiny", seed=0, with_drafter=True, quiet=True)
+    return harness.tiny_checkpoint(with_drafter=True)
 
 
 def manifest_prompts(path: str, n: int) -> list[list[int]] | None:
@@ -99,12 +96,15 @@ def random_prompts(path: str, n: int, length: int) -> list[list[int]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(
+        "sampling",
+        __doc__,
+        model_help="a checkpoint with the drafter (default: the shipped demo, else a fresh tiny one)",
+    )
     ap.add_argument("--users", type=int, default=4)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0])
-    ap.add_argument("--model", default=None, help="a checkpoint with the drafter")
     args = ap.parse_args(argv)
     path = args.model or default_model()
     prompts = manifest_prompts(path, args.users) or random_prompts(path, args.users, args.prompt_len)

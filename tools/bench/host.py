@@ -1,6 +1,6 @@
 """The engine's host work per step at the production tile, from the engine's StepTraces.
 
-    python -m tools.bench_host [--requests 256] [--partitions 4] [--steps 300] [--repeats 3]
+    python -m tools.bench.host [--requests 256] [--partitions 4] [--steps 300] [--repeats 3]
                                [--aligned] [--prefix-caching] [--loop asyncio] [--constrained N]
                                [--adaptive]
 
@@ -15,7 +15,7 @@ gives every request 64 (all map and release pages in the same steps: the p99 wor
 Prefix caching is off unless --prefix-caching (the server's default is on: each page that
 fills is hashed and keyed). The event loop is the server's (--loop auto: uvloop when installed); --loop asyncio measures
 the standard one. --constrained N: the first N requests decode under a JSON schema at a
-129,280-id vocab (tools/constrained_mesh.py; needs xgrammar), so schedule includes the mask
+129,280-id vocab (tools/bench/constrained_mesh.py; needs xgrammar), so schedule includes the mask
 fills of their verifies (up to 8 per request per step at K=7); the masks of one-row steps are
 filled once the plan is sent, beside the ranks' forward (StepMasks), and print as `masks`,
 outside the host figure. --adaptive: K=7 under adaptive verification
@@ -23,7 +23,7 @@ outside the host figure. --adaptive: K=7 under adaptive verification
 every step) instead of the fixed chain. K=0 and K=7 runs alternate --repeats times; the summary is the median of
 the runs' medians and p99s, with their range (one run on a shared machine swings ~10-20%).
 
-    python -m tools.bench_host --device-ms 5 [--json FILE]
+    python -m tools.bench.host --device-ms 5 [--json FILE]
 
 replaces the instant mesh with a simulated device (DeviceMesh: each step takes D ms of wall
 time and no CPU) and measures steady-state steps/s with async scheduling off (lockstep,
@@ -34,7 +34,6 @@ one run; FILE gets {"off": {...}, "on": {...}, "k0_off": ..., "k0_on", "k7_off",
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import queue
@@ -45,6 +44,7 @@ import time
 import numpy as np
 
 from dspark_loop.contract.acceptance import accept_chain
+from dspark_loop.contract.flash_layout import flash_layout
 from dspark_loop.contract.protocol import DSPARK_K, ENCODER, StepResult, as_i8, as_i32
 from dspark_loop.contract.sampling_knobs import SamplingKnobs
 from dspark_loop.engine.adaptive_verify import AdaptiveVerify
@@ -57,11 +57,12 @@ from dspark_loop.observe.metrics import Metrics
 from dspark_loop.observe.tap_publisher import TapPublisher
 from dspark_testing.local_mesh import LocalMesh
 from dspark_testing.schedulers import make_scheduler
-from tools.bench_engine import flash_layout, tiny_tokenizer
+from dspark_testing.tiny_tokenizer import tiny_tokenizer
+from tools.bench import harness
 
 
 def new_constraint():
-    from tools.constrained_mesh import new_constraint as make
+    from tools.bench.constrained_mesh import new_constraint as make
 
     return make()
 
@@ -299,7 +300,7 @@ async def run(
     tap = TapPublisher(tap_addr)
     shadows = None
     if constrained:
-        from tools.constrained_mesh import Shadows
+        from tools.bench.constrained_mesh import Shadows
 
         shadows = Shadows()
     mesh = (
@@ -386,17 +387,15 @@ def device_main(args, new_loop) -> None:
             out[f"k{k}_{mode}"] = e
             print(f"K={k} overlap {mode}: {json.dumps(e)}")
     out["off"], out["on"] = out["k0_off"], out["k0_on"]
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    harness.report(args, out)
 
 
 def pct(xs, q):
     return xs[min(len(xs) - 1, int(q * (len(xs) - 1)))] * 1e3
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = harness.parser("host", __doc__, with_model=False, json=True)
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--steps", type=int, default=300)
@@ -427,7 +426,6 @@ def main() -> None:
         help="simulate a device whose step takes this many ms of wall time (no CPU): steps/s with "
         "async scheduling off and on, K=0 and K=7",
     )
-    ap.add_argument("--json", default="", help="with --device-ms: write the results here")
     ap.add_argument(
         "--adaptive",
         action="store_true",
@@ -440,7 +438,7 @@ def main() -> None:
         default=0,
         help="the first N requests decode under a JSON schema at a 129,280-id vocab (mask fills in schedule)",
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     new_loop = loop_factory(args.loop)
     print(f"event loop: {loop_name(new_loop())}")
     if args.device_ms is not None:

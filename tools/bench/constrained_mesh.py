@@ -1,4 +1,4 @@
-"""bench_host --constrained N: JSON-schema requests at a production-sized vocab.
+"""tools.bench.host --constrained N: JSON-schema requests at a production-sized vocab.
 
 A synthetic byte vocab of VOCAB ids (0 pad, 1 EOS, 2..257 the single bytes, then pieces
 shaped like BPE's: 90% letter runs of 2-8 with an optional leading space, 5% digit runs,

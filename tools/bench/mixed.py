@@ -1,6 +1,7 @@
-"""Issue 14's goals in one table: the served system beside transformers in the same run.
+"""The served system's goals in one table, beside transformers in the same run.
 
-    python -m tools.bench --mixed [--mixed-requests 32] [--repeats 2] [--ref-threads N] [--model DIR]
+    python -m tools.bench.mixed [--mixed-requests 32] [--repeats 2] [--one-at-a-time-once]
+        [--ref-threads N] [--max-tokens 64] [--prompt-len 32] [--model DIR]
 
   goal                      served                               transformers (fp32, same weights)
   1 stream                  tok/s of one greedy stream           cached greedy generate(), batch 1
@@ -18,9 +19,15 @@ first round only. No pass/fail: ratios.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
+import tempfile
 import time
 
 import numpy as np
+
+from tools.bench import harness
+from tools.bench.prompts import prompt_ids
 
 GOALS = {"1 stream": 1.5, "mixed vs static batch": 3.0, "mixed vs one at a time": 15.0, "prefill 512": 1.0}
 
@@ -93,7 +100,6 @@ def measure(ckpt: str, args, vocab_size: int) -> tuple[dict, dict]:
     repeats so both sides see the same machine; the best round of each. Every round sends
     fresh prompts: a repeated prompt would hit the server's prefix cache."""
     from dspark_testing.server_process import ServerProcess
-    from tools.bench_prompts import prompt_ids
 
     ref = Reference(ckpt)
     ref.generate([prompt_ids(args.prompt_len, 999, vocab_size)], 2)  # warm-up
@@ -148,8 +154,6 @@ def goal_rows(served: dict, ref: dict) -> list[tuple[str, str, str, float]]:
 
 
 def run(ckpt: str, args, vocab_size: int) -> None:
-    import os
-
     import torch
 
     served, ref = measure(ckpt, args, vocab_size)
@@ -161,9 +165,38 @@ def run(ckpt: str, args, vocab_size: int) -> None:
         f"{os.cpu_count()} CPUs; transformers on "
         f"{torch.get_num_threads()} thread(s)\n"
     )
-    head = f"{'goal':<24} {'served':>16} {'transformers':>20} {'ratio':>7} {'goal':>6}"
-    print(head)
-    print("-" * len(head))
-    for goal, s, r, ratio in goal_rows(served, ref):
-        print(f"{goal:<24} {s:>16} {r:>20} {ratio:>6.2f}x {GOALS[goal]:>5.1f}x")
+    rows = [
+        {"goal": g, "served": s, "transformers": r, "ratio": f"{ratio:.2f}x", "target": f"{GOALS[g]:.1f}x"}
+        for g, s, r, ratio in goal_rows(served, ref)
+    ]
+    harness.table(rows, [(h, h, "") for h in ("goal", "served", "transformers", "ratio", "target")])
     print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = harness.parser("mixed", __doc__)
+    ap.add_argument("--max-tokens", type=int, default=64, help="the 1-stream figure's new tokens")
+    ap.add_argument("--prompt-len", type=int, default=32, help="the 1-stream figure's prompt")
+    ap.add_argument("--mixed-requests", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=2, help="best of N runs per figure")
+    ap.add_argument(
+        "--one-at-a-time-once", action="store_true", help="transformers one request at a time in the first round only"
+    )
+    ap.add_argument(
+        "--ref-threads", type=int, default=None, help="torch threads for transformers (default: torch's, one per CPU)"
+    )
+    args = ap.parse_args(argv)
+    if args.ref_threads is not None:
+        import torch
+
+        torch.set_num_threads(args.ref_threads)
+    from dspark_loop.contract.model_config import ModelConfig
+
+    with tempfile.TemporaryDirectory(prefix="dspark-bench-") as tmp:
+        ckpt = args.model or harness.tiny_checkpoint(tmp)
+        run(ckpt, args, ModelConfig.from_dir(ckpt).vocab_size)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,9 +2,10 @@
 verification (engine/adaptive_verify.py) in one run, per stream count x temperature, on
 the manifest's held-out Python prompts.
 
-    python -m tools.bench_adaptive [--streams 1 4 16 64] [--temperatures 0 0.8]
+    python -m tools.bench.adaptive [--streams 1 4 16 64] [--temperatures 0 0.8]
         [--max-tokens 64] [--requests-per-stream 3] [--ranks inproc|process] [--threads N]
-        [--cost-model FILE] [--save-cost-model FILE] [--json FILE] [--trace FILE] [--quick] [--constrained]
+        [--cost-model FILE] [--save-cost-model FILE] [--json FILE] [--plot FILE] [--trace FILE]
+        [--quick] [--constrained]
 
 --ranks inproc (default): one runner in this process (LocalComm), run inside the engine's
 step, so the host's work (schedule, the policy, update) and the rank's are serial, as
@@ -45,7 +46,7 @@ learned online (first on a warm-up that varies the load) and keeps learning, unl
 --cost-model pins it. Modes run interleaved round by round, in an order that rotates
 from round to round, so machine noise spreads evenly. --quick: a smoke test (streams 1 2
 unless given, 6 tokens, one round, no warm-up). --constrained: every request writes a JSON document
-under tools.bench_demo.SCHEMA (response_format json_schema; grammar masks along the
+under tools.bench.demo.SCHEMA (response_format json_schema; grammar masks along the
 drafts at K=7), ended by EOS; host ms is the median
 per step of the host's schedule + update time (the masks are filled in schedule).
 Also per mode, over the steps with decode requests: rank ms (the median compute time the
@@ -59,7 +60,6 @@ steps that cost nearly a full one on the demo (its step time is mostly fixed cos
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -82,7 +82,8 @@ from dspark_loop.launch import adaptive_policy
 from dspark_loop.mesh.mesh import Mesh
 from dspark_testing.local_mesh import LocalMesh
 from dspark_testing.schedulers import model_scheduler
-from tools.bench_demo import (
+from tools.bench import harness
+from tools.bench.demo import (
     BLOCK,
     HostTimes,
     K,
@@ -240,24 +241,41 @@ def run(
     }
 
 
+# A mode's runs of one cell: speeds averaged, step costs' medians, counts summed (then shares)
+MERGE = {
+    "outputs": harness.CONCAT,
+    **dict.fromkeys(("per_user_tok_s", "total_tok_s", "steady_tok_s", "cpu_tok_s", "tail_compute_share"), harness.MEAN),
+    **dict.fromkeys(("host_ms", "rank_ms"), harness.MEDIAN),
+    **dict.fromkeys(
+        ("decode_rows", "decode_reqs", "decode_tokens", "steps", "drafting_steps", "lockstep_steps", "tail_steps"),
+        harness.SUM,
+    ),
+}
+
+
 def merge(runs: list[dict]) -> dict:
-    reqs = max(1, sum(r["decode_reqs"] for r in runs))
-    steps = max(1, sum(r["steps"] for r in runs))
-    return {
-        "outputs": [o for r in runs for o in r["outputs"]],
-        "per_user_tok_s": float(np.mean([r["per_user_tok_s"] for r in runs])),
-        "total_tok_s": float(np.mean([r["total_tok_s"] for r in runs])),
-        "steady_tok_s": float(np.mean([r["steady_tok_s"] for r in runs])),
-        "cpu_tok_s": float(np.mean([r["cpu_tok_s"] for r in runs])),
-        "mean_verify_rows": sum(r["decode_rows"] for r in runs) / reqs,
-        "mean_accepted_len": sum(r["decode_tokens"] for r in runs) / reqs,
-        "host_ms": float(np.median([r["host_ms"] for r in runs])),
-        "drafting_share": sum(r["drafting_steps"] for r in runs) / steps,
-        "lockstep_share": sum(r["lockstep_steps"] for r in runs) / steps,
-        "tail_share": sum(r["tail_steps"] for r in runs) / steps,
-        "tail_compute_share": float(np.mean([r["tail_compute_share"] for r in runs])),
-        "rank_ms": float(np.median([r["rank_ms"] for r in runs])),
-    }
+    got = harness.merge(runs, MERGE)
+    reqs, steps = max(1, got.pop("decode_reqs")), max(1, got.pop("steps"))
+    got["mean_verify_rows"] = got.pop("decode_rows") / reqs
+    got["mean_accepted_len"] = got.pop("decode_tokens") / reqs
+    for share in ("drafting", "lockstep", "tail"):
+        got[f"{share}_share"] = got.pop(f"{share}_steps") / steps
+    return got
+
+
+def draw(figures: dict, path: str) -> None:
+    """--plot: each mode's total tok/s per cell (stream count, temperature)."""
+    from tools.bench.plot import grouped_bars
+
+    rows = figures["rows"]
+    names = {"k0": "K=0", "fixed": "fixed K=7", "adaptive": "adaptive"}
+    grouped_bars(
+        path,
+        f"Adaptive verification on the demo, {figures['max_tokens']} tokens a request",
+        [f"{r['streams']} x T={r['temperature']:g}" for r in rows],
+        {names[m]: [r[m]["total_tok_s"] for r in rows] for m in MODES},
+        "total tok/s",
+    )
 
 
 def warm_up(
@@ -379,7 +397,14 @@ def print_row(row: dict) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(
+        "adaptive",
+        __doc__,
+        model=DEMO_DIR,
+        model_help="a demo checkpoint directory with manifest.json",
+        json=True,
+        plot=True,
+    )
     ap.add_argument("--streams", type=int, nargs="+", default=None, help="stream counts (default 1 4 16 64)")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -395,7 +420,6 @@ def main(argv=None) -> int:
         default=3,
         help="requests each client sends back to back in a run (1: a closed batch, every request at once)",
     )
-    ap.add_argument("--model", default=DEMO_DIR, help="a demo checkpoint directory with manifest.json")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the rank")
     ap.add_argument(
         "--ranks",
@@ -406,7 +430,6 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--cost-model", default=None, help="pin the step cost model from this JSON file")
     ap.add_argument("--save-cost-model", default=None, help="write the learned cost model here at the end")
-    ap.add_argument("--json", default=None, help="also write the figures here")
     ap.add_argument(
         "--trace",
         default=None,
@@ -416,7 +439,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--quick", action="store_true", help="a smoke test: streams 1 2, 6 tokens, one round")
     ap.add_argument(
-        "--constrained", action="store_true", help="every request writes a JSON document under bench_demo.SCHEMA"
+        "--constrained", action="store_true", help="every request writes a JSON document under bench.demo.SCHEMA"
     )
     args = ap.parse_args(argv)
     if args.quick:
@@ -461,18 +484,16 @@ def main(argv=None) -> int:
             json.dump({t: float(c) for t, c in zip(TERMS, policy.cost.coef)}, f, indent=1)
     if isinstance(policy.trace, TraceFile):
         policy.trace.file.close()
-    if args.json:
-        summary = {
-            "max_tokens": args.max_tokens,
-            "requests_per_stream": args.requests_per_stream,
-            "threads": args.threads,
-            "ranks": args.ranks,
-            "constrained": args.constrained,
-            "policy": policy.stats(),
-            "rows": rows,
-        }
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=1)
+    summary = {
+        "max_tokens": args.max_tokens,
+        "requests_per_stream": args.requests_per_stream,
+        "threads": args.threads,
+        "ranks": args.ranks,
+        "constrained": args.constrained,
+        "policy": policy.stats(),
+        "rows": rows,
+    }
+    harness.report(args, summary, draw)
     return 0 if all(row[m]["tokens_equal"] for row in rows for m in MODES) else 1
 
 

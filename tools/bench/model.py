@@ -1,11 +1,11 @@
 """Times our paged forward beside transformers on the same random weights (CPU).
 
-    python -m tools.bench_model [--requests 8] [--prefill 256] [--context 128] [--reps 5]
+    python -m tools.bench.model [--requests 8] [--prefill 256] [--context 128] [--reps 5]
         [--model tiny|DIR] [--threads N] [--profile TOP]
 
 Measures one decode step of R requests (1 row each, then 8-row verify tiles), one prefill
 of N tokens, and transformers' cached decode per token (batch 1); prints the ratios.
---model tiny: tools.make_checkpoint's tiny checkpoint (default: a transformers-built one).
+--model tiny: the tiny random checkpoint (tools.make_checkpoint's) (default: a transformers-built one).
 --profile TOP: torch.profiler's TOP ops by self CPU time for each case, and aten ops per step.
 Times are the median of --reps; also the thread CPU time (min), steadier on a shared machine.
 No assertions: numbers only.
@@ -13,7 +13,6 @@ No assertions: numbers only.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 
 from dspark_loop.contract.protocol import BlockUpdate, RankConfig, i32
+from tools.bench import harness
 from workers.runner import ModelRunner
 from workers.staging import Segment
 
@@ -97,26 +97,25 @@ def load_reference(model: str | None, a):
         path = tempfile.mkdtemp(prefix="bench_model_")
         return path, make_reference(path, a.layers, a.hidden)
     if model == "tiny":
-        from tools.make_checkpoint import make_checkpoint
-
-        model = make_checkpoint(tempfile.mkdtemp(prefix="bench_model_"), size="tiny", seed=0, quiet=True)
+        model = harness.tiny_checkpoint()
     from transformers import DeepseekV4ForCausalLM
 
     return model, DeepseekV4ForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    ap = harness.parser(
+        "model", __doc__, model_help="'tiny' or a checkpoint directory (default: a transformers-built one, made here)"
+    )
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--prefill", type=int, default=256)
     ap.add_argument("--context", type=int, default=128, help="tokens already cached per decode request")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--model", default=None, help="'tiny' or a checkpoint dir (default: built here)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--profile", type=int, default=0, metavar="TOP", help="print the TOP ops per case")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     path, ref = load_reference(a.model, a)

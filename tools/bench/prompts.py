@@ -1,4 +1,4 @@
-"""The served benches' prompts (tools/bench.py, tools/bench_mixed.py): fixed, distinct id
+"""The served benchmarks' prompts (tools/bench/served.py, tools/bench/mixed.py): fixed, distinct id
 sequences, so runs compare and streams share no prefix."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """DSpark speed on the tiny checkpoint: K=7 vs K=0, in process (one runner, LocalComm), with
 the test drafter planted to accept 1, 3 or 8 tokens per verify.
 
-    python -m tools.bench_dspark [--users 4] [--prompt-len 32] [--max-tokens 64] [--model DIR]
+    python -m tools.bench.dspark [--users 4] [--prompt-len 32] [--max-tokens 64] [--model DIR]
 
 Per user: output tokens / (finish - arrival); total: all output tokens / wall time. The
 K=7 runs also check their tokens against K=0 (speculation must never change them).
@@ -9,9 +9,7 @@ K=7 runs also check their tokens against K=0 (speculation must never change them
 
 from __future__ import annotations
 
-import argparse
 import os
-import tempfile
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -23,7 +21,8 @@ from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_testing.local_mesh import LocalMesh
 from dspark_testing.schedulers import model_scheduler
 from dspark_testing.scripted_drafter import ScriptedDrafter
-from tools.bench_demo import serve_all
+from tools.bench import harness
+from tools.bench.demo import serve_all
 from workers.runner import ModelRunner
 
 
@@ -48,19 +47,12 @@ def bench(path: str, spec_k: int, prompts: list[list[int]], max_tokens: int, dra
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser("dspark", __doc__, model_help="a checkpoint with the drafter (default: a fresh tiny one)")
     ap.add_argument("--users", type=int, default=4)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--model", default=None, help="a checkpoint with the drafter (default: a fresh tiny one)")
     args = ap.parse_args(argv)
-    path = args.model
-    if path is None:
-        from tools.make_checkpoint import make_checkpoint
-
-        path = make_checkpoint(
-            os.path.join(tempfile.mkdtemp(), "tiny"), size="tiny", seed=0, with_drafter=True, quiet=True
-        )
+    path = args.model or harness.tiny_checkpoint(with_drafter=True)
     cfg = ModelConfig.from_dir(path)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(10, cfg.vocab_size, args.prompt_len).tolist() for _ in range(args.users)]

@@ -1,9 +1,9 @@
 """Benchmark the served system on a tiny random checkpoint, beside transformers' generate().
 
-    python -m tools.bench [--max-tokens 64] [--prompt-len 32] [--streams 32]
-        [--startup 1,4,16] [--serve 1,4] [--no-transformers]
-    python -m tools.bench --mixed [--mixed-requests 32] [--repeats 2]   (issue 14's goal table,
-        see tools/bench_mixed.py)
+    python -m tools.bench.served [--max-tokens 64] [--prompt-len 32] [--streams 32]
+        [--startup 1,4,16] [--serve 1,4] [--no-transformers] [--model DIR]
+
+(The goal table of mixed requests beside transformers: python -m tools.bench.mixed.)
 
 Measures, in one run and printed as one table (no pass/fail anywhere):
   - startup: seconds from `python -m dspark_loop` to /health 200, per rank count;
@@ -28,7 +28,8 @@ import sys
 import tempfile
 import time
 
-from tools.bench_prompts import prompt_ids
+from tools.bench import harness
+from tools.bench.prompts import prompt_ids
 
 TOPOLOGIES = {
     1: [],
@@ -111,37 +112,38 @@ def bench_transformers(ckpt: str, args, vocab_size: int) -> dict:
     return {"single": {"tok_s": single, "ttft_s": ttft}, "batch": {"tok_s": batched, "ttft_s": batch_ttft}}
 
 
-def fmt(v, spec: str = ".2f") -> str:
-    return "-" if v is None else format(v, spec)
-
-
 def print_table(rows: list[dict], hf: dict | None, args) -> None:
     n = args.streams
-    print(
-        f"\ntiny checkpoint, prompt {args.prompt_len} ids, {args.max_tokens} new tokens, greedy, "
-        f"{os.cpu_count()} CPUs\n"
-    )
-    head = (
-        f"{'system':<44} {'startup s':>9} {'1-stream tok/s':>14} {'TTFT s':>7} "
-        f"{f'{n}-stream tok/s':>15} {'mean TTFT s':>11}"
-    )
-    print(head)
-    print("-" * len(head))
+    flat = []
     for r in rows:
         s, b = r.get("single", {}), r.get("batch", {})
         name = f"served, {r['ranks']} rank(s) ({r['topology']})"
-        print(
-            f"{name:<44} {fmt(r.get('startup_s')):>9} {fmt(s.get('tok_s')):>14} "
-            f"{fmt(s.get('ttft_s'), '.3f'):>7} {fmt(b.get('tok_s')):>15} {fmt(b.get('ttft_s'), '.3f'):>11}"
-        )
         if "error" in r:
-            print(f"{'':<44} serving failed: {r['error']}")
-    if hf:
-        print(
-            f"{'transformers generate() fp32':<44} {'-':>9} {fmt(hf['single']['tok_s']):>14} "
-            f"{fmt(hf['single']['ttft_s'], '.3f'):>7} {fmt(hf['batch']['tok_s']):>15} "
-            f"{fmt(hf['batch']['ttft_s'], '.3f'):>11}"
+            name += f" -- serving failed: {r['error']}"
+        flat.append(
+            {"system": name, "startup_s": r.get("startup_s"), "s_tok": s.get("tok_s"), "s_ttft": s.get("ttft_s")}
+            | {"b_tok": b.get("tok_s"), "b_ttft": b.get("ttft_s")}
         )
+    if hf:
+        s, b = hf["single"], hf["batch"]
+        flat.append(
+            {"system": "transformers generate() fp32", "s_tok": s["tok_s"], "s_ttft": s["ttft_s"]}
+            | {"b_tok": b["tok_s"], "b_ttft": b["ttft_s"]}
+        )
+    harness.table(
+        flat,
+        [
+            ("system", "system", ""),
+            ("startup s", "startup_s", ".2f"),
+            ("1-stream tok/s", "s_tok", ".2f"),
+            ("TTFT s", "s_ttft", ".3f"),
+            (f"{n}-stream tok/s", "b_tok", ".2f"),
+            ("mean TTFT s", "b_ttft", ".3f"),
+        ],
+        title=f"\ntiny checkpoint, prompt {args.prompt_len} ids, {args.max_tokens} new tokens, greedy, "
+        f"{os.cpu_count()} CPUs\n",
+    )
+    if hf:
         print("\nratios served / transformers (tokens/s):")
         for r in rows:
             if "single" in r and "batch" in r:
@@ -168,7 +170,7 @@ def topology_override(text: str) -> tuple[int, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__.split("\n\n")[0])
+    ap = harness.parser("served", __doc__)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--streams", type=int, default=32, help="concurrent streams in the batched round")
@@ -183,42 +185,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the flags for N ranks",
     )
     ap.add_argument("--no-transformers", action="store_true")
-    ap.add_argument("--model", default=None, help="checkpoint (default: a fresh tiny one)")
-    ap.add_argument(
-        "--mixed",
-        action="store_true",
-        help="only the goal table: 1 stream, prefill 512, N mixed requests vs transformers",
-    )
-    ap.add_argument("--mixed-requests", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=2, help="best of N runs per figure (--mixed)")
-    ap.add_argument(
-        "--one-at-a-time-once",
-        action="store_true",
-        help="(--mixed) transformers one request at a time in the first round only",
-    )
-    ap.add_argument(
-        "--ref-threads", type=int, default=None, help="torch threads for transformers (default: torch's, one per CPU)"
-    )
     args = ap.parse_args(argv)
     topologies = {**TOPOLOGIES, **dict(args.topology)}
-    if args.ref_threads is not None:
-        import torch
-
-        torch.set_num_threads(args.ref_threads)
     with tempfile.TemporaryDirectory(prefix="dspark-bench-") as tmp:
-        ckpt = args.model
-        if ckpt is None:
-            from tools.make_checkpoint import make_checkpoint
-
-            ckpt = make_checkpoint(os.path.join(tmp, "tiny"), size="tiny", seed=0, quiet=True)
+        ckpt = args.model or harness.tiny_checkpoint(tmp)
         from dspark_loop.contract.model_config import ModelConfig
 
         vocab_size = ModelConfig.from_dir(ckpt).vocab_size
-        if args.mixed:
-            from tools.bench_mixed import run
-
-            run(ckpt, args, vocab_size)
-            return 0
         rows = []
         for ranks in sorted(set(args.startup) | set(args.serve)):
             print(f"... {ranks} rank(s): {' '.join(topologies[ranks]) or 'one rank'}", flush=True)
