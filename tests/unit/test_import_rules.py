@@ -3,6 +3,8 @@
 workers/            -> dspark_loop.contract only (the facts both sides agree on)
 dspark_loop/contract -> nothing else of ours; no torch, aiohttp, zmq
 dspark_loop/engine   -> dspark_loop.engine, dspark_loop.contract; no torch, aiohttp, zmq
+dspark_loop/checkpoint -> itself, dspark_loop.contract; no torch, aiohttp, zmq (the server builds
+                        the default model with it)
 dspark_loop/ (server) -> never torch at module level (the server process stays torch-free)
 the product          -> never tools/, dspark_testing/ or tests/, not even lazily inside a function
                         (dspark_loop/ and workers/: what a deployment runs; test doubles are
@@ -85,6 +87,17 @@ def test_the_engine_imports_neither_torch_nor_aiohttp_nor_zmq():
         return top(m) not in OURS or within(m, "dspark_loop.engine", "dspark_loop.contract")
 
     assert violations("dspark_loop/engine", allowed) == []
+
+
+def test_the_checkpoint_writer_imports_only_itself_and_the_contract_and_no_heavy_library():
+    """dspark_loop.checkpoint runs in the server process (the default model) and in tools."""
+
+    def allowed(m: str) -> bool:
+        if top(m) in HEAVY:
+            return False
+        return top(m) not in OURS or within(m, "dspark_loop.checkpoint", "dspark_loop.contract")
+
+    assert violations("dspark_loop/checkpoint", allowed) == []
 
 
 def test_the_server_process_never_imports_torch_at_module_level():
