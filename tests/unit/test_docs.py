@@ -45,9 +45,15 @@ def _exists(rel: str, bases: tuple[str, ...]) -> bool:
     return any((ROOT / base / rel).exists() for base in bases)
 
 
+def _defines(module: Path, name: str) -> bool:
+    """The module defines `name` at its top level (a def, a class or an assignment)."""
+    pattern = rf"^(?:async def|def|class) {name}\b|^{name}\s*[:=]"
+    return re.search(pattern, module.read_text("utf-8"), re.M) is not None
+
+
 def module_exists(dotted: str) -> bool:
     """`tools.make_checkpoint` as tools/make_checkpoint.py or tools/make_checkpoint/; a trailing
-    attribute (`...default_model.ensure_default_model`) must be named in the module's text."""
+    attribute (`...default_model.ensure_default_model`) must be defined in the module."""
     parts = dotted.split(".")
     for n in range(len(parts), 0, -1):
         base = ROOT.joinpath(*parts[:n])
@@ -58,7 +64,7 @@ def module_exists(dotted: str) -> bool:
             return True
         if found is not None:
             rest = parts[n:]
-            return len(rest) <= 1 and (not rest or re.search(rf"\b{rest[0]}\b", found.read_text("utf-8")) is not None)
+            return len(rest) <= 1 and (not rest or _defines(found, rest[0]))
     return False
 
 
@@ -110,7 +116,13 @@ def test_the_path_check_catches_a_missing_file_and_module():
     """The checker must see a stale path, a stale module and a stale bare file name, and only them."""
     probe = (
         "See `api/completion_choices.py` and `engine/loop.py`; run `python -m tools.no_such_tool` or\n"
-        "`python -m tools.tap`, read [the map](architecture.md) and DESIGN.md; `/v1/completions`,\n"
+        "`python -m tools.tap`, `tools.tap.no_such_name`, read [the map](architecture.md) and DESIGN.md;\n"
+        "`/v1/completions`, `dspark_loop.config.default_model.ensure_default_model`,\n"
         "`config.json`, /tmp/tiny, DIR/model and on/off are not repository paths.\n"
     )
-    assert claimed_paths(probe, "docs") == ["api/completion_choices.py", "tools.no_such_tool", "DESIGN.md"]
+    assert claimed_paths(probe, "docs") == [
+        "api/completion_choices.py",
+        "tools.no_such_tool",
+        "tools.tap.no_such_name",
+        "DESIGN.md",
+    ]
