@@ -78,7 +78,7 @@ class EngineLoop:
         async_scheduling: bool = True,
     ):
         # async_scheduling: plan step N+1 while the ranks run step N (docs/architecture.md
-        # "Overlap")
+        # "Async scheduling")
         self.async_scheduling = async_scheduling
         self.scheduler = scheduler
         self.mesh = mesh

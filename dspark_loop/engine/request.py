@@ -150,7 +150,7 @@ class Request(VerifyCounts):
         self.finish_ids = rules.finish_ids
         self.length_at = min(rules.max_tokens, rules.max_model_len - self.prompt_len)
         self.plain_commit = (detokenizer is None or detokenizer.plain) and not self.wants_logprobs
-        # async scheduling (docs/architecture.md "Overlap"): the step being planned starts at
+        # async scheduling (docs/architecture.md "Async scheduling"): the step being planned starts at
         # plan_pos, num_computed or where the step sent before it (not answered yet) leaves
         # the request; plan_pending: its row-0 input is that step's sample (a placeholder).
         # K=7 after a verify in flight: plan_open (the start is the ranks' L + a: a
