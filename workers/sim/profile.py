@@ -99,11 +99,11 @@ def load_profile(name_or_file: str) -> Profile:
         table = doc.get(section)
         if not isinstance(table, dict):
             raise ProfileError(f"{path}: field {section}: missing table [{section}]")
+        extra = sorted(set(table) - set(fields))
+        if extra:  # NOTE: before the missing ones: a misspelt field is both, and this says which
+            raise ProfileError(f"{path}: field {section}.{extra[0]}: unknown (known: {', '.join(fields)})")
         for name, spec in fields.items():
             values[f"{section}.{name}"] = _field(path, f"{section}.{name}", table.get(name), spec)
-        extra = sorted(set(table) - set(fields))
-        if extra:
-            raise ProfileError(f"{path}: field {section}.{extra[0]}: unknown (known: {', '.join(fields)})")
     return Profile(str(doc.get("name", os.path.basename(path))), path, values)
 
 
