@@ -5,6 +5,11 @@ steady decode step (every stream decoding, no prefill), the device time the rank
 
     python -m dspark_loop ... --backend sim --debug-tap 5599 --port 8000 &
     python -m tools.bench_sim --url http://127.0.0.1:8000 --tap 5599 --streams 1 256
+
+`--table FLASH_DIR` prints instead what each shipped profile's cost model gives a steady
+decode step (no server): npu-tile and gpu-h200 at the seeds' 16 ranks (dp4/tp4) on a Flash
+checkpoint, demo-cpu on the demo at 1 rank; every request at context CTX, greedy, K=7
+drafting every request (tokens a step: requests x (1 + the sum of the greedy survivals)).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import threading
 
@@ -68,6 +74,32 @@ def steady(traces: list, n: int) -> dict:
     }
 
 
+def table(flash_dir: str, ctx: int, counts: list[int]) -> None:
+    from dspark_loop.contract.model_config import ModelConfig
+    from workers.sim.cost import CostModel, GroupLoad
+    from workers.sim.profile import load_profile, shipped_profiles
+
+    demo = os.path.join(os.path.dirname(__file__), "..", "dspark_loop", "demo")
+    for name in shipped_profiles():
+        p = load_profile(name)
+        model_dir, world, tp = (demo, 1, 1) if name == "demo-cpu" else (flash_dir, 16, 4)
+        model = ModelConfig.from_dir(model_dir)
+        for k in (0, 7):
+            cost = CostModel(p, model, world, tp, k)
+            row = {"profile": name, "K": k}
+            for n in counts:
+                groups = [GroupLoad() for _ in range(world // tp)]
+                for i in range(n):
+                    g = groups[i % len(groups)]
+                    g.decode_ctx.append(ctx)
+                    g.decode_rows += 1 + k
+                    g.anchors += bool(k)
+                step = cost.step_seconds(groups)
+                per_step = n * (1 + sum(p["acceptance.greedy"])) if k else n
+                row[f"{n}"] = f"{1e3 * step:.2f} ms, {per_step / step:,.0f} tok/s"
+            print(json.dumps(row))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.bench_sim", description=__doc__)
     ap.add_argument("--url", default="http://127.0.0.1:8000")
@@ -75,7 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="served model name (default: the server's first)")
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 256])
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--table", metavar="FLASH_DIR", help="print the profiles' modelled step times instead")
+    ap.add_argument("--ctx", type=int, default=512, help="--table: every request's context length")
     args = ap.parse_args(argv)
+    if args.table:
+        table(args.table, args.ctx, args.streams)
+        return 0
     addr = f"tcp://127.0.0.1:{args.tap}" if args.tap.isdigit() else args.tap
     model = args.model
     if model is None:
