@@ -1,6 +1,6 @@
 """Write a tiny random DeepSeek-V4 checkpoint directory (DeepSeek-native tensor names).
 
-    python -m tools.make_checkpoint OUT_DIR [--size tiny|small] [--seed 0]
+    python -m tools.make_checkpoint OUT_DIR [--size tiny|small|flash] [--no-weights] [--seed 0]
         [--dtype float32|bfloat16] [--w8a8 [--scale-name scale|weight_scale]]
         [--with-drafter] [--layers N] [--hidden D] [--vocab V] [--experts E]
         [--release-format [--shard-mb MB]]
@@ -8,7 +8,9 @@
 The directory holds config.json, model.safetensors, tokenizer.json, tokenizer_config.json,
 generation_config.json (and w8a8.marker for --w8a8). --release-format writes DeepSeek's
 release layout instead (FP8/FP4 with e8m0 scales, sharded, a quantization_config; see
-tools.checkpoint_release), the input of tools.convert_release. The same arguments give
+tools.checkpoint_release), the input of tools.convert_release. --no-weights writes everything
+but the tensors: with --size flash, the production shape for the simulated device (--backend
+sim). The same arguments give
 byte-identical files. The writer itself is the product's (dspark_loop.checkpoint.writer,
 which also builds the embedded default model); this adds the release layout and the CLI.
 """
@@ -19,7 +21,7 @@ import argparse
 import os
 import sys
 
-from dspark_loop.checkpoint.config import build_config, generation_config
+from dspark_loop.checkpoint.config import SIZES, build_config, generation_config
 from dspark_loop.checkpoint.tokenizer import write_tokenizer
 from dspark_loop.checkpoint.writer import DTYPES, SCALE_NAMES, write_json
 from dspark_loop.checkpoint.writer import make_checkpoint as make_native
@@ -41,17 +43,38 @@ def write_release_files(
     return num
 
 
+def write_config_files(out_dir: str, p: dict, *, with_drafter: bool) -> int:
+    """config.json, generation_config.json and the tokenizer, no tensors (the simulated device)."""
+    config = build_config(p, dtype="bfloat16", w8a8=False, with_drafter=with_drafter)
+    write_json(os.path.join(out_dir, "config.json"), config)
+    write_json(os.path.join(out_dir, "generation_config.json"), generation_config())
+    write_tokenizer(out_dir, p["vocab_size"], p["max_position_embeddings"])
+    return 0
+
+
 def make_checkpoint(
     out_dir: str,
     *,
     release_format: bool = False,
+    no_weights: bool = False,
     shard_mb: float = checkpoint_release.DEFAULT_SHARD_MB,
     **kwargs,
 ) -> str:
     """dspark_loop.checkpoint.writer.make_checkpoint (its keyword arguments), or with
-    release_format=True the same tensors in DeepSeek's release layout, sharded every shard_mb MiB."""
+    release_format=True the same tensors in DeepSeek's release layout, sharded every shard_mb MiB;
+    no_weights=True everything but the tensors."""
     if shard_mb <= 0:
         raise ValueError("--shard-mb must be positive")
+    if kwargs.get("size") == "flash" and not no_weights:
+        raise ValueError("--size flash is 284B parameters: write it with --no-weights (for --backend sim)")
+    if no_weights:
+        with_drafter = kwargs.get("with_drafter", False)
+        return make_native(
+            out_dir,
+            write_files=lambda directory, p: write_config_files(directory, p, with_drafter=with_drafter),
+            layout="no-weights",
+            **kwargs,
+        )
     if not release_format:
         return make_native(out_dir, **kwargs)
     if kwargs.get("w8a8") or kwargs.get("dtype", "float32") != "float32":
@@ -73,7 +96,12 @@ def make_checkpoint(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Write a random DeepSeek-V4 checkpoint.")
     ap.add_argument("out_dir")
-    ap.add_argument("--size", default="tiny", choices=["tiny", "small"])
+    ap.add_argument("--size", default="tiny", choices=sorted(SIZES))
+    ap.add_argument(
+        "--no-weights",
+        action="store_true",
+        help="config.json and tokenizer only, no tensors (for --backend sim; --size flash needs it)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default="float32", choices=DTYPES)
     ap.add_argument("--w8a8", action="store_true", help="int8 per-channel weights + fp32 scales")
@@ -121,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             index_dtype=args.tid2eid_dtype,
             release_format=args.release_format,
             shard_mb=args.shard_mb,
+            no_weights=args.no_weights,
             **overrides,
         )
     except ValueError as e:

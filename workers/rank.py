@@ -17,6 +17,7 @@ import importlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -184,14 +185,15 @@ class Rank:
         self.ctx.term()
 
 
-def run(rank_id: int, cfg: RankConfig) -> int:
+def run(rank_id: int, cfg: RankConfig, rank_cls: type[Rank] = Rank) -> int:
+    """rank_cls: Rank, or workers.sim.rank.SimRank (python -m workers picks it for --backend sim)."""
     # NOTE: the server owns shutdown: Ctrl-C on its terminal must not kill ranks before it
     # has sent Shutdown. SIGTERM/SIGKILL keep their default (die now).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if cfg.parent_pid:
         watch_parent(cfg.parent_pid)
     try:
-        rank = Rank(rank_id, cfg, secret_from_env())
+        rank = rank_cls(rank_id, cfg, secret_from_env())
     except SecretError as exc:
         log.error("%s", exc)
         return 2
@@ -225,7 +227,6 @@ def fingerprint_or_empty(model_dir: str) -> str:
 
 
 def _destroy_process_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
+    dist = sys.modules.get("torch.distributed")  # NOTE: a sim rank never imported it
+    if dist is not None and dist.is_initialized():
         dist.destroy_process_group()

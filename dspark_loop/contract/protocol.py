@@ -69,7 +69,7 @@ class RankConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     num_blocks: int | list[int] | None = None  # pages per cache family (one for all, or one
     # per family); None: sized from kv_cache_memory
     kv_cache_memory: int | None = None  # bytes for the KV pools
-    backend: str = "cpu"  # cpu | npu | cuda | auto
+    backend: str = "cpu"  # cpu | npu | cuda | auto | sim (workers/sim/: no model, profiled step times)
     devices: list[int] = []  # device id per rank; empty: rank r uses device r
     threads: int = 1  # torch intra-op threads per rank
     runner: str = DEFAULT_RUNNER  # module:Class (tests select a test double)
@@ -82,13 +82,15 @@ class RankConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     dist_init: str = ""  # tcp://host:port of the torch.distributed rendezvous
     parent_pid: int = 0  # a rank exits when this process is gone; 0: started by hand
     first_rank: int = 0  # the first rank of this node (devices[i] is rank first_rank + i's)
+    device_profile: str = ""  # --backend sim: a shipped profile's name or a file ("": npu-tile)
+    sim_speed: float = 1.0  # --backend sim: every step time is divided by this
 
     @property
     def num_groups(self) -> int:
         return self.world_size // self.tp
 
     def device_id(self, rank: int) -> int:
-        if self.backend == "cpu":
+        if self.backend in ("cpu", "sim"):
             return 0
         local = rank - self.first_rank
         return self.devices[local] if self.devices else local
@@ -401,6 +403,10 @@ class StepTrace(msgspec.Struct, array_like=True, tag=5):
     mesh_restart: MeshRestart | None = None  # set on the one trace published after a restart
     overlapped: bool = False  # planned while the step before it was unanswered (async scheduling)
     masks_s: float = 0.0  # filling the grammar masks that followed the plan (StepMasks): beside the ranks' forward
+    # whether host or device limits (engine/device_time.py): the slowest rank's work on this
+    # step, and the wall time between the previous step's results and this one's no rank worked
+    device_busy_s: float = 0.0
+    host_blocked_s: float = 0.0
 
 
 TRACE_DECODER = msgspec.msgpack.Decoder(StepTrace)
