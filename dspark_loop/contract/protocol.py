@@ -52,6 +52,7 @@ PROTOCOL_VERSION = 7
 DSPARK_K = 7  # the speculative width: drafts per verify (a verify is DSPARK_K + 1 rows)
 DEFAULT_RUNNER = "workers.runner:ModelRunner"
 MAX_CHUNK = 8192  # the seeds' prefill dispatch bound: tokens of one prefill chunk
+DEFAULT_RING_HEAP = (2 * 2**30, 2 * 2**30, 4 * 2**30, 8 * 2**30)  # the seeds' ring heap, bytes per scope depth
 
 
 class RankConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -82,6 +83,10 @@ class RankConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     dist_init: str = ""  # tcp://host:port of the torch.distributed rendezvous
     parent_pid: int = 0  # a rank exits when this process is gone; 0: started by hand
     first_rank: int = 0  # the first rank of this node (devices[i] is rank first_rank + i's)
+    # the runtime sizing the seeds' flags give (--ring-heap, --weight-bank-size), for a backend
+    # that sizes its device runtime itself; the torch backends do not (workers/backend.py)
+    ring_heap: tuple[int, ...] = DEFAULT_RING_HEAP  # bytes per scope depth
+    weight_bank_size: int | None = None  # decoder layers with resident weight banks; None: all
 
     @property
     def num_groups(self) -> int:
