@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from dspark_loop.api.errors import ApiError, bad_request, unsupported
 from dspark_loop.api.structured.schema_support import UnsupportedSchema, check_schema
+from dspark_loop.api.structured.schema_validity import InvalidSchema, check_is_schema
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 ANY_OBJECT = {"type": "object"}
@@ -94,10 +95,18 @@ def _checked(schema, param: str) -> OutputFormat:
     if not isinstance(schema, dict):
         raise bad_request(f"{param} must be a JSON Schema object.", param)
     try:
+        check_is_schema(schema, param)
+    except InvalidSchema as e:
+        raise invalid_schema(e) from None
+    try:
         check_schema(schema, param)
     except UnsupportedSchema as e:
         raise unsupported_schema(e, param) from None
     return OutputFormat(schema, param)
+
+
+def invalid_schema(e: InvalidSchema) -> ApiError:
+    return bad_request(f"The schema is not a valid JSON Schema: {e}.", e.path, "invalid_schema")
 
 
 def unsupported_schema(e: UnsupportedSchema, param: str) -> ApiError:

@@ -1,0 +1,85 @@
+"""Whether a user's JSON Schema is a JSON Schema: its draft's meta-schema, checked by jsonschema
+before any compiler or walker of ours reads it.
+
+The draft is the schema's `$schema` (draft 3 to 2020-12), 2020-12 when it has none. A schema
+the meta-schema refuses raises InvalidSchema, which names the keyword at fault and its JSON
+path from the request's field:
+
+    check_is_schema({"type": "object", "properties": 5}, "response_format.json_schema.schema")
+    -> InvalidSchema: response_format.json_schema.schema.properties: 5 is not of type 'object'
+       (keyword 'properties', JSON Schema draft 2020-12)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from jsonschema import Draft202012Validator, SchemaError
+from jsonschema.validators import validator_for
+
+# keywords whose value maps names to subschemas: the key after one of these is a name, not a keyword
+NAME_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"})
+
+
+class InvalidSchema(ValueError):
+    def __init__(self, path: str, keyword: str, why: str):
+        super().__init__(f"{path}: {why}")
+        self.path = path  # the JSON path of the offending value, from the request's field
+        self.keyword = keyword
+
+
+def check_is_schema(schema, where: str) -> None:
+    """Raise InvalidSchema unless `schema` is valid under its draft's meta-schema."""
+    if isinstance(schema, bool):
+        return
+    if not isinstance(schema, dict):
+        raise InvalidSchema(where, "type", "a JSON Schema must be an object or a boolean")
+    draft = schema.get("$schema")
+    try:
+        validator = validator_for(schema, default=None) if isinstance(draft, str) else None
+    except ValueError:  # a $schema that is not a URI
+        validator = None
+    if "$schema" not in schema:
+        validator = Draft202012Validator
+    if validator is None:
+        raise InvalidSchema(f"{where}.$schema", "$schema", f"{draft!r} names no JSON Schema draft this server knows")
+    try:
+        # NOTE: no format checks: "pattern" is an ECMA-262 regex, which Python's re (jsonschema's
+        # "regex" format) misreads; the compiler judges patterns (its error is a 400 too)
+        validator.check_schema(schema, format_checker=None)
+    except SchemaError as e:
+        path = list(e.absolute_path)
+        raise InvalidSchema(
+            where + json_path(path),
+            keyword_at(path, str(e.validator)),
+            f"{e.message} (keyword {keyword_at(path, str(e.validator))!r}, JSON Schema {draft_name(validator)})",
+        ) from None
+    except RecursionError:
+        raise InvalidSchema(where, "$schema", "the schema is nested too deeply") from None
+
+
+def json_path(path: Iterable) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
+
+
+def keyword_at(path: list, fallback: str) -> str:
+    """The last keyword on the path (a property name under `properties` is not one);
+    the meta-schema's own keyword when the fault is at the root."""
+    keyword, after_map = None, False
+    for p in path:
+        if isinstance(p, int) or after_map:
+            after_map = False
+            continue
+        keyword, after_map = p, p in NAME_MAPS
+    return keyword or fallback
+
+
+def draft_name(validator) -> str:
+    """'draft 2020-12' from Draft202012Validator's meta-schema id."""
+    uri = str(validator.META_SCHEMA.get("$schema", validator.META_SCHEMA.get("id", "")))
+    for part in uri.split("/"):
+        if part.startswith("draft-0"):
+            return "draft " + part[len("draft-0") :].rstrip("#")
+        if part[:4].isdigit():
+            return f"draft {part}"
+    return "draft 2020-12"
