@@ -23,7 +23,10 @@ from dspark_loop.api.errors import ApiError
 from dspark_loop.api.limits import MAX_LOGPROBS, MAX_N, SEED_RANGE
 
 TOKEN_ID = "TokenId"  # the schema title openapi.py bounds by the served vocabulary
+OUTPUT_LEN = "OutputLength"  # ... and these by the served context (max_model_len - 1)
+PROMPT_IDS = "PromptTokenIds"
 TokenId = Annotated[int, msgspec.Meta(ge=0, title=TOKEN_ID)]
+OutputLen = Annotated[int, msgspec.Meta(ge=1, title=OUTPUT_LEN)]
 AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
 Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
@@ -65,8 +68,8 @@ class GenerationFields(Strict):
     meaning and one validation (sampling.py). A new generation knob goes here."""
 
     model: str | None = None
-    max_tokens: AtLeastOne | None = None
-    max_completion_tokens: AtLeastOne | None = None
+    max_tokens: OutputLen | None = None  # prompt + max_tokens <= max_model_len (sampling.py)
+    max_completion_tokens: OutputLen | None = None
     min_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
     stop: NonEmpty | list[NonEmpty] | None = None
     stop_token_ids: list[TokenId] | None = None
@@ -90,7 +93,12 @@ class GenerationFields(Strict):
 
 
 TEXT_PROMPT = {"type": "string", "minLength": 1}
-IDS_PROMPT = {"type": "array", "minItems": 1, "items": {"title": TOKEN_ID, "type": "integer", "minimum": 0}}
+IDS_PROMPT = {
+    "title": PROMPT_IDS,
+    "type": "array",
+    "minItems": 1,
+    "items": {"title": TOKEN_ID, "type": "integer", "minimum": 0},
+}
 # NOTE: msgspec types no union of several array types, so `prompt` is decoded as Any
 # (prompt.py checks it) and its schema is written here, beside it.
 PROMPT_SCHEMA = {

@@ -7,7 +7,7 @@ import msgspec
 from dspark_loop.api.app import CONTEXT_KEY
 from dspark_loop.api.chat.schemas import ChatCompletionRequest
 from dspark_loop.api.openapi import _bound_token_ids
-from dspark_loop.api.schemas import CompletionRequest
+from dspark_loop.api.schemas import CompletionRequest, StreamOptions
 from tests.unit.api.harness import serving
 
 
@@ -28,17 +28,23 @@ async def test_the_document_lists_exactly_the_routes_the_app_serves():
 async def test_request_schemas_are_the_decoders_own_and_refuse_unknown_fields():
     """The request body schemas must equal msgspec's schema of the structs the routes
     decode with, plus additionalProperties false (the decoders forbid unknown fields) and
-    the served vocabulary's top id on every token id."""
+    the served vocabulary's top id on every token id, the context's room on every output
+    length and prompt id list, and each struct's rules across fields."""
     async with serving() as client:
         doc = await (await client.get("/openapi.json")).json()
         vocab_size = client.server.app[CONTEXT_KEY].encoder.vocab_size
+        max_model_len = client.server.app[CONTEXT_KEY].max_model_len
     _, expected = msgspec.json.schema_components(
         [CompletionRequest, ChatCompletionRequest], ref_template="#/components/schemas/{name}"
     )
-    _bound_token_ids(expected, vocab_size)
+    _bound_token_ids(expected, vocab_size, max_model_len)
     schemas = doc["components"]["schemas"]
-    for name in ("CompletionRequest", "ChatCompletionRequest", "StreamOptions"):
-        assert schemas[name] == {**expected[name], "additionalProperties": False}
+    for name, struct in (
+        ("CompletionRequest", CompletionRequest),
+        ("ChatCompletionRequest", ChatCompletionRequest),
+        ("StreamOptions", StreamOptions),
+    ):
+        assert schemas[name] == {**expected[name], "additionalProperties": False, **struct.SCHEMA_RULES}
     body = doc["paths"]["/v1/completions"]["post"]["requestBody"]["content"]["application/json"]
     assert body["schema"] == {"$ref": "#/components/schemas/CompletionRequest"}
     assert doc["openapi"] == "3.1.0"
@@ -111,3 +117,47 @@ async def test_a_wrong_method_answer_lists_the_allowed_methods():
         assert r.status == 405
         assert r.headers["Allow"] == "POST"
         assert (await r.json())["error"]["code"] == "method_not_allowed"
+
+
+TOP_LOGPROBS_BODIES = [
+    {"top_logprobs": 2},
+    {"top_logprobs": 2, "logprobs": False},
+    {"top_logprobs": 2, "logprobs": None},
+    {"top_logprobs": 2, "logprobs": True},
+    {"top_logprobs": 0},
+    {"top_logprobs": None, "logprobs": False},
+    {"logprobs": True},
+]
+
+
+async def test_the_document_states_top_logprobs_needs_logprobs_as_the_server_enforces_it():
+    """A chat body must be valid under the published schema exactly when the server takes
+    it: top_logprobs above 0 without logprobs: true is refused by both."""
+    import jsonschema
+
+    async with serving() as client:
+        doc = await (await client.get("/openapi.json")).json()
+        schema = {**doc["components"]["schemas"]["ChatCompletionRequest"], "components": doc["components"]}
+        for extra in TOP_LOGPROBS_BODIES:
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **extra}
+            r = await client.post("/v1/chat/completions", json=body)
+            valid = jsonschema.Draft202012Validator(schema).is_valid(body)
+            assert valid == (r.status == 200), (extra, r.status, await r.text())
+
+
+async def test_output_lengths_and_prompt_ids_are_bounded_by_the_served_context():
+    """max_tokens, max_completion_tokens and a prompt's id list must be published with the
+    context's room: max_model_len - 1 (a prompt takes one token at least), and a larger
+    max_tokens is refused."""
+    async with serving() as client:
+        doc = await (await client.get("/openapi.json")).json()
+        room = client.server.app[CONTEXT_KEY].max_model_len - 1
+        assert (await client.post("/v1/completions", json={"prompt": [5], "max_tokens": room})).status == 200
+        assert (await client.post("/v1/completions", json={"prompt": [5], "max_tokens": room + 1})).status == 400
+    props = doc["components"]["schemas"]["CompletionRequest"]["properties"]
+    for name in ("max_tokens", "max_completion_tokens"):
+        assert props[name]["anyOf"][0]["maximum"] == room
+    ids, batch = props["prompt"]["anyOf"][1], props["prompt"]["anyOf"][3]
+    assert ids["maxItems"] == batch["items"]["maxItems"] == room
+    chat = doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert chat["max_tokens"]["anyOf"][0]["maximum"] == room
