@@ -41,7 +41,13 @@ ERRORS = {
 JSON = "application/json"
 _MESSAGE = r"messages\[\d+\]"
 _CONTEXT = "a prompt of max_model_len tokens or more (after tokenization)"
+_SCHEMAS = (
+    "a JSON Schema its draft's meta-schema refuses, or one constrained decoding cannot enforce or compile; "
+    "structured_outputs.json text that is not JSON"
+)
 _GENERATION_RULES = [
+    (r"(response_format\.json_schema\.schema|structured_outputs\.json)([.\[].*)?", _SCHEMAS),
+    ("ignore_eos|min_tokens", "ignore_eos or min_tokens with constrained decoding"),
     ("max_tokens", "max_tokens and max_completion_tokens differ"),
     ("max_tokens|max_completion_tokens", "the prompt's tokens plus max_tokens beyond max_model_len"),
     ("min_tokens", "min_tokens above max_tokens"),
@@ -71,6 +77,10 @@ BEYOND_SCHEMA = {
             "text holding a control marker or special token of the chat format; a tool declared twice",
         ),
         ("tool_choice", "tool_choice other than none without tools, or naming an undeclared tool"),
+        (
+            rf"({_MESSAGE}\.)?tools\[\d+\]\.function\.parameters.*|tools",
+            "tool parameters that are not a valid JSON Schema, or that a required or named call cannot enforce",
+        ),
         *_GENERATION_RULES,
     ],
     "/tokenize": [],

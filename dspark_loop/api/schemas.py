@@ -42,8 +42,52 @@ RESPONSE_FORMAT_DOC = (
     '"json_schema": {"name", "schema", "strict"}} (decoding is constrained by the schema)'
 )
 STRUCTURED_OUTPUTS_DOC = 'vLLM\'s structured outputs: {"json": schema} or {"json_object": true}'
-ResponseFormat = Annotated[dict[str, Any] | None, msgspec.Meta(description=RESPONSE_FORMAT_DOC)]
-StructuredOutputs = Annotated[dict[str, Any] | None, msgspec.Meta(description=STRUCTURED_OUTPUTS_DOC)]
+# NOTE: what output_format.py takes, stated whole: decoded as Any (msgspec would publish its
+# own object-or-null for a dict) and checked there; that a schema is a valid JSON Schema the
+# grammar can enforce is checked beyond these (openapi.BEYOND_SCHEMA)
+_SCHEMA_VALUE = {"anyOf": [{"type": "object"}, {"const": True}]}
+_JSON_SCHEMA_SPEC = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+        "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+        "schema": _SCHEMA_VALUE,
+        "strict": {"type": ["boolean", "null"]},
+    },
+}
+_OFF = {"enum": [None, False]}  # a structured_outputs kind not asked for
+RESPONSE_FORMAT_SCHEMA = {
+    "anyOf": [
+        {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text", "json_object"]}}},
+        {
+            "type": "object",
+            "required": ["type", "json_schema"],
+            "properties": {"type": {"const": "json_schema"}, "json_schema": _JSON_SCHEMA_SPEC},
+        },
+        {"type": "null"},
+    ]
+}
+STRUCTURED_OUTPUTS_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "object",
+            "required": ["json"],
+            "properties": {"json": {"anyOf": [*_SCHEMA_VALUE["anyOf"], {"type": "string"}]}, "json_object": _OFF},
+            "additionalProperties": _OFF,
+        },
+        {
+            "type": "object",
+            "required": ["json_object"],
+            "properties": {"json_object": {"const": True}, "json": _OFF},
+            "additionalProperties": _OFF,
+        },
+        {"type": "null"},
+    ]
+}
+ResponseFormat = Annotated[Any, msgspec.Meta(description=RESPONSE_FORMAT_DOC, extra_json_schema=RESPONSE_FORMAT_SCHEMA)]
+StructuredOutputs = Annotated[
+    Any, msgspec.Meta(description=STRUCTURED_OUTPUTS_DOC, extra_json_schema=STRUCTURED_OUTPUTS_SCHEMA)
+]
 
 
 class Strict(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
@@ -177,3 +221,5 @@ def decode_body(body: bytes, kind: type):
         raise ApiError(400, f"Invalid request body: {msg}.", code="invalid_type") from None
     except msgspec.DecodeError as e:
         raise ApiError(400, f"The request body is not valid JSON: {e}.", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "The request body is nested too deeply.", code="invalid_json") from None

@@ -128,7 +128,7 @@ def check_tool_calls(calls, param: str, seen_ids: set[str]) -> list[str]:
         args = fn.get("arguments")
         try:
             args = json.loads(args) if isinstance(args, str) else args
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deeply to read
             args = None
         if not isinstance(args, dict):
             raise ChatRequestError(f"`{p}.function.arguments` must be a JSON object.", f"{p}.function.arguments")

@@ -40,6 +40,8 @@ def output_format(response_format, structured_outputs=None) -> OutputFormat | No
         return _structured_outputs(structured_outputs)
     if response_format is None:
         return None
+    if not isinstance(response_format, dict):
+        raise bad_request("response_format must be an object.", "response_format", "invalid_type")
     kind = response_format.get("type")
     if kind == "text":
         return None
@@ -84,7 +86,7 @@ def _structured_outputs(so) -> OutputFormat:
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested too deeply to read
             raise bad_request(f"structured_outputs.json is not JSON: {e}.", "structured_outputs.json") from None
     return _checked(schema, "structured_outputs.json")
 

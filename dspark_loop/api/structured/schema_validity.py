@@ -12,11 +12,14 @@ path from the request's field:
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Iterable
 
 from jsonschema import Draft202012Validator, SchemaError
 from jsonschema.validators import validator_for
 
+MAX_REMEMBERED = 1024  # distinct schemas whose verdict is kept (meta_problem)
 # keywords whose value maps names to subschemas: the key after one of these is a name, not a keyword
 NAME_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"})
 
@@ -34,6 +37,21 @@ def check_is_schema(schema, where: str) -> None:
         return
     if not isinstance(schema, dict):
         raise InvalidSchema(where, "type", "a JSON Schema must be an object or a boolean")
+    try:
+        problem = meta_problem(json.dumps(schema, sort_keys=True))
+    except RecursionError:
+        problem = [], "$schema", "the schema is nested too deeply"
+    if problem is not None:
+        path, keyword, why = problem
+        raise InvalidSchema(where + json_path(path), keyword, why)
+
+
+@functools.lru_cache(maxsize=MAX_REMEMBERED)
+def meta_problem(schema_text: str) -> tuple[list, str, str] | None:
+    """(JSON path, keyword, why) of the first meta-schema violation of a schema object given
+    as JSON text, else None. NOTE: remembered: the meta-schema walk takes milliseconds and
+    a client resends the same tools every turn, on the event loop."""
+    schema = json.loads(schema_text)
     draft = schema.get("$schema")
     try:
         validator = validator_for(schema, default=None) if isinstance(draft, str) else None
@@ -42,20 +60,18 @@ def check_is_schema(schema, where: str) -> None:
     if "$schema" not in schema:
         validator = Draft202012Validator
     if validator is None:
-        raise InvalidSchema(f"{where}.$schema", "$schema", f"{draft!r} names no JSON Schema draft this server knows")
+        return ["$schema"], "$schema", f"{draft!r} names no JSON Schema draft this server knows"
     try:
         # NOTE: no format checks: "pattern" is an ECMA-262 regex, which Python's re (jsonschema's
         # "regex" format) misreads; the compiler judges patterns (its error is a 400 too)
         validator.check_schema(schema, format_checker=None)
     except SchemaError as e:
         path = list(e.absolute_path)
-        raise InvalidSchema(
-            where + json_path(path),
-            keyword_at(path, str(e.validator)),
-            f"{e.message} (keyword {keyword_at(path, str(e.validator))!r}, JSON Schema {draft_name(validator)})",
-        ) from None
+        keyword = keyword_at(path, str(e.validator))
+        return path, keyword, f"{e.message} (keyword {keyword!r}, JSON Schema {draft_name(validator)})"
     except RecursionError:
-        raise InvalidSchema(where, "$schema", "the schema is nested too deeply") from None
+        return [], "$schema", "the schema is nested too deeply"
+    return None
 
 
 def json_path(path: Iterable) -> str:

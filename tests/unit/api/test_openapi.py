@@ -9,6 +9,7 @@ from dspark_loop.api.chat.schemas import ChatCompletionRequest
 from dspark_loop.api.openapi import _bound_token_ids
 from dspark_loop.api.schemas import CompletionRequest, StreamOptions
 from tests.unit.api.harness import serving
+from tests.unit.api.scripted import chat_engine
 
 
 async def test_the_document_lists_exactly_the_routes_the_app_serves():
@@ -130,19 +131,58 @@ TOP_LOGPROBS_BODIES = [
 ]
 
 
-async def test_the_document_states_top_logprobs_needs_logprobs_as_the_server_enforces_it():
-    """A chat body must be valid under the published schema exactly when the server takes
-    it: top_logprobs above 0 without logprobs: true is refused by both."""
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}}}
+FORMAT_BODIES = [
+    {"response_format": {"type": "text"}},
+    {"response_format": {"type": "json_object"}},
+    {"response_format": {"type": "xml"}},
+    {"response_format": {"type": "json_schema"}},
+    {"response_format": {"type": "json_schema", "json_schema": {"schema": PERSON}}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": True}}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": False}}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": "yes"}}},
+    {"structured_outputs": {}},
+    {"structured_outputs": {"json": PERSON}},
+    {"structured_outputs": {"json": PERSON, "json_object": False, "regex": None}},
+    {"structured_outputs": {"json": PERSON, "json_object": True}},
+    {"structured_outputs": {"json_object": True}},
+    {"structured_outputs": {"json_object": 1}},
+    {"structured_outputs": {"regex": "a+"}},
+    {"structured_outputs": {"json": 5}},
+]
+
+
+async def agrees_with_the_document(path: str, struct: str, bodies: list[dict]) -> None:
+    """Each body must be valid under the published schema exactly when the server takes it."""
     import jsonschema
 
-    async with serving() as client:
+    async with serving(chat_engine()) as client:
         doc = await (await client.get("/openapi.json")).json()
-        schema = {**doc["components"]["schemas"]["ChatCompletionRequest"], "components": doc["components"]}
-        for extra in TOP_LOGPROBS_BODIES:
-            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **extra}
-            r = await client.post("/v1/chat/completions", json=body)
+        schema = {**doc["components"]["schemas"][struct], "components": doc["components"]}
+        for body in bodies:
+            r = await client.post(path, json=body)
             valid = jsonschema.Draft202012Validator(schema).is_valid(body)
-            assert valid == (r.status == 200), (extra, r.status, await r.text())
+            assert valid == (r.status == 200), (body, r.status, await r.text())
+
+
+async def test_the_document_states_top_logprobs_needs_logprobs_as_the_server_enforces_it():
+    """top_logprobs above 0 without logprobs: true must be refused by the document and the
+    server alike, and the rest taken by both."""
+    hi = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    await agrees_with_the_document(
+        "/v1/chat/completions", "ChatCompletionRequest", [{**hi, **b} for b in TOP_LOGPROBS_BODIES]
+    )
+
+
+async def test_the_document_states_the_output_formats_the_server_takes():
+    """response_format and structured_outputs: the document's schema must take exactly the
+    shapes the server takes (for schemas the meta-schema and the grammar accept)."""
+    for path, struct, base in (
+        ("/v1/chat/completions", "ChatCompletionRequest", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/completions", "CompletionRequest", {"prompt": "hi"}),
+    ):
+        await agrees_with_the_document(path, struct, [{**base, "max_tokens": 2, **b} for b in FORMAT_BODIES])
 
 
 async def test_output_lengths_and_prompt_ids_are_bounded_by_the_served_context():
@@ -154,6 +194,8 @@ async def test_output_lengths_and_prompt_ids_are_bounded_by_the_served_context()
         room = client.server.app[CONTEXT_KEY].max_model_len - 1
         assert (await client.post("/v1/completions", json={"prompt": [5], "max_tokens": room})).status == 200
         assert (await client.post("/v1/completions", json={"prompt": [5], "max_tokens": room + 1})).status == 400
+        r = await client.post("/v1/completions", json={"prompt": [5], "max_tokens": 0})
+        assert (await r.json())["error"]["message"] == "`max_tokens` must be at least 1, got 0."
     props = doc["components"]["schemas"]["CompletionRequest"]["properties"]
     for name in ("max_tokens", "max_completion_tokens"):
         assert props[name]["anyOf"][0]["maximum"] == room

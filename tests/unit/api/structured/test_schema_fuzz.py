@@ -103,12 +103,15 @@ class AppThread:
             self.ready.set()
             await self.stop.wait()
 
-    async def _post(self, path: str, body: dict) -> tuple[int, dict]:
-        r = await self.client.post(path, json=body)
+    async def _post(self, path: str, text: str) -> tuple[int, dict]:
+        r = await self.client.post(path, data=text, headers={"Content-Type": "application/json"})
         return r.status, await r.json()
 
     def post(self, path: str, body: dict) -> tuple[int, dict]:
-        return asyncio.run_coroutine_threadsafe(self._post(path, body), self.loop).result(60)
+        return self.post_raw(path, json.dumps(body))
+
+    def post_raw(self, path: str, text: str) -> tuple[int, dict]:
+        return asyncio.run_coroutine_threadsafe(self._post(path, text), self.loop).result(60)
 
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.stop.set)
@@ -128,7 +131,7 @@ def test_arbitrary_json_in_a_schema_field_never_answers_5xx(field, app):
     OpenAI error body naming a parameter, never a 5xx."""
     path, build = FIELDS[field]
 
-    @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=50, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(schemas)
     def check(schema):
         status, answer = app.post(path, request(path, build(schema)))
@@ -154,3 +157,20 @@ def test_a_malformed_schema_is_a_400_naming_the_keyword_and_its_path(field, app)
     assert status == 400, answer
     assert answer["error"]["param"].endswith("properties"), answer
     assert "'properties'" in answer["error"]["message"] and "5 is not of type 'object'" in answer["error"]["message"]
+
+
+def nested(depth: int) -> str:
+    """A JSON Schema `depth` arrays deep, as text (too deep for json.dumps to write)."""
+    return '{"type": "array", "items": ' * depth + "{}" + "}" * depth
+
+
+@pytest.mark.parametrize("depth", [400, 5000])
+def test_a_schema_nested_too_deeply_to_read_is_a_400(depth, app):
+    """A schema nested deeper than the server reads, in the body or as structured_outputs'
+    JSON text, must be a 400, not the RecursionError's 500."""
+    text = nested(depth)
+    in_body = json.dumps({"messages": HI, "structured_outputs": {"json": "@"}}).replace('"@"', text)
+    as_text = {"messages": HI, "structured_outputs": {"json": text}}
+    for body in (in_body, as_text):
+        status, answer = app.post_raw("/v1/chat/completions", body if isinstance(body, str) else json.dumps(body))
+        assert status == 400, answer
