@@ -60,7 +60,7 @@ def output_format(response_format, structured_outputs=None) -> OutputFormat | No
             "response_format.json_schema.name must be 1-64 characters of a-z, A-Z, 0-9, _ and -.",
             "response_format.json_schema.name",
         )
-    if spec.get("strict") not in (None, True, False):
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):  # NOTE: 0 == False in Python
         raise bad_request("response_format.json_schema.strict must be a boolean.", "response_format.json_schema.strict")
     schema = spec.get("schema", ANY_OBJECT)
     return _checked(schema, "response_format.json_schema.schema")

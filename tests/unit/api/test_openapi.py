@@ -142,6 +142,8 @@ FORMAT_BODIES = [
     {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": True}}},
     {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": False}}},
     {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": "yes"}}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": 0}}},
+    {"structured_outputs": {"json_object": 0}},
     {"structured_outputs": {}},
     {"structured_outputs": {"json": PERSON}},
     {"structured_outputs": {"json": PERSON, "json_object": False, "regex": None}},
