@@ -1,7 +1,8 @@
 """Whether a user's JSON Schema is a JSON Schema: its draft's meta-schema, checked by jsonschema
 before any compiler or walker of ours reads it.
 
-The draft is the schema's `$schema` (draft 3 to 2020-12), 2020-12 when it has none. A schema
+The draft is the schema's `$schema` (draft 3 to 2020-12), 2020-12 when it has none or names
+one jsonschema does not know. A schema
 the meta-schema refuses raises InvalidSchema, which names the keyword at fault and its JSON
 path from the request's field:
 
@@ -52,15 +53,7 @@ def meta_problem(schema_text: str) -> tuple[list, str, str] | None:
     as JSON text, else None. NOTE: remembered: the meta-schema walk takes milliseconds and
     a client resends the same tools every turn, on the event loop."""
     schema = json.loads(schema_text)
-    draft = schema.get("$schema")
-    try:
-        validator = validator_for(schema, default=None) if isinstance(draft, str) else None
-    except ValueError:  # a $schema that is not a URI
-        validator = None
-    if "$schema" not in schema:
-        validator = Draft202012Validator
-    if validator is None:
-        return ["$schema"], "$schema", f"{draft!r} names no JSON Schema draft this server knows"
+    validator = draft_validator(schema.get("$schema"))
     try:
         # NOTE: no format checks: "pattern" is an ECMA-262 regex, which Python's re (jsonschema's
         # "regex" format) misreads; the compiler judges patterns (its error is a 400 too)
@@ -72,6 +65,21 @@ def meta_problem(schema_text: str) -> tuple[list, str, str] | None:
     except RecursionError:
         return [], "$schema", "the schema is nested too deeply"
     return None
+
+
+def draft_validator(draft):
+    """The validator class of the draft `$schema` names (https spellings of the http ids too);
+    2020-12 for none or one this jsonschema does not know, whose meta-schema then judges the
+    value of `$schema` itself (a string)."""
+    if isinstance(draft, str):
+        for uri in (draft, draft.replace("https://", "http://", 1)):
+            try:
+                found = validator_for({"$schema": uri}, default=None)
+            except ValueError:  # not a URI
+                found = None
+            if found is not None:
+                return found
+    return Draft202012Validator
 
 
 def json_path(path: Iterable) -> str:
