@@ -7,17 +7,24 @@
     cuda     cuda:<id>   nccl         a CUDA build of torch
 
 `auto` picks npu, then cuda, then cpu, by what this interpreter can import and see.
+
+The seeds' runtime sizing (--ring-heap, --weight-bank-size) is handed to the backend at
+start-up (`size_runtime`). These three run through torch, whose allocator sizes device
+memory itself, so none uses it: each says so once, and a backend that drives its device
+runtime directly takes the sizes there.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+log = logging.getLogger("workers.backend")
 DIST_BACKENDS = {"cpu": "gloo", "npu": "hccl", "cuda": "nccl"}
 
 DTYPES = {
@@ -62,6 +69,19 @@ class Backend:
             torch.npu.set_device(self.device_id)
         elif self.name == "cuda":
             torch.cuda.set_device(self.device_id)
+
+    def size_runtime(self, ring_heap: tuple[int, ...], weight_bank_size: int | None, quiet: bool = False) -> None:
+        """Apply the run's runtime sizing; quiet: do not log (one rank per node says it)."""
+        if quiet:
+            return
+        heap = ",".join(str(n) for n in ring_heap)
+        banks = "all" if weight_bank_size is None else weight_bank_size
+        log.info(
+            "the %s backend sizes device memory through torch: --ring-heap %s and --weight-bank-size %s are not used",
+            self.name,
+            heap,
+            banks,
+        )
 
     def work_clock(self) -> Callable[[], float]:
         """The clock a rank times its share of a step with (StepResult.work_s), for the

@@ -102,6 +102,7 @@ class Rank:
         torch.set_num_threads(max(1, cfg.threads))
         backend = select_backend(cfg.backend, cfg.device_id(self.rank))
         backend.activate()
+        backend.size_runtime(cfg.ring_heap, cfg.weight_bank_size, quiet=self.rank != cfg.first_rank)
         self.work_clock = backend.work_clock()
         shard = ShardSpec(rank=self.rank, world_size=cfg.world_size, tp_size=cfg.tp)
         groups = init_distributed(shard, cfg.dist_init, backend.dist_backend, cfg.dist_timeout_s)

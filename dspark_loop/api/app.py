@@ -106,6 +106,7 @@ def create_app(
                     served=served,
                     vocab_size=encoder.vocab_size,
                     protect_router_info=cfg.protect_router_info,
+                    max_model_len=engine.max_model_len,
                 )
             )
         return web.json_response(spec[0])

@@ -30,6 +30,8 @@ def _numeric_info(kind: type, field: str):
             continue
         types = f.type.types if isinstance(f.type, msgspec.inspect.UnionType) else (f.type,)
         for t in types:
+            if isinstance(t, msgspec.inspect.Metadata):  # a titled or documented field: its own type
+                t = t.type
             if isinstance(t, (msgspec.inspect.IntType, msgspec.inspect.FloatType)):
                 return t
     return None

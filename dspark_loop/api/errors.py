@@ -4,12 +4,15 @@
                "code": "invalid_value"}}
 
 4xx for what the client sent (never 500 for user input), 503 while the engine is not
-ready or dead, 500 only for an engine failure.
+ready or dead, 500 only for an engine failure or a bug: a bug's answer names a request id
+(also in the X-Request-Id header) and the server logs the traceback under it; the
+exception's text stays in the log, never in the answer.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 
 from aiohttp import web
 
@@ -97,6 +100,12 @@ async def error_middleware(request: web.Request, handler):
         raise
     except ConnectionResetError:
         raise  # the client is gone; nobody to answer
-    except Exception as e:  # a bug: answer in the OpenAI shape and keep serving
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        return ApiError(500, f"Internal server error: {type(e).__name__}: {e}", code="internal_error").response()
+    except Exception:  # a bug: answer in the OpenAI shape and keep serving
+        request_id = f"err-{uuid.uuid4().hex}"
+        log.exception("unhandled error in %s %s (request id %s)", request.method, request.path, request_id)
+        return ApiError(
+            500,
+            f"Internal server error (request id {request_id}); the server log has the details.",
+            code="internal_error",
+            headers={"X-Request-Id": request_id},
+        ).response()

@@ -1,7 +1,8 @@
 """GET /openapi.json: an OpenAPI 3.1 document built from the structs the server decodes
 requests with and answers with (msgspec.json.schema_components): one source of truth.
-Their fields carry the bounds the decoder enforces (api/schemas.py); token ids are bounded
-by the served vocabulary.
+Their fields carry the bounds the decoder enforces (api/schemas.py), and the rules across
+fields a JSON Schema can state (a struct's SCHEMA_RULES); token ids are bounded by the
+served vocabulary, output lengths and prompt id lists by the served context.
 
 Hand-written here: ROUTES (which struct each route takes and returns) and BEYOND_SCHEMA,
 the rules a JSON Schema cannot state (across fields, or needing the tokenizer or the
@@ -18,7 +19,14 @@ import msgspec
 from dspark_loop.api import responses as r
 from dspark_loop.api.auth import needs_key
 from dspark_loop.api.chat.schemas import ChatCompletionRequest
-from dspark_loop.api.schemas import TOKEN_ID, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from dspark_loop.api.schemas import (
+    OUTPUT_LEN,
+    PROMPT_IDS,
+    TOKEN_ID,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from dspark_loop.api.server_info import ROUTER_ROUTES
 
 REF = "#/components/schemas/{name}"
@@ -33,8 +41,15 @@ ERRORS = {
 JSON = "application/json"
 _MESSAGE = r"messages\[\d+\]"
 _CONTEXT = "a prompt of max_model_len tokens or more (after tokenization)"
+_SCHEMAS = (
+    "a JSON Schema its draft's meta-schema refuses, or one constrained decoding cannot enforce or compile; "
+    "structured_outputs.json text that is not JSON"
+)
 _GENERATION_RULES = [
+    (r"(response_format\.json_schema\.schema|structured_outputs\.json)([.\[].*)?", _SCHEMAS),
+    ("ignore_eos|min_tokens", "ignore_eos or min_tokens with constrained decoding"),
     ("max_tokens", "max_tokens and max_completion_tokens differ"),
+    ("max_tokens|max_completion_tokens", "the prompt's tokens plus max_tokens beyond max_model_len"),
     ("min_tokens", "min_tokens above max_tokens"),
     ("best_of", "best_of other than n"),
 ]
@@ -62,7 +77,10 @@ BEYOND_SCHEMA = {
             "text holding a control marker or special token of the chat format; a tool declared twice",
         ),
         ("tool_choice", "tool_choice other than none without tools, or naming an undeclared tool"),
-        ("top_logprobs", "top_logprobs above 0 without logprobs: true"),
+        (
+            rf"({_MESSAGE}\.)?tools\[\d+\]\.function\.parameters.*|tools",
+            "tool parameters that are not a valid JSON Schema, or that a required or named call cannot enforce",
+        ),
         *_GENERATION_RULES,
     ],
     "/tokenize": [],
@@ -136,16 +154,22 @@ def sse_event_schema(chunk: type) -> dict:
     }
 
 
-def _bound_token_ids(schema, vocab_size: int) -> None:
-    """Every token-id schema (title TokenId) gets the served vocabulary's top id."""
+def _bound_token_ids(schema, vocab_size: int | None, max_model_len: int | None = None) -> None:
+    """Every token-id schema (title TokenId) gets the served vocabulary's top id; every
+    output length and prompt id list the context's room (one token at least is the other's)."""
     if isinstance(schema, dict):
-        if schema.get("title") == TOKEN_ID:
+        title = schema.get("title")
+        if title == TOKEN_ID and vocab_size is not None:
             schema["maximum"] = vocab_size - 1
+        if title == OUTPUT_LEN and max_model_len is not None:
+            schema["maximum"] = max_model_len - 1
+        if title == PROMPT_IDS and max_model_len is not None:
+            schema["maxItems"] = max_model_len - 1
         for value in schema.values():
-            _bound_token_ids(value, vocab_size)
+            _bound_token_ids(value, vocab_size, max_model_len)
     elif isinstance(schema, list):
         for value in schema:
-            _bound_token_ids(value, vocab_size)
+            _bound_token_ids(value, vocab_size, max_model_len)
 
 
 def _bad_request(path: str) -> str:
@@ -161,9 +185,11 @@ def openapi_document(
     served=None,
     vocab_size: int | None = None,
     protect_router_info: bool = False,
+    max_model_len: int | None = None,
 ) -> dict:
     """served: the (method, path) pairs the app answers (None: all of ROUTES).
-    vocab_size: bounds every token id (None: ids are bounded below only)."""
+    vocab_size: bounds every token id (None: ids are bounded below only); max_model_len:
+    every output length and prompt id list (None: unbounded above)."""
     routes = [rt for rt in ROUTES if served is None or (rt[0], rt[1]) in served]
     structs = [s for route in routes for s in (route[3], route[4], route[5]) if isinstance(s, type)] + [r.ErrorResponse]
     _, components = msgspec.json.schema_components(structs, ref_template=REF)
@@ -174,8 +200,7 @@ def openapi_document(
         if info.forbid_unknown_fields:  # the decoder refuses unknown fields: say so
             components[name]["additionalProperties"] = False
         components[name].update(getattr(info.cls, "SCHEMA_RULES", {}))
-    if vocab_size is not None:
-        _bound_token_ids(components, vocab_size)
+    _bound_token_ids(components, vocab_size, max_model_len)
     error = {"description": "", "content": {JSON: {"schema": {"$ref": REF.format(name="ErrorResponse")}}}}
     paths: dict = {}
     for method, path, summary, request, answer, chunk, statuses in routes:

@@ -23,7 +23,10 @@ from dspark_loop.api.errors import ApiError
 from dspark_loop.api.limits import MAX_LOGPROBS, MAX_N, SEED_RANGE
 
 TOKEN_ID = "TokenId"  # the schema title openapi.py bounds by the served vocabulary
+OUTPUT_LEN = "OutputLength"  # ... and these by the served context (max_model_len - 1)
+PROMPT_IDS = "PromptTokenIds"
 TokenId = Annotated[int, msgspec.Meta(ge=0, title=TOKEN_ID)]
+OutputLen = Annotated[int, msgspec.Meta(ge=1, title=OUTPUT_LEN)]
 AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
 Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
@@ -39,8 +42,52 @@ RESPONSE_FORMAT_DOC = (
     '"json_schema": {"name", "schema", "strict"}} (decoding is constrained by the schema)'
 )
 STRUCTURED_OUTPUTS_DOC = 'vLLM\'s structured outputs: {"json": schema} or {"json_object": true}'
-ResponseFormat = Annotated[dict[str, Any] | None, msgspec.Meta(description=RESPONSE_FORMAT_DOC)]
-StructuredOutputs = Annotated[dict[str, Any] | None, msgspec.Meta(description=STRUCTURED_OUTPUTS_DOC)]
+# NOTE: what output_format.py takes, stated whole: decoded as Any (msgspec would publish its
+# own object-or-null for a dict) and checked there; that a schema is a valid JSON Schema the
+# grammar can enforce is checked beyond these (openapi.BEYOND_SCHEMA)
+_SCHEMA_VALUE = {"anyOf": [{"type": "object"}, {"const": True}]}
+_JSON_SCHEMA_SPEC = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+        "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+        "schema": _SCHEMA_VALUE,
+        "strict": {"type": ["boolean", "null"]},
+    },
+}
+_OFF = {"enum": [None, False]}  # a structured_outputs kind not asked for
+RESPONSE_FORMAT_SCHEMA = {
+    "anyOf": [
+        {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text", "json_object"]}}},
+        {
+            "type": "object",
+            "required": ["type", "json_schema"],
+            "properties": {"type": {"const": "json_schema"}, "json_schema": _JSON_SCHEMA_SPEC},
+        },
+        {"type": "null"},
+    ]
+}
+STRUCTURED_OUTPUTS_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "object",
+            "required": ["json"],
+            "properties": {"json": {"anyOf": [*_SCHEMA_VALUE["anyOf"], {"type": "string"}]}, "json_object": _OFF},
+            "additionalProperties": _OFF,
+        },
+        {
+            "type": "object",
+            "required": ["json_object"],
+            "properties": {"json_object": {"const": True}, "json": _OFF},
+            "additionalProperties": _OFF,
+        },
+        {"type": "null"},
+    ]
+}
+ResponseFormat = Annotated[Any, msgspec.Meta(description=RESPONSE_FORMAT_DOC, extra_json_schema=RESPONSE_FORMAT_SCHEMA)]
+StructuredOutputs = Annotated[
+    Any, msgspec.Meta(description=STRUCTURED_OUTPUTS_DOC, extra_json_schema=STRUCTURED_OUTPUTS_SCHEMA)
+]
 
 
 class Strict(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
@@ -65,8 +112,8 @@ class GenerationFields(Strict):
     meaning and one validation (sampling.py). A new generation knob goes here."""
 
     model: str | None = None
-    max_tokens: AtLeastOne | None = None
-    max_completion_tokens: AtLeastOne | None = None
+    max_tokens: OutputLen | None = None  # prompt + max_tokens <= max_model_len (sampling.py)
+    max_completion_tokens: OutputLen | None = None
     min_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
     stop: NonEmpty | list[NonEmpty] | None = None
     stop_token_ids: list[TokenId] | None = None
@@ -90,7 +137,12 @@ class GenerationFields(Strict):
 
 
 TEXT_PROMPT = {"type": "string", "minLength": 1}
-IDS_PROMPT = {"type": "array", "minItems": 1, "items": {"title": TOKEN_ID, "type": "integer", "minimum": 0}}
+IDS_PROMPT = {
+    "title": PROMPT_IDS,
+    "type": "array",
+    "minItems": 1,
+    "items": {"title": TOKEN_ID, "type": "integer", "minimum": 0},
+}
 # NOTE: msgspec types no union of several array types, so `prompt` is decoded as Any
 # (prompt.py checks it) and its schema is written here, beside it.
 PROMPT_SCHEMA = {
@@ -169,3 +221,5 @@ def decode_body(body: bytes, kind: type):
         raise ApiError(400, f"Invalid request body: {msg}.", code="invalid_type") from None
     except msgspec.DecodeError as e:
         raise ApiError(400, f"The request body is not valid JSON: {e}.", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "The request body is nested too deeply.", code="invalid_json") from None

@@ -87,6 +87,8 @@ class ServerInfo(msgspec.Struct):
     enable_prefix_caching: bool
     is_embedding: bool
     disaggregation_mode: str
+    backend: str  # --backend: cpu | npu | cuda
+    platform: str | None  # --platform, as given (None: not given)
 
 
 class ModelInfo(msgspec.Struct):
@@ -196,6 +198,8 @@ class ServerInfoRoutes:
             enable_prefix_caching=cfg.enable_prefix_caching,
             is_embedding=False,
             disaggregation_mode="null",
+            backend=cfg.backend,
+            platform=cfg.platform,
         )
 
     def model_info(self) -> ModelInfo:

@@ -15,6 +15,7 @@ from dataclasses import replace
 from dspark_loop.config.cli_ops import add_ops_flags, ops_fields
 from dspark_loop.config.cli_sim import add_sim_flags, sim_fields
 from dspark_loop.config.flag_types import (
+    PLATFORMS,
     byte_size,
     debug_tap,
     device_list,
@@ -24,6 +25,7 @@ from dspark_loop.config.flag_types import (
     port_number,
     positive_int,
     positive_seconds,
+    ring_heap,
 )
 from dspark_loop.config.server_config import (
     GENERATE_KEYS,
@@ -37,6 +39,7 @@ from dspark_loop.config.server_config import (
 )
 from dspark_loop.contract.mesh_auth import SecretError, resolve_secret
 from dspark_loop.contract.model_config import ModelConfig
+from dspark_loop.contract.protocol import DEFAULT_RING_HEAP
 from dspark_loop.event_loop import EVENT_LOOPS, loop_factory
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -137,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="DIR",
         help="checkpoint directory (config.json, tokenizer.json, *.safetensors); default: the "
-        "embedded tiny random checkpoint on 1 CPU rank, built once into the cache directory",
+        "trained DSpark demo shipped in the package (dspark_loop/demo) on 1 CPU rank",
     )
     a("--served-model-name", default=None, help="the model id clients send (default: the checkpoint directory's name)")
     a("--host", default="127.0.0.1")
@@ -147,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["cpu", "npu", "cuda", "sim"],
         default="cpu",
         help="sim: the simulated device, no model, profiled step times (docs/simulated-device.md)",
+    )
+    a(
+        "--platform",
+        choices=PLATFORMS,
+        default=None,
+        help="the device platform (the seeds' names); reported in /server_info, the torch backends run on "
+        "whatever device torch sees",
     )
     a("--devices", type=device_list, default=None, metavar="CSV", help="device ids, one per rank (default 0..ep-1)")
     a("--dp", type=positive_int, default=None, help="TP groups (cache partitions)")
@@ -193,6 +203,22 @@ def build_parser() -> argparse.ArgumentParser:
         "head) chooses each request's verify length and drafter skips from the drafts' confidences and a "
         'step cost model learned online, or pinned from FILE ({"c0":s,"c_row":s,"c_req":s,"c_draft":s,'
         '"c_ctx":s}) for reproducible runs',
+    )
+    a(
+        "--ring-heap",
+        type=ring_heap,
+        default=DEFAULT_RING_HEAP,
+        metavar="BYTES",
+        help="the device runtime's ring heap per scope depth: one int or four comma-separated ints "
+        "(default 2,2,4,8 GiB); handed to each rank's backend, which logs once when it does not use it",
+    )
+    a(
+        "--weight-bank-size",
+        type=positive_int,
+        default=None,
+        metavar="LAYERS",
+        help="decoder layers whose weight banks stay resident (1..num_hidden_layers; default all); handed "
+        "to each rank's backend like --ring-heap",
     )
     a(
         "--generate-config",
@@ -296,6 +322,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         host=ns.host,
         port=ns.port,
         backend=ns.backend,
+        platform=ns.platform,
         devices=ns.devices,
         dp=ns.dp,
         tp=ns.tp,
@@ -309,6 +336,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         enable_prefix_caching=ns.enable_prefix_caching,
         async_scheduling=ns.async_scheduling,
         speculative=ns.speculative_config,
+        ring_heap=ns.ring_heap,
+        weight_bank_size=ns.weight_bank_size,
         generate=ns.generate_config,
         default_chat_template_kwargs=ns.default_chat_template_kwargs,
         prompts=tuple(ns.prompt),

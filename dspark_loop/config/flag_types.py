@@ -28,6 +28,12 @@ SIZE_UNITS = {
 }
 
 
+# --platform: the seeds' runtime platforms, the hardware (a2a3: Atlas A2/A3; a5) and its
+# simulator (*sim); a torch backend runs on whichever device torch sees, so it only reports it
+PLATFORMS = ("a2a3", "a2a3sim", "a5", "a5sim")
+RING_DEPTHS = 4  # --ring-heap: one size per scope depth of the seeds' runtime
+
+
 def _digits(text: str) -> int | None:
     """The value of plain decimal digits (surrounding spaces allowed), else None: no sign,
     no underscores, no fraction."""
@@ -73,6 +79,17 @@ def byte_size(text: str) -> int:
             f"must be a positive size in bytes, or with a unit like 512MiB or 2GiB (got {text!r})"
         )
     return int(float(m.group(1)) * SIZE_UNITS[unit])
+
+
+def ring_heap(text: str) -> tuple[int, ...]:
+    """One positive byte count for every scope depth, or RING_DEPTHS of them, one per depth."""
+    sizes = [_digits(p) for p in text.split(",")]
+    if len(sizes) not in (1, RING_DEPTHS) or not all(s is not None and s > 0 for s in sizes):
+        raise argparse.ArgumentTypeError(
+            f"must be one positive integer or {RING_DEPTHS} comma-separated positive integers, bytes per "
+            f"scope depth (got {text!r})"
+        )
+    return tuple(s for s in sizes if s is not None) * (RING_DEPTHS if len(sizes) == 1 else 1)
 
 
 def _finite(text: str) -> float:

@@ -18,7 +18,7 @@ from dspark_loop.config.node_rules import devices_rule, node_rules
 from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.checkpoint_names import checkpoint_tensor_names
 from dspark_loop.contract.model_config import DRAFT_STAGES, ModelConfig
-from dspark_loop.contract.protocol import DSPARK_K, MAX_CHUNK
+from dspark_loop.contract.protocol import DEFAULT_RING_HEAP, DSPARK_K, MAX_CHUNK
 from dspark_loop.engine.step_cost import StepCost
 
 FLASH_SHAPE = dict(hidden_size=4096, num_hidden_layers=43, n_routed_experts=256)
@@ -92,6 +92,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     backend: str = "cpu"
+    platform: str | None = None  # --platform (flag_types.PLATFORMS): the device the seeds' runtime targets
     devices: tuple[int, ...] | None = None
     dp: int | None = None
     tp: int | None = None
@@ -105,6 +106,8 @@ class ServerConfig:
     enable_prefix_caching: bool = True
     async_scheduling: bool = True  # plan step N+1 while the ranks run step N (K=0 and K=7)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    ring_heap: tuple[int, ...] = DEFAULT_RING_HEAP  # the ranks' runtime sizing (RankConfig.ring_heap)
+    weight_bank_size: int | None = None  # decoder layers with resident weight banks; None: all
     generate: GenerateDefaults = field(default_factory=GenerateDefaults)
     # --default-chat-template-kwargs; None: not given (the embedded demo then serves with thinking off)
     default_chat_template_kwargs: dict | None = None
@@ -267,6 +270,12 @@ def _positive_rules(cfg: ServerConfig) -> list[str]:
 
 def _common_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
     out = []
+    banks = cfg.weight_bank_size
+    if banks is not None and not 1 <= banks <= model.num_hidden_layers:
+        out.append(
+            f"--weight-bank-size must be 1..num_hidden_layers = {model.num_hidden_layers} (all layers resident) "
+            f"(got {banks})"
+        )
     if cfg.max_num_seqs < cfg.dp:
         out.append(
             f"--max-num-seqs must be at least --dp = {cfg.dp}: one request per cache partition (got {cfg.max_num_seqs})"

@@ -52,6 +52,7 @@ PROTOCOL_VERSION = 7
 DSPARK_K = 7  # the speculative width: drafts per verify (a verify is DSPARK_K + 1 rows)
 DEFAULT_RUNNER = "workers.runner:ModelRunner"
 MAX_CHUNK = 8192  # the seeds' prefill dispatch bound: tokens of one prefill chunk
+DEFAULT_RING_HEAP = (2 * 2**30, 2 * 2**30, 4 * 2**30, 8 * 2**30)  # the seeds' ring heap, bytes per scope depth
 
 
 class RankConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -84,6 +85,10 @@ class RankConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     first_rank: int = 0  # the first rank of this node (devices[i] is rank first_rank + i's)
     device_profile: str = ""  # --backend sim: a shipped profile's name or a file ("": npu-tile)
     sim_speed: float = 1.0  # --backend sim: every step time is divided by this
+    # the runtime sizing the seeds' flags give (--ring-heap, --weight-bank-size), for a backend
+    # that sizes its device runtime itself; the torch backends do not (workers/backend.py)
+    ring_heap: tuple[int, ...] = DEFAULT_RING_HEAP  # bytes per scope depth
+    weight_bank_size: int | None = None  # decoder layers with resident weight banks; None: all
 
     @property
     def num_groups(self) -> int:

@@ -48,11 +48,18 @@ def test_bad_request_gets_its_status_and_a_message(server4, body, status, param,
     assert server4.get("/health")[0] == 200
 
 
-def test_huge_max_tokens_is_capped_to_the_context(server4):
-    """max_tokens far beyond the context must be capped to what is left after the prompt,
-    not refused: a prompt of max_model_len - 3 ids gets exactly 3 tokens."""
+def test_max_tokens_beyond_the_context_is_a_400_and_up_to_it_is_served_whole(server4):
+    """max_tokens past what the context leaves after the prompt must be a 400 with the
+    lengths (never cut silently); exactly what it leaves must be served whole: a prompt of
+    max_model_len - 3 ids with max_tokens 3 gets exactly 3 tokens."""
     prompt = token_prompt(MAX_MODEL_LEN - 3, seed=4)
-    out = server4.complete(prompt, 10**9)
+    status, out = server4.post("/v1/completions", {"prompt": prompt, "max_tokens": 10**9})
+    assert status == 400 and out["error"]["code"] == "context_length_exceeded", out
+    assert (
+        f"you requested {MAX_MODEL_LEN - 3 + 10**9} tokens ({MAX_MODEL_LEN - 3} in the messages"
+        in (out["error"]["message"])
+    )
+    out = server4.complete(prompt, 3)
     assert out["choices"][0]["finish_reason"] == "length"
     assert out["usage"]["completion_tokens"] == 3
 

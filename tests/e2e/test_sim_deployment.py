@@ -1,33 +1,26 @@
-"""The seeds' deployment command, verbatim but for the device: --backend sim on a Flash-shape
-checkpoint without weights, 16 sim ranks at dp4/ep16/tp4 on this machine. The seeds' verify
+"""The seeds' deployment command, verbatim (--platform and --ring-heap included) but for the
+device: --backend sim on a Flash-shape checkpoint without weights, 16 sim ranks at
+dp4/ep16/tp4 on this machine. The seeds' verify
 curl must answer, with the same tokens at K=0 and K=7."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from dspark_testing.server_process import ServerProcess, pools_full, wait_gone
+from tests.unit.config.seeds import DEPLOYMENT_PAGE, seeds_argv
 
 NAME = "dsv4-flash-w8a8"
-DEVICES = ",".join(str(i) for i in range(16))
 
 
 def seeds_command(model: str, k: int) -> list[str]:
-    """The seeds' command (reference: DSpark deployment page) less --platform a2a3 and
-    --ring-heap (flags of the NPU runtime), plus the simulated device at 50x speed."""
-    return [
-        "--model", model,
-        "--served-model-name", NAME,
-        "--devices", DEVICES,
-        "--dp", "4", "--ep", "16", "--tp", "4",
-        "--block-size", "32", "--max-model-len", "1024", "--max-num-seqs", "8",
-        "--max-num-batched-tokens", "8192", "--long-prefill-token-threshold", "128",
-        "--speculative-config", json.dumps({"method": "dspark", "num_speculative_tokens": k}),
-        "--no-enable-prefix-caching",
-        "--backend", "sim", "--device-profile", "npu-tile", "--sim-speed", "50",
-    ]  # fmt: skip
+    """The deployment page's command verbatim (tests/unit/config/seeds.py), --model and K
+    filled in, plus the simulated device at 50x speed. NOTE: its `--port 8000` is dropped:
+    the test server listens on a free port (ServerProcess passes it)."""
+    argv = seeds_argv(DEPLOYMENT_PAGE, model, k)
+    at = argv.index("--port")
+    del argv[at : at + 2]
+    return [*argv, "--backend", "sim", "--device-profile", "npu-tile", "--sim-speed", "50"]
 
 
 @pytest.fixture(scope="module")

@@ -34,6 +34,8 @@ async def one_round(server, sig: int, running: int, waiting: int, seed: int) -> 
 
     short = [token_prompt(16 + i, seed=seed + i) for i in range(waiting)]
     solo = [server.complete(p, 16)["choices"][0]["token_ids"] for p in short]
+    # the long requests fill the context after their 8-token prompts (a larger max_tokens is a 400)
+    room = json.loads(server.get("/v1/models")[1])["data"][0]["max_model_len"] - 8
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as http:
 
@@ -52,7 +54,7 @@ async def one_round(server, sig: int, running: int, waiting: int, seed: int) -> 
 
         long_tasks = [
             asyncio.create_task(
-                stream({"prompt": token_prompt(8, seed=seed + 100 + i), "max_tokens": 100000, "ignore_eos": True})
+                stream({"prompt": token_prompt(8, seed=seed + 100 + i), "max_tokens": room, "ignore_eos": True})
             )
             for i in range(running)
         ]

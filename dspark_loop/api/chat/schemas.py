@@ -11,7 +11,7 @@ refuse the same values.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import msgspec
 
@@ -88,6 +88,13 @@ _BOOL = {"type": "boolean"}
 
 
 class ChatCompletionRequest(GenerationFields, kw_only=True):
+    # top_logprobs above 0 needs logprobs: true (sampling_ranges.sampling_fields)
+    SCHEMA_RULES: ClassVar[dict] = {
+        "anyOf": [
+            {"properties": {"top_logprobs": {"anyOf": [{"type": "null"}, {"maximum": 0}]}}},
+            {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+        ]
+    }
     messages: Annotated[Any, msgspec.Meta(extra_json_schema=MESSAGES_SCHEMA)]
     # tools and the chat format
     tools: Annotated[Any, msgspec.Meta(extra_json_schema={"anyOf": [TOOLS_SCHEMA, {"type": "null"}]})] = None

@@ -21,6 +21,7 @@ from dspark_loop.api.chat.render import (
     TOOL_RESULT_END,
     USER,
 )
+from dspark_loop.api.structured.schema_validity import InvalidSchema, check_is_schema
 from dspark_loop.config.server_config import THINKING_KEYS
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -97,6 +98,10 @@ def check_tools(tools, param: str) -> list[str]:
             raise ChatRequestError(
                 f"`{param}[{i}].function.parameters` must be a JSON Schema object.", f"{param}[{i}].function.parameters"
             )
+        try:
+            check_is_schema(params or {}, f"{param}[{i}].function.parameters")
+        except InvalidSchema as e:
+            raise ChatRequestError(f"The tool's parameters are not a valid JSON Schema: {e}.", e.path) from None
         check_text(json.dumps(fn, ensure_ascii=False), f"{param}[{i}].function")
         names.append(name)
     return names
@@ -123,7 +128,7 @@ def check_tool_calls(calls, param: str, seen_ids: set[str]) -> list[str]:
         args = fn.get("arguments")
         try:
             args = json.loads(args) if isinstance(args, str) else args
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deeply to read
             args = None
         if not isinstance(args, dict):
             raise ChatRequestError(f"`{p}.function.arguments` must be a JSON object.", f"{p}.function.arguments")

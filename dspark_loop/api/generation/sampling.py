@@ -2,14 +2,16 @@
 
 Sampling fields: vLLM's names, defaults and ranges (sampling_ranges.py), defaults from the
 checkpoint's generation_config.json under --generate-config (generation_defaults.py).
-max_tokens defaults to --generate-config's max_new_tokens, else 16 (OpenAI's default), and
-is capped to the context left after the prompt rather than refused.
+max_tokens defaults to --generate-config's max_new_tokens, else 16 (OpenAI's default; chat:
+the context left), capped to the context left after the prompt. A max_tokens the request
+names itself is never cut: beyond the context left it is a 400 with the lengths, in vLLM's
+words.
 """
 
 from __future__ import annotations
 
 from dspark_loop.api.chat.schemas import ChatCompletionRequest
-from dspark_loop.api.errors import bad_request, unsupported
+from dspark_loop.api.errors import ApiError, bad_request, unsupported
 from dspark_loop.api.generation.sampling_ranges import NO_LOGPROBS, SamplingDefaults, sampling_fields
 from dspark_loop.api.prompt import PromptEncoder
 from dspark_loop.api.schemas import CompletionRequest, GenerationFields
@@ -51,6 +53,17 @@ def requested_max_tokens(req: GenerationFields, defaults: GenerateDefaults, defa
     return value
 
 
+def context_overflow(max_model_len: int, prompt_len: int, max_tokens: int, completion_tokens: bool) -> ApiError:
+    return ApiError(
+        400,
+        f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+        f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in the completion). "
+        "Please reduce the length of the messages or completion.",
+        param="max_completion_tokens" if completion_tokens else "max_tokens",
+        code="context_length_exceeded",
+    )
+
+
 def stop_strings(req: GenerationFields, defaults: GenerateDefaults) -> list[str]:
     if req.stop is None:
         return list(defaults.stop)
@@ -75,6 +88,8 @@ def sampling_params(
     check_unsupported(req)
     s = sampling_fields(req, sampling_defaults or SamplingDefaults())
     wanted = requested_max_tokens(req, defaults, default_max_tokens)
+    if (req.max_tokens is not None or req.max_completion_tokens is not None) and prompt_len + wanted > max_model_len:
+        raise context_overflow(max_model_len, prompt_len, wanted, req.max_completion_tokens is not None)
     max_tokens = min(wanted, max_model_len - prompt_len)
     min_tokens = req.min_tokens or 0
     if min_tokens < 0:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from dspark_loop.api.errors import ApiError, bad_request, unsupported
 from dspark_loop.api.structured.schema_support import UnsupportedSchema, check_schema
+from dspark_loop.api.structured.schema_validity import InvalidSchema, check_is_schema
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 ANY_OBJECT = {"type": "object"}
@@ -39,6 +40,8 @@ def output_format(response_format, structured_outputs=None) -> OutputFormat | No
         return _structured_outputs(structured_outputs)
     if response_format is None:
         return None
+    if not isinstance(response_format, dict):
+        raise bad_request("response_format must be an object.", "response_format", "invalid_type")
     kind = response_format.get("type")
     if kind == "text":
         return None
@@ -57,7 +60,7 @@ def output_format(response_format, structured_outputs=None) -> OutputFormat | No
             "response_format.json_schema.name must be 1-64 characters of a-z, A-Z, 0-9, _ and -.",
             "response_format.json_schema.name",
         )
-    if spec.get("strict") not in (None, True, False):
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):  # NOTE: 0 == False in Python
         raise bad_request("response_format.json_schema.strict must be a boolean.", "response_format.json_schema.strict")
     schema = spec.get("schema", ANY_OBJECT)
     return _checked(schema, "response_format.json_schema.schema")
@@ -83,7 +86,7 @@ def _structured_outputs(so) -> OutputFormat:
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested too deeply to read
             raise bad_request(f"structured_outputs.json is not JSON: {e}.", "structured_outputs.json") from None
     return _checked(schema, "structured_outputs.json")
 
@@ -94,10 +97,18 @@ def _checked(schema, param: str) -> OutputFormat:
     if not isinstance(schema, dict):
         raise bad_request(f"{param} must be a JSON Schema object.", param)
     try:
+        check_is_schema(schema, param)
+    except InvalidSchema as e:
+        raise invalid_schema(e) from None
+    try:
         check_schema(schema, param)
     except UnsupportedSchema as e:
         raise unsupported_schema(e, param) from None
     return OutputFormat(schema, param)
+
+
+def invalid_schema(e: InvalidSchema) -> ApiError:
+    return bad_request(f"The schema is not a valid JSON Schema: {e}.", e.path, "invalid_schema")
 
 
 def unsupported_schema(e: UnsupportedSchema, param: str) -> ApiError:

@@ -9,6 +9,9 @@ minimum/maximum and their exclusive forms, minItems/maxItems, min/maxProperties,
 additionalProperties, patternProperties, propertyNames) is enforced by the grammar.
 
     check_schema(schema, "response_format.json_schema.schema")  # raises UnsupportedSchema
+
+It walks schemas the meta-schema has passed (schema_validity.py), and skips any value of a
+shape it does not expect (a keyword of another draft) rather than trusting it.
 """
 
 from __future__ import annotations
@@ -61,19 +64,23 @@ def check_schema(schema, where: str) -> None:
         integral = schema.get("type") == "integer" and isinstance(schema["multipleOf"], int)
         if not integral:
             raise UnsupportedSchema(where, "multipleOf", "is enforced only on integers, by an integer")
-    if "format" in schema and schema["format"] not in ENFORCED_FORMATS:
+    fmt = schema.get("format")
+    if "format" in schema and (not isinstance(fmt, str) or fmt not in ENFORCED_FORMATS):
         known = ", ".join(sorted(ENFORCED_FORMATS))
         raise UnsupportedSchema(where, "format", f"{schema['format']!r} cannot be enforced (enforced: {known})")
     if ("pattern" in schema or "format" in schema) and ("minLength" in schema or "maxLength" in schema):
         length = "minLength" if "minLength" in schema else "maxLength"
         raise UnsupportedSchema(where, length, "cannot be enforced together with pattern or format")
-    if len(schema.get("allOf") or []) > 1:
+    all_of = schema.get("allOf")
+    if isinstance(all_of, list) and len(all_of) > 1:
         raise UnsupportedSchema(where, "allOf", "with more than one schema cannot be enforced")
     for key in SCHEMA_MAPS:
-        for name, sub in (schema.get(key) or {}).items():
+        subs = schema.get(key)
+        for name, sub in subs.items() if isinstance(subs, dict) else ():
             check_schema(sub, f"{where}.{key}.{name}")
     for key in SCHEMA_LISTS:
-        for i, sub in enumerate(schema.get(key) or []):
+        subs = schema.get(key)
+        for i, sub in enumerate(subs if isinstance(subs, list) else ()):
             check_schema(sub, f"{where}.{key}[{i}]")
     for key in SCHEMA_VALUES:
         if key in schema:

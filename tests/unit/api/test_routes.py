@@ -106,17 +106,24 @@ async def test_metrics_routes_serve_the_renderers():
         assert await (await client.get("/metrics/json")).json() == {"num_requests_running": 0}
 
 
-async def test_an_unexpected_exception_is_a_json_500_and_the_server_keeps_serving():
-    """A bug inside a route must answer 500 in the OpenAI error shape, not a traceback page."""
+async def test_an_unexpected_exception_is_a_json_500_and_the_server_keeps_serving(caplog):
+    """A bug inside a route must answer 500 in the OpenAI error shape, not a traceback page:
+    a request id the log's traceback carries too, and none of the exception's text."""
     engine = FakeEngine()
     async with serving(engine) as client:
 
         def broken(g):
-            raise RuntimeError("scheduler bug")
+            raise RuntimeError("scheduler bug at /secret/path")
 
         engine.script = broken
         r = await client.post("/v1/completions", json={"prompt": "x"})
         assert r.status == 500
-        assert (await r.json())["error"]["code"] == "internal_error"
+        error = (await r.json())["error"]
+        assert error["code"] == "internal_error" and error["type"] == "server_error"
+        assert "secret" not in error["message"] and "RuntimeError" not in error["message"]
+        request_id = r.headers["X-Request-Id"]
+        assert request_id in error["message"]
+        logged = [rec for rec in caplog.records if request_id in rec.getMessage()]
+        assert logged and "scheduler bug at /secret/path" in str(logged[0].exc_info[1])
         engine.script = FakeEngine().script
         assert (await client.post("/v1/completions", json={"prompt": "x"})).status == 200

@@ -97,19 +97,36 @@ async def test_the_whole_table_in_one_session_leaves_the_server_serving():
         assert len(client.engine.requests) == 1
 
 
-async def test_huge_max_tokens_is_capped_to_the_context_not_refused():
-    """max_tokens past the context must be capped to max_model_len - prompt_len."""
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+async def test_max_tokens_past_the_context_is_a_400_with_the_lengths(field):
+    """A max_tokens the request names that the context cannot hold after the prompt must be
+    refused (never cut) with vLLM's message: the context, the total asked, and its parts."""
     async with serving() as client:
-        r = await client.post("/v1/completions", json={**OK, "prompt": list(range(50)), "max_tokens": 10**9})
+        body = {"model": MODEL, "prompt": list(range(50)), field: 15}
+        r = await client.post("/v1/completions", json=body)
+        error = (await r.json())["error"]
+        assert r.status == 400 and client.engine.requests == []
+        assert error["message"] == (
+            "This model's maximum context length is 64 tokens. However, you requested 65 tokens "
+            "(50 in the messages, 15 in the completion). Please reduce the length of the messages or completion."
+        )
+        assert (error["param"], error["code"]) == (field, "context_length_exceeded")
+
+
+async def test_max_tokens_that_exactly_fills_the_context_is_served_whole():
+    """prompt + max_tokens == max_model_len must be served with all of max_tokens."""
+    async with serving() as client:
+        r = await client.post("/v1/completions", json={**OK, "prompt": list(range(50)), "max_tokens": 14})
         assert r.status == 200
-        assert client.engine.requests[0].params.max_tokens == 64 - 50
+        assert client.engine.requests[0].params.max_tokens == 14
         assert (await r.json())["usage"]["completion_tokens"] == 14
 
 
-async def test_prompt_one_token_short_of_the_context_is_accepted():
-    """A prompt of max_model_len - 1 tokens must be served with exactly one output token."""
+async def test_the_default_max_tokens_is_cut_to_the_context_left():
+    """Without max_tokens a completion's default (16) must shrink to what the context leaves:
+    a prompt of max_model_len - 1 tokens is served with exactly one output token."""
     async with serving() as client:
-        r = await client.post("/v1/completions", json={**OK, "prompt": list(range(63))})
+        r = await client.post("/v1/completions", json={"model": MODEL, "prompt": list(range(63))})
         assert r.status == 200
         assert client.engine.requests[0].params.max_tokens == 1
 

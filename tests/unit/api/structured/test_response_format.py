@@ -94,7 +94,7 @@ BAD = [
     ),
     (
         {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frob"}}}},
-        "response_format.json_schema.schema",
+        "response_format.json_schema.schema.type",
     ),
     (
         {
