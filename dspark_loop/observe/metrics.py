@@ -19,6 +19,7 @@ import numpy as np
 
 from dspark_loop.contract.protocol import DSPARK_K, MeshRestart, StepTrace
 from dspark_loop.engine.observer import EngineObserver, RequestStats
+from dspark_loop.observe.step_phases import StepPhases
 from dspark_loop.observe.verify_metrics import ROW_BUCKETS, VerifyMetrics
 
 # vLLM v1's buckets (vllm/v1/metrics/loggers.py), so its Grafana panels line up.
@@ -172,6 +173,7 @@ class Metrics(EngineObserver):
         self.request_prompt_tokens = Histogram(TOKEN_BUCKETS)
         self.request_generation_tokens = Histogram(TOKEN_BUCKETS)
         self.verify = VerifyMetrics(Histogram(ROW_BUCKETS))  # adaptive verification (verify_metrics.py)
+        self.phases = StepPhases()  # step time by phase (step_phases.py)
 
     def set_num_blocks_total(self, num_blocks_total: list[int]) -> None:
         """Pool sizes per cache family, known once the mesh has said hello."""
@@ -186,6 +188,7 @@ class Metrics(EngineObserver):
         self.generation_tokens += trace.num_new_tokens
         self.num_preemptions += len(trace.preempted_req_ids)
         self.dropped_traces = max(self.dropped_traces, trace.dropped_traces)
+        self.phases.on_step(trace)
         self._observe_cache(trace)
         self._observe_drafts(trace)
 
@@ -284,6 +287,7 @@ class Metrics(EngineObserver):
             "spec_decode_num_fallbacks_total": self.num_fallbacks,
             "mesh_restarts_total": self.mesh_restarts,
             **self.verify.snapshot(),
+            **self.phases.snapshot(),
         }
 
     def render_prometheus(self) -> str:
@@ -331,6 +335,7 @@ class Metrics(EngineObserver):
             [({"position": str(p)}, n) for p, n in enumerate(self.accepted_per_pos)],
         )
         w.counter("dspark:mesh_restarts", "Times the rank mesh died and was restarted.", [({}, self.mesh_restarts)])
+        self.phases.render(w)
         if self.num_speculative_tokens:
             self.verify.render(w)
         return w.text()
