@@ -75,6 +75,36 @@ SIZES: dict[str, dict] = {
         yarn_original_max_position=16384,
         dspark_markov_rank=32,
     ),
+    # The production V4-Flash shape (dsv4-architecture.md), for `--no-weights` only: with
+    # weights it is 284B parameters. The simulated device (--backend sim) serves it.
+    "flash": dict(
+        vocab_size=129280,
+        hidden_size=4096,
+        num_hidden_layers=43,
+        num_sliding_layers=2,
+        num_attention_heads=64,
+        head_dim=512,
+        qk_rope_head_dim=64,
+        q_lora_rank=1024,
+        o_groups=8,
+        o_lora_rank=1024,
+        n_routed_experts=256,
+        n_shared_experts=1,
+        num_experts_per_tok=6,
+        moe_intermediate_size=2048,
+        num_hash_layers=3,
+        sliding_window=128,
+        compress_rate_csa=4,
+        compress_rate_hca=128,
+        index_n_heads=64,
+        index_head_dim=128,
+        index_topk=512,
+        swiglu_limit=10.0,
+        max_position_embeddings=1048576,
+        yarn_factor=16.0,
+        yarn_original_max_position=65536,
+        dspark_markov_rank=256,
+    ),
 }
 
 

@@ -1,6 +1,6 @@
 """Write a tiny random DeepSeek-V4 checkpoint directory (DeepSeek-native tensor names).
 
-    python -m tools.make_checkpoint OUT_DIR [--size tiny|small] [--seed 0]
+    python -m tools.make_checkpoint OUT_DIR [--size tiny|small|flash] [--no-weights] [--seed 0]
         [--dtype float32|bfloat16] [--w8a8 [--scale-name scale|weight_scale]]
         [--with-drafter] [--layers N] [--hidden D] [--vocab V] [--experts E]
         [--release-format [--shard-mb MB]]
@@ -8,7 +8,8 @@
 The directory holds config.json, model.safetensors, tokenizer.json, tokenizer_config.json,
 generation_config.json (and w8a8.marker for --w8a8). --release-format writes DeepSeek's
 release layout instead (FP8/FP4 with e8m0 scales, sharded, a quantization_config; see
-tools.checkpoint_release), the input of tools.convert_release. The same arguments give
+tools.checkpoint_release), the input of tools.convert_release. --no-weights writes everything but the tensors: with
+--size flash, the production shape for the simulated device (--backend sim). The same arguments give
 byte-identical files. Torch-free: the server process calls make_checkpoint for the embedded default model.
 """
 
@@ -26,7 +27,7 @@ import numpy as np
 
 from tools import checkpoint_release
 from tools import checkpoint_w8a8 as w8a8_rules
-from tools.checkpoint_config import build_config, generation_config, resolve_size
+from tools.checkpoint_config import SIZES, build_config, generation_config, resolve_size
 from tools.checkpoint_safetensors import BF16, save_safetensors
 from tools.checkpoint_tensors import drafter_tensors, fill, trunk_tensors
 from tools.checkpoint_tokenizer import write_tokenizer
@@ -81,8 +82,15 @@ def write_checkpoint_files(
     index_dtype: str,
     release_format: bool = False,
     shard_mb: float = checkpoint_release.DEFAULT_SHARD_MB,
+    no_weights: bool = False,
 ) -> int:
     """Fill an existing empty directory; returns the number of tensors."""
+    if no_weights:  # config, generation config and tokenizer only (the simulated device)
+        config = build_config(p, dtype="bfloat16", w8a8=False, with_drafter=with_drafter)
+        _write_json(os.path.join(out_dir, "config.json"), config)
+        _write_json(os.path.join(out_dir, "generation_config.json"), generation_config())
+        write_tokenizer(out_dir, p["vocab_size"], p["max_position_embeddings"])
+        return 0
     if release_format:
         num = checkpoint_release.write_release_tensors(
             out_dir, p, seed=seed, with_drafter=with_drafter, index_dtype=index_dtype, shard_bytes=int(shard_mb * 2**20)
@@ -121,6 +129,7 @@ def make_checkpoint(
     quiet: bool = False,
     release_format: bool = False,
     shard_mb: float = checkpoint_release.DEFAULT_SHARD_MB,
+    no_weights: bool = False,
     **overrides,
 ) -> str:
     """Write the checkpoint to `out_dir` (replacing it) and return its absolute path.
@@ -138,6 +147,8 @@ def make_checkpoint(
         raise ValueError("--release-format stores FP8/FP4/BF16 itself: drop --w8a8 and --dtype")
     if shard_mb <= 0:
         raise ValueError("--shard-mb must be positive")
+    if size == "flash" and not no_weights:
+        raise ValueError("--size flash is 284B parameters: write it with --no-weights (for --backend sim)")
     p = resolve_size(size, overrides)
     out_dir = os.path.abspath(out_dir)
     parent = os.path.dirname(out_dir)
@@ -156,6 +167,7 @@ def make_checkpoint(
             index_dtype=index_dtype,
             release_format=release_format,
             shard_mb=shard_mb,
+            no_weights=no_weights,
         )
         os.chmod(tmp, 0o755)
         if os.path.isdir(out_dir):
@@ -183,7 +195,12 @@ def make_checkpoint(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Write a random DeepSeek-V4 checkpoint.")
     ap.add_argument("out_dir")
-    ap.add_argument("--size", default="tiny", choices=["tiny", "small"])
+    ap.add_argument("--size", default="tiny", choices=sorted(SIZES))
+    ap.add_argument(
+        "--no-weights",
+        action="store_true",
+        help="config.json and tokenizer only, no tensors (for --backend sim; --size flash needs it)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default="float32", choices=DTYPES)
     ap.add_argument("--w8a8", action="store_true", help="int8 per-channel weights + fp32 scales")
@@ -231,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             index_dtype=args.tid2eid_dtype,
             release_format=args.release_format,
             shard_mb=args.shard_mb,
+            no_weights=args.no_weights,
             **overrides,
         )
     except ValueError as e:

@@ -22,8 +22,8 @@ import torch
 
 from dspark_loop.contract.cache_layout import CacheLayout, Family
 from dspark_loop.contract.model_config import ModelConfig
-
-SCRATCH_ROWS = 512  # unpublished rows per step (64 requests x 8 rows)
+from workers import kv_budget
+from workers.kv_budget import SCRATCH_ROWS  # re-exported: runner, tests
 
 
 def page_rows(fam: Family) -> int:
@@ -31,38 +31,15 @@ def page_rows(fam: Family) -> int:
 
 
 def bytes_per_block(cfg: ModelConfig, layout: CacheLayout, dtype: torch.dtype) -> list[int]:
-    item = torch.empty(0, dtype=dtype).element_size()
-    out = []
-    for fam in layout.families:
-        width = 0
-        for layer, r in enumerate(cfg.compress_ratios):
-            if fam.ratio == 0:
-                width += cfg.head_dim
-                if r:
-                    width += 2 * (2 if r == cfg.csa_ratio else 1) * cfg.head_dim
-                if r and cfg.is_csa(layer):
-                    width += 2 * 2 * cfg.index_head_dim
-            elif r == fam.ratio:
-                width += cfg.head_dim + (cfg.index_head_dim if cfg.is_csa(layer) else 0)
-        out.append(width * page_rows(fam) * item)
-    return out
+    return kv_budget.bytes_per_block(cfg, layout, torch.empty(0, dtype=dtype).element_size())
 
 
 def blocks_for_budget(
     cfg: ModelConfig, layout: CacheLayout, budget_bytes: int, dtype: torch.dtype, scratch_rows: int = SCRATCH_ROWS
 ) -> list[int]:
-    """num_blocks per family from a memory budget: every family gets pages for the same
-    number of tokens (generous for the swa ring, which only needs the live window)."""
-    per_block = bytes_per_block(cfg, layout, dtype)
-    scratch = sum(-(-scratch_rows // page_rows(f)) * b for f, b in zip(layout.families, per_block))
-    per_token = sum(b / f.tokens_per_page for f, b in zip(layout.families, per_block))
-    tokens = max(0.0, (budget_bytes - scratch) / per_token)
-    blocks = [int(tokens // f.tokens_per_page) for f in layout.families]
-    if min(blocks) < 1:
-        raise ValueError(
-            f"kv cache budget of {budget_bytes} bytes holds no page of some family (bytes per page {per_block})"
-        )
-    return blocks
+    """kv_budget.blocks_for_budget at dtype's item size."""
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    return kv_budget.blocks_for_budget(cfg, layout, budget_bytes, itemsize, scratch_rows)
 
 
 @dataclass

@@ -17,6 +17,7 @@ import importlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -191,7 +192,7 @@ def run(rank_id: int, cfg: RankConfig) -> int:
     if cfg.parent_pid:
         watch_parent(cfg.parent_pid)
     try:
-        rank = Rank(rank_id, cfg, secret_from_env())
+        rank = rank_class(cfg.backend)(rank_id, cfg, secret_from_env())
     except SecretError as exc:
         log.error("%s", exc)
         return 2
@@ -217,6 +218,15 @@ def run(rank_id: int, cfg: RankConfig) -> int:
     return code
 
 
+def rank_class(backend: str) -> type[Rank]:
+    """Rank, or SimRank for --backend sim (its load imports no torch: workers/sim/)."""
+    if backend == "sim":
+        from workers.sim.rank import SimRank
+
+        return SimRank
+    return Rank
+
+
 def fingerprint_or_empty(model_dir: str) -> str:
     try:
         return checkpoint_fingerprint(model_dir)
@@ -225,7 +235,6 @@ def fingerprint_or_empty(model_dir: str) -> str:
 
 
 def _destroy_process_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
+    dist = sys.modules.get("torch.distributed")  # NOTE: a sim rank never imported it
+    if dist is not None and dist.is_initialized():
         dist.destroy_process_group()

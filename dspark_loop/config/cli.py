@@ -13,6 +13,7 @@ import os
 from dataclasses import replace
 
 from dspark_loop.config.cli_ops import add_ops_flags, ops_fields
+from dspark_loop.config.cli_sim import add_sim_flags, sim_fields
 from dspark_loop.config.flag_types import (
     byte_size,
     debug_tap,
@@ -141,7 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--served-model-name", default=None, help="the model id clients send (default: the checkpoint directory's name)")
     a("--host", default="127.0.0.1")
     a("--port", type=port_number, default=8000)
-    a("--backend", choices=["cpu", "npu", "cuda"], default="cpu")
+    a(
+        "--backend",
+        choices=["cpu", "npu", "cuda", "sim"],
+        default="cpu",
+        help="sim: the simulated device, no model, profiled step times (docs/simulated-device.md)",
+    )
     a("--devices", type=device_list, default=None, metavar="CSV", help="device ids, one per rank (default 0..ep-1)")
     a("--dp", type=positive_int, default=None, help="TP groups (cache partitions)")
     a("--tp", type=positive_int, default=None, help="ranks per TP group")
@@ -269,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
         "torch.distributed's timeout (default 600)",
     )
     add_ops_flags(p)
+    add_sim_flags(p)
     return p
 
 
@@ -316,6 +323,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         dist_init_addr=ns.dist_init_addr,
         dist_timeout_s=ns.dist_timeout,
         **ops_fields(parser, ns, os.environ),
+        **sim_fields(parser, ns),
     )
     return fill_defaults(cfg)
 

@@ -126,6 +126,9 @@ class ServerConfig:
     shutdown_timeout_s: float = 30.0
     stream_write_timeout_s: float = 30.0  # 0: never abort a stalled stream
     max_rank_restarts: int = 3  # mesh restarts per RESTART_WINDOW_S; 0: a dead rank is final
+    # --backend sim (cli_sim.py): the cost profile and the speed-up of its step times
+    device_profile: str = ""
+    sim_speed: float = 1.0
 
     @property
     def num_speculative_tokens(self) -> int:

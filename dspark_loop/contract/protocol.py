@@ -69,7 +69,7 @@ class RankConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     num_blocks: int | list[int] | None = None  # pages per cache family (one for all, or one
     # per family); None: sized from kv_cache_memory
     kv_cache_memory: int | None = None  # bytes for the KV pools
-    backend: str = "cpu"  # cpu | npu | cuda | auto
+    backend: str = "cpu"  # cpu | npu | cuda | auto | sim (workers/sim/: no model, profiled step times)
     devices: list[int] = []  # device id per rank; empty: rank r uses device r
     threads: int = 1  # torch intra-op threads per rank
     runner: str = DEFAULT_RUNNER  # module:Class (tests select a test double)
@@ -82,13 +82,15 @@ class RankConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     dist_init: str = ""  # tcp://host:port of the torch.distributed rendezvous
     parent_pid: int = 0  # a rank exits when this process is gone; 0: started by hand
     first_rank: int = 0  # the first rank of this node (devices[i] is rank first_rank + i's)
+    device_profile: str = ""  # --backend sim: a shipped profile's name or a file ("": npu-tile)
+    sim_speed: float = 1.0  # --backend sim: every step time is divided by this
 
     @property
     def num_groups(self) -> int:
         return self.world_size // self.tp
 
     def device_id(self, rank: int) -> int:
-        if self.backend == "cpu":
+        if self.backend in ("cpu", "sim"):
             return 0
         local = rank - self.first_rank
         return self.devices[local] if self.devices else local
