@@ -16,6 +16,7 @@ decodes, and prefill_pad_tokens pads a group's prefill to the dispatch (8192).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,6 +80,7 @@ class CostModel:
     def __init__(self, profile: Profile, model: ModelConfig, world: int, tp: int, spec_k: int) -> None:
         self.p, self.m, self.world, self.tp, self.spec_k = profile, model, world, tp, spec_k
         self.shape = shape_of(model, world, tp, spec_k)
+        self.layer_kinds = Counter((r, bool(r and model.is_csa(i))) for i, r in enumerate(model.compress_ratios))
 
     def weight_bytes(self) -> float:
         """The weights one rank holds (what its memory loses before the KV pools)."""
@@ -94,15 +96,18 @@ class CostModel:
         """Bytes of KV a step's requests read, one request per context length in ctx."""
         m, b = self.m, self.p["weights.kv_bytes_per_value"]
         ctx = np.asarray(ctx, np.float64)
+        window = float(np.minimum(ctx, m.sliding_window).sum())
         total = 0.0
-        for layer, r in enumerate(m.compress_ratios):
-            keys = np.minimum(ctx, m.sliding_window)
-            if r and m.is_csa(layer):
-                keys = keys + np.minimum(ctx // r, m.index_topk)
-                total += float((ctx // r).sum()) * m.index_head_dim * b  # the indexer's keys
+        # NOTE: per kind of layer (its ratio, CSA or not) times its count, not per layer: a
+        # loop over 43 layers of numpy calls per group per step took most of a sim rank's CPU
+        for (r, csa), n in self.layer_kinds.items():
+            keys = window
+            if csa:
+                keys += float(np.minimum(ctx // r, m.index_topk).sum())
+                total += n * float((ctx // r).sum()) * m.index_head_dim * b  # the indexer's keys
             elif r:
-                keys = keys + ctx // r
-            total += float(keys.sum()) * m.head_dim * b
+                keys += float((ctx // r).sum())
+            total += n * keys * m.head_dim * b
         return total
 
     def billed(self, g: GroupLoad, any_decode: bool) -> tuple[int, int]:
