@@ -11,9 +11,12 @@ Definitions (per cell, over the load's window):
     utilisation       delivered / ceiling (= device busy seconds / wall seconds)
     ITL               the gaps between a stream's chunks (a K=7 chunk carries several tokens)
     per-user tok/s    median over streams of (tokens - 1) / (last chunk - first chunk)
-    host ms/step      a phase's seconds / steps; "other" is the server process's CPU per step
+    host ms/step      a phase's wall seconds / steps (schedule, update = acceptance, deliver,
+                      gather = waiting on the ranks)
+    server CPU/step   the server process's CPU seconds / steps; "other" in the JSON is that
                       minus schedule, update and deliver (plan encoding, mesh client, HTTP,
-                      SSE, detokenization, metrics)
+                      SSE, detokenization, metrics); on a loaded machine the phases' wall
+                      time includes time off the CPU, so "other" can come out negative
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ def summarize(load: dict, before: dict, after: dict) -> dict:
         "verify_rows_per_step": ratio(delta(after, before, "verify_rows"), steps),
         "accepted_len": ratio(delta(after, before, "accepted"), delta(after, before, "verifies")),
         "host_ms_per_step": {**{p: _ms(v) for p, v in phases.items()}, "other": _ms(other)},
+        "server_cpu_ms_per_step": _ms(ratio(server_cpu, steps)),
         "cpu_s": {
             "server": server_cpu,
             "ranks": delta(after, before, "ranks_cpu_s"),
@@ -127,7 +131,8 @@ COLUMNS = (
     ("dev ms/step", "device_ms_per_step", "{:.1f}"),
     ("rows/step", "verify_rows_per_step", "{:.0f}"),
     ("acc len", "accepted_len", "{:.2f}"),
-    ("host sch/upd/del/oth ms", "host", "{:.2f}"),
+    ("host sch/upd/del ms", "host", "{:.2f}"),
+    ("srv CPU ms/step", "server_cpu_ms_per_step", "{:.1f}"),
     ("CPU s srv/ranks/cli", "cpu", "{:.1f}"),
 )
 
@@ -138,7 +143,7 @@ def _cell_text(cell: dict, key, spec: str) -> str:
 
     if key == "host":
         h = cell["host_ms_per_step"]
-        return "/".join(f(h[p]) for p in ("schedule", "update", "deliver", "other"))
+        return "/".join(f(h[p]) for p in ("schedule", "update", "deliver"))
     if key == "cpu":
         c = cell["cpu_s"]
         return "/".join(f(c[p]) for p in ("server", "ranks", "client"))

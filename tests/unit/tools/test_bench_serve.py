@@ -42,6 +42,7 @@ def test_summary_divides_delivered_tokens_by_wall_and_device_time():
     assert (host["schedule"], host["update"], host["deliver"]) == pytest.approx((1.0, 2.0, 1.0))
     # 0.4 s of server CPU over 20 steps = 20 ms a step, 4 of them in the engine's phases
     assert host["other"] == pytest.approx(16.0)
+    assert cell["server_cpu_ms_per_step"] == pytest.approx(20.0)
     assert cell["cpu_s"] == pytest.approx({"server": 0.4, "ranks": 0.0, "client": 0.3})
 
 
