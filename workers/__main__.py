@@ -17,7 +17,7 @@ import sys
 import msgspec
 
 from dspark_loop.contract.protocol import RankConfig
-from workers.rank import run
+from workers.rank import Rank, run
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[int, RankConfig]:
@@ -44,8 +44,18 @@ def parse_args(argv: list[str] | None = None) -> tuple[int, RankConfig]:
     return ns.rank, cfg
 
 
+def rank_class(backend: str) -> type[Rank]:
+    """Rank, or SimRank for --backend sim (its load imports no torch: workers/sim/)."""
+    if backend == "sim":
+        from workers.sim.rank import SimRank
+
+        return SimRank
+    return Rank
+
+
 def main(argv: list[str] | None = None) -> int:
-    return run(*parse_args(argv))
+    rank, cfg = parse_args(argv)
+    return run(rank, cfg, rank_class(cfg.backend))
 
 
 if __name__ == "__main__":

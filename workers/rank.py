@@ -185,14 +185,15 @@ class Rank:
         self.ctx.term()
 
 
-def run(rank_id: int, cfg: RankConfig) -> int:
+def run(rank_id: int, cfg: RankConfig, rank_cls: type[Rank] = Rank) -> int:
+    """rank_cls: Rank, or workers.sim.rank.SimRank (python -m workers picks it for --backend sim)."""
     # NOTE: the server owns shutdown: Ctrl-C on its terminal must not kill ranks before it
     # has sent Shutdown. SIGTERM/SIGKILL keep their default (die now).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if cfg.parent_pid:
         watch_parent(cfg.parent_pid)
     try:
-        rank = rank_class(cfg.backend)(rank_id, cfg, secret_from_env())
+        rank = rank_cls(rank_id, cfg, secret_from_env())
     except SecretError as exc:
         log.error("%s", exc)
         return 2
@@ -216,15 +217,6 @@ def run(rank_id: int, cfg: RankConfig) -> int:
         _destroy_process_group()
         rank.close()
     return code
-
-
-def rank_class(backend: str) -> type[Rank]:
-    """Rank, or SimRank for --backend sim (its load imports no torch: workers/sim/)."""
-    if backend == "sim":
-        from workers.sim.rank import SimRank
-
-        return SimRank
-    return Rank
 
 
 def fingerprint_or_empty(model_dir: str) -> str:

@@ -403,6 +403,10 @@ class StepTrace(msgspec.Struct, array_like=True, tag=5):
     mesh_restart: MeshRestart | None = None  # set on the one trace published after a restart
     overlapped: bool = False  # planned while the step before it was unanswered (async scheduling)
     masks_s: float = 0.0  # filling the grammar masks that followed the plan (StepMasks): beside the ranks' forward
+    # whether host or device limits (engine/device_time.py): the slowest rank's work on this
+    # step, and the wall time between the previous step's results and this one's no rank worked
+    device_busy_s: float = 0.0
+    host_blocked_s: float = 0.0
 
 
 TRACE_DECODER = msgspec.msgpack.Decoder(StepTrace)

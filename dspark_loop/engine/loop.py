@@ -23,6 +23,7 @@ from typing import Any
 from dspark_loop.contract.errors import EngineDead
 from dspark_loop.engine.capacity import capacity_problem
 from dspark_loop.engine.detokenize import Detokenizer, TokenText
+from dspark_loop.engine.device_time import DeviceTime
 from dspark_loop.engine.interfaces import MeshClient
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.output_channel import OutputChannel, deliver
@@ -95,6 +96,7 @@ class EngineLoop:
         self._restarting: str | None = None
         self._mesh_yielded = False
         self._last_result_at = 0.0  # perf_counter() when the last gathered step's results came in
+        self.device_time = DeviceTime()  # per step: the device's busy and the host's blocked time
 
     # ---- public ------------------------------------------------------------------------
     def start(self) -> None:
@@ -275,7 +277,7 @@ class EngineLoop:
 
     async def _run(self) -> None:
         sched = self.scheduler
-        pipe = StepPipe(self.mesh)
+        pipe = StepPipe(self.mesh, self.device_time)
         sched.plans_ahead = self.overlaps
         sched.defers_masks = True  # grammar masks are filled while the ranks run the forward
         try:
@@ -415,7 +417,7 @@ class EngineLoop:
             await self._send_masks(pipe, step)
             results = await pipe.gather(step.step_id)
         else:
-            results = await self.mesh.step(step.plan)
+            results = await pipe.step(step.plan)
         if not self._mesh_yielded:
             await asyncio.sleep(0)
         return results
@@ -433,6 +435,7 @@ class EngineLoop:
 
     async def _idle_wait(self) -> None:
         """Wait for work; with recovery on, also notice a mesh that died while idle."""
+        self.device_time.pause()
         if self.on_mesh_dead is None:
             await self._wakeup.wait()
             return
@@ -480,6 +483,7 @@ class EngineLoop:
         if not self.observers:
             return
         trace = step_trace(self.scheduler, step, results, self.num_waiting, wall, t0, t1, t2, t3, t4)
+        trace.device_busy_s, trace.host_blocked_s = self.device_time.take(step.step_id)
         stats = [request_stats(r) for r in step.finished]
         # NOTE: the trace is the state after this step; the observers (metrics, the tap's
         # encode + send: ~0.1-0.25 ms at 256 requests) run at the loop's next yield, while

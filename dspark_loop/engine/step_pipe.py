@@ -15,19 +15,29 @@ from __future__ import annotations
 import asyncio
 
 from dspark_loop.contract.protocol import StepMasks, StepPlan, StepResult
+from dspark_loop.engine.device_time import DeviceTime
 from dspark_loop.engine.interfaces import MeshClient, PipelinedMeshClient
 
 
 class StepPipe:
-    def __init__(self, mesh: MeshClient) -> None:
+    def __init__(self, mesh: MeshClient, device_time: DeviceTime | None = None) -> None:
         self.mesh = mesh
+        self.device_time = device_time or DeviceTime()  # each step's busy and host-blocked time
         # NOTE: a runtime-checkable Protocol: the mesh has send and gather (and step, dead)
         self._native = mesh if isinstance(mesh, PipelinedMeshClient) else None
         self._tasks: dict[int, asyncio.Task] = {}  # step id -> its step() task (not native)
         self._last: asyncio.Task | None = None
         self._masks: dict[int, asyncio.Future] = {}  # step id -> its StepMasks (not native)
 
+    async def step(self, plan: StepPlan) -> list[StepResult]:
+        """One plan sent and answered, nothing else in flight (lockstep)."""
+        self.device_time.sent(plan.step_id)
+        results = await self.mesh.step(plan)
+        self.device_time.answered(plan.step_id, results)
+        return results
+
     async def send(self, plan: StepPlan) -> None:
+        self.device_time.sent(plan.step_id)
         if self._native is not None:
             await self._native.send(plan)
             return
@@ -47,9 +57,11 @@ class StepPipe:
 
     async def gather(self, step_id: int) -> list[StepResult]:
         if self._native is not None:
-            return await self._native.gather(step_id)
-        task = self._tasks.pop(step_id)
-        return await task
+            results = await self._native.gather(step_id)
+        else:
+            results = await self._tasks.pop(step_id)
+        self.device_time.answered(step_id, results)
+        return results
 
     async def _after(self, prev: asyncio.Task | None, plan: StepPlan, masks: asyncio.Future | None) -> list[StepResult]:
         if prev is not None:
@@ -79,3 +91,4 @@ class StepPipe:
         self._tasks.clear()
         self._masks.clear()
         self._last = None
+        self.device_time.reset()

@@ -167,6 +167,8 @@ class Metrics(EngineObserver):
         self.num_fallbacks = 0  # decode steps of a speculating engine run as K=0
         self.dropped_traces = 0
         self.mesh_restarts = 0
+        self.device_busy_s = 0.0  # per step the slowest rank's work, summed (engine/device_time.py)
+        self.host_blocked_s = 0.0  # wall time between steps' results that no rank worked
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
@@ -188,6 +190,8 @@ class Metrics(EngineObserver):
         self.generation_tokens += trace.num_new_tokens
         self.num_preemptions += len(trace.preempted_req_ids)
         self.dropped_traces = max(self.dropped_traces, trace.dropped_traces)
+        self.device_busy_s += trace.device_busy_s
+        self.host_blocked_s += trace.host_blocked_s
         self.phases.on_step(trace)
         self._observe_cache(trace)
         self._observe_drafts(trace)
@@ -286,6 +290,8 @@ class Metrics(EngineObserver):
             # counted by the scheduler itself; these are the Prometheus counters.
             "spec_decode_num_fallbacks_total": self.num_fallbacks,
             "mesh_restarts_total": self.mesh_restarts,
+            "device_busy_seconds_total": self.device_busy_s,
+            "host_blocked_seconds_total": self.host_blocked_s,
             **self.verify.snapshot(),
             **self.phases.snapshot(),
         }
@@ -335,6 +341,16 @@ class Metrics(EngineObserver):
             [({"position": str(p)}, n) for p, n in enumerate(self.accepted_per_pos)],
         )
         w.counter("dspark:mesh_restarts", "Times the rank mesh died and was restarted.", [({}, self.mesh_restarts)])
+        w.counter(
+            "dspark:device_busy_seconds",
+            "Device time: per step the slowest rank's work (synced wall time, CPU time on cpu), summed.",
+            [({}, self.device_busy_s)],
+        )
+        w.counter(
+            "dspark:host_blocked_seconds",
+            "Wall time between steps' results in which no rank worked (the host's share the overlap did not hide).",
+            [({}, self.host_blocked_s)],
+        )
         self.phases.render(w)
         if self.num_speculative_tokens:
             self.verify.render(w)

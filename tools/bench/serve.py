@@ -77,7 +77,7 @@ class Scrape:
         snap = self.server.metrics_json()
         spec = snap.get("engine", {}).get("dspark", {})
         phase = "dspark:step_phase_seconds_total/"
-        device = prom.get("dspark:device_busy_seconds_total", prom.get(phase + "device"))
+        device = prom.get("dspark:device_busy_seconds_total")
         return {
             "steps": snap.get("num_steps"),
             "device_busy_s": device,

@@ -19,9 +19,12 @@ from __future__ import annotations
 import numpy as np
 
 from dspark_loop.contract.protocol import DSPARK_K
-from workers.sim.tokens import SyntheticTarget, hash_of, unit
+from workers.sim.tokens import GOLDEN, SyntheticTarget, hash_of, mix64, unit
 
 SALT_DRAFT = 0x2545F4914F6CDD1D
+SALT_RIGHT = np.uint64(0x6A09E667F3BCC909)
+SALT_WRONG = np.uint64(0xBB67AE8584CAA73B)
+STEP = [np.uint64((j + 1) * int(GOLDEN) % (1 << 64)) for j in range(DSPARK_K)]  # per draft index
 
 
 def conditional(survival) -> np.ndarray:
@@ -52,14 +55,15 @@ class SimDrafter:
         d = self.spread
         ordinary = self.target.ordinary
         prev = tokens
+        anchor = hash_of(SALT_DRAFT, self.seed, keys.astype(np.int64), tokens, positions)  # [A]
         for j in range(DSPARK_K):
             pos = positions + j  # the input row's position
             truth = self.target.next(prev, pos, keys)  # [A]
-            h = hash_of(SALT_DRAFT, self.seed, keys.astype(np.int64), tokens, positions, j)  # [A]
+            h = mix64(anchor + STEP[j])  # [A] this draft's own hash
             easy = unit(h) < c[:, j]
             true_conf = np.where(easy, c[:, j] + d * (1 - c[:, j]), c[:, j] * (1 - d))  # [A]
-            right = unit(hash_of(h, 1)) < true_conf
-            wrong = ordinary[(hash_of(h, 2) % np.uint64(len(ordinary))).astype(np.int64)]
+            right = unit(mix64(h ^ SALT_RIGHT)) < true_conf
+            wrong = ordinary[(mix64(h ^ SALT_WRONG) % np.uint64(len(ordinary))).astype(np.int64)]
             wrong = np.where(wrong == truth, ordinary[(np.searchsorted(ordinary, wrong) + 1) % len(ordinary)], wrong)
             drafts[:, j] = np.where(right, truth, wrong)
             conf[:, j] = np.clip(true_conf + self.error, 0.0, 1.0)

@@ -16,7 +16,6 @@ decodes, and prefill_pad_tokens pads a group's prefill to the dispatch (8192).
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -80,7 +79,8 @@ class CostModel:
     def __init__(self, profile: Profile, model: ModelConfig, world: int, tp: int, spec_k: int) -> None:
         self.p, self.m, self.world, self.tp, self.spec_k = profile, model, world, tp, spec_k
         self.shape = shape_of(model, world, tp, spec_k)
-        self.layer_kinds = Counter((r, bool(r and model.is_csa(i))) for i, r in enumerate(model.compress_ratios))
+        ratios = [r for r in model.compress_ratios[: model.num_hidden_layers] if r]
+        self.layers_by_ratio = {r: ratios.count(r) for r in set(ratios)}  # compressed layers per ratio
 
     def weight_bytes(self) -> float:
         """The weights one rank holds (what its memory loses before the KV pools)."""
@@ -92,23 +92,22 @@ class CostModel:
     def kv_budget(self) -> int:
         return int(self.p["hardware.memory_bytes"] - self.weight_bytes() - self.p["weights.reserved_bytes"])
 
-    def kv_read_bytes(self, ctx: np.ndarray) -> float:
+    def kv_read_bytes(self, ctx) -> float:
         """Bytes of KV a step's requests read, one request per context length in ctx."""
         m, b = self.m, self.p["weights.kv_bytes_per_value"]
-        ctx = np.asarray(ctx, np.float64)
-        window = float(np.minimum(ctx, m.sliding_window).sum())
-        total = 0.0
-        # NOTE: per kind of layer (its ratio, CSA or not) times its count, not per layer: a
-        # loop over 43 layers of numpy calls per group per step took most of a sim rank's CPU
-        for (r, csa), n in self.layer_kinds.items():
-            keys = window
-            if csa:
-                keys += float(np.minimum(ctx // r, m.index_topk).sum())
-                total += n * float((ctx // r).sum()) * m.index_head_dim * b  # the indexer's keys
-            elif r:
-                keys += float((ctx // r).sum())
-            total += n * keys * m.head_dim * b
-        return total
+        ctx = np.asarray(ctx, np.int64)
+        if not len(ctx):
+            return 0.0
+        window = float(np.minimum(ctx, m.sliding_window).sum())  # every layer's raw window
+        keys = m.num_hidden_layers * window
+        index_keys = 0.0
+        for r, n in self.layers_by_ratio.items():  # compressed entries, per kind of layer
+            if r == m.csa_ratio:
+                keys += n * float(np.minimum(ctx // r, m.index_topk).sum())
+                index_keys += n * float((ctx // r).sum())  # the indexer scores them all
+            else:
+                keys += n * float((ctx // r).sum())
+        return (keys * m.head_dim + index_keys * m.index_head_dim) * b
 
     def billed(self, g: GroupLoad, any_decode: bool) -> tuple[int, int]:
         """(decode rows, prefill rows) the device computes for group g."""

@@ -5,6 +5,8 @@ time is slept, not computed. Its work clock is the device time slept."""
 
 from __future__ import annotations
 
+import time
+
 from dspark_loop.contract.protocol import DEFAULT_RUNNER, StepPlan, StepResult
 from workers.rank import Rank, load_runner_class
 
@@ -18,5 +20,7 @@ class SimRank(Rank):
         self.work_clock = self.runner.device_clock
 
     def run_step(self, plan: StepPlan) -> StepResult:
-        self.runner.see_plan(plan)  # the step's time is the slowest group's: it needs them all
+        # the step's time is the slowest group's: it needs them all; and it counts from here,
+        # so the rank's own work on the plan happens inside the profile's time, not after it
+        self.runner.see_plan(plan, time.perf_counter())
         return super().run_step(plan)

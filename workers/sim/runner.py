@@ -78,6 +78,7 @@ class SimRunner:
         self.keys: dict[int, tuple[int, int]] = {}  # sampled req -> (seed, choice)
         self.last_start: dict[int, int] = {}  # req -> its last known row-0 position (cost of open starts)
         self.plan: StepPlan | None = None
+        self.started_at: float | None = None
         self.device_s = 0.0
         self.last_drafts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
@@ -88,9 +89,10 @@ class SimRunner:
     def device_clock(self) -> float:
         return self.device_s
 
-    def see_plan(self, plan: StepPlan) -> None:
-        """The whole step (every group's part): what its time is computed from."""
-        self.plan = plan
+    def see_plan(self, plan: StepPlan, started_at: float | None = None) -> None:
+        """The whole step (every group's part): what its time is computed from; started_at:
+        perf_counter() when the rank took the plan (the step's time counts from there)."""
+        self.plan, self.started_at = plan, started_at
 
     # ---- bookkeeping ------------------------------------------------------------------------
     def begin(self, part: PartitionPlan) -> None:
@@ -247,7 +249,8 @@ class SimRunner:
         if self.plan is None:
             self.plan = StepPlan(0, [part])
         t = self.step_seconds()
-        self.plan = None
+        t0 = self.started_at if self.started_at is not None else t0
+        self.plan, self.started_at = None, None
         self.device_s += t
         left = t - (time.perf_counter() - t0)
         if left > 0:

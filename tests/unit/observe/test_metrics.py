@@ -254,3 +254,14 @@ def test_observe_many_counts_exactly_as_observe_one_by_one():
     assert (many.counts, many.count, many.sum) == (one.counts, one.count, one.sum)
     many.observe_many([])
     assert many.count == len(gaps)
+
+
+def test_device_busy_and_host_blocked_seconds_sum_the_traces():
+    """dspark:device_busy_seconds_total and dspark:host_blocked_seconds_total must be the sums
+    of the steps' device_busy_s and host_blocked_s, every backend."""
+    m = Metrics("m", [10, 4])
+    for i, (busy, blocked) in enumerate([(0.02, 0.001), (0.03, 0.0), (0.025, 0.004)]):
+        m.on_step(make_trace(i, device_busy_s=busy, host_blocked_s=blocked))
+    samples = prom_samples(m.render_prometheus())
+    assert samples[("dspark:device_busy_seconds_total", ())] == pytest.approx(0.075)
+    assert samples[("dspark:host_blocked_seconds_total", ())] == pytest.approx(0.005)

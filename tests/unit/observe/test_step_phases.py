@@ -15,8 +15,6 @@ def test_phase_seconds_are_summed_over_steps_and_exported_per_phase():
             StepTrace(i, 0.0, schedule_s=0.001, gather_s=0.01, update_s=0.002, deliver_s=0.003, compute_max_s=0.008)
         )
     phases = m.snapshot()["step_phase_seconds_total"]
-    assert phases == pytest.approx(
-        {"schedule": 0.002, "update": 0.004, "deliver": 0.006, "gather": 0.02, "device": 0.016}
-    )
+    assert phases == pytest.approx({"schedule": 0.002, "update": 0.004, "deliver": 0.006, "gather": 0.02})
     text = m.render_prometheus()
-    assert 'dspark:step_phase_seconds_total{model_name="m",phase="device"} 0.016' in text
+    assert 'dspark:step_phase_seconds_total{model_name="m",phase="gather"} 0.02' in text

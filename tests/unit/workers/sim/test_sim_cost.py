@@ -113,3 +113,29 @@ def test_npu_tile_steps_cost_the_same_at_1_and_256_requests():
         return cost.step_seconds(groups)
 
     assert step(1) == pytest.approx(step(256), rel=1e-9)
+
+
+def test_jitter_is_a_pure_function_of_the_step_id_and_sim_speed_divides(sim_ckpt):
+    """demo-cpu's jitter: a step id always gets the same time, ids differ, the mean stays the
+    profile's; --sim-speed 10 makes every step 10x shorter."""
+    from dspark_loop.contract.protocol import DecodeBatch, PartitionPlan, RankConfig, StepPlan, i8, i32
+    from workers.sim.runner import SimRunner
+
+    def runner(speed):
+        return SimRunner(RankConfig(model=sim_ckpt, backend="sim", device_profile="demo-cpu", sim_speed=speed))
+
+    part = PartitionPlan(decode=DecodeBatch(i32([1]), i32([5]), i8([1]), i32([42])))
+
+    def times(r, ids):
+        out = []
+        for i in ids:
+            r.see_plan(StepPlan(i, [part]))
+            out.append(r.step_seconds())
+        return out
+
+    plain, fast = runner(1.0), runner(10.0)
+    a, b = times(plain, range(200)), times(plain, range(200))
+    assert a == b and len(set(a)) > 100
+    base = plain.cost.step_seconds(plain.step_loads())
+    assert sum(a) / len(a) == pytest.approx(base, rel=0.05)
+    assert times(fast, range(5)) == pytest.approx([t / 10 for t in a[:5]])

@@ -9,7 +9,7 @@ import sys
 SCRIPT = """
 import sys
 from dspark_loop.contract.protocol import RankConfig
-from workers.rank import rank_class
+from workers.__main__ import rank_class
 from workers.sim.rank import SimRank
 assert rank_class("sim") is SimRank
 cfg = RankConfig(model=sys.argv[1], backend="sim", spec_k=7, num_leases=4)
