@@ -171,15 +171,23 @@ def plot(cells: list[dict], path: str) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    curves: dict[str, list[tuple]] = {}
+    curves: dict[tuple, list[tuple]] = {}
     for c in cells:
         if c.get("tok_s") and c.get("per_user_tok_s"):
-            label = f"{c['profile']} {c['mode']} T={c['temperature']:g}"
-            curves.setdefault(label, []).append((c["concurrency"], c["tok_s"], c["per_user_tok_s"]))
+            key = (c["profile"], c["mode"], c["temperature"])
+            curves.setdefault(key, []).append((c["concurrency"], c["tok_s"], c["per_user_tok_s"]))
+    profiles = sorted({k[0] for k in curves})
+    modes = sorted({k[1] for k in curves})
     fig, ax = plt.subplots(figsize=(8, 5.5))
-    for label, pts in sorted(curves.items()):
+    for (profile, mode, temperature), pts in sorted(curves.items()):
         pts.sort()
-        ax.plot([p[1] for p in pts], [p[2] for p in pts], marker="o", label=label)
+        style = {
+            "color": f"C{modes.index(mode)}",  # colour: the mode; line: the profile; marker: greedy or not
+            "linestyle": ("-", "--", ":", "-.")[profiles.index(profile) % 4],
+            "marker": "o" if temperature == 0 else "s",
+        }
+        label = f"{profile} {mode} T={temperature:g}"
+        ax.plot([p[1] for p in pts], [p[2] for p in pts], label=label, **style)
         for n, x, y in pts:
             ax.annotate(str(n), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.set_xlabel("total output tok/s (all streams)")
