@@ -29,7 +29,6 @@ import tempfile
 import time
 
 from tools.bench import serve_report
-from tools.bench_prompts import prompt_ids
 
 MODES = {
     "k0": {"method": "dspark", "num_speculative_tokens": 0},
@@ -89,6 +88,11 @@ class Scrape:
             "server_cpu_s": proc_cpu_s(self.server.pid),
             "ranks_cpu_s": sum(proc_cpu_s(p) for p in self.server.rank_pids()),
         }
+
+
+def prompt_ids(n: int, index: int, vocab_size: int) -> list[int]:
+    """A fixed prompt of n ids, distinct per index (no prefix shared between streams)."""
+    return [2 + (index * 7919 + i * 104729) % (vocab_size - 2) for i in range(n)]
 
 
 def request_bodies(n: int, temperature: float, cell_index: int, args, vocab_size: int) -> list[dict]:
