@@ -3,7 +3,7 @@ at K=0 and K=7; every stream that completes must carry its prompt's solo greedy 
 and once it is over every page and drafter lease must be back.
 
     python -m tools.soak [--model DIR] [--topology "--dp 2 --tp 2 --ep 4"] [--streams 16]
-                         [--seconds 60] [--k 0,7] [--seed 0] [--json OUT]
+                         [--seconds 60] [--k 0,7] [--seed 0] [--kill-rank-at S] [--json OUT]
 
 Each client loops until the time is up, picking a prompt (lengths 1..~200), a max_tokens
 and a behaviour:
@@ -13,7 +13,12 @@ and a behaviour:
     abort     drops the connection right after sending (before or around the first token)
 Solo tokens: each prompt served alone (non-stream) at its largest max_tokens after the
 soak; a completed stream must equal that list's prefix. With no --model a tiny random
-checkpoint with a drafter is made in a temporary directory.
+checkpoint with a drafter is made in a temporary directory. --topology takes any server flags
+(e.g. "--backend sim --device-profile npu-tile --dp 4 --tp 4 --ep 16 --max-num-seqs 256").
+--kill-rank-at S: SIGKILL the last rank S seconds in; the server restarts its ranks and the
+streams in flight then end with an error (counted apart, as restart_errors: those that ended
+after the kill and before the server was ready again plus a grace period). The server's RSS
+is read after a warm-up and at the end.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -54,10 +60,16 @@ class Report:
     pools_full: bool = False
     leases_in_use: int = -1
     wall_s: float = 0.0
+    restarts: int = 0  # mesh restarts the server counted
+    restart_errors: int = 0  # error outcomes in the kill's window (--kill-rank-at)
+    killed_rank: int = -1
+    rss_mib_start: float = 0.0  # the server's resident memory after the warm-up
+    rss_mib_end: float = 0.0
 
     @property
     def ok(self) -> bool:
-        return self.wrong_tokens == 0 and self.errors == 0 and self.pools_full and self.leases_in_use == 0
+        clean = self.wrong_tokens == 0 and self.errors == 0 and self.pools_full and self.leases_in_use == 0
+        return clean and self.restarts == (1 if self.killed_rank >= 0 else 0)
 
 
 def make_prompts(num: int, seed: int, vocab_size: int = 1024) -> list[list[int]]:
@@ -106,13 +118,47 @@ async def one_stream(
     return "error", None
 
 
+RESTART_GRACE_S = 5.0  # after the server is ready again, errors still count as the kill's
+
+
+async def kill_rank_later(server, at_s: float, report: Report) -> tuple[float, float]:
+    """SIGKILL the last rank at_s seconds in; (killed at, ready again at) in monotonic time."""
+    await asyncio.sleep(at_s)
+    pid = server.rank_pids()[-1]
+    report.killed_rank = len(server.rank_pids()) - 1
+    killed = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    while True:
+        await asyncio.sleep(0.2)
+        status, _ = await asyncio.to_thread(server.get, "/health")
+        if status == 200 and server.metrics_json().get("mesh_restarts_total", 0) >= 1:
+            return killed, time.monotonic()
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 async def soak(
-    url: str, prompts: list[list[int]], streams: int, seconds: float, seed: int, report: Report
+    url: str,
+    prompts: list[list[int]],
+    streams: int,
+    seconds: float,
+    seed: int,
+    report: Report,
+    server=None,
+    kill_at=None,
 ) -> list[tuple[int, int, list[int]]]:
     """Run the clients; the completed streams as (prompt index, max_tokens, tokens)."""
     done: list[tuple[int, int, list[int]]] = []
     counts: Counter = Counter()
+    error_times: list[float] = []
     deadline = time.monotonic() + seconds
+    killer = asyncio.ensure_future(kill_rank_later(server, kill_at, report)) if kill_at is not None else None
     names, weights = zip(*BEHAVIOURS)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -123,12 +169,22 @@ async def soak(
                 i, m = rng.randrange(len(prompts)), rng.choice(MAX_TOKENS)
                 behaviour = rng.choices(names, weights)[0]
                 counts[behaviour] += 1
-                outcome, tokens = await one_stream(http, url, prompts[i], m, behaviour, rng)
+                try:
+                    outcome, tokens = await one_stream(http, url, prompts[i], m, behaviour, rng)
+                except aiohttp.ClientError:  # the connection dropped (a restart fails streams)
+                    outcome, tokens = "error", None
                 counts[outcome] += 1
+                if outcome == "error":
+                    error_times.append(time.monotonic())
                 if tokens is not None:
                     done.append((i, m, tokens))
 
         await asyncio.gather(*(client(c) for c in range(streams)))
+    if killer is not None:
+        killed, ready = await killer
+        window = [t for t in error_times if killed <= t <= ready + RESTART_GRACE_S]
+        report.restart_errors = len(window)
+        counts["error"] -= len(window)
     report.requests = sum(counts[b] for b in names)
     report.by_behaviour = {b: counts[b] for b in names}
     report.completed, report.errors = counts["completed"], counts["error"]
@@ -146,10 +202,17 @@ def run_one(ckpt: str, k: int, topology: list[str], args) -> Report:
     report = Report(k, " ".join(topology) or "1 rank", args.streams, args.seconds)
     prompts = make_prompts(args.prompts, args.seed)
     try:
+        for i in range(len(prompts)):  # warm-up: every prompt once, then the RSS to compare with
+            server.complete(prompts[i], 4)
+        report.rss_mib_start = rss_mib(server.pid)
         t0 = time.monotonic()
-        done = asyncio.run(soak(server.url, prompts, args.streams, args.seconds, args.seed, report))
+        done = asyncio.run(
+            soak(server.url, prompts, args.streams, args.seconds, args.seed, report, server, args.kill_rank_at)
+        )
         report.wall_s = time.monotonic() - t0
         stats = server.wait_idle(60)
+        report.restarts = server.metrics_json().get("mesh_restarts_total", 0)
+        report.rss_mib_end = rss_mib(server.pid)
         report.pools_full = pools_full(stats)
         report.leases_in_use = stats["dspark"]["leases_in_use"]
         longest = {i: max(m for j, m, _ in done if j == i) for i in {j for j, _, _ in done}}
@@ -173,7 +236,9 @@ def print_report(r: Report) -> None:
         f"{r.requests} requests {r.by_behaviour}; completed {r.completed} ({r.tokens} tokens, "
         f"{r.tokens / max(r.wall_s, 1e-9):.1f} tok/s), disconnects {r.disconnects}, "
         f"aborts {r.aborts}, errors {r.errors}, wrong tokens {r.wrong_tokens}; pools full "
-        f"{r.pools_full}, leases in use {r.leases_in_use} -> {'OK' if r.ok else 'FAIL'}"
+        f"{r.pools_full}, leases in use {r.leases_in_use}; restarts {r.restarts} (rank {r.killed_rank} "
+        f"killed: {r.restart_errors} requests failed or refused while it restarted); "
+        f"server RSS {r.rss_mib_start:.0f} -> {r.rss_mib_end:.0f} MiB -> {'OK' if r.ok else 'FAIL'}"
     )
 
 
@@ -187,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", default="0,7", help="comma-separated K values to soak")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the reports here")
+    p.add_argument("--kill-rank-at", type=float, default=None, help="SIGKILL the last rank this many seconds in")
     args = p.parse_args(argv)
     ks = [int(k) for k in args.k.split(",")]
     with tempfile.TemporaryDirectory() as tmp:

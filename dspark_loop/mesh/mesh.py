@@ -56,6 +56,7 @@ log = logging.getLogger("dspark_loop.mesh.mesh")
 
 POLL_S = 0.2  # how often a waiting step looks at the rank processes
 WATCH_S = 0.5  # how often the idle watcher does
+LOOK_S = 0.02  # how often a step whose answers are flowing looks for rank exits and lost nodes
 TROUBLE_WINDOW_S = 0.5  # after a first failure, how long a step collects evidence of its cause
 
 
@@ -236,6 +237,7 @@ class Mesh:
         results: dict[int, StepResult] = {}
         errors: list[StepResult] = []  # in arrival order
         trouble_since = None  # first error result, rank exit or lost node seen
+        next_look = 0.0  # loop.time() of the next look at the rank processes and remote nodes
         # NOTE: with two steps in flight a fast rank's answer to the later step can arrive
         # before a slow rank's answer to this one: it waits in _ahead, not dropped
         for msg in self._ahead.pop(step_id, []):
@@ -261,9 +263,12 @@ class Mesh:
             now = loop.time()
             if got is None and (hang := self.procs.hang_reason()):  # quiet for POLL_S: look
                 await self._die(f"{hang} during step {step_id}")
-            lost = self.remote_loss_reason()
-            if trouble_since is None and (errors or self.procs.exited() or lost or self.remote_exits):
-                trouble_since = now
+            # NOTE: the ranks' exits and lost nodes are looked at most every LOOK_S, not per
+            # message: at 16 ranks that was 16 x (32 waitpid calls + a monitor read) a step.
+            if trouble_since is None and (errors or self.remote_exits or got is None or now >= next_look):
+                next_look = now + LOOK_S
+                if errors or self.remote_exits or self.procs.exited() or self.remote_loss_reason():
+                    trouble_since = now
             # NOTE: one failure brings a cascade (a killed rank's peers report "connection
             # reset", then exit): collect evidence briefly so the reason names the cause.
             if trouble_since is not None and now - trouble_since >= TROUBLE_WINDOW_S:

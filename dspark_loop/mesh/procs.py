@@ -50,7 +50,8 @@ class RankProcs:
 
     def exited(self) -> list[tuple[int, int]]:
         """(rank, exit code) of every rank that has exited; signal deaths first."""
-        done = [(r, p.poll()) for r, p in enumerate(self.procs, start=self.first_rank) if p.poll() is not None]
+        codes = [(r, p.poll()) for r, p in enumerate(self.procs, start=self.first_rank)]
+        done = [(r, code) for r, code in codes if code is not None]
         return sorted(done, key=lambda rc: (rc[1] >= 0, rc[0]))
 
     def exit_reason(self) -> str | None:

@@ -44,6 +44,11 @@ class MeshSocket:
         self.sock.monitor(address, zmq.EVENT_DISCONNECTED)
         self.monitor = zmq.Context.shadow(self.ctx.underlying).socket(zmq.PAIR)
         self.monitor.connect(address)
+        # NOTE: the same ROUTER through plain calls: a step sends a plan to every rank and
+        # reads an answer from each, and nearly all of them go through at once; the asyncio
+        # socket's futures and pollers cost more than the send or read itself (at 16 ranks,
+        # most of the server's CPU per step at 1 stream). Only a call that would wait awaits.
+        self.plain = zmq.Socket.shadow(self.sock.underlying)
 
     def bind(self, host: str, port: int = 0) -> str:
         """Listen on host:port (a free port when 0); the address peers connect to."""
@@ -57,18 +62,25 @@ class MeshSocket:
         await self.send_frame(peer, ENCODER.encode(msg))
 
     async def send_frame(self, peer: bytes, frame: bytes) -> None:
-        await self.sock.send_multipart([peer, frame], copy=False)
+        try:
+            self.plain.send_multipart([peer, frame], zmq.NOBLOCK, copy=False)
+        except zmq.Again:  # that peer's queue is full (ROUTER_MANDATORY): wait for room
+            await self.sock.send_multipart([peer, frame], copy=False)
 
     async def recv(self, timeout_s: float):
         """(sender, message) from an admitted peer, or None after timeout_s."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
-            # NOTE: poll then NOBLOCK recv, never a cancelled recv future: nothing is half-read.
-            wait_ms = max(0, int((deadline - loop.time()) * 1000))
-            if not await self.sock.poll(wait_ms, zmq.POLLIN):
-                return None
-            sender, frame = await self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            # NOTE: NOBLOCK recv, then poll when nothing is there; never a cancelled recv
+            # future: nothing is half-read.
+            try:
+                sender, frame = self.plain.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                wait_ms = max(0, int((deadline - loop.time()) * 1000))
+                if not await self.sock.poll(wait_ms, zmq.POLLIN):
+                    return None
+                continue
             sender = sender.bytes
             fd = frame.get(zmq.SRCFD)  # the TCP connection it came on (see mesh_peers.py)
             try:

@@ -19,6 +19,7 @@ import numpy as np
 
 from dspark_loop.contract.protocol import DSPARK_K, MeshRestart, StepTrace
 from dspark_loop.engine.observer import EngineObserver, RequestStats
+from dspark_loop.observe.step_phases import StepPhases
 from dspark_loop.observe.verify_metrics import ROW_BUCKETS, VerifyMetrics
 
 # vLLM v1's buckets (vllm/v1/metrics/loggers.py), so its Grafana panels line up.
@@ -174,6 +175,7 @@ class Metrics(EngineObserver):
         self.request_prompt_tokens = Histogram(TOKEN_BUCKETS)
         self.request_generation_tokens = Histogram(TOKEN_BUCKETS)
         self.verify = VerifyMetrics(Histogram(ROW_BUCKETS))  # adaptive verification (verify_metrics.py)
+        self.phases = StepPhases()  # step time by phase (step_phases.py)
 
     def set_num_blocks_total(self, num_blocks_total: list[int]) -> None:
         """Pool sizes per cache family, known once the mesh has said hello."""
@@ -190,6 +192,7 @@ class Metrics(EngineObserver):
         self.dropped_traces = max(self.dropped_traces, trace.dropped_traces)
         self.device_busy_s += trace.device_busy_s
         self.host_blocked_s += trace.host_blocked_s
+        self.phases.on_step(trace)
         self._observe_cache(trace)
         self._observe_drafts(trace)
 
@@ -290,6 +293,7 @@ class Metrics(EngineObserver):
             "device_busy_seconds_total": self.device_busy_s,
             "host_blocked_seconds_total": self.host_blocked_s,
             **self.verify.snapshot(),
+            **self.phases.snapshot(),
         }
 
     def render_prometheus(self) -> str:
@@ -347,6 +351,7 @@ class Metrics(EngineObserver):
             "Wall time between steps' results in which no rank worked (the host's share the overlap did not hide).",
             [({}, self.host_blocked_s)],
         )
+        self.phases.render(w)
         if self.num_speculative_tokens:
             self.verify.render(w)
         return w.text()
