@@ -180,14 +180,14 @@ class Scenario:
     change: tuple[int, int | None, str | None] | None = None
     noise: float = 0.1
     prompt_len: int = 16
-    max_tokens: int = 512
+    max_tokens: int = 256  # a request's mean length; each draws its own in [1/4, 7/4] of it
     partitions: int = 1
 
 
 @dataclass
 class Run:
     tokens: list[int] = field(default_factory=list)  # per decode step
-    seconds: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)  # its cost, and that of prompt-only steps before it
 
     def rate(self, lo: int = 0, hi: int | None = None) -> float:
         t, s = self.tokens[lo:hi], self.seconds[lo:hi]
@@ -198,7 +198,7 @@ def simulate(policy, sc: Scenario) -> Run:
     from dspark_testing.schedulers import make_scheduler
 
     peak = max(sc.concurrency, (sc.change[1] or 0) if sc.change else 0)
-    max_len = sc.prompt_len + sc.max_tokens + K + 2
+    max_len = sc.prompt_len + 2 * sc.max_tokens + K + 2
     sched = make_scheduler(
         spec_k=K,
         policy=policy,
@@ -212,7 +212,7 @@ def simulate(policy, sc: Scenario) -> Run:
     factor = 1.0 if sc.temperature == 0 else 0.75
     device = SimDevice(profile_cost(PROFILES[sc.profile], sc.noise), factor, max_len)
     knobs = SamplingKnobs(temperature=sc.temperature) if sc.temperature else SamplingKnobs()
-    run, issued, streams = Run(), 0, sc.concurrency
+    run, issued, streams, pending_s = Run(), 0, sc.concurrency, 0.0
     while len(run.tokens) < sc.steps:
         if sc.change and len(run.tokens) == sc.change[0]:
             streams = sc.change[1] or streams
@@ -220,7 +220,8 @@ def simulate(policy, sc: Scenario) -> Run:
                 device.cost = profile_cost(PROFILES[sc.change[2]], sc.noise)
         while len(sched.requests) < streams:
             prompt = token(np.full(sc.prompt_len, 10_000 + issued), np.arange(sc.prompt_len)).tolist()
-            params = SamplingParams(max_tokens=sc.max_tokens, ignore_eos=True, seed=issued, knobs=knobs)
+            length = int(sc.max_tokens * (0.25 + 1.5 * float(unit(issued, 5))))
+            params = SamplingParams(max_tokens=length, ignore_eos=True, seed=issued, knobs=knobs)
             sched.add(sched.make_request(GenerateRequest(f"s{issued}", prompt, params)))
             issued += 1
         step = sched.schedule()
@@ -230,9 +231,11 @@ def simulate(policy, sc: Scenario) -> Run:
         sched.update(step, results)
         if sched.observes_steps:
             sched.observe_step(step, results, cost)
+        pending_s += cost
         if step.accepted_lens:
             run.tokens.append(sum(step.accepted_lens))
-            run.seconds.append(cost)
+            run.seconds.append(pending_s)
+            pending_s = 0.0
     return run
 
 

@@ -34,7 +34,7 @@ class VllmRule:
         self.table = table  # its prior is the start-up profile; nothing is observed into it
         self.scale = np.ones(DSPARK_K)  # [K] realised over predicted acceptance, per position
 
-    def choose(self, conf, cap, partition, sampled=None, constrained=None) -> VerifyChoice:
+    def choose(self, conf, cap, partition, sampled=None, constrained=None, prompt_rows=None) -> VerifyChoice:
         cap = np.asarray(cap, np.int32)
         partition = np.asarray(partition, np.int64)
         conf = np.nan_to_num(np.asarray(conf, np.float64), nan=0.5)
@@ -42,7 +42,7 @@ class VllmRule:
         surv = np.minimum.accumulate(np.minimum(raw * self.scale[None, :], 1.0), axis=1)
         n = np.bincount(partition, minlength=int(partition.max()) + 1 if len(cap) else 1)
         costs = np.stack([self.table.costs(int(b), 0) for b in load_of(n)])
-        lens = solve(surv, cap, partition, n, costs, 1).verify_len
+        lens = solve(surv, cap, partition, n, np.zeros(len(n)), costs, 1).verify_len  # prompts unseen
         return VerifyChoice(lens, np.ones(len(cap), bool), raw)
 
     def drafts_prompt(self, cls: int) -> bool:

@@ -241,7 +241,8 @@ class Scheduler:
         drafts are the ones the unanswered step makes (plan_drafts); their confidences are
         not known yet: the policy reads the newest the host has (one step stale), which
         changes speed, never tokens."""
-        w = decode_windows(self.partitions, inflight >= 0, self.max_model_len - (self.spec_k + 1))
+        prefill = (self.chunk_cap, self.max_seqs_per_partition, self.max_num_batched_tokens)
+        w = decode_windows(self.partitions, inflight >= 0, self.max_model_len - (self.spec_k + 1), prefill)
         if w is None:
             return False
         reqs, cap, n = w.reqs, w.cap, len(w.reqs)
@@ -256,7 +257,9 @@ class Scheduler:
         conf[w.unknown & (cap > 0)] = np.nan  # the policy's prior for its class
         if self.num_constrained and inflight < 0:
             self._walk_windows(reqs, cap, conf)
-        verify_len, draft_next, surv = self.policy.choose(conf, cap, w.partition, w.sampled, w.constrained)
+        verify_len, draft_next, surv = self.policy.choose(
+            conf, cap, w.partition, w.sampled, w.constrained, w.prompt_rows
+        )
         if surv is not None:  # the policy learns acceptance: it gets this back in observe_step
             step.verify_survival = (np.fromiter((r.req_id for r in reqs), np.int64, n), surv)
         if len(verify_len) != n or len(draft_next) != n:

@@ -24,17 +24,18 @@ import numpy as np
 from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.verify.budget import Budget, solve_budget
 from dspark_loop.engine.verify.calibration import AcceptCalibration, request_class
-from dspark_loop.engine.verify.cost_table import CostTable, load_of
+from dspark_loop.engine.verify.cost_table import QUARTERS, CostTable, load_of
 from dspark_loop.engine.verify.policy import StepFeedback, VerifyChoice
 from dspark_loop.engine.verify.tunables import DEFAULT, VerifyTunables
 
 
-def solve(surv, cap, partition, n: np.ndarray, costs: np.ndarray, drafting: int) -> Budget:
-    """Algorithm 1 against the table: n [P] decode requests, costs [P, 2, K + 1]."""
-    base = np.where(n > 0, CostTable.time(costs, n, 0, drafting), 1e-12)  # [P]
+def solve(surv, cap, partition, n: np.ndarray, prompt: np.ndarray, costs: np.ndarray, drafting: int) -> Budget:
+    """Algorithm 1 against the table: n [P] decode requests, prompt [P] prompt rows beside
+    them, costs [P, 2, BINS] (CostTable.costs of each partition's load)."""
+    base = np.where(n > 0, CostTable.time(costs, n, prompt, drafting), 1e-12)  # [P]
 
     def drafts_s(p: np.ndarray, m: np.ndarray) -> np.ndarray:
-        return CostTable.time(costs[p], n[p], m, drafting) - base[p]
+        return CostTable.time(costs[p], n[p], m + prompt[p], drafting) - base[p]
 
     return solve_budget(surv, cap, base, drafts_s, partition)
 
@@ -56,7 +57,7 @@ class AdaptiveVerify:
         self.num_capped = 0
         self.expected_tokens = 0.0
 
-    def choose(self, conf, cap, partition, sampled=None, constrained=None) -> VerifyChoice:
+    def choose(self, conf, cap, partition, sampled=None, constrained=None, prompt_rows=None) -> VerifyChoice:
         cap = np.asarray(cap, np.int32)  # [R]
         partition = np.asarray(partition, np.int64)  # [R]
         R = len(cap)
@@ -64,8 +65,9 @@ class AdaptiveVerify:
         raw = self.acceptance.raw(self.acceptance.known(conf, cap, cls), cap)  # [R, K]
         surv = self.acceptance.corrected(raw, cls)  # [R, K]
         n = np.bincount(partition, minlength=int(partition.max()) + 1 if R else 1)  # [P]
+        prompt = np.zeros(len(n)) if prompt_rows is None else np.asarray(prompt_rows, np.float64)[: len(n)]  # [P]
         loads = load_of(n)  # [P]
-        costs = np.stack([self.table.costs(int(b), self.step) for b in loads])  # [P, 2, K + 1]
+        costs = np.stack([self.table.costs(int(b), self.step) for b in loads])  # [P, 2, BINS]
         probe = self._probe(int(loads[int(np.argmax(n))]))
         if probe is not None:
             self.drafting, window = probe
@@ -74,7 +76,7 @@ class AdaptiveVerify:
             # a window needs drafts: without them this step drafts and the probe runs next
             self.probing = probe if window and not cap.any() else None
         else:
-            self.drafting, lens = self._decide(surv, cap, cls, partition, n, costs)
+            self.drafting, lens = self._decide(surv, cap, cls, partition, n, prompt, costs)
         self.step += 1
         self.num_capped += int(cap.sum())
         self.num_verified += int(lens.sum())
@@ -82,7 +84,7 @@ class AdaptiveVerify:
         self.expected_tokens += R + float(surv[np.arange(DSPARK_K)[None, :] < lens[:, None]].sum())
         return VerifyChoice(lens, np.full(R, self.drafting), raw)
 
-    def _decide(self, surv, cap, cls, partition, n, costs) -> tuple[bool, np.ndarray]:
+    def _decide(self, surv, cap, cls, partition, n, prompt, costs) -> tuple[bool, np.ndarray]:
         """The rule (module docstring): (drafting, verify lengths [R])."""
         R = len(cap)
         idle = cap == 0  # [R] no drafts now: counted with its class's mean drafts
@@ -90,15 +92,15 @@ class AdaptiveVerify:
             mean = self.acceptance.mean_conf[cls[idle]]  # [I, K]
             steady = surv.copy()
             steady[idle] = self.acceptance.corrected(self.acceptance.raw(mean, np.full(len(mean), DSPARK_K)), cls[idle])
-            on = solve(steady, np.where(idle, DSPARK_K, cap), partition, n, costs, 1)
+            on = solve(steady, np.where(idle, DSPARK_K, cap), partition, n, prompt, costs, 1)
         else:
-            on = solve(surv, cap, partition, n, costs, 1)
-        off_s = float(np.max(np.where(n > 0, CostTable.time(costs, n, 0, 0), 0.0)))
+            on = solve(surv, cap, partition, n, prompt, costs, 1)
+        off_s = float(np.max(np.where(n > 0, CostTable.time(costs, n, prompt, 0), 0.0)))
         if on.expected_tokens / on.step_s > R / off_s:
             if idle.any():
-                on = solve(surv, cap, partition, n, costs, 1)
+                on = solve(surv, cap, partition, n, prompt, costs, 1)
             return True, on.verify_len
-        return False, solve(surv, cap, partition, n, costs, 0).verify_len
+        return False, solve(surv, cap, partition, n, prompt, costs, 0).verify_len
 
     def _probe(self, load: int) -> tuple[bool, int] | None:
         """The probe this step runs, (drafting, window), or None: without a start-up
@@ -107,9 +109,9 @@ class AdaptiveVerify:
             return self.probing
         if self.table.prior is not None or self.step % self.t.explore_every:
             return None
-        measured = self.table.measured(load, self.step)  # [2, K + 1]
+        measured = self.table.measured(load, self.step)  # [2, BINS]
         cells = [(True, self.t.probe_windows[0]), (False, 0)] + [(True, j) for j in self.t.probe_windows[1:]]
-        return next(((d, j) for d, j in cells if not measured[int(d), j]), None)
+        return next(((d, j) for d, j in cells if not measured[int(d), QUARTERS * j]), None)
 
     def drafts_prompt(self, cls: int) -> bool:
         return self.drafting
@@ -117,11 +119,10 @@ class AdaptiveVerify:
     def observe(self, feedback: StepFeedback) -> None:
         if feedback.windows is not None:
             self.acceptance.observe(*feedback.windows)
-        if feedback.prompt_rows.any() or not len(feedback.num_requests):
-            return  # the table compares decode steps
-        p = int(np.argmax(feedback.num_requests + feedback.drafts))  # the busiest partition
+        extra = feedback.drafts + feedback.prompt_rows  # [P] rows beyond one per decode request
+        p = int(np.argmax(feedback.num_requests + extra))  # the busiest partition
         drafting = bool(feedback.drafted.any())
-        self.table.observe(int(feedback.num_requests[p]), int(feedback.drafts[p]), drafting, feedback.step_s, self.step)
+        self.table.observe(int(feedback.num_requests[p]), int(extra[p]), drafting, feedback.step_s, self.step)
 
     def stats(self) -> dict:
         ratio = self.acceptance.ratio

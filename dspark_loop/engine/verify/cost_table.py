@@ -1,7 +1,8 @@
 """The step-cost table: what one partition's decode step costs, by shape, as measured.
 
-A cell is (load, window, pass): load b = round(log2 of the partition's decode requests),
-window j = round(verified drafts per request) in 0..K, pass = whether a drafter pass runs.
+A cell is (load, rows, pass): load = round(log2 of the partition's decode requests), rows
+= the rows it computes beyond one per request (verified drafts and prompt rows), per
+request, in quarters (0, 1/4 ... MAX_EXTRA_ROWS), pass = whether a drafter pass runs.
 Its cost is the median of its newest `cell_samples` step times younger than `horizon`
 decode steps (one robust statistic; no model, no fit). Reading a shape between windows
 interpolates linearly; costs are made monotone (more drafts, or a pass, never cheaper).
@@ -26,6 +27,12 @@ from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.verify.tunables import DEFAULT, VerifyTunables
 
 LOADS = 12  # load buckets: 1, 2, 4 ... 2048 decode requests per partition (log2, rounded)
+# extra rows per request are told apart by quarters (a tile boundary falls between 7 and
+# 7.25 rows at 64 requests: a prompt chunk of 16 rows beside full windows), up to two
+# windows' worth (prompt rows beside full windows); a step beyond is not measured
+QUARTERS = 4
+MAX_EXTRA_ROWS = 2 * DSPARK_K
+BINS = QUARTERS * MAX_EXTRA_ROWS + 1
 
 
 def load_of(num_requests) -> np.ndarray:
@@ -36,22 +43,22 @@ def load_of(num_requests) -> np.ndarray:
 
 class CostTable:
     def __init__(self, prior: np.ndarray | None = None, tunables: VerifyTunables = DEFAULT):
-        """prior [LOADS, 2, K + 1] seconds (NaN: not profiled), or None: learned from nothing."""
+        """prior [LOADS, 2, BINS] seconds (NaN: not profiled), or None: learned from nothing."""
         self.t = tunables
         self.prior = None if prior is None else np.asarray(prior, np.float64)
-        shape = (LOADS, 2, DSPARK_K + 1, tunables.cell_samples)
-        self.times = np.full(shape, np.nan)  # [LOADS, 2, K+1, N] ring of step times per cell
+        shape = (LOADS, 2, BINS, tunables.cell_samples)
+        self.times = np.full(shape, np.nan)  # [LOADS, 2, BINS, N] ring of step times per cell
         self.steps = np.full(shape, -(1 << 62), np.int64)  # [..., N] the decode step of each
-        self.next = np.zeros(shape[:3], np.int64)  # [LOADS, 2, K+1] ring write positions
+        self.next = np.zeros(shape[:3], np.int64)  # [LOADS, 2, BINS] ring write positions
         self.ratios = np.full(tunables.cell_samples * 4, np.nan)  # newest observed / prior
         self.num_ratios = 0
         self.num_samples = 0
 
     # ---- reading ------------------------------------------------------------------------
     def costs(self, load: int, step: int) -> np.ndarray:
-        """[2, K + 1] seconds of one load's cells (pass x window), monotone, as of `step`."""
-        fresh = self.steps[load] > step - self.t.horizon  # [2, K+1, N]
-        count = fresh.sum(axis=2)  # [2, K+1]
+        """[2, BINS] seconds of one load's cells (pass x rows), monotone, as of `step`."""
+        fresh = self.steps[load] > step - self.t.horizon  # [2, BINS, N]
+        count = fresh.sum(axis=2)  # [2, BINS]
         measured = count >= self.t.min_samples
         ranked = np.sort(np.where(fresh, self.times[load], np.inf), axis=2)  # fresh first, ascending
         lo = np.take_along_axis(ranked, np.maximum(count - 1, 0)[..., None] // 2, 2)[..., 0]
@@ -60,8 +67,8 @@ class CostTable:
         if self.prior is not None:
             drift = np.nanmedian(self.ratios) if self.num_ratios else 1.0
             cost = np.where(measured, cost, self.prior[load] * drift)
-        j = np.arange(DSPARK_K + 1)
-        for p in (0, 1):  # unmeasured windows read between the measured ones (flat beyond them)
+        j = np.arange(BINS)
+        for p in (0, 1):  # unmeasured rows read between the measured ones (flat beyond them)
             known = ~np.isnan(cost[p])
             if known.any() and not known.all():
                 cost[p] = np.interp(j, j[known], cost[p, known])
@@ -71,31 +78,32 @@ class CostTable:
         return np.maximum.accumulate(np.maximum.accumulate(cost, axis=1), axis=0)
 
     def measured(self, load: int, step: int) -> np.ndarray:
-        """[2, K + 1] bool: the cells the table has measured (fresh samples enough)."""
+        """[2, BINS] bool: the cells the table has measured (fresh samples enough)."""
         fresh = self.steps[load] > step - self.t.horizon
         return fresh.sum(axis=2) >= self.t.min_samples
 
     @staticmethod
-    def time(costs: np.ndarray, num_requests, drafts, drafting: int) -> np.ndarray:
-        """Seconds of partitions' steps from their loads' costs [.., 2, K + 1]: num_requests,
-        drafts (verified) broadcast; the window drafts / requests read between cells."""
+    def time(costs: np.ndarray, num_requests, extra_rows, drafting: int) -> np.ndarray:
+        """Seconds of partitions' steps from their loads' costs [.., 2, BINS]: num_requests
+        and extra_rows (beyond one per request) broadcast, read between cells."""
         n = np.maximum(np.asarray(num_requests, np.float64), 1.0)
-        j = np.broadcast_to(np.clip(np.asarray(drafts, np.float64) / n, 0.0, DSPARK_K), costs.shape[:-2])
+        j = np.clip(QUARTERS * np.asarray(extra_rows, np.float64) / n, 0.0, BINS - 1)
+        j = np.broadcast_to(j, costs.shape[:-2])
         lo = np.floor(j).astype(np.int64)
-        hi = np.minimum(lo + 1, DSPARK_K)
+        hi = np.minimum(lo + 1, BINS - 1)
         row = costs[..., drafting, :]  # [..., K + 1]
         a = np.take_along_axis(row, lo[..., None], -1)[..., 0]
         b = np.take_along_axis(row, hi[..., None], -1)[..., 0]
         return a + (b - a) * (j - lo)
 
     # ---- learning -----------------------------------------------------------------------
-    def observe(self, num_requests: int, drafts: int, drafting: bool, step_s: float, step: int) -> None:
-        """A decode step of the busiest partition: its requests, verified drafts, whether a
-        drafter pass ran, its cost, and the decode step counter."""
-        if step_s <= 0 or num_requests <= 0:
+    def observe(self, num_requests: int, extra_rows: int, drafting: bool, step_s: float, step: int) -> None:
+        """A decode step of the busiest partition: its requests, rows beyond one per request,
+        whether a drafter pass ran, its cost, and the decode step counter."""
+        j = int(round(QUARTERS * extra_rows / max(num_requests, 1)))
+        if step_s <= 0 or num_requests <= 0 or j >= BINS:
             return
-        load = int(load_of(num_requests))
-        cell = (load, int(drafting), min(int(round(drafts / num_requests)), DSPARK_K))
+        cell = (int(load_of(num_requests)), int(drafting), j)
         slot = cell + (int(self.next[cell]),)
         self.times[slot], self.steps[slot] = step_s, step
         self.next[cell] = (self.next[cell] + 1) % self.t.cell_samples
@@ -109,16 +117,19 @@ class CostTable:
     def profile(cls, step_s: Callable[[int, int, bool], float], max_requests: int, repeats: int = 5, **kw) -> CostTable:
         """A table whose prior is measured: step_s(requests, rows, drafting) -> seconds of a
         dummy decode step, run `repeats` times per cell (median) for every load up to
-        max_requests per partition, every window and both passes; made monotone."""
-        prior = np.full((LOADS, 2, DSPARK_K + 1), np.nan)
+        max_requests per partition, every whole number of extra rows per request and both
+        passes; made monotone (the quarters between read between them)."""
+        prior = np.full((LOADS, 2, BINS), np.nan)
         for load in range(int(load_of(max_requests)) + 1):
             n = 1 << load
             for drafting in (0, 1):
-                for j in range(DSPARK_K + 1):
+                for j in range(MAX_EXTRA_ROWS + 1):
                     times = [step_s(n, n * (1 + j), bool(drafting)) for _ in range(repeats)]
-                    prior[load, drafting, j] = np.median(times)
-        profiled = ~np.isnan(prior[:, 0, 0])
-        prior[profiled] = np.maximum.accumulate(np.maximum.accumulate(prior[profiled], axis=2), axis=1)
+                    prior[load, drafting, QUARTERS * j] = np.median(times)
+        whole = prior[:, :, ::QUARTERS]
+        profiled = ~np.isnan(whole[:, 0, 0])
+        whole[profiled] = np.maximum.accumulate(np.maximum.accumulate(whole[profiled], axis=2), axis=1)
+        prior[:, :, ::QUARTERS] = whole
         return cls(prior, **kw)
 
     def save(self, path: str, key: dict) -> None:
@@ -132,12 +143,12 @@ class CostTable:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         if not isinstance(data, dict) or "seconds" not in data:
-            raise ValueError(f"cost table {path}: expected {{'key': ..., 'seconds': [loads][2][{DSPARK_K + 1}]}}")
+            raise ValueError(f"cost table {path}: expected {{'key': ..., 'seconds': [{LOADS}][2][{BINS}]}}")
         if key is not None and data.get("key") != key:
             raise ValueError(f"cost table {path} was profiled on {data.get('key')}, not {key}")
         prior = np.array(data["seconds"], dtype=np.float64)
-        if prior.shape != (LOADS, 2, DSPARK_K + 1) or np.nanmin(prior, initial=1.0) <= 0:
-            raise ValueError(f"cost table {path}: seconds must be [{LOADS}][2][{DSPARK_K + 1}] positive (or null)")
+        if prior.shape != (LOADS, 2, BINS) or np.nanmin(prior, initial=1.0) <= 0:
+            raise ValueError(f"cost table {path}: seconds must be [{LOADS}][2][{BINS}] positive (or null)")
         return cls(prior, **kw)
 
     def stats(self) -> dict:

@@ -4,13 +4,15 @@ Once per step, over the decode requests of ALL partitions (the groups compute a 
 together; its time is the busiest group's), in plan order (partition by partition, each
 in admission order):
 
-    choose(conf, cap, partition, sampled, constrained) -> VerifyChoice
+    choose(conf, cap, partition, sampled, constrained, prompt_rows) -> VerifyChoice
         conf [R, K] float   calibrated-to-be confidences of each request's pending drafts
                             (0 without drafts; NaN: drafts in flight, not known yet)
         cap [R] int 0..K    the most it may verify (0: no drafts, the position ceiling, a
                             grammar; or the request's own max_draft_tokens)
         partition [R] int   its partition; sampled [R] bool: temperature > 0;
         constrained [R] bool: an output grammar masks its rows
+        prompt_rows [P] int the prompt rows each partition is expected to compute beside
+                            (windows.prompt_rows)
     drafts_prompt(cls) -> bool
         whether a prompt completing this step (request class cls, calibration.request_class)
         runs its first drafter pass
@@ -54,7 +56,7 @@ class VerifyPolicy(Protocol):
     per_step: bool
     learns: bool
 
-    def choose(self, conf, cap, partition, sampled, constrained) -> VerifyChoice: ...
+    def choose(self, conf, cap, partition, sampled, constrained, prompt_rows) -> VerifyChoice: ...
 
     def drafts_prompt(self, cls: int) -> bool: ...
 
@@ -75,7 +77,7 @@ class FixedWindow:
         self.length = length
         self.per_step = length < DSPARK_K
 
-    def choose(self, conf, cap, partition, sampled=None, constrained=None) -> VerifyChoice:
+    def choose(self, conf, cap, partition, sampled=None, constrained=None, prompt_rows=None) -> VerifyChoice:
         lens = np.minimum(np.asarray(cap, np.int32), self.length)
         return VerifyChoice(lens, np.full(len(lens), self.length > 0))
 

@@ -20,7 +20,7 @@ class RandomPolicy:
         self.observed: list[StepFeedback] = []
 
     def choose(
-        self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray, sampled=None, constrained=None
+        self, conf: np.ndarray, cap: np.ndarray, partition: np.ndarray, sampled=None, constrained=None, prompt_rows=None
     ) -> VerifyChoice:
         choice = VerifyChoice(self.rng.integers(0, cap + 1).astype(np.int32), self.rng.random(len(cap)) < self.p_draft)
         self.calls.append((conf.copy(), cap.copy(), partition.copy(), choice))

@@ -112,7 +112,7 @@ class ResumeAt(RandomPolicy):
     def drafts_prompt(self, cls: int) -> bool:
         return False
 
-    def choose(self, conf, cap, partition, sampled=None, constrained=None) -> VerifyChoice:
+    def choose(self, conf, cap, partition, sampled=None, constrained=None, prompt_rows=None) -> VerifyChoice:
         choice = VerifyChoice(cap.copy(), np.full(len(cap), len(self.calls) + 1 >= self.at))
         self.calls.append((conf.copy(), cap.copy(), partition.copy(), choice))
         return choice
@@ -183,7 +183,7 @@ def test_a_skipped_drafter_pass_leaves_the_request_without_drafts_and_one_row_ne
             super().__init__(0)
             self.skip = False
 
-        def choose(self, conf, cap, partition, sampled=None, constrained=None):
+        def choose(self, conf, cap, partition, sampled=None, constrained=None, prompt_rows=None):
             return VerifyChoice(cap.copy(), np.full(len(cap), not self.skip))
 
     policy = Script()
@@ -355,7 +355,7 @@ def test_stale_rows_of_a_rejected_long_window_outlive_a_shorter_one_and_are_neve
             super().__init__(0)
             self.lens = list(lens)
 
-        def choose(self, conf, cap, partition, sampled=None, constrained=None):
+        def choose(self, conf, cap, partition, sampled=None, constrained=None, prompt_rows=None):
             want = self.lens.pop(0) if self.lens else 7
             return VerifyChoice(np.minimum(cap, want).astype(np.int32), np.ones(len(cap), bool))
 
@@ -415,7 +415,7 @@ class ClassRecorder(RandomPolicy):
         self.new_classes: list[int] = []
         self.accepted_classes: list[int] = []
 
-    def choose(self, conf, cap, partition, sampled=None, constrained=None) -> VerifyChoice:
+    def choose(self, conf, cap, partition, sampled=None, constrained=None, prompt_rows=None) -> VerifyChoice:
         self.constrained.append(np.asarray(constrained).tolist())
         choice = super().choose(conf, cap, partition, sampled, constrained)
         return choice._replace(raw_survival=np.ones((len(cap), DSPARK_K)))

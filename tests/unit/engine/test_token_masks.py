@@ -196,7 +196,7 @@ def test_adaptive_verification_chooses_a_constrained_window_after_its_grammar_wa
     from tests.unit.engine.random_policy import RandomPolicy
 
     class WholeWindows(RandomPolicy):  # verifies every draft it may
-        def choose(self, conf, cap, partition, sampled=None, constrained=None):
+        def choose(self, conf, cap, partition, sampled=None, constrained=None, prompt_rows=None):
             choice = VerifyChoice(cap.copy(), np.ones(len(cap), bool))
             self.calls.append((conf.copy(), cap.copy(), partition.copy(), choice))
             return choice
