@@ -134,8 +134,11 @@ class CostTable:
 
     def save(self, path: str, key: dict) -> None:
         """The prior as JSON, with what it was measured on (checkpoint, topology, backend)."""
+        if self.prior is None:
+            raise ValueError("the table has no profile to save")
+        seconds = [[[None if np.isnan(v) else float(v) for v in row] for row in load] for load in self.prior]
         with open(path, "w", encoding="utf-8") as f:
-            json.dump({"key": key, "seconds": np.where(np.isnan(self.prior), None, self.prior).tolist()}, f)
+            json.dump({"key": key, "seconds": seconds}, f)
 
     @classmethod
     def from_file(cls, path: str, key: dict | None = None, **kw) -> CostTable:

@@ -36,7 +36,7 @@ def test_a_cost_model_file_is_the_tables_start_up_profile(tmp_path):
     spec = {"num_speculative_tokens": 7, "enable_adaptive_verification": True, "cost_model": str(path)}
     policy = verify_policy(config(tmp_path, spec))
     assert policy.table.prior is not None
-    assert policy.table.costs(4, 0)[1, 7] == 0.01 + 0.001 * 128 + 0.005  # 16 requests x 8 rows, a pass
+    assert policy.table.costs(4, 0)[1, 4 * 7] == 0.01 + 0.001 * 128 + 0.005  # 16 requests x 8 rows, a pass
 
 
 def write_safetensors_header(path, names):

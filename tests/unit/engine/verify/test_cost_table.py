@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dspark_loop.contract.protocol import DSPARK_K
-from dspark_loop.engine.verify.cost_table import CostTable
+from dspark_loop.engine.verify.cost_table import QUARTERS, CostTable
 from dspark_loop.engine.verify.tunables import VerifyTunables
 
 
@@ -16,7 +16,7 @@ def test_a_cell_is_the_median_of_its_samples_and_ignores_a_slow_step():
     table = CostTable()
     for i, s in enumerate([0.010, 0.011, 0.010, 0.100, 0.010, 0.012, 0.011, 0.010]):
         table.observe(16, 16 * 7, True, s, i)
-    assert table.costs(4, 8)[1, 7] == pytest.approx(0.0105, abs=0.0006)
+    assert table.costs(4, 8)[1, QUARTERS * 7] == pytest.approx(0.0105, abs=0.0006)
 
 
 def test_costs_are_monotone_and_read_between_measured_windows():
@@ -30,9 +30,11 @@ def test_costs_are_monotone_and_read_between_measured_windows():
         table.observe(4, 4 * 7, True, 0.040, i)
     costs = table.costs(2, 3)
     assert np.all(np.diff(costs, axis=1) >= 0) and np.all(costs[1] >= costs[0])
-    assert costs[1, 5] == pytest.approx(0.029)  # halfway from window 3's 0.018 to window 7's 0.040
-    assert costs[1, 3] == pytest.approx(0.020)  # window 1's 0.020: a wider window is never cheaper
-    assert CostTable.time(costs[None], np.array([4]), np.array([22]), 1)[0] == pytest.approx((0.029 + costs[1, 6]) / 2)
+    q = QUARTERS
+    assert costs[1, 5 * q] == pytest.approx(0.029)  # halfway from window 3's 0.018 to window 7's 0.040
+    assert costs[1, 3 * q] == pytest.approx(0.020)  # window 1's 0.020: a wider window is never cheaper
+    between = (costs[1, 5 * q] + costs[1, 5 * q + 1]) / 2  # 5.125 rows per request
+    assert CostTable.time(costs[None], np.array([8]), np.array([41]), 1)[0] == pytest.approx(between)
 
 
 def test_samples_expire_after_the_horizon():
@@ -50,7 +52,7 @@ def test_a_profile_reads_for_unmeasured_cells_scaled_by_the_measured_drift(tmp_p
     median ratio of measured steps to it; a file saved with its key loads back, and a file
     for another checkpoint is refused."""
     table = CostTable.profile(lambda n, rows, d: 0.001 * rows + 0.01 * d, 64)
-    assert table.costs(3, 0)[1, DSPARK_K] == pytest.approx(0.001 * 64 + 0.01)
+    assert table.costs(3, 0)[1, QUARTERS * DSPARK_K] == pytest.approx(0.001 * 64 + 0.01)
     for i in range(10):
         table.observe(8, 8 * DSPARK_K, True, 2 * (0.001 * 64 + 0.01), i)  # the machine is 2x slower
     assert table.costs(3, 10)[0, 0] == pytest.approx(2 * 0.008)
