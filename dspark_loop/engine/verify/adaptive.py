@@ -8,7 +8,7 @@ read from the cost table:
     drafting   every request drafts; verify lengths l by Algorithm 1 (budget.solve_budget)
                against the table's costs with a drafter pass; a request without drafts
                now counts with its class's mean confidence (what it brings next step)
-    not        no drafter pass, one row each: R / cost(R requests, no drafts, no pass)
+    not        no drafter pass, one row each: R / cost(R requests, prompt rows, no pass)
 
 The better one is this step's choice: drafting runs the l it solved; not drafting
 verifies the drafts already made as far as they pay without a pass, and prompts that
@@ -32,10 +32,11 @@ from dspark_loop.engine.verify.tunables import DEFAULT, VerifyTunables
 def solve(surv, cap, partition, n: np.ndarray, prompt: np.ndarray, costs: np.ndarray, drafting: int) -> Budget:
     """Algorithm 1 against the table: n [P] decode requests, prompt [P] prompt rows beside
     them, costs [P, 2, BINS] (CostTable.costs of each partition's load)."""
-    base = np.where(n > 0, CostTable.time(costs, n, prompt, drafting), 1e-12)  # [P]
+    rows, parts = costs[:, drafting], np.arange(len(n))  # [P, BINS], [P]
+    base = np.where(n > 0, CostTable.time(rows, n, parts, prompt), 1e-12)  # [P]
 
     def drafts_s(p: np.ndarray, m: np.ndarray) -> np.ndarray:
-        return CostTable.time(costs[p], n[p], m + prompt[p], drafting) - base[p]
+        return CostTable.time(rows, n, p, m + prompt[p]) - base[p]
 
     return solve_budget(surv, cap, base, drafts_s, partition)
 
@@ -64,8 +65,8 @@ class AdaptiveVerify:
         cls = request_class(np.zeros(R, bool) if sampled is None else sampled, constrained)  # [R]
         raw = self.acceptance.raw(self.acceptance.known(conf, cap, cls), cap)  # [R, K]
         surv = self.acceptance.corrected(raw, cls)  # [R, K]
-        n = np.bincount(partition, minlength=int(partition.max()) + 1 if R else 1)  # [P]
-        prompt = np.zeros(len(n)) if prompt_rows is None else np.asarray(prompt_rows, np.float64)[: len(n)]  # [P]
+        prompt = np.zeros(int(partition.max()) + 1 if R else 1) if prompt_rows is None else np.asarray(prompt_rows)
+        n = np.bincount(partition, minlength=len(prompt))  # [P] decode requests; prompt [P] rows beside
         loads = load_of(n)  # [P]
         costs = np.stack([self.table.costs(int(b), self.step) for b in loads])  # [P, 2, BINS]
         probe = self._probe(int(loads[int(np.argmax(n))]))
@@ -95,7 +96,7 @@ class AdaptiveVerify:
             on = solve(steady, np.where(idle, DSPARK_K, cap), partition, n, prompt, costs, 1)
         else:
             on = solve(surv, cap, partition, n, prompt, costs, 1)
-        off_s = float(np.max(np.where(n > 0, CostTable.time(costs, n, prompt, 0), 0.0)))
+        off_s = float(np.max(np.where(n > 0, CostTable.time(costs[:, 0], n, np.arange(len(n)), prompt), 0.0)))
         if on.expected_tokens / on.step_s > R / off_s:
             if idle.any():
                 on = solve(surv, cap, partition, n, prompt, costs, 1)

@@ -83,18 +83,16 @@ class CostTable:
         return fresh.sum(axis=2) >= self.t.min_samples
 
     @staticmethod
-    def time(costs: np.ndarray, num_requests, extra_rows, drafting: int) -> np.ndarray:
-        """Seconds of partitions' steps from their loads' costs [.., 2, BINS]: num_requests
-        and extra_rows (beyond one per request) broadcast, read between cells."""
-        n = np.maximum(np.asarray(num_requests, np.float64), 1.0)
+    def time(rows: np.ndarray, num_requests: np.ndarray, part, extra_rows) -> np.ndarray:
+        """Seconds of steps of partitions part [M] computing extra_rows [M] beyond one row per
+        request, from each partition's costs at one pass, rows [P, BINS] (costs()[pass] of
+        its load), and its decode requests [P]; read linearly between cells."""
+        n = np.maximum(num_requests[part], 1)
         j = np.clip(QUARTERS * np.asarray(extra_rows, np.float64) / n, 0.0, BINS - 1)
-        j = np.broadcast_to(j, costs.shape[:-2])
-        lo = np.floor(j).astype(np.int64)
+        lo = j.astype(np.int64)
         hi = np.minimum(lo + 1, BINS - 1)
-        row = costs[..., drafting, :]  # [..., K + 1]
-        a = np.take_along_axis(row, lo[..., None], -1)[..., 0]
-        b = np.take_along_axis(row, hi[..., None], -1)[..., 0]
-        return a + (b - a) * (j - lo)
+        a = rows[part, lo]
+        return a + (rows[part, hi] - a) * (j - lo)
 
     # ---- learning -----------------------------------------------------------------------
     def observe(self, num_requests: int, extra_rows: int, drafting: bool, step_s: float, step: int) -> None:

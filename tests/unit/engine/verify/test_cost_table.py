@@ -34,7 +34,7 @@ def test_costs_are_monotone_and_read_between_measured_windows():
     assert costs[1, 5 * q] == pytest.approx(0.029)  # halfway from window 3's 0.018 to window 7's 0.040
     assert costs[1, 3 * q] == pytest.approx(0.020)  # window 1's 0.020: a wider window is never cheaper
     between = (costs[1, 5 * q] + costs[1, 5 * q + 1]) / 2  # 5.125 rows per request
-    assert CostTable.time(costs[None], np.array([8]), np.array([41]), 1)[0] == pytest.approx(between)
+    assert CostTable.time(costs[1][None], np.array([8]), np.array([0]), np.array([41]))[0] == pytest.approx(between)
 
 
 def test_samples_expire_after_the_horizon():
