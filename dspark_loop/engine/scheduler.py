@@ -257,9 +257,8 @@ class Scheduler:
         conf[w.unknown & (cap > 0)] = np.nan  # the policy's prior for its class
         if self.num_constrained and inflight < 0:
             self._walk_windows(reqs, cap, conf)
-        verify_len, draft_next, surv = self.policy.choose(
-            conf, cap, w.partition, w.sampled, w.constrained, w.prompt_rows
-        )
+        choice = self.policy.choose(conf, cap, w.partition, w.sampled, w.constrained, w.prompt_rows)
+        verify_len, draft_next, surv = choice
         if surv is not None:  # the policy learns acceptance: it gets this back in observe_step
             step.verify_survival = (np.fromiter((r.req_id for r in reqs), np.int64, n), surv)
         if len(verify_len) != n or len(draft_next) != n:
