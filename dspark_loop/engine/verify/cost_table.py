@@ -10,10 +10,10 @@ interpolates linearly; costs are made monotone (more drafts, or a pass, never ch
 A cell with fewer than `min_samples` fresh samples is unmeasured. It then reads as a prior
 when the table has one (a start-up profile: `profile()`, or a file), scaled by the median
 ratio of the newest measured steps to that prior (the machine's drift); without a prior,
-between the measured windows of its pass (flat beyond them), or as the other pass's cost
+between the measured rows of its pass (flat beyond them), or as the other pass's cost
 where its pass has none. The rule measures the cells it needs by running them
-(AdaptiveVerify's probes). Steps that carry prompt rows are not measured: the rule
-compares decode steps.
+(AdaptiveVerify's probes). A cell whose newest samples moved by a factor `shift` from its
+older ones says the cost shape changed: the load's other cells are measured again.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ class CostTable:
         self.ratios = np.full(tunables.cell_samples * 4, np.nan)  # newest observed / prior
         self.num_ratios = 0
         self.num_samples = 0
+        self.num_shifts = 0  # cost shape changes seen (_check_shift)
 
     # ---- reading ------------------------------------------------------------------------
     def costs(self, load: int, step: int) -> np.ndarray:
@@ -109,6 +110,26 @@ class CostTable:
         if self.prior is not None and np.isfinite(self.prior[cell]) and self.prior[cell] > 0:
             self.ratios[self.num_ratios % len(self.ratios)] = step_s / self.prior[cell]
             self.num_ratios += 1
+        self._check_shift(cell, step)
+
+    def _check_shift(self, cell: tuple, step: int) -> None:
+        """When a cell's newest `min_samples` steps have a median `shift` times off its older
+        fresh samples' median, the cost shape changed: the cell keeps its newest samples and
+        the load's other cells count as unmeasured (to be measured again)."""
+        fresh = self.steps[cell] > step - self.t.horizon  # [N]
+        order = np.argsort(np.where(fresh, -self.steps[cell], 1 << 62))  # newest first
+        k = self.t.min_samples
+        if fresh.sum() < 2 * k:
+            return
+        times = self.times[cell][order[: int(fresh.sum())]]
+        ratio = float(np.median(times[:k]) / np.median(times[k:]))
+        if 1.0 / self.t.shift < ratio < self.t.shift:
+            return
+        load = cell[0]
+        newest = self.steps[cell][order[:k]].copy()
+        self.steps[load] = -(1 << 62)
+        self.steps[cell][order[:k]] = newest
+        self.num_shifts += 1
 
     # ---- the start-up profile -----------------------------------------------------------
     @classmethod
@@ -156,5 +177,6 @@ class CostTable:
         return {
             "num_samples": self.num_samples,
             "profiled": self.prior is not None,
+            "num_shifts": self.num_shifts,
             "drift": float(np.nanmedian(self.ratios)) if self.num_ratios else 1.0,
         }

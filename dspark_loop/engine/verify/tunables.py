@@ -21,6 +21,11 @@ class VerifyTunables:
     # that changed while nobody looked is found again; re-probing a load's probe cells
     # costs ~6 short steps per horizon (~0.5% of the steps at 1024).
     horizon: int = 1024
+    # A cell whose newest min_samples steps' median is this factor off its older samples'
+    # median marks its load's other cells unmeasured: the cost shape changed, and the points
+    # the rule is not visiting must be measured again (a cheaper alternative would otherwise
+    # wait `horizon` steps). Above the simulator's +-10% step noise (at most 1.1 / 0.9).
+    shift: float = 1.25
     # Without a start-up profile, one decode step in this many runs an unmeasured probe
     # cell of its load (a pure function of the step counter): at 4, a cold load has its
     # probes measured within ~50 steps.

@@ -62,3 +62,19 @@ def test_a_profile_reads_for_unmeasured_cells_scaled_by_the_measured_drift(tmp_p
     assert np.allclose(CostTable.from_file(path, key).costs(3, 0), CostTable.from_file(path).costs(3, 0))
     with pytest.raises(ValueError, match="profiled on"):
         CostTable.from_file(path, {**key, "checkpoint": "b"})
+
+
+def test_a_cell_whose_cost_moved_marks_its_loads_other_cells_unmeasured():
+    """When the visited cell's newest steps cost 3x its older ones (the cost shape changed),
+    the load's other cells must count as unmeasured, to be measured again, and the visited
+    cell must read its new cost."""
+    table = CostTable()
+    for i in range(6):
+        table.observe(16, 0, False, 0.010, i)
+        table.observe(16, 16 * 7, True, 0.050, i)
+    assert table.measured(4, 6)[1, QUARTERS * 7]
+    for i in range(6, 9):
+        table.observe(16, 0, False, 0.030, i)
+    assert not table.measured(4, 9)[1, QUARTERS * 7]
+    assert table.costs(4, 9)[0, 0] == pytest.approx(0.030)
+    assert table.num_shifts == 1

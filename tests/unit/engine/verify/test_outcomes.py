@@ -66,16 +66,20 @@ def test_from_a_cold_start_the_rule_is_within_2_percent_of_its_steady_rate_after
 
 
 @pytest.mark.parametrize(
-    "change",
-    [(300, 64, None), (300, None, "demo-cpu")],
-    ids=["1 -> 64 streams on the cpu", "gpu -> cpu cost shape at 16 streams"],
+    "start, streams, change",
+    [
+        ("demo-cpu", 1, (300, 64, None)),
+        ("gpu-roofline", 16, (300, None, "demo-cpu")),
+        ("demo-cpu", 64, (300, None, "gpu-roofline")),
+    ],
+    ids=["1 -> 64 streams on the cpu", "gpu -> cpu at 16 streams", "cpu -> gpu at 64 streams"],
 )
-def test_after_a_change_of_load_or_cost_shape_the_rule_recovers(change):
+def test_after_a_change_of_load_or_cost_shape_the_rule_recovers(start, streams, change):
     """When the load jumps (1 to 64 streams: the chain's win turns into K=0's) or the cost
-    shape changes (rows nearly free to every row costing), the rule must be back at 0.98x
-    the best static choice within 200 decode steps of the change."""
-    start = "demo-cpu" if change[1] else "gpu-roofline"
-    sc = Scenario(start, 1 if change[1] else 16, 0.0, 800, change=change)
+    shape changes (rows nearly free to every row costing, and back: drafting, unvisited
+    while K=0 won, became cheap), the rule must be back at 0.98x the best static choice
+    within 200 decode steps of the change."""
+    sc = Scenario(start, streams, 0.0, 800, change=change)
     after = change[0] + 200
     runs = {
         "ours": simulate(AdaptiveVerify(), sc),
