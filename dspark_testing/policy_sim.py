@@ -30,7 +30,6 @@ from dspark_loop.contract.sampling_knobs import SamplingKnobs
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 
 K = DSPARK_K
-MASK = (1 << 64) - 1
 
 
 class StepShape(NamedTuple):
