@@ -23,13 +23,13 @@ from dspark_loop.contract.errors import MeshStartError
 from dspark_loop.contract.mesh_auth import resolve_secret
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import DSPARK_K, RankConfig
-from dspark_loop.engine.adaptive_verify import AdaptiveVerify
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.scheduler import Scheduler
-from dspark_loop.engine.step_cost import StepCost
-from dspark_loop.engine.verify_policy import FullVerify, VerifyPolicy
+from dspark_loop.engine.verify.adaptive import AdaptiveVerify
+from dspark_loop.engine.verify.cost_table import CostTable
+from dspark_loop.engine.verify.policy import FullVerify, VerifyPolicy
 from dspark_loop.event_loop import loop_name
 from dspark_loop.mesh.mesh import Mesh
 from dspark_loop.mesh.nodes import MESH_PORT_OFFSET, NodeLayout, parse_host_port
@@ -197,7 +197,7 @@ def adaptive_verification(cfg: ServerConfig) -> bool:
 
 
 def verify_policy(cfg: ServerConfig, model: ModelConfig | None = None) -> VerifyPolicy:
-    """AdaptiveVerify (with the pinned cost model when one is given, and the checkpoint's
+    """AdaptiveVerify (with the start-up cost table when one is given, and the checkpoint's
     per-position confidence temperatures, config.json dspark_confidence_temperatures, when
     it has them) or the fixed chain."""
     if not adaptive_verification(cfg):
@@ -206,12 +206,12 @@ def verify_policy(cfg: ServerConfig, model: ModelConfig | None = None) -> Verify
 
 
 def adaptive_policy(cost_model: str | None, model: ModelConfig | None) -> AdaptiveVerify:
-    """AdaptiveVerify as the server builds it (also tools/bench/adaptive): the cost model
-    pinned from cost_model when given, the checkpoint's confidence temperatures when it has them."""
+    """AdaptiveVerify as the server builds it (also tools/bench/adaptive): the cost table's
+    prior from cost_model when given, the checkpoint's confidence temperatures when it has them."""
     temps = model.raw.get("dspark_confidence_temperatures") if model is not None else None
     if temps is not None and (len(temps) != DSPARK_K or min(temps) <= 0):
         raise ValueError(f"config.json dspark_confidence_temperatures must be {DSPARK_K} positive numbers: {temps}")
-    return AdaptiveVerify(StepCost.from_file(cost_model) if cost_model else None, temperatures=temps)
+    return AdaptiveVerify(CostTable.from_file(cost_model) if cost_model else None, temperatures=temps)
 
 
 def load_tokenizer(model_dir: str) -> Tokenizer:

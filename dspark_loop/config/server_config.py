@@ -19,7 +19,7 @@ from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.checkpoint_names import checkpoint_tensor_names
 from dspark_loop.contract.model_config import DRAFT_STAGES, ModelConfig
 from dspark_loop.contract.protocol import DEFAULT_RING_HEAP, DSPARK_K, MAX_CHUNK
-from dspark_loop.engine.step_cost import StepCost
+from dspark_loop.engine.verify.cost_table import CostTable
 
 FLASH_SHAPE = dict(hidden_size=4096, num_hidden_layers=43, n_routed_experts=256)
 MAX_CONTEXT = 1048576
@@ -63,10 +63,10 @@ class ConfigError(ValueError):
 class SpeculativeConfig:
     method: str = "dspark"
     num_speculative_tokens: int = 0
-    # K=7: choose verify lengths and drafter skips per request (engine/adaptive_verify.py);
+    # K=7: choose verify lengths and drafter skips per request (engine/verify/adaptive.py);
     # None: on when the drafter has a confidence head (launch.adaptive_verification)
     enable_adaptive_verification: bool | None = None
-    cost_model: str | None = None  # a pinned step cost model (engine/step_cost.py), JSON
+    cost_model: str | None = None  # a start-up cost table (engine/verify/cost_table.py), JSON
 
 
 @dataclass(frozen=True)
@@ -292,7 +292,7 @@ def _common_rules(cfg: ServerConfig, model: ModelConfig) -> list[str]:
         )
     if spec.cost_model is not None:
         try:
-            StepCost.from_file(spec.cost_model)
+            CostTable.from_file(spec.cost_model)
         except (OSError, ValueError) as e:
             out.append(f"--speculative-config cost_model {spec.cost_model}: {e}")
     if k == DSPARK_K:

@@ -204,12 +204,11 @@ class EngineLoop:
         """DSpark (K=7) totals so far: verifies, proposed/matched drafts, accepted tokens,
         mean accepted length, fallback steps, lease scrubs; all zero at K=0."""
         leases = [p.leases.num_in_use for p in self.scheduler.partitions if p.leases is not None]
-        policy = getattr(self.scheduler.policy, "stats", None)
         return {
             "num_speculative_tokens": self.scheduler.spec_k,
             **self.scheduler.spec.summary(),
             "leases_in_use": sum(leases),
-            "verify_policy": policy() if policy is not None else {"name": type(self.scheduler.policy).__name__},
+            "verify_policy": self.scheduler.policy.stats(),
         }
 
     async def generate(self, g: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:

@@ -134,7 +134,7 @@ class Request(VerifyCounts):
         self.num_verify_steps = 0  # each verified 1..DSPARK_K drafts
         self.num_proposed = 0  # drafts verified over all verifies
         self.num_drafter_skips = 0  # drafter passes a verify policy skipped
-        # adaptive verification (engine/verify_policy.py): the request's own cap on drafts
+        # adaptive verification (engine/verify/policy.py): the request's own cap on drafts
         # per verify (0: never speculate), and the policy's choice for the step being built
         self.max_draft_tokens = min(DSPARK_K, params.max_draft_tokens)
         self.sampled = params.knobs.is_random  # its rows sample (else greedy): its class (request_class)

@@ -22,7 +22,6 @@ from dspark_loop.contract.protocol import (
     StepPlan,
     TokenMask,
 )
-from dspark_loop.engine.accept_calibration import request_class
 from dspark_loop.engine.admission import Admission
 from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.kv_cache import PartitionCache
@@ -42,9 +41,10 @@ from dspark_loop.engine.spec_counters import SpecCounters
 from dspark_loop.engine.step_apply import StepApplier
 from dspark_loop.engine.step_update import read_results
 from dspark_loop.engine.token_masks import fill_masks, token_masks, walk
-from dspark_loop.engine.verify_feedback import observe_step
-from dspark_loop.engine.verify_policy import FullVerify, VerifyPolicy
-from dspark_loop.engine.verify_windows import decode_windows
+from dspark_loop.engine.verify.calibration import request_class
+from dspark_loop.engine.verify.feedback import observe_step
+from dspark_loop.engine.verify.policy import FullVerify, VerifyPolicy
+from dspark_loop.engine.verify.windows import decode_windows
 
 
 class Scheduler:
@@ -220,7 +220,7 @@ class Scheduler:
         if inflight >= 0:
             for part in self.partitions:
                 plan_positions(part.running, inflight, self.spec_k, self.max_model_len, self.defers_masks)
-        adaptive = bool(self.spec_k) and (self.num_capped > 0 or type(self.policy) is not FullVerify)
+        adaptive = bool(self.spec_k) and (self.num_capped > 0 or self.policy.per_step)
         self._walked = {}
         masked = adaptive and self._choose_windows(step, inflight)
         for part in self.partitions:
@@ -241,7 +241,8 @@ class Scheduler:
         drafts are the ones the unanswered step makes (plan_drafts); their confidences are
         not known yet: the policy reads the newest the host has (one step stale), which
         changes speed, never tokens."""
-        w = decode_windows(self.partitions, inflight >= 0, self.max_model_len - (self.spec_k + 1))
+        prefill = (self.chunk_cap, self.max_seqs_per_partition, self.max_num_batched_tokens)
+        w = decode_windows(self.partitions, inflight >= 0, self.max_model_len - (self.spec_k + 1), prefill)
         if w is None:
             return False
         reqs, cap, n = w.reqs, w.cap, len(w.reqs)
@@ -256,7 +257,8 @@ class Scheduler:
         conf[w.unknown & (cap > 0)] = np.nan  # the policy's prior for its class
         if self.num_constrained and inflight < 0:
             self._walk_windows(reqs, cap, conf)
-        verify_len, draft_next, surv = self.policy.choose(conf, cap, w.partition, w.sampled, w.constrained)
+        choice = self.policy.choose(conf, cap, w.partition, w.sampled, w.constrained, w.prompt_rows)
+        verify_len, draft_next, surv = choice
         if surv is not None:  # the policy learns acceptance: it gets this back in observe_step
             step.verify_survival = (np.fromiter((r.req_id for r in reqs), np.int64, n), surv)
         if len(verify_len) != n or len(draft_next) != n:
@@ -326,12 +328,11 @@ class Scheduler:
     def _prompt_drafts(self, prefills: list[tuple[Request, int]]) -> None:
         """K=7: whether each prompt that completes this step drafts from its first token
         (Request.draft_next, the chunk's `draft`): the verify policy's call for a request
-        of its class that has no drafts (drafts_new), never where its speculation is off."""
-        drafts_new = getattr(self.policy, "drafts_new", None)
+        of its class (drafts_prompt), never where its speculation is off."""
         for r, n in prefills:
             if r.plan_pos + n == r.prefill_target:
                 cls = int(request_class(r.sampled, r.constraint is not None))
-                r.draft_next = r.max_draft_tokens > 0 and (drafts_new is None or drafts_new(cls))
+                r.draft_next = r.max_draft_tokens > 0 and self.policy.drafts_prompt(cls)
 
     def _budget(self, part: Partition, inflight: int = -1, adaptive: bool = False) -> tuple[int, list[Request]]:
         """Phase 1: ring pages behind the window back, then each running request's rows
@@ -480,13 +481,13 @@ class Scheduler:
     @property
     def observes_steps(self) -> bool:
         """Whether the loop must report step times (a verify policy that learns from them)."""
-        return bool(self.spec_k) and type(self.policy) is not FullVerify
+        return bool(self.spec_k) and self.policy.learns
 
     def observe_step(
         self, step: ScheduledStep, results, wall_s: float, host_s: float | None = None, overlapped: bool = False
     ) -> None:
         """Tell the verify policy what a finished step computed and cost, and what its
-        windows accepted (engine/verify_feedback.py)."""
+        windows accepted (engine/verify/feedback.py)."""
         observe_step(self.policy, step, results, wall_s, host_s, overlapped)
 
     # ---- finishing ------------------------------------------------------------------------

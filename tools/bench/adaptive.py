@@ -1,10 +1,10 @@
 """Adaptive verification on the shipped demo: K=0, the fixed K=7 chain and adaptive
-verification (engine/adaptive_verify.py) in one run, per stream count x temperature, on
+verification (engine/verify/adaptive.py) in one run, per stream count x temperature, on
 the manifest's held-out Python prompts.
 
     python -m tools.bench.adaptive [--streams 1 4 16 64] [--temperatures 0 0.8]
         [--max-tokens 64] [--requests-per-stream 3] [--ranks inproc|process] [--threads N]
-        [--cost-model FILE] [--save-cost-model FILE] [--json FILE] [--plot FILE] [--trace FILE]
+        [--cost-model FILE] [--json FILE] [--plot FILE]
         [--quick] [--constrained]
 
 --ranks inproc (default): one runner in this process (LocalComm), run inside the engine's
@@ -60,7 +60,6 @@ steps that cost nearly a full one on the demo (its step time is mostly fixed cos
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -73,11 +72,10 @@ from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import RankConfig
 from dspark_loop.contract.sampling_knobs import SamplingKnobs
-from dspark_loop.engine.adaptive_verify import AdaptiveVerify
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
-from dspark_loop.engine.step_cost import TERMS
+from dspark_loop.engine.verify.adaptive import AdaptiveVerify
 from dspark_loop.launch import adaptive_policy
 from dspark_loop.mesh.mesh import Mesh
 from dspark_testing.local_mesh import LocalMesh
@@ -130,18 +128,6 @@ class DecodeRows(EngineObserver):
             if reqs < self.streams:
                 self.tail_steps += 1
                 self.tail_s += trace.compute_max_s
-
-
-class TraceFile:
-    """The adaptive policy's trace (AdaptiveVerify.trace): every step its regime guard was
-    shown, one JSON line each, with the run it came from (`where`, set by run())."""
-
-    def __init__(self, path: str) -> None:
-        self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed by main)
-        self.where: dict = {}
-
-    def __call__(self, step: dict) -> None:
-        self.file.write(json.dumps({**self.where, **step}) + "\n")
 
 
 class RankProcesses(Mesh):
@@ -199,8 +185,6 @@ def run(
         runner = demo_runner(path, prompts, max_tokens, spec_k, n)
         mesh, pages = LocalMesh([runner]), runner.num_blocks
     policy = policy if mode == "adaptive" else None
-    if isinstance(getattr(policy, "trace", None), TraceFile):
-        policy.trace.where = {"streams": streams, "temperature": temperature, "max_tokens": max_tokens}
     sched = model_scheduler(cfg, BLOCK, pages, max_num_seqs=n, spec_k=spec_k, policy=policy)
     tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
     host, rows = HostTimes(), DecodeRows(spec_k > 0, n)
@@ -281,17 +265,9 @@ def draw(figures: dict, path: str) -> None:
 def warm_up(
     path: str, pool, policy: AdaptiveVerify, streams, temperatures, max_tokens: int, constrained: bool, **where
 ) -> None:
-    """Adaptive runs over the stream counts until the cost model is trusted (at most 8
-    rounds), greedy and sampled, so its start-up profile sees every load; then one run of
-    every cell's load and temperature (constrained as the cells are), so the guard's first
-    epochs and the acceptance calibration of each are behind it, as in a server that has
-    been up a while (the cells measure the steady state, not the start-up)."""
-    for rnd in range(8):
-        for i, n in enumerate(streams):
-            prompts = [pool[(rnd + j) % len(pool)] for j in range(n)]
-            run(path, "adaptive", prompts, max_tokens, 0.8 if (rnd + i) % 2 else 0.0, policy, **where)
-        if policy.cost.trusted:
-            break
+    """One run of every cell's load and temperature (constrained as the cells are), so the
+    cost table's probes and the acceptance calibration of each are behind it, as in a
+    server that has been up a while (the cells measure the steady state, not the start-up)."""
     for n in streams:
         for t in temperatures:
             prompts = [pool[j % len(pool)] for j in range(n)]
@@ -428,15 +404,7 @@ def main(argv=None) -> int:
         help="inproc: one runner in this process, serial with the host; process: one rank "
         "process beside the host, as the server runs it (the host's work overlaps the rank's)",
     )
-    ap.add_argument("--cost-model", default=None, help="pin the step cost model from this JSON file")
-    ap.add_argument("--save-cost-model", default=None, help="write the learned cost model here at the end")
-    ap.add_argument(
-        "--trace",
-        default=None,
-        help="write every step the adaptive policy's regime guard was shown here (JSON lines: "
-        "the run's streams and temperature, the step's key, point, requests, tokens, time, "
-        "prompt rows and the key's measures after it)",
-    )
+    ap.add_argument("--cost-model", default=None, help="the cost table's start-up profile, from this JSON file")
     ap.add_argument("--quick", action="store_true", help="a smoke test: streams 1 2, 6 tokens, one round")
     ap.add_argument(
         "--constrained", action="store_true", help="every request writes a JSON document under bench.demo.SCHEMA"
@@ -450,14 +418,12 @@ def main(argv=None) -> int:
     pool = heldout_prompts(args.model, tok)
     policy = adaptive_policy(args.cost_model, ModelConfig.from_dir(args.model))  # the server's, with its temperatures
     where = dict(ranks=args.ranks, threads=args.threads)
-    if args.trace:
-        policy.trace = TraceFile(args.trace)
     run(args.model, "k0", pool[:1], 4, 0.0, None, **where)  # warm-up (allocator, first-call paths)
     if not args.quick and not args.cost_model:
         warmup_tokens = min(args.max_tokens, 32)
         warm_up(args.model, pool, policy, args.streams, args.temperatures, warmup_tokens, args.constrained, **where)
     print(f"confidence temperatures (config.json): {policy.acceptance.temperatures}", flush=True)
-    print(f"cost model after warm-up: {policy.cost.stats()}", flush=True)
+    print(f"cost table after warm-up: {policy.table.stats()}", flush=True)
     rows = []
     for n in args.streams:
         for t in args.temperatures:
@@ -479,11 +445,6 @@ def main(argv=None) -> int:
             )
             print_row(rows[-1])
     print(f"policy at the end: {policy.stats()}", flush=True)
-    if args.save_cost_model:
-        with open(args.save_cost_model, "w", encoding="utf-8") as f:
-            json.dump({t: float(c) for t, c in zip(TERMS, policy.cost.coef)}, f, indent=1)
-    if isinstance(policy.trace, TraceFile):
-        policy.trace.file.close()
     summary = {
         "max_tokens": args.max_tokens,
         "requests_per_stream": args.requests_per_stream,

@@ -47,11 +47,11 @@ from dspark_loop.contract.acceptance import accept_chain
 from dspark_loop.contract.flash_layout import flash_layout
 from dspark_loop.contract.protocol import DSPARK_K, ENCODER, StepResult, as_i8, as_i32
 from dspark_loop.contract.sampling_knobs import SamplingKnobs
-from dspark_loop.engine.adaptive_verify import AdaptiveVerify
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
-from dspark_loop.engine.step_cost import StepCost
+from dspark_loop.engine.verify.adaptive import AdaptiveVerify
+from dspark_loop.engine.verify.cost_table import CostTable
 from dspark_loop.event_loop import EVENT_LOOPS, loop_factory, loop_name
 from dspark_loop.observe.metrics import Metrics
 from dspark_loop.observe.tap_publisher import TapPublisher
@@ -284,7 +284,7 @@ async def run(
     adaptive: bool = False,
 ):
     sampling = sampling or {}
-    policy = {"policy": AdaptiveVerify(StepCost(pinned=ADAPTIVE_COST))} if adaptive and spec_k else {}
+    policy = {"policy": AdaptiveVerify(CostTable.profile(adaptive_cost, num_requests))} if adaptive and spec_k else {}
     sched = make_scheduler(
         **policy,
         layout=flash_layout(),
@@ -347,7 +347,9 @@ async def run(
 
 # --adaptive: a pinned step cost under which verifying and drafting pay (full windows), so the
 # policy solves every step, as it does on an accelerator serving confident drafts
-ADAPTIVE_COST = {"c0": 0.02, "c_row": 2e-6, "c_req": 1e-6, "c_draft": 1e-6, "c_pass": 0.001}
+def adaptive_cost(requests: int, rows: int, drafting: bool) -> float:
+    """A start-up profile for the adaptive runs: rows nearly free, a drafter pass that pays."""
+    return 0.02 + 2e-6 * rows + 1e-6 * requests + (1e-6 * requests + 0.001) * drafting
 
 
 def device_entry(num_requests, num_partitions, num_steps, spec_k, tap_addr, new_loop, device_s, overlap) -> dict:

@@ -8,7 +8,7 @@ loss, both reported as ECE (10 equal-width bins) on held-out rollouts before/aft
     global      one temperature T (c = sigmoid(z / T)) folded into the head's weight
     sequential  one temperature per draft position on top of the served head (the paper's
                 sequential scaling), written to config.json dspark_confidence_temperatures
-                and applied on the host (engine/adaptive_verify.py)
+                and applied on the host (engine/verify/calibration.py)
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def fit_position_temperatures(
     """Sequential (per-position) temperature scaling, as the paper: one T per draft
     position, fit on that position's events (1.0 where it has fewer than min_events).
     Served through config.json's dspark_confidence_temperatures, applied on the host
-    (engine/adaptive_verify.py), not folded into the head (which has one weight)."""
+    (engine/verify/calibration.py), not folded into the head (which has one weight)."""
     temps = []
     for j in range(k):
         sel = posn == j

@@ -6,8 +6,9 @@ import json
 
 from dspark_loop.config.cli import speculative_config
 from dspark_loop.config.server_config import ServerConfig
-from dspark_loop.engine.adaptive_verify import AdaptiveVerify
-from dspark_loop.engine.verify_policy import FullVerify
+from dspark_loop.engine.verify.adaptive import AdaptiveVerify
+from dspark_loop.engine.verify.cost_table import CostTable
+from dspark_loop.engine.verify.policy import FullVerify
 from dspark_loop.launch import verify_policy
 
 
@@ -26,14 +27,16 @@ def test_adaptive_verification_is_on_by_default_at_k7_and_off_when_asked(tmp_pat
     assert isinstance(verify_policy(config(tmp_path, k0)), FullVerify)
 
 
-def test_a_cost_model_file_pins_the_policy_cost(tmp_path):
-    """ "cost_model": FILE must load the pinned coefficients, trusted from the first step."""
+def test_a_cost_model_file_is_the_tables_start_up_profile(tmp_path):
+    """ "cost_model": FILE (a saved start-up profile) must become the cost table's prior,
+    which the policy reads for every cell it has not measured."""
     path = tmp_path / "cost.json"
-    path.write_text(json.dumps({"c0": 0.01, "c_row": 0.0001, "c_req": 0.0002, "c_draft": 0.001}))
+    profiled = CostTable.profile(lambda n, rows, drafting: 0.01 + 0.001 * rows + 0.005 * drafting, 16)
+    profiled.save(str(path), {"checkpoint": "tiny", "topology": "tp1", "backend": "cpu"})
     spec = {"num_speculative_tokens": 7, "enable_adaptive_verification": True, "cost_model": str(path)}
     policy = verify_policy(config(tmp_path, spec))
-    assert policy.cost.pinned and policy.cost.trusted
-    assert policy.cost.coef.tolist() == [0.01, 0.0001, 0.0002, 0.001, 0.0, 0.0]
+    assert policy.table.prior is not None
+    assert policy.table.costs(4, 0)[1, 4 * 7] == 0.01 + 0.001 * 128 + 0.005  # 16 requests x 8 rows, a pass
 
 
 def write_safetensors_header(path, names):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dspark_loop.contract.protocol import DSPARK_K, as_i8
-from dspark_loop.engine.verify_policy import FullVerify, VerifyChoice
+from dspark_loop.engine.verify.policy import FullVerify, StepFeedback, VerifyChoice
 from tests.unit.engine.drafting_mesh import DraftingMesh
 from tests.unit.engine.factories import allowed_tokens, make_mesh, make_requests, make_scheduler, run_step, tokens_of
 from tests.unit.engine.random_policy import RandomPolicy
@@ -70,12 +70,12 @@ def test_random_verify_lengths_and_drafter_skips_give_the_k0_tokens(setup, seed)
 class NoPromptDrafts(RandomPolicy):
     """Random windows and skips, but a completing prompt never drafts."""
 
-    def drafts_new(self, cls: int) -> bool:
+    def drafts_prompt(self, cls: int) -> bool:
         return False
 
 
 def test_a_prompt_the_policy_would_not_draft_completes_without_a_drafter_pass():
-    """When the policy says a request without drafts would not draft now (drafts_new), the
+    """When the policy says a request without drafts would not draft now (drafts_prompt), the
     chunk that completes its prompt must carry draft=False, the ranks must send no drafts
     for it, and its first decode step must be one row; tokens stay K=0's. A request whose
     own cap is 0 never drafts from its prompt, whatever the policy."""
@@ -109,10 +109,10 @@ class ResumeAt(RandomPolicy):
         super().__init__(0)
         self.at = at
 
-    def drafts_new(self, cls: int) -> bool:
+    def drafts_prompt(self, cls: int) -> bool:
         return False
 
-    def choose(self, conf, cap, partition, sampled=None, constrained=None) -> VerifyChoice:
+    def choose(self, conf, cap, partition, sampled=None, constrained=None, prompt_rows=None) -> VerifyChoice:
         choice = VerifyChoice(cap.copy(), np.full(len(cap), len(self.calls) + 1 >= self.at))
         self.calls.append((conf.copy(), cap.copy(), partition.copy(), choice))
         return choice
@@ -128,7 +128,7 @@ def test_planned_ahead_the_drafts_of_a_resuming_request_have_unknown_confidences
     mesh = make_mesh(sched, drafts=True)
     for r in make_requests(sched, 2, prompt_len=8, max_tokens=30):
         sched.add(r)
-    a = sched.schedule()  # the prompts (no drafter pass: drafts_new is False)
+    a = sched.schedule()  # the prompts (no drafter pass: drafts_prompt is False)
     sched.update(a, mesh.run(a.plan))
     b = sched.schedule()  # call 1: one row each, no drafter pass
     sched.update(b, mesh.run(b.plan))
@@ -178,15 +178,13 @@ def test_a_skipped_drafter_pass_leaves_the_request_without_drafts_and_one_row_ne
     """A request whose drafter pass was skipped gets no drafts back (the mask reaches the
     ranks), decodes one row in the next step, and drafts again when asked."""
 
-    class Script:
+    class Script(RandomPolicy):
         def __init__(self):
+            super().__init__(0)
             self.skip = False
 
-        def choose(self, conf, cap, partition, sampled=None, constrained=None):
+        def choose(self, conf, cap, partition, sampled=None, constrained=None, prompt_rows=None):
             return VerifyChoice(cap.copy(), np.full(len(cap), not self.skip))
-
-        def observe(self, *a):
-            pass
 
     policy = Script()
     sched = make_scheduler(spec_k=7, policy=policy, max_model_len=200)
@@ -263,7 +261,8 @@ def test_the_step_trace_counts_verify_rows_and_drafter_skips_and_the_policy_obse
             assert pt.num_drafter_skips == (0 if mask is None else int((mask == 0).sum()))
             seen_rows += pt.verify_rows
             seen_skips += pt.num_drafter_skips
-        num_rows = policy.observed[-1][0]
+        fb = policy.observed[-1]
+        num_rows = fb.prompt_rows + fb.num_requests + fb.drafts
         assert num_rows.tolist() == [
             sum(len(c.token_ids) // 4 for c in p.prefills) + (int(as_i8(p.decode.num_rows).sum()) if p.decode else 0)
             for p in step.plan.partitions
@@ -291,34 +290,20 @@ def test_a_step_costs_the_ranks_work_overlapped_their_work_plus_the_host_in_lock
     sched.observe_step(step, worked, 0.5, overlapped=True)
     sched.observe_step(step, worked, 0.5, host_s=0.004)
     sched.observe_step(step, [msgspec.structs.replace(worked[0], work_s=0.0), worked[1]], 0.5, overlapped=True)
-    assert [o[-1] for o in policy.observed] == pytest.approx([0.03, 0.034, 0.5])
+    assert [o.step_s for o in policy.observed] == pytest.approx([0.03, 0.034, 0.5])
 
 
-class RateRecorder(RandomPolicy):
-    def __init__(self, seed: int):
-        super().__init__(seed)
-        self.rates: list[tuple] = []
-
-    def observe_rate(
-        self, num_requests, num_sampled, num_tokens, verifying, drafted, step_s, num_constrained, prefill_rows
-    ) -> None:
-        self.rates.append(
-            (num_requests, num_sampled, num_tokens, verifying, drafted, step_s, num_constrained, prefill_rows)
-        )
-
-
-def test_the_policy_sees_each_steps_decode_tokens_verifying_requests_drafter_pass_and_prompt_rows():
-    """observe_rate must be called for every step with decode requests, with those
-    requests, the tokens they appended, how many of them verified drafts, whether a drafter pass ran,
-    the step's cost and the prompt rows the busiest partition computed beside them (a
-    request arriving later puts a prompt chunk into decode steps)."""
-    policy = RateRecorder(4)
+def test_the_policy_sees_each_steps_decode_requests_drafts_prompt_rows_pass_and_tokens():
+    """observe() must get, for every step, per partition its decode requests, the drafts
+    they verified, the prompt rows computed beside them and whether a drafter pass ran,
+    with the step's cost and the decode tokens appended (a request arriving later puts a
+    prompt chunk into decode steps)."""
+    policy = RandomPolicy(4)
     sched = make_scheduler(spec_k=7, policy=policy, num_partitions=2, max_model_len=200)
     mesh = DraftingMesh(sched.layout, 2, allowed_tokens(), 200, seed=4)
     reqs = make_requests(sched, 5, prompt_len=8, max_tokens=30)
     for r in reqs[:4]:
         sched.add(r)
-    want = []
     for i in range(12):
         if i == 4:
             sched.add(reqs[4])
@@ -326,15 +311,14 @@ def test_the_policy_sees_each_steps_decode_tokens_verifying_requests_drafter_pas
         results = mesh.run(step.plan)
         sched.update(step, results)
         sched.observe_step(step, results, 0.02)
-        rows = [int(k) for p in step.partitions for k in p.decode_rows]
-        if rows:
-            drafted = any(len(r.draft_req_ids) for r in results)
-            per_part = [sum(n for _, n, _ in p.prefills) + int(p.decode_rows.sum()) for p in step.partitions]
-            busiest = step.partitions[int(np.argmax(per_part))]
-            prompt = sum(n for _, n, _ in busiest.prefills)
-            want.append((len(rows), 0, sum(step.accepted_lens), sum(k > 1 for k in rows), drafted, 0.02, 0, prompt))
-    assert policy.rates == want and len(want) > 5
-    assert any(w[4] for w in want) and any(w[3] for w in want) and any(w[7] for w in want)
+        fb = policy.observed[-1]
+        assert fb.num_requests.tolist() == [len(p.decode_reqs) for p in step.partitions]
+        assert fb.drafts.tolist() == [int(p.decode_rows.sum()) - len(p.decode_reqs) for p in step.partitions]
+        assert fb.prompt_rows.tolist() == [sum(n for _, n, _ in p.prefills) for p in step.partitions]
+        assert fb.drafted.tolist() == [len(r.draft_req_ids) > 0 for r in results]
+        assert fb.step_s == 0.02 and fb.tokens == sum(step.accepted_lens)
+    seen = policy.observed
+    assert any(f.drafts.any() for f in seen) and any(f.prompt_rows.any() and f.num_requests.any() for f in seen)
 
 
 def test_a_request_capped_at_three_drafts_never_verifies_more_and_keeps_k0_tokens():
@@ -366,16 +350,14 @@ def test_stale_rows_of_a_rejected_long_window_outlive_a_shorter_one_and_are_neve
     compressed rows): the run must never read them before the step that commits them
     rewrites them, and the tokens must be K=0's."""
 
-    class Windows:
+    class Windows(RandomPolicy):
         def __init__(self, lens):
+            super().__init__(0)
             self.lens = list(lens)
 
-        def choose(self, conf, cap, partition, sampled=None, constrained=None):
+        def choose(self, conf, cap, partition, sampled=None, constrained=None, prompt_rows=None):
             want = self.lens.pop(0) if self.lens else 7
             return VerifyChoice(np.minimum(cap, want).astype(np.int32), np.ones(len(cap), bool))
-
-        def observe(self, *a):
-            pass
 
     sched = make_scheduler(spec_k=7, policy=Windows([]), max_model_len=120)
     mesh = DraftingMesh(sched.layout, 1, allowed_tokens(), 120)
@@ -433,23 +415,24 @@ class ClassRecorder(RandomPolicy):
         self.new_classes: list[int] = []
         self.accepted_classes: list[int] = []
 
-    def choose(self, conf, cap, partition, sampled=None, constrained=None) -> VerifyChoice:
+    def choose(self, conf, cap, partition, sampled=None, constrained=None, prompt_rows=None) -> VerifyChoice:
         self.constrained.append(np.asarray(constrained).tolist())
         choice = super().choose(conf, cap, partition, sampled, constrained)
-        return choice._replace(survival=np.ones((len(cap), DSPARK_K)))
+        return choice._replace(raw_survival=np.ones((len(cap), DSPARK_K)))
 
-    def drafts_new(self, cls: int) -> bool:
+    def drafts_prompt(self, cls: int) -> bool:
         self.new_classes.append(int(cls))
         return True
 
-    def observe_accepted(self, surv, verify_len, accepted, cls) -> None:
-        self.accepted_classes += np.asarray(cls).tolist()
+    def observe(self, feedback: StepFeedback) -> None:
+        if feedback.windows is not None:
+            self.accepted_classes += np.asarray(feedback.windows[3]).tolist()
 
 
 def test_the_policy_is_told_which_requests_are_constrained():
     """A constrained request is its own class to the policy (a grammar cuts its windows):
-    choose() must get its constrained flag, drafts_new its class (sampled + 2 *
-    constrained) and observe_accepted the classes of the windows verified; tokens stay K=0's."""
+    choose() must get its constrained flag, drafts_prompt its class (sampled + 2 *
+    constrained) and observe the classes of the windows verified; tokens stay K=0's."""
     ref_sched = make_scheduler(max_model_len=120)
     ref = run_all(ref_sched, make_mesh(ref_sched), make_requests(ref_sched, 2, prompt_len=8, max_tokens=40))
     policy = ClassRecorder(3)

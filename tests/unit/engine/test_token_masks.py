@@ -192,11 +192,11 @@ def test_adaptive_verification_chooses_a_constrained_window_after_its_grammar_wa
     by its grammar, once: the policy must see its cap cut to the drafts the grammar allows
     and confidence 1.0 at the rows the grammar forces (0 past the cap), the tile must carry
     the repaired drafts, and the plan the first rows' masks of that walk (no second walk)."""
-    from dspark_loop.engine.verify_policy import VerifyChoice
+    from dspark_loop.engine.verify.policy import VerifyChoice
     from tests.unit.engine.random_policy import RandomPolicy
 
     class WholeWindows(RandomPolicy):  # verifies every draft it may
-        def choose(self, conf, cap, partition, sampled=None, constrained=None):
+        def choose(self, conf, cap, partition, sampled=None, constrained=None, prompt_rows=None):
             choice = VerifyChoice(cap.copy(), np.ones(len(cap), bool))
             self.calls.append((conf.copy(), cap.copy(), partition.copy(), choice))
             return choice

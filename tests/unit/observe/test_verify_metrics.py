@@ -5,18 +5,17 @@ from __future__ import annotations
 import numpy as np
 
 from dspark_loop.contract.protocol import PartitionTrace
-from dspark_loop.engine.adaptive_verify import AdaptiveVerify
-from dspark_loop.engine.step_cost import StepCost
+from dspark_loop.engine.verify.adaptive import AdaptiveVerify
 from dspark_loop.observe.metrics import Metrics
 from tests.unit.observe.factories import make_trace, prom_samples
 
 
-def test_verify_rows_skips_expected_tokens_and_the_cost_model_are_exported():
+def test_verify_rows_skips_expected_tokens_and_the_cost_table_are_exported():
     """With a verify policy /metrics must show verify rows per step, drafter passes
     skipped, expected vs realised decode tokens with their calibration error, and the
-    cost model's coefficients, error and trust, under the dspark prefix."""
+    cost table's samples and drift, under the dspark prefix."""
     metrics = Metrics("m", [10], num_speculative_tokens=7)
-    policy = AdaptiveVerify(StepCost(pinned={"c0": 0.01, "c_row": 0.001}))
+    policy = AdaptiveVerify()
     metrics.verify.policy = policy
     policy.choose(np.full((2, 7), 0.5, np.float32), np.array([7, 7], np.int32), np.zeros(2, np.int32))
     parts = [PartitionTrace(free_blocks=[5], verify_rows=6, num_drafter_skips=1, decode_req_ids=[1, 2])]
@@ -29,10 +28,10 @@ def test_verify_rows_skips_expected_tokens_and_the_cost_model_are_exported():
     expected = policy.expected_tokens
     assert got[("dspark:verify_expected_tokens_total", ())] == expected
     assert np.isclose(got[("dspark:verify_calibration_error", ())], expected / 3 - 1)
-    assert got[("dspark:step_cost_coefficient_seconds", (("term", "c_row"),))] == 0.001
-    assert got[("dspark:step_cost_trusted", ())] == 1.0
+    assert got[("dspark:step_cost_samples", ())] == 0
+    assert got[("dspark:step_cost_drift", ())] == 1.0
     snap = metrics.snapshot()
-    assert snap["drafter_skips_total"] == 1 and snap["verify_policy"]["cost_model"]["c0"] == 0.01
+    assert snap["drafter_skips_total"] == 1 and snap["verify_policy"]["cost_table"]["profiled"] is False
 
 
 def test_without_speculation_no_verify_metrics_are_exported():

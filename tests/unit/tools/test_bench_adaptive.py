@@ -12,20 +12,18 @@ from tools.bench.adaptive import MODES, cell_prompts, main, process_cpu_s
 
 
 def test_quick_bench_runs_every_mode_and_checks_tokens_against_k0(tmp_path):
-    """--quick must run K=0, the fixed chain and adaptive verification (here with a pinned
-    cost model, so the solver and drafter skips are used) and report every cell's figures
+    """--quick must run K=0, the fixed chain and adaptive verification (here with a start-up
+    profile of dear rows, so the solver shortens windows) and report every cell's figures
     with tokens equal to K=0's, seeded sampling included, and each mode's tail."""
+    from dspark_loop.engine.verify.cost_table import CostTable
+
     cost = tmp_path / "cost.json"
-    cost.write_text(json.dumps({"c0": 0.01, "c_row": 0.002, "c_req": 0.001, "c_draft": 0.004}))
+    dear = CostTable.profile(lambda n, rows, d: 0.01 + 0.002 * rows + 0.001 * n + 0.004 * n * d, 4)
+    dear.save(str(cost), {"checkpoint": "demo"})
     out = tmp_path / "bench.json"
-    trace = tmp_path / "trace.jsonl"
-    argv = ["--quick", "--temperatures", "0.8", "--cost-model", str(cost), "--json", str(out), "--trace", str(trace)]
+    argv = ["--quick", "--temperatures", "0.8", "--cost-model", str(cost), "--json", str(out)]
     assert main(argv) == 0
     rows = json.loads(out.read_text())["rows"]
-    # the trace: adaptive's steps, each with its cell (all sampled: sampling mix 2)
-    steps = [json.loads(line) for line in trace.read_text().splitlines()]
-    assert {s["streams"] for s in steps} == {1, 2} and {s["temperature"] for s in steps} == {0.8}
-    assert all(s["key"][1] == 2 and s["point"] in ("on", "off", None) for s in steps)
     assert [(r["streams"], r["temperature"]) for r in rows] == [(1, 0.8), (2, 0.8)]
     for row in rows:
         for m in MODES:
@@ -60,8 +58,9 @@ def test_quick_constrained_bench_keeps_k0_tokens_under_the_schema_and_reports_ho
 
 def test_quick_bench_over_a_rank_process_keeps_k0_tokens(tmp_path):
     """--ranks process runs every mode over a real rank process (the server's mesh, the
-    host's work beside the rank's): tokens equal K=0's, and the CPU figure counts the
-    rank's time (so it is below the host's alone, which is far less than a step)."""
+    host's work beside the rank's): tokens must equal K=0's and the CPU figure must be
+    reported. NOTE: no ratio of CPU to wall figures: on a loaded machine wall time stretches
+    while CPU time does not, so any bound between them is a timed assertion."""
     out = tmp_path / "bench.json"
     argv = ["--quick", "--ranks", "process", "--streams", "1", "--temperatures", "0", "--json", str(out)]
     assert main(argv) == 0
@@ -70,7 +69,7 @@ def test_quick_bench_over_a_rank_process_keeps_k0_tokens(tmp_path):
     (row,) = summary["rows"]
     for m in MODES:
         assert row[m]["tokens_equal"]
-        assert 0 < row[m]["cpu_tok_s"] <= 1.5 * row[m]["total_tok_s"]
+        assert row[m]["cpu_tok_s"] > 0
 
 
 def test_process_cpu_s_reads_this_process_and_grows_with_work():

@@ -4,14 +4,14 @@ Algorithm 1, confidence-scheduled verification), as a pure numpy function.
     survival  a[r, j] = prod_{i <= j} c[r, i]          (chance drafts 0..j all match)
     tokens    tau(l)  = sum_r (1 + sum_{j < l_r} a[r, j])
     rows      B(l)    = sum_r (1 + l_r)
-    step time T(l)    = max_p (base_s[p] + drafts_s(sum_{r in p} l_r))   (engine/step_cost.py)
+    step time T(l)    = max_p (base_s[p] + drafts_s(p, sum_{r in p} l_r))   (cost_table.py)
 
 We pick l maximising tau / T, i.e. tokens per second. Within a partition, for m verified
 drafts the best tau takes its m largest survivals, and since a[r, :] never increases along
 j those m slots are a contiguous prefix of every request: ranking the slots once by
 survival turns each partition into a staircase m = 0..n_p. A step time T then lets every
 partition verify its first m_p(T) slots (the most whose cost fits in T), so we evaluate
-tau / T at every breakpoint T = base_s[p] + drafts_s(m) and take the GLOBAL argmax, not
+tau / T at every breakpoint T = base_s[p] + drafts_s(p, m) and take the GLOBAL argmax, not
 the paper's first descent: with one partition and a linear cost the staircase is
 unimodal and both agree, but with several partitions, or a tile-quantised drafts_s (rows
 padded to tiles of 4 or 8), it is not. Ties rank by (request, position), independent of
@@ -43,25 +43,17 @@ def survival(conf: np.ndarray, cap: np.ndarray) -> np.ndarray:
     return surv
 
 
-def linear_drafts(row_s: float) -> Callable[[np.ndarray], np.ndarray]:
-    """drafts_s for a cost linear in rows: row_s per verified draft (one row each)."""
-    row_s = max(float(row_s), 0.0)
-    return lambda m: row_s * np.asarray(m, dtype=np.float64)
-
-
 def solve_budget(
     surv: np.ndarray,
     cap: np.ndarray,
     base_s,
-    drafts_s: Callable[[np.ndarray], np.ndarray],
+    drafts_s: Callable[[np.ndarray, np.ndarray], np.ndarray],
     partition: np.ndarray | None = None,
-    tolerance: float = 0.0,
 ) -> Budget:
     """surv [R, K] from survival(); cap [R] int in 0..K; base_s [P] (or a float: P = 1):
-    each partition's step time with no draft verified (> 0); drafts_s(m [M]) -> [M]: the
-    extra time of m verified drafts in one partition, non-decreasing, 0 at m = 0;
-    partition [R] int in 0..P-1 (None: all in partition 0); tolerance: every draft is
-    verified when that tau / T is within this share of the best (0: only when it is the best)."""
+    each partition's step time with no draft verified (> 0); drafts_s(p [M], m [M]) -> [M]:
+    the extra time of m verified drafts in partition p, non-decreasing in m, 0 at m = 0;
+    partition [R] int in 0..P-1 (None: all in partition 0)."""
     R, K = surv.shape
     base_s = np.maximum(np.atleast_1d(np.asarray(base_s, dtype=np.float64)), 1e-12)  # [P]
     P = len(base_s)
@@ -80,7 +72,7 @@ def solve_budget(
     order = np.argsort(keys)[: int(cap.sum())]  # [n] slots, best first
     n = len(order)
     # Each slot's breakpoint: the step time at which its partition verifies it, base_s[p] +
-    # drafts_s(its rank in the partition + 1). A step time T verifies, in every partition,
+    # drafts_s(p, its rank in the partition + 1). A step time T verifies, in every partition,
     # the slots whose breakpoint is <= T: a prefix of the partition's ranking (breakpoints
     # never fall along it). So one stable sort of the breakpoints lines up every candidate
     # T, and tau(T) is a running sum over it.
@@ -89,7 +81,7 @@ def solve_budget(
     grouped = slot_part[by_part]  # [n]
     rank = np.empty(n, np.int64)
     rank[by_part] = np.arange(n) - np.searchsorted(grouped, grouped)  # [n] rank within its partition
-    breakpoint_s = base_s[slot_part] + drafts_s(rank + 1)  # [n]
+    breakpoint_s = base_s[slot_part] + drafts_s(slot_part, rank + 1)  # [n]
     by_time = np.argsort(breakpoint_s, kind="stable")  # [n] keeps each partition's rank order
     t = breakpoint_s[by_time]  # [n] ascending
     tau = R + np.concatenate(([0.0], np.cumsum(flat[order][by_time])))  # [n + 1]: the first j slots
@@ -101,8 +93,6 @@ def solve_budget(
     times = np.where(j == first, slowest, np.concatenate(([slowest], t))[j])  # [C] T of candidate j: t[j - 1]
     ratio = tau[j] / times  # [C]
     c = len(j) - 1 - int(np.argmax(ratio[::-1]))  # the LAST maximum: more rows on a tie
-    if ratio[-1] >= ratio[c] * (1.0 - tolerance):  # every draft, when that is near-optimal
-        c = len(j) - 1
     chosen = order[by_time[: j[c]]]
     verify_len = np.bincount(chosen // K, minlength=R).astype(np.int32)  # [R]
     gain = np.bincount(chosen // K, weights=flat[chosen], minlength=R)  # [R]

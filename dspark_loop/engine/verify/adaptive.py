@@ -1,0 +1,141 @@
+"""AdaptiveVerify: the one decision rule of adaptive verification (docs/architecture.md,
+"Adaptive verification (the rule)").
+
+Each step, over all decode requests, it takes the operating point that maximises expected
+decode tokens per second of step time, where a step's time is the busiest partition's,
+read from the cost table:
+
+    drafting   every request drafts; verify lengths l by Algorithm 1 (budget.solve_budget)
+               against the table's costs with a drafter pass; a request without drafts
+               now counts with its class's mean confidence (what it brings next step)
+    not        no drafter pass, one row each: R / cost(R requests, prompt rows, no pass)
+
+The better one is this step's choice: drafting runs the l it solved; not drafting
+verifies the drafts already made as far as they pay without a pass, and prompts that
+complete draft only while drafting wins. Without a start-up profile the table measures
+its cells by running them: one step in `explore_every` runs a probe cell of its load
+that has no fresh median yet (a pure function of the step counter and the table).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dspark_loop.contract.protocol import DSPARK_K
+from dspark_loop.engine.verify.budget import Budget, solve_budget
+from dspark_loop.engine.verify.calibration import AcceptCalibration, request_class
+from dspark_loop.engine.verify.cost_table import QUARTERS, CostTable, load_of
+from dspark_loop.engine.verify.policy import StepFeedback, VerifyChoice
+from dspark_loop.engine.verify.tunables import DEFAULT, VerifyTunables
+
+
+def solve(surv, cap, partition, n: np.ndarray, prompt: np.ndarray, costs: np.ndarray, drafting: int) -> Budget:
+    """Algorithm 1 against the table: n [P] decode requests, prompt [P] prompt rows beside
+    them, costs [P, 2, BINS] (CostTable.costs of each partition's load)."""
+    rows, parts = costs[:, drafting], np.arange(len(n))  # [P, BINS], [P]
+    base = np.where(n > 0, CostTable.time(rows, n, parts, prompt), 1e-12)  # [P]
+
+    def drafts_s(p: np.ndarray, m: np.ndarray) -> np.ndarray:
+        return CostTable.time(rows, n, p, m + prompt[p]) - base[p]
+
+    return solve_budget(surv, cap, base, drafts_s, partition)
+
+
+class AdaptiveVerify:
+    per_step = True
+    learns = True
+
+    def __init__(self, table: CostTable | None = None, temperatures=None, tunables: VerifyTunables = DEFAULT):
+        self.t = tunables
+        self.table = table if table is not None else CostTable(tunables=tunables)
+        self.acceptance = AcceptCalibration(temperatures, tunables)
+        self.step = 0  # decode steps chosen: the clock of probes and of the table's samples
+        self.drafting = True  # this step's decision (prompts completing draft while it holds)
+        self.probing: tuple[bool, int] | None = None  # a probe waiting for drafts to verify
+        self.num_probes = 0
+        self.num_drafter_skips = 0
+        self.num_verified = 0
+        self.num_capped = 0
+        self.expected_tokens = 0.0
+
+    def choose(self, conf, cap, partition, sampled=None, constrained=None, prompt_rows=None) -> VerifyChoice:
+        cap = np.asarray(cap, np.int32)  # [R]
+        partition = np.asarray(partition, np.int64)  # [R]
+        R = len(cap)
+        cls = request_class(np.zeros(R, bool) if sampled is None else sampled, constrained)  # [R]
+        raw = self.acceptance.raw(self.acceptance.known(conf, cap, cls), cap)  # [R, K]
+        surv = self.acceptance.corrected(raw, cls)  # [R, K]
+        prompt = np.zeros(int(partition.max()) + 1 if R else 1) if prompt_rows is None else np.asarray(prompt_rows)
+        n = np.bincount(partition, minlength=len(prompt))  # [P] decode requests; prompt [P] rows beside
+        loads = load_of(n)  # [P]
+        costs = np.stack([self.table.costs(int(b), self.step) for b in loads])  # [P, 2, BINS]
+        probe = self._probe(int(loads[int(np.argmax(n))]))
+        if probe is not None:
+            self.drafting, window = probe
+            lens = np.minimum(cap, window).astype(np.int32)
+            self.num_probes += 1
+            # a window needs drafts: without them this step drafts and the probe runs next
+            self.probing = probe if window and not cap.any() else None
+        else:
+            self.drafting, lens = self._decide(surv, cap, cls, partition, n, prompt, costs)
+        self.step += 1
+        self.num_capped += int(cap.sum())
+        self.num_verified += int(lens.sum())
+        self.num_drafter_skips += 0 if self.drafting else R
+        self.expected_tokens += R + float(surv[np.arange(DSPARK_K)[None, :] < lens[:, None]].sum())
+        return VerifyChoice(lens, np.full(R, self.drafting), raw)
+
+    def _decide(self, surv, cap, cls, partition, n, prompt, costs) -> tuple[bool, np.ndarray]:
+        """The rule (module docstring): (drafting, verify lengths [R])."""
+        R = len(cap)
+        idle = cap == 0  # [R] no drafts now: counted with its class's mean drafts
+        if idle.any():
+            mean = self.acceptance.mean_conf[cls[idle]]  # [I, K]
+            steady = surv.copy()
+            steady[idle] = self.acceptance.corrected(self.acceptance.raw(mean, np.full(len(mean), DSPARK_K)), cls[idle])
+            on = solve(steady, np.where(idle, DSPARK_K, cap), partition, n, prompt, costs, 1)
+        else:
+            on = solve(surv, cap, partition, n, prompt, costs, 1)
+        off_s = float(np.max(np.where(n > 0, CostTable.time(costs[:, 0], n, np.arange(len(n)), prompt), 0.0)))
+        if on.expected_tokens / on.step_s > R / off_s:
+            if idle.any():
+                on = solve(surv, cap, partition, n, prompt, costs, 1)
+            return True, on.verify_len
+        return False, solve(surv, cap, partition, n, prompt, costs, 0).verify_len
+
+    def _probe(self, load: int) -> tuple[bool, int] | None:
+        """The probe this step runs, (drafting, window), or None: without a start-up
+        profile, every `explore_every` steps, the first unmeasured probe cell of the load."""
+        if self.probing is not None:
+            return self.probing
+        if self.table.prior is not None or self.step % self.t.explore_every:
+            return None
+        measured = self.table.measured(load, self.step)  # [2, BINS]
+        cells = [(True, self.t.probe_windows[0]), (False, 0)] + [(True, j) for j in self.t.probe_windows[1:]]
+        return next(((d, j) for d, j in cells if not measured[int(d), QUARTERS * j]), None)
+
+    def drafts_prompt(self, cls: int) -> bool:
+        return self.drafting
+
+    def observe(self, feedback: StepFeedback) -> None:
+        if feedback.windows is not None:
+            self.acceptance.observe(*feedback.windows)
+        extra = feedback.drafts + feedback.prompt_rows  # [P] rows beyond one per decode request
+        p = int(np.argmax(feedback.num_requests + extra))  # the busiest partition
+        drafting = bool(feedback.drafted.any())
+        self.table.observe(int(feedback.num_requests[p]), int(extra[p]), drafting, feedback.step_s, self.step)
+
+    def stats(self) -> dict:
+        ratio = self.acceptance.ratio
+        return {
+            "name": type(self).__name__,
+            "num_steps": self.step,
+            "num_probes": self.num_probes,
+            "drafting": self.drafting,
+            "num_drafter_skips": self.num_drafter_skips,
+            "num_verified_drafts": self.num_verified,
+            "num_available_drafts": self.num_capped,
+            "expected_tokens": self.expected_tokens,
+            "accept_ratio": {c: ratio[i].tolist() for i, c in enumerate(("greedy", "sampled", "cgreedy", "csampled"))},
+            "cost_table": self.table.stats(),
+        }

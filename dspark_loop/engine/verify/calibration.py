@@ -1,0 +1,84 @@
+"""What the rule believes about its drafts' acceptance: from the drafter's confidences to each
+draft's survival, the chance it and every draft before it are accepted.
+
+    known       confidences not known yet (NaN: drafts still in flight, planned one step
+                ahead) read as their class's mean confidence
+    calibrated  the checkpoint's per-position temperatures, c' = sigmoid(logit(c) / T_j)
+    survival    a[r, j] = prod_{i <= j} c'[r, i] (budget.survival), times the realised
+                acceptance ratio of the request's class at position j, at most 1 and
+                non-increasing along the window
+
+The ratio is realised over predicted acceptance per class (request_class: greedy or
+sampled, free or constrained) and position, summed over the verified slots of the latest
+steps: the drafter's head predicts a match with the greedy token, so sampled or
+grammar-masked requests accept less than their confidences say, and each class is
+corrected on its own so one does not cut another's windows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dspark_loop.contract.protocol import DSPARK_K
+from dspark_loop.engine.verify.budget import survival
+from dspark_loop.engine.verify.tunables import DEFAULT, VerifyTunables
+
+NUM_CLASSES = 4  # greedy, sampled, constrained greedy, constrained sampled (request_class)
+
+
+def request_class(sampled, constrained=None) -> np.ndarray:
+    """[R] int64 class of each request: sampled [R] bool + 2 * constrained [R] bool."""
+    cls = np.asarray(sampled, np.int64)
+    return cls if constrained is None else cls + 2 * np.asarray(constrained, np.int64)
+
+
+class AcceptCalibration:
+    def __init__(self, temperatures=None, tunables: VerifyTunables = DEFAULT):
+        self.t = tunables
+        self.temperatures = None if temperatures is None else np.asarray(temperatures, np.float64)  # [K] or None
+        # [NUM_CLASSES, K] decayed sums over verified slots: predicted survival, drafts accepted
+        self.predicted = np.zeros((NUM_CLASSES, DSPARK_K))
+        self.realised = np.zeros((NUM_CLASSES, DSPARK_K))
+        self.mean_conf = np.full((NUM_CLASSES, DSPARK_K), 0.5)  # [NUM_CLASSES, K]
+
+    @property
+    def ratio(self) -> np.ndarray:
+        """[NUM_CLASSES, K] realised over predicted acceptance, per class and position."""
+        return (self.realised + self.t.accept_prior) / (self.predicted + self.t.accept_prior)
+
+    def known(self, conf: np.ndarray, cap: np.ndarray, cls: np.ndarray) -> np.ndarray:
+        """conf [R, K] with unknown rows (NaN) read as their class's (cls [R]) mean
+        confidence, which the known full windows update."""
+        conf = np.array(conf, np.float64)  # [R, K]
+        unknown = np.isnan(conf).any(axis=1)  # [R]
+        full = ~unknown & (np.asarray(cap) >= DSPARK_K)  # [R]
+        for k in np.unique(cls[full]).tolist():
+            rows = full & (cls == k)
+            self.mean_conf[k] += self.t.conf_ema * (conf[rows].mean(axis=0) - self.mean_conf[k])
+        if unknown.any():
+            conf[unknown] = self.mean_conf[cls[unknown]]
+        return conf
+
+    def raw(self, conf: np.ndarray, cap: np.ndarray) -> np.ndarray:
+        """[R, K] survival of the temperature-scaled confidences (what observe() compares)."""
+        if self.temperatures is not None:
+            c = np.clip(conf, 1e-7, 1 - 1e-7)
+            conf = 1.0 / (1.0 + np.exp(-(np.log(c) - np.log1p(-c)) / self.temperatures[None, :]))
+        return survival(conf, cap)
+
+    def corrected(self, raw: np.ndarray, cls: np.ndarray) -> np.ndarray:
+        """raw [R, K] times its class's ratio per position, at most 1, non-increasing."""
+        return np.minimum.accumulate(np.minimum(raw * self.ratio[cls], 1.0), axis=1)
+
+    def observe(self, raw, verify_len, accepted, cls) -> None:
+        """Verifying requests of a finished step: raw [n, K] the survival predicted for
+        them, verify_len [n] drafts verified, accepted [n] drafts accepted, cls [n]."""
+        j = np.arange(DSPARK_K)[None, :]
+        verified = j < np.asarray(verify_len)[:, None]  # [n, K]
+        hit = verified & (j < np.asarray(accepted)[:, None])  # [n, K]
+        for k in np.unique(cls).tolist():
+            rows = cls == k
+            seen = verified[rows].any(axis=0)  # [K]
+            keep = np.where(seen, 1.0 - self.t.accept_decay, 1.0)  # [K]
+            self.predicted[k] = self.predicted[k] * keep + np.where(verified[rows], raw[rows], 0).sum(0)
+            self.realised[k] = self.realised[k] * keep + hit[rows].sum(0)

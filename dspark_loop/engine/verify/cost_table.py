@@ -1,0 +1,182 @@
+"""The step-cost table: what one partition's decode step costs, by shape, as measured.
+
+A cell is (load, rows, pass): load = round(log2 of the partition's decode requests), rows
+= the rows it computes beyond one per request (verified drafts and prompt rows), per
+request, in quarters (0, 1/4 ... MAX_EXTRA_ROWS), pass = whether a drafter pass runs.
+Its cost is the median of its newest `cell_samples` step times younger than `horizon`
+decode steps (one robust statistic; no model, no fit). Reading a shape between windows
+interpolates linearly; costs are made monotone (more drafts, or a pass, never cheaper).
+
+A cell with fewer than `min_samples` fresh samples is unmeasured. It then reads as a prior
+when the table has one (a start-up profile: `profile()`, or a file), scaled by the median
+ratio of the newest measured steps to that prior (the machine's drift); without a prior,
+between the measured rows of its pass (flat beyond them), or as the other pass's cost
+where its pass has none. The rule measures the cells it needs by running them
+(AdaptiveVerify's probes). A cell whose newest samples moved by a factor `shift` from its
+older ones says the cost shape changed: the load's other cells are measured again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import numpy as np
+
+from dspark_loop.contract.protocol import DSPARK_K
+from dspark_loop.engine.verify.tunables import DEFAULT, VerifyTunables
+
+LOADS = 12  # load buckets: 1, 2, 4 ... 2048 decode requests per partition (log2, rounded)
+# extra rows per request are told apart by quarters (a tile boundary falls between 7 and
+# 7.25 rows at 64 requests: a prompt chunk of 16 rows beside full windows), up to two
+# windows' worth (prompt rows beside full windows); a step beyond is not measured
+QUARTERS = 4
+MAX_EXTRA_ROWS = 2 * DSPARK_K
+BINS = QUARTERS * MAX_EXTRA_ROWS + 1
+
+
+def load_of(num_requests) -> np.ndarray:
+    """Load bucket(s) of a partition's decode request count(s)."""
+    n = np.maximum(np.asarray(num_requests, np.float64), 1.0)
+    return np.minimum(np.rint(np.log2(n)), LOADS - 1).astype(np.int64)
+
+
+class CostTable:
+    def __init__(self, prior: np.ndarray | None = None, tunables: VerifyTunables = DEFAULT):
+        """prior [LOADS, 2, BINS] seconds (NaN: not profiled), or None: learned from nothing."""
+        self.t = tunables
+        self.prior = None if prior is None else np.asarray(prior, np.float64)
+        shape = (LOADS, 2, BINS, tunables.cell_samples)
+        self.times = np.full(shape, np.nan)  # [LOADS, 2, BINS, N] ring of step times per cell
+        self.steps = np.full(shape, -(1 << 62), np.int64)  # [..., N] the decode step of each
+        self.next = np.zeros(shape[:3], np.int64)  # [LOADS, 2, BINS] ring write positions
+        self.ratios = np.full(tunables.cell_samples * 4, np.nan)  # newest observed / prior
+        self.num_ratios = 0
+        self.num_samples = 0
+        self.num_shifts = 0  # cost shape changes seen (_check_shift)
+
+    # ---- reading ------------------------------------------------------------------------
+    def costs(self, load: int, step: int) -> np.ndarray:
+        """[2, BINS] seconds of one load's cells (pass x rows), monotone, as of `step`."""
+        fresh = self.steps[load] > step - self.t.horizon  # [2, BINS, N]
+        count = fresh.sum(axis=2)  # [2, BINS]
+        measured = count >= self.t.min_samples
+        ranked = np.sort(np.where(fresh, self.times[load], np.inf), axis=2)  # fresh first, ascending
+        lo = np.take_along_axis(ranked, np.maximum(count - 1, 0)[..., None] // 2, 2)[..., 0]
+        hi = np.take_along_axis(ranked, (count // 2)[..., None], 2)[..., 0]
+        cost = np.where(measured, (lo + hi) / 2, np.nan)  # the median of the fresh samples
+        if self.prior is not None:
+            drift = np.nanmedian(self.ratios) if self.num_ratios else 1.0
+            cost = np.where(measured, cost, self.prior[load] * drift)
+        j = np.arange(BINS)
+        for p in (0, 1):  # unmeasured rows read between the measured ones (flat beyond them)
+            known = ~np.isnan(cost[p])
+            if known.any() and not known.all():
+                cost[p] = np.interp(j, j[known], cost[p, known])
+        if np.isnan(cost).any():  # a pass row with nothing measured: the other one's costs
+            cost = np.where(np.isnan(cost), cost[::-1], cost)
+        cost = np.nan_to_num(cost, nan=1.0)  # nothing measured at this load: every shape alike
+        return np.maximum.accumulate(np.maximum.accumulate(cost, axis=1), axis=0)
+
+    def measured(self, load: int, step: int) -> np.ndarray:
+        """[2, BINS] bool: the cells the table has measured (fresh samples enough)."""
+        fresh = self.steps[load] > step - self.t.horizon
+        return fresh.sum(axis=2) >= self.t.min_samples
+
+    @staticmethod
+    def time(rows: np.ndarray, num_requests: np.ndarray, part, extra_rows) -> np.ndarray:
+        """Seconds of steps of partitions part [M] computing extra_rows [M] beyond one row per
+        request, from each partition's costs at one pass, rows [P, BINS] (costs()[pass] of
+        its load), and its decode requests [P]; read linearly between cells."""
+        n = np.maximum(num_requests[part], 1)
+        j = np.clip(QUARTERS * np.asarray(extra_rows, np.float64) / n, 0.0, BINS - 1)
+        lo = j.astype(np.int64)
+        hi = np.minimum(lo + 1, BINS - 1)
+        a = rows[part, lo]
+        return a + (rows[part, hi] - a) * (j - lo)
+
+    # ---- learning -----------------------------------------------------------------------
+    def observe(self, num_requests: int, extra_rows: int, drafting: bool, step_s: float, step: int) -> None:
+        """A decode step of the busiest partition: its requests, rows beyond one per request,
+        whether a drafter pass ran, its cost, and the decode step counter."""
+        j = int(round(QUARTERS * extra_rows / max(num_requests, 1)))
+        if step_s <= 0 or num_requests <= 0 or j >= BINS:
+            return
+        cell = (int(load_of(num_requests)), int(drafting), j)
+        slot = cell + (int(self.next[cell]),)
+        self.times[slot], self.steps[slot] = step_s, step
+        self.next[cell] = (self.next[cell] + 1) % self.t.cell_samples
+        self.num_samples += 1
+        if self.prior is not None and np.isfinite(self.prior[cell]) and self.prior[cell] > 0:
+            self.ratios[self.num_ratios % len(self.ratios)] = step_s / self.prior[cell]
+            self.num_ratios += 1
+        self._check_shift(cell, step)
+
+    def _check_shift(self, cell: tuple, step: int) -> None:
+        """When a cell's newest `min_samples` steps have a median `shift` times off its older
+        fresh samples' median, the cost shape changed: the cell keeps its newest samples and
+        the load's other cells count as unmeasured (to be measured again)."""
+        fresh = self.steps[cell] > step - self.t.horizon  # [N]
+        order = np.argsort(np.where(fresh, -self.steps[cell], 1 << 62))  # newest first
+        k = self.t.min_samples
+        if fresh.sum() < 2 * k:
+            return
+        times = self.times[cell][order[: int(fresh.sum())]]
+        ratio = float(np.median(times[:k]) / np.median(times[k:]))
+        if 1.0 / self.t.shift < ratio < self.t.shift:
+            return
+        load = cell[0]
+        newest = self.steps[cell][order[:k]].copy()
+        self.steps[load] = -(1 << 62)
+        self.steps[cell][order[:k]] = newest
+        self.num_shifts += 1
+
+    # ---- the start-up profile -----------------------------------------------------------
+    @classmethod
+    def profile(cls, step_s: Callable[[int, int, bool], float], max_requests: int, repeats: int = 5, **kw) -> CostTable:
+        """A table whose prior is measured: step_s(requests, rows, drafting) -> seconds of a
+        dummy decode step, run `repeats` times per cell (median) for every load up to
+        max_requests per partition, every whole number of extra rows per request and both
+        passes; made monotone (the quarters between read between them)."""
+        prior = np.full((LOADS, 2, BINS), np.nan)
+        for load in range(int(load_of(max_requests)) + 1):
+            n = 1 << load
+            for drafting in (0, 1):
+                for j in range(MAX_EXTRA_ROWS + 1):
+                    times = [step_s(n, n * (1 + j), bool(drafting)) for _ in range(repeats)]
+                    prior[load, drafting, QUARTERS * j] = np.median(times)
+        whole = prior[:, :, ::QUARTERS]
+        profiled = ~np.isnan(whole[:, 0, 0])
+        whole[profiled] = np.maximum.accumulate(np.maximum.accumulate(whole[profiled], axis=2), axis=1)
+        prior[:, :, ::QUARTERS] = whole
+        return cls(prior, **kw)
+
+    def save(self, path: str, key: dict) -> None:
+        """The prior as JSON, with what it was measured on (checkpoint, topology, backend)."""
+        if self.prior is None:
+            raise ValueError("the table has no profile to save")
+        seconds = [[[None if np.isnan(v) else float(v) for v in row] for row in load] for load in self.prior]
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"key": key, "seconds": seconds}, f)
+
+    @classmethod
+    def from_file(cls, path: str, key: dict | None = None, **kw) -> CostTable:
+        """A saved profile (save); with key given it must match what the file was measured on."""
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        if not isinstance(data, dict) or "seconds" not in data:
+            raise ValueError(f"cost table {path}: expected {{'key': ..., 'seconds': [{LOADS}][2][{BINS}]}}")
+        if key is not None and data.get("key") != key:
+            raise ValueError(f"cost table {path} was profiled on {data.get('key')}, not {key}")
+        prior = np.array(data["seconds"], dtype=np.float64)
+        if prior.shape != (LOADS, 2, BINS) or np.nanmin(prior, initial=1.0) <= 0:
+            raise ValueError(f"cost table {path}: seconds must be [{LOADS}][2][{BINS}] positive (or null)")
+        return cls(prior, **kw)
+
+    def stats(self) -> dict:
+        return {
+            "num_samples": self.num_samples,
+            "profiled": self.prior is not None,
+            "num_shifts": self.num_shifts,
+            "drift": float(np.nanmedian(self.ratios)) if self.num_ratios else 1.0,
+        }

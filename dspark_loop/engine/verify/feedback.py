@@ -1,0 +1,68 @@
+"""What a verify policy learns from a finished step (Scheduler.observe_step): its shape and
+cost per partition and what its windows accepted, as one StepFeedback.
+
+The step's cost: the busiest leader's work (StepResult.work_s), plus the host's CPU time
+for the step in lockstep; with two steps in flight the work alone (the host's work runs
+beside the ranks'). Without work times, the wall time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dspark_loop.engine.scheduled_step import ScheduledStep
+from dspark_loop.engine.verify.calibration import request_class
+from dspark_loop.engine.verify.policy import StepFeedback, VerifyPolicy
+
+
+def step_cost_s(results, wall_s: float, host_s: float | None, overlapped: bool) -> float:
+    work = [r.work_s for r in results]
+    if work and min(work) > 0 and (overlapped or host_s is not None):
+        return max(work) + (0.0 if overlapped or host_s is None else host_s)
+    return wall_s
+
+
+def observe_step(
+    policy: VerifyPolicy, step: ScheduledStep, results, wall_s: float, host_s: float | None, overlapped: bool
+) -> None:
+    parts = step.partitions
+    num_requests = np.array([len(p.decode_reqs) for p in parts], np.int64)
+    drafts = np.array([int(p.decode_rows.sum()) for p in parts], np.int64) - num_requests
+    prompt_rows = np.array([sum(n for _, n, _ in p.prefills) for p in parts], np.int64)
+    drafted = np.array([len(r.draft_req_ids) > 0 for r in results], bool)
+    reqs = [r for p in parts for r in p.decode_reqs]
+    windows = None
+    if step.verify_survival is not None and reqs and len(reqs) == len(step.accepted_lens):
+        windows = accepted_windows(step, reqs)
+    feedback = StepFeedback(
+        num_requests,
+        drafts,
+        prompt_rows,
+        drafted,
+        step_cost_s(results, wall_s, host_s, overlapped),
+        int(sum(step.accepted_lens)),
+        windows,
+    )
+    policy.observe(feedback)
+
+
+def accepted_windows(step: ScheduledStep, reqs: list) -> tuple | None:
+    """Each verifying request's predicted survival, verified and accepted drafts and class,
+    matched by req_id (the policy saw the requests in its own order); reqs in plan order."""
+    assert step.verify_survival is not None
+    ids, surv = step.verify_survival  # [R], [R, K]
+    if not len(ids):
+        return None
+    ids_in_plan = np.fromiter((r.req_id for r in reqs), np.int64, len(reqs))  # [n]
+    order = np.argsort(ids, kind="stable")
+    at = np.minimum(np.searchsorted(ids, ids_in_plan, sorter=order), len(ids) - 1)  # [n]
+    row = order[at]  # [n] the policy's row of each planned request
+    verify_len = np.concatenate([p.decode_rows for p in step.partitions]).astype(np.int64) - 1  # [n]
+    keep = (ids[row] == ids_in_plan) & (verify_len > 0)
+    if not keep.any():
+        return None
+    accepted = np.minimum(np.asarray(step.accepted_lens, np.int64) - 1, verify_len)  # [n] drafts accepted
+    sampled = np.fromiter((r.sampled for r in reqs), bool, len(reqs))
+    constrained = np.fromiter((r.constraint is not None for r in reqs), bool, len(reqs))
+    cls = request_class(sampled, constrained)
+    return surv[row[keep]], verify_len[keep], accepted[keep], cls[keep]

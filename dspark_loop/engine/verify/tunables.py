@@ -1,0 +1,47 @@
+"""Every tunable of adaptive verification, in one frozen dataclass (docs/architecture.md,
+"Adaptive verification (the rule)"). The values were checked on the policy simulator
+(dspark_testing/policy_sim.py) over the npu-tile, gpu-roofline and demo-cpu cost shapes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class VerifyTunables:
+    # Step times kept per cost-table cell; a cell's cost is the median of its newest ones.
+    # Enough for a median to ignore a few slow steps (a shared host, a pause), few enough
+    # that a cell follows a drift within a few dozen of its steps.
+    cell_samples: int = 8
+    # A cell is measured once it holds this many samples newer than `horizon` (a median of
+    # three already ignores one slow step).
+    min_samples: int = 3
+    # Decode steps after which a sample is too old to count: a cell the rule stopped
+    # visiting (the point it left) is measured again after this many steps, so a cost
+    # that changed while nobody looked is found again; re-probing a load's probe cells
+    # costs ~6 short steps per horizon (~0.5% of the steps at 1024).
+    horizon: int = 1024
+    # A cell whose newest min_samples steps' median is this factor off its older samples'
+    # median marks its load's other cells unmeasured: the cost shape changed, and the points
+    # the rule is not visiting must be measured again (a cheaper alternative would otherwise
+    # wait `horizon` steps). Above the simulator's +-10% step noise (at most 1.1 / 0.9).
+    shift: float = 1.25
+    # Without a start-up profile, one decode step in this many runs an unmeasured probe
+    # cell of its load (a pure function of the step counter): at 4, a cold load has its
+    # probes measured within ~50 steps.
+    explore_every: int = 4
+    # The windows the probes measure with a drafter pass (the rest read between them),
+    # after the point without one (window 0, no pass): the fixed chain, one draft, three.
+    probe_windows: tuple[int, ...] = (7, 1, 3)
+    # Each position's acceptance correction (realised over predicted survival, per request
+    # class) forgets this share of its sums per step it is observed (~50 steps of memory),
+    # and starts from `accept_prior` pseudo-slots at ratio 1.
+    accept_decay: float = 0.02
+    accept_prior: float = 2.0
+    # Weight of a step in a class's mean confidence: what a request whose drafts are not
+    # known yet (planned one step ahead) or that has none (it may draft next) is expected
+    # to bring.
+    conf_ema: float = 0.05
+
+
+DEFAULT = VerifyTunables()
