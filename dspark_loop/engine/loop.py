@@ -32,7 +32,7 @@ from dspark_loop.engine.request import Request
 from dspark_loop.engine.scheduled_step import ScheduledStep
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.engine.step_pipe import StepPipe
-from dspark_loop.engine.step_trace import request_stats, step_trace
+from dspark_loop.engine.step_trace import StepTimes, request_stats, step_trace
 
 log = logging.getLogger(__name__)
 IDLE_CHECK_S = 0.5  # an idle loop looks this often whether its mesh died
@@ -94,7 +94,6 @@ class EngineLoop:
         self.num_steps = 0
         self.on_mesh_dead: Callable[[str, int], Coroutine[Any, Any, None]] | None = None  # recovery
         self._restarting: str | None = None
-        self._mesh_yielded = False
         self._last_result_at = 0.0  # perf_counter() when the last gathered step's results came in
         self.device_time = DeviceTime()  # per step: the device's busy and the host's blocked time
 
@@ -275,47 +274,9 @@ class EngineLoop:
                 self._deliver([error_output(req.request_id, str(e), req.prompt_len)])
 
     async def _run(self) -> None:
-        sched = self.scheduler
         pipe = StepPipe(self.mesh, self.device_time)
-        sched.plans_ahead = self.overlaps
-        sched.defers_masks = True  # grammar masks are filled while the ranks run the forward
         try:
-            if self.overlaps:
-                await self._run_overlapped(pipe)
-                return
-            while not self._stopping:
-                # 1. drain the inbox
-                self._drain_inbox()
-                if not sched.has_work:
-                    sched.check_integrity()
-                    self._wakeup.clear()
-                    await self._idle_wait()
-                    continue
-                wall, t0, h0 = time.time(), time.perf_counter(), time.thread_time()
-                # 2. schedule
-                step = sched.schedule()
-                t1, h1 = time.perf_counter(), time.thread_time()
-                # 3-4. send the plan (and its late masks), gather the leaders' results
-                results = [] if step.is_empty else await self._step_mesh(step, pipe)
-                t2, h2 = time.perf_counter(), time.thread_time()
-                # 5. update
-                outputs = sched.update(step, results)
-                t3 = time.perf_counter()
-                # 6. deliver
-                self._deliver(outputs)
-                t4, h4 = time.perf_counter(), time.thread_time()
-                self.num_steps += 1
-                if results and sched.observes_steps:  # the verify policy learns the step's cost
-                    # NOTE: the host's share is its own thread's CPU time (schedule, update,
-                    # deliver): like the ranks' work_s, immune to other processes on the cores
-                    sched.observe_step(step, results, t4 - t0, (h1 - h0) + (h4 - h2))
-                self._observe(step, results, wall, t0, t1, t2, t3, t4)
-                if step.is_empty and not outputs:
-                    # nothing could run (e.g. every queue waits on pages): do not spin
-                    self._wakeup.clear()
-                    await self._wakeup.wait()
-                elif step.is_empty:
-                    await asyncio.sleep(0)  # let consumers and new requests in
+            await self._drive(pipe)
         except asyncio.CancelledError:
             raise
         except EngineDead as e:
@@ -333,11 +294,13 @@ class EngineLoop:
             self._dead_reason = reason
             self._fail_all(reason)
 
-    async def _run_overlapped(self, pipe: StepPipe) -> None:
-        """Pipeline depth 2: plan and send step N+1, then gather, update and deliver step N
-        (the ranks start N+1 as soon as they finish N, while the host applies N)."""
+    async def _drive(self, pipe: StepPipe) -> None:
+        """The driver, at a pipeline depth of 1 (lockstep: plan, send, gather, apply) or 2
+        (async scheduling: plan and send step N+1, then gather, apply and deliver step N; the
+        ranks start N+1 as soon as they finish N, while the host applies N)."""
         sched = self.scheduler
-        sent: tuple[ScheduledStep, float, float, float] | None = None  # sent, not yet gathered
+        ahead = self.overlaps
+        sent: tuple[ScheduledStep, StepTimes] | None = None  # sent, not yet gathered (depth 2)
         while not self._stopping:
             self._drain_inbox()
             if sent is None and not sched.has_work:
@@ -354,25 +317,31 @@ class EngineLoop:
                 await self._complete(pipe, *sent)
                 sent = None
                 continue
-            wall, t0 = time.time(), time.perf_counter()
-            step = sched.schedule()  # with `sent` unanswered: from where it leaves its requests
-            t1 = time.perf_counter()
+            times = StepTimes.begin()
+            step = sched.schedule(ahead=ahead, defer_masks=True)  # planned ahead: from where `sent` leaves its requests
+            times.planned()
+            if not step.is_empty and not ahead:
+                await self._complete(pipe, step, times)  # lockstep: sent, gathered and applied
+                continue
             if not step.is_empty:
                 await pipe.send(step.plan)
             completed = sent is not None
             if sent is not None:
                 await self._complete(pipe, *sent)
+                sent = None
             if step.plan.masks_follow:  # NOTE: after the step before it is applied: masks follow the outputs
                 await self._send_masks(pipe, step)
             if not step.is_empty:
-                sent = (step, wall, t0, t1)
+                sent = (step, times)
                 continue
-            sent = None
-            t_up = time.perf_counter()  # NOTE: completing the sent step is that step's time, not this one's
-            outputs = sched.update(step, [])  # early outputs (errors), aborts for the observers
-            t2 = time.perf_counter()
+            # an empty step: nothing runs, but errors and aborts reach the consumers and observers
+            times.gather_from()
+            times.waited()
+            outputs = sched.update(step, [])
+            times.updated()
             self._deliver(outputs)
-            self._observe(step, [], wall, t0, t1, t1, t1 + (t2 - t_up), t1 + (time.perf_counter() - t_up))
+            times.delivered()
+            self._observe(step, [], times)
             if completed:
                 continue  # the requests that sat this step out can run now
             if not outputs:
@@ -382,33 +351,44 @@ class EngineLoop:
             else:
                 await asyncio.sleep(0)  # let consumers and new requests in
 
-    async def _complete(self, pipe: StepPipe, step: ScheduledStep, wall, t0, t1) -> None:
+    async def _complete(self, pipe: StepPipe, step: ScheduledStep, times: StepTimes) -> None:
         """Gather, update, deliver and observe a sent step."""
-        t_wait = time.perf_counter()
-        results = await pipe.gather(step.step_id)
-        t2 = time.perf_counter()
+        if self.overlaps:
+            times.gather_from()
+            results = await pipe.gather(step.step_id)
+        else:
+            results = await self._step_mesh(step, pipe)
+        times.waited()
         outputs = self.scheduler.update(step, results)
-        t3 = time.perf_counter()
+        times.updated()
         self._deliver(outputs)
-        t4 = time.perf_counter()
+        times.delivered()
         self.num_steps += 1
         if results and self.scheduler.observes_steps:
-            # NOTE: the ranks' own work times are the step's cost (the host's work overlaps
-            # them). Without them, the wall time from when the ranks could start it (its
-            # send, or the previous result, whichever came later) to its result: a mesh that
-            # computes inside send() (in-process) makes that wall time another step's.
-            wall_s = t2 - max(t1, self._last_result_at)
-            self.scheduler.observe_step(step, results, wall_s, overlapped=True)
-        self._last_result_at = t2
-        # NOTE: schedule_s is the plan's; the time between planning and gathering is other
-        # steps' host work, not this step's: gather_s counts from the wait
-        self._observe(step, results, wall, t0, t1, t1 + (t2 - t_wait), t1 + (t3 - t_wait), t1 + (t4 - t_wait))
+            self._observe_cost(step, results, times)
+        self._last_result_at = times.result_at
+        self._observe(step, results, times)
+
+    def _observe_cost(self, step: ScheduledStep, results, times: StepTimes) -> None:
+        """The verify policy learns the step's cost."""
+        if not self.overlaps:
+            # NOTE: the host's share is its own thread's CPU time (schedule, update,
+            # deliver): like the ranks' work_s, immune to other processes on the cores
+            self.scheduler.observe_step(step, results, times.span_s, times.host_cpu_s)
+            return
+        # NOTE: the ranks' own work times are the step's cost (the host's work overlaps
+        # them). Without them, the wall time from when the ranks could start it (its
+        # send, or the previous result, whichever came later) to its result: a mesh that
+        # computes inside send() (in-process) makes that wall time another step's.
+        wall_s = times.result_at - max(times.plan_end, self._last_result_at)
+        self.scheduler.observe_step(step, results, wall_s, overlapped=True)
 
     async def _step_mesh(self, step: ScheduledStep, pipe: StepPipe):
-        # NOTE: the loop does not yield between delivering step N and sending step N+1:
-        # the consumers of step N's outputs (SSE writes) run while the ranks compute N+1,
-        # when the mesh awaits their results. A mesh that answers without ever yielding
-        # (the test meshes) gets one yield afterwards, so consumers always get their turn.
+        """Lockstep: send the plan (and its late masks) and gather its results.
+        NOTE: the loop does not yield between delivering step N and sending step N+1: the
+        consumers of step N's outputs (SSE writes) run while the ranks compute N+1, when the
+        mesh awaits their results. A mesh that answers without ever yielding (the test
+        meshes) gets one yield afterwards, so consumers always get their turn."""
         self._mesh_yielded = False
         asyncio.get_running_loop().call_soon(self._note_mesh_yield)
         if step.plan.masks_follow:
@@ -421,6 +401,9 @@ class EngineLoop:
             await asyncio.sleep(0)
         return results
 
+    def _note_mesh_yield(self) -> None:
+        self._mesh_yielded = True
+
     async def _send_masks(self, pipe: StepPipe, step: ScheduledStep) -> None:
         """The grammar masks the step's plan left out, filled now (the ranks run its forward
         meanwhile); the fill's time goes to the step's trace (masks_s)."""
@@ -428,9 +411,6 @@ class EngineLoop:
         masks = self.scheduler.late_masks(step)
         step.masks_s = time.perf_counter() - t0
         await pipe.send_masks(masks)
-
-    def _note_mesh_yield(self) -> None:
-        self._mesh_yielded = True
 
     async def _idle_wait(self) -> None:
         """Wait for work; with recovery on, also notice a mesh that died while idle."""
@@ -478,10 +458,10 @@ class EngineLoop:
         self._channels.clear()
         self._inbox.clear()
 
-    def _observe(self, step: ScheduledStep, results, wall, t0, t1, t2, t3, t4) -> None:
+    def _observe(self, step: ScheduledStep, results, times: StepTimes) -> None:
         if not self.observers:
             return
-        trace = step_trace(self.scheduler, step, results, self.num_waiting, wall, t0, t1, t2, t3, t4)
+        trace = step_trace(self.scheduler, step, results, self.num_waiting, times)
         trace.device_busy_s, trace.host_blocked_s = self.device_time.take(step.step_id)
         stats = [request_stats(r) for r in step.finished]
         # NOTE: the trace is the state after this step; the observers (metrics, the tap's

@@ -20,9 +20,9 @@ from dspark_loop.contract.protocol import (
     PartitionPlan,
     StepMasks,
     StepPlan,
-    TokenMask,
 )
 from dspark_loop.engine.admission import Admission
+from dspark_loop.engine.constraints import Constraints, Failed
 from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.kv_cache import PartitionCache
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
@@ -40,7 +40,6 @@ from dspark_loop.engine.scheduled_step import (
 from dspark_loop.engine.spec_counters import SpecCounters
 from dspark_loop.engine.step_apply import StepApplier
 from dspark_loop.engine.step_update import read_results
-from dspark_loop.engine.token_masks import fill_masks, token_masks, walk
 from dspark_loop.engine.verify.calibration import request_class
 from dspark_loop.engine.verify.feedback import observe_step
 from dspark_loop.engine.verify.policy import FullVerify, VerifyPolicy
@@ -88,15 +87,8 @@ class Scheduler:
         self._early_finished: list[Request] = []
         self.num_preemptions = 0
         self._ended_in_step = False  # a scheduled request ended before its results came back
-        self.plans_ahead = False  # the loop sends a step before the previous one is answered
-        # the loop asks late_masks() for the masks of one-row constrained requests once the
-        # plan is sent (StepPlan.masks_follow); False: every mask is in the plan
-        self.defers_masks = False
-        # this step's verify windows of constrained requests walked by their grammars before
-        # the verify policy chose (req_id -> row masks): _walk_windows, read by _mask
-        self._walked: dict[int, list[bytes]] = {}
         self._unanswered: list[int] = []  # ids of sent (non-empty) steps not yet updated, oldest first
-        self.num_constrained = 0  # live requests with a token constraint (output grammars)
+        self.constraints = Constraints(spec_k)  # the output grammars' part of each step
         # K=7 adaptive verification: who chooses the windows and drafter skips (FullVerify:
         # the fixed chain, no per-step call); live requests with max_draft_tokens < K
         self.policy: VerifyPolicy = policy if policy is not None else FullVerify()
@@ -140,7 +132,7 @@ class Scheduler:
         part.waiting.append(req)
         self.requests[req.request_id] = req
         if req.constraint is not None:
-            self.num_constrained += 1
+            self.constraints.num_live += 1
         if req.max_draft_tokens < DSPARK_K:
             self.num_capped += 1
 
@@ -168,7 +160,7 @@ class Scheduler:
             p.running.clear()
             p.waiting.clear()
         self.requests.clear()
-        self.num_constrained = 0
+        self.constraints.num_live = 0
         self.num_capped = 0
         return running, waiting, outputs
 
@@ -196,7 +188,11 @@ class Scheduler:
             part.check_integrity()
 
     # ---- step 2 -----------------------------------------------------------------------
-    def schedule(self) -> ScheduledStep:
+    def schedule(self, ahead: bool = False, defer_masks: bool = False) -> ScheduledStep:
+        """ahead: the caller may send this step before the previous one is answered (async
+        scheduling). defer_masks: the caller asks late_masks() for the masks of one-row
+        constrained requests once the plan is sent (StepPlan.masks_follow); False: every
+        mask is in the plan."""
         # Per partition, under a token budget: decode rows first (1, or 8 when verifying
         # drafts), then prefill chunks of running requests, then new admissions, FCFS.
         # Chunks are capped at chunk_cap so a long prompt never starves decodes.
@@ -219,16 +215,16 @@ class Scheduler:
         step.aborted_req_ids, self._aborted_req_ids = self._aborted_req_ids, []
         if inflight >= 0:
             for part in self.partitions:
-                plan_positions(part.running, inflight, self.spec_k, self.max_model_len, self.defers_masks)
+                plan_positions(part.running, inflight, self.spec_k, self.max_model_len, defer_masks)
         adaptive = bool(self.spec_k) and (self.num_capped > 0 or self.policy.per_step)
-        self._walked = {}
+        self.constraints.begin_step(defer_masks)
         masked = adaptive and self._choose_windows(step, inflight)
         for part in self.partitions:
             pstep, pplan = self._schedule_partition(part, step.preempted_req_ids, inflight, adaptive, masked)
             step.partitions.append(pstep)
             step.plan.partitions.append(pplan)
         step.plan.masks_follow = any(p.late_masked for p in step.partitions)
-        if not step.is_empty and self.plans_ahead:
+        if not step.is_empty and ahead:
             self._unanswered.append(step.step_id)
             note_inflight(step)
         return step
@@ -255,8 +251,8 @@ class Scheduler:
         )
         conf[cap == 0] = 0.0
         conf[w.unknown & (cap > 0)] = np.nan  # the policy's prior for its class
-        if self.num_constrained and inflight < 0:
-            self._walk_windows(reqs, cap, conf)
+        if self.constraints.num_live and inflight < 0:
+            self.constraints.walk_windows(self.partitions, reqs, cap, conf)
         choice = self.policy.choose(conf, cap, w.partition, w.sampled, w.constrained, w.prompt_rows)
         verify_len, draft_next, surv = choice
         if surv is not None:  # the policy learns acceptance: it gets this back in observe_step
@@ -268,36 +264,6 @@ class Scheduler:
             req.verify_len = vl
             req.draft_next = dn
         return not drafting.all()
-
-    def _walk_windows(self, reqs: list[Request], cap: np.ndarray, conf: np.ndarray) -> None:
-        """Constrained requests' whole windows, walked by their grammars before the policy
-        chooses (their forced tokens repair the drafts in the draft table): cap [R] becomes
-        the drafts the grammar allows (a refused draft's row can never match: nothing past
-        it is accepted), conf [R, K] 1.0 where a row allows one token (its draft, repaired,
-        is accepted whenever the rows before it were). The row masks are kept for _mask
-        (self._walked). A constraint that fails is left to _mask (cap 0: the request runs
-        one row, its constraint fails again there and ends it).
-        NOTE: lockstep only: planned ahead, a constrained request never verifies."""
-        idx = [j for j, r in enumerate(reqs) if r.constraint is not None and cap[j] > 0]
-        if not idx:
-            return
-        bound = [reqs[j] for j in idx]
-        tables = [self.partitions[r.partition].drafts for r in bound]  # [leases, K] each
-        assert all(t is not None for t in tables)  # K=7 partitions hold a draft table
-        windows = [t[r.lease, : int(cap[j])].tolist() for t, j, r in zip(tables, idx, bound)]  # type: ignore[index]
-        failed: list[tuple[Request, str]] = []
-        for j, req, table, window, rows in zip(idx, bound, tables, windows, walk(bound, windows, failed)):
-            if rows is None or table is None:
-                cap[j] = 0
-                conf[j] = 0.0
-                continue
-            table[req.lease, : len(window)] = window  # the forced tokens, for the tile
-            self._walked[req.req_id] = rows
-            valid = len(rows) - 1  # rows 0..valid; draft `valid` (if any) is refused
-            cap[j] = min(int(cap[j]), valid)
-            conf[j, valid:] = 0.0
-            forced = [i for i in getattr(req.constraint, "forced_rows", ()) if i < valid]
-            conf[j, forced] = 1.0
 
     def _schedule_partition(
         self, part: Partition, preempted: list[int], inflight: int = -1, adaptive: bool = False, masked: bool = False
@@ -314,15 +280,13 @@ class Scheduler:
                 self._report_error(req, message)
         if self.spec_k:
             self._prompt_drafts(prefills)
-        if not self.num_constrained:
+        if not self.constraints.num_live:
             return partition_step(part, prefills, decodes, updates, masked)
-        failed: list[tuple[Request, str]] = []
-        pstep, pplan = partition_step(part, prefills, decodes, updates, masked, partial(self._mask, failed))
-        for req, message in failed:
-            # NOTE: after the plan is built: the row still runs (it is in the plan); update()
-            # skips a request that is no longer running, and its pages are freed in the next plan.
-            self._fail(req, message)
-            self._ended_in_step = True
+        failed: Failed = []
+        pstep, pplan = partition_step(part, prefills, decodes, updates, masked, partial(self.constraints.masks, failed))
+        # NOTE: after the plan is built: the row still runs (it is in the plan); update()
+        # skips a request that is no longer running, and its pages are freed in the next plan.
+        self._fail_in_step(failed)
         return pstep, pplan
 
     def _prompt_drafts(self, prefills: list[tuple[Request, int]]) -> None:
@@ -419,42 +383,17 @@ class Scheduler:
                 return False
         return True
 
-    def _mask(self, failed: list, part: Partition, pstep: PartitionStep) -> list[TokenMask]:
-        """Phase 5, inside partition_step before the tile is built (a verify's forced tokens
-        replace its drafts): the allowed-token masks of constrained requests' rows; the
-        constraints that failed go to `failed` (their requests end once the plan is built)."""
-        masks, bad, pstep.late_masked = token_masks(
-            pstep, part.drafts if self.spec_k else None, self.defers_masks, self._walked
-        )
-        failed.extend(bad)
-        return masks
-
     def late_masks(self, step: ScheduledStep) -> StepMasks:
-        """The masks the step's plan left out (masks_follow), per partition: call it once the
-        plan is sent and every earlier step is applied (each row follows its request's
-        outputs). A request that ended meanwhile gets none (its row's token is never read);
-        one whose constraint fails ends with an error (its row still runs, unread)."""
-        per_part = []
-        for pstep in step.partitions:
-            live = [r for r in pstep.late_masked if r.status == Status.RUNNING]
-            masks, failed = fill_masks(live) if live else ([], [])
-            for req, message in failed:
-                self._fail(req, message)
-                self._ended_in_step = True
-            per_part.append(masks)
+        """The masks the step's plan left out (masks_follow): Constraints.late_masks; a
+        request whose constraint fails ends with an error."""
+        failed: Failed = []
+        per_part = self.constraints.late_masks(step, failed)
+        self._fail_in_step(failed)
         return StepMasks(step.step_id, per_part)
 
     def needs_lockstep(self, inflight: int) -> bool:
-        """Whether the next step must wait for step `inflight`'s answer: a constrained
-        request drafts in it, so its next step verifies drafts the grammar must walk (and
-        repair) before the tile is built."""
-        if not self.num_constrained or not self.spec_k:
-            return False
-        return any(
-            r.constraint is not None and r.inflight_step == inflight and r.inflight_samples and r.inflight_drafted
-            for p in self.partitions
-            for r in p.running
-        )
+        """Whether the next step must wait for step `inflight`'s answer (Constraints)."""
+        return self.constraints.needs_lockstep(self.partitions, inflight)
 
     # ---- step 5 -----------------------------------------------------------------------
     def update(self, step: ScheduledStep, results, now: float | None = None) -> list[RequestOutput]:
@@ -500,9 +439,14 @@ class Scheduler:
     def _forget(self, req: Request) -> None:
         if self.requests.pop(req.request_id, None) is not None:
             if req.constraint is not None:
-                self.num_constrained -= 1
+                self.constraints.num_live -= 1
             if req.max_draft_tokens < DSPARK_K:
                 self.num_capped -= 1
+
+    def _fail_in_step(self, failed: Failed) -> None:
+        for req, message in failed:
+            self._fail(req, message)
+            self._ended_in_step = True
 
     def _fail(self, req: Request, message: str) -> None:
         self._end(req, "error")

@@ -4,6 +4,7 @@ partition, acceptance, finishes) and one RequestStats per finished request."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -14,8 +15,59 @@ from dspark_loop.engine.scheduled_step import ScheduledStep
 from dspark_loop.engine.scheduler import Scheduler
 
 
-def step_trace(sched: Scheduler, step: ScheduledStep, results, num_waiting: int, wall, t0, t1, t2, t3, t4) -> StepTrace:
-    """wall: time.time() at the step's start; t0..t4: perf_counter() at its phase edges."""
+@dataclass(slots=True)
+class StepTimes:
+    """One step's clock readings, taken by the loop at its phase edges: perf_counter() for
+    the phases, time.time() for when it began, the loop thread's CPU time for the host's
+    share. The gather counts from when the loop began to wait for the step's results (its
+    send in lockstep; planned ahead, the time between is other steps' work)."""
+
+    wall: float  # time.time() at the plan's start
+    start: float  # the plan's start
+    cpu_start: float
+    plan_end: float = 0.0  # the plan is built; it is sent now
+    cpu_planned: float = 0.0
+    gather_start: float = 0.0  # the loop waits for the results
+    result_at: float = 0.0  # the results are in
+    cpu_result: float = 0.0
+    update_end: float = 0.0
+    deliver_end: float = 0.0
+    cpu_end: float = 0.0
+
+    @classmethod
+    def begin(cls) -> StepTimes:
+        return cls(time.time(), time.perf_counter(), time.thread_time())
+
+    def planned(self) -> None:
+        self.plan_end = self.gather_start = time.perf_counter()
+        self.cpu_planned = time.thread_time()
+
+    def gather_from(self) -> None:
+        self.gather_start = time.perf_counter()
+
+    def waited(self) -> None:
+        self.result_at = time.perf_counter()
+        self.cpu_result = time.thread_time()
+
+    def updated(self) -> None:
+        self.update_end = time.perf_counter()
+
+    def delivered(self) -> None:
+        self.deliver_end = time.perf_counter()
+        self.cpu_end = time.thread_time()
+
+    @property
+    def span_s(self) -> float:
+        """Plan to delivery (lockstep: the step's whole cost)."""
+        return self.deliver_end - self.start
+
+    @property
+    def host_cpu_s(self) -> float:
+        """The loop thread's CPU in the step's own phases (plan, update, deliver)."""
+        return (self.cpu_planned - self.cpu_start) + (self.cpu_end - self.cpu_result)
+
+
+def step_trace(sched: Scheduler, step: ScheduledStep, results, num_waiting: int, times: StepTimes) -> StepTrace:
     parts = []
     for p, ps in enumerate(step.partitions):
         wasted = [] if ps.live is None or all(ps.live) else [j for j, ok in enumerate(ps.live) if not ok]
@@ -39,13 +91,13 @@ def step_trace(sched: Scheduler, step: ScheduledStep, results, num_waiting: int,
     compute = [r.compute_s for r in results] or [0.0]
     return StepTrace(
         step_id=step.step_id,
-        wall_time=wall,
-        schedule_s=t1 - t0,
+        wall_time=times.wall,
+        schedule_s=times.plan_end - times.start,
         compute_max_s=max(compute),
         compute_min_s=min(compute),
-        gather_s=t2 - t1,
-        update_s=t3 - t2,
-        deliver_s=t4 - t3,
+        gather_s=times.result_at - times.gather_start,
+        update_s=times.update_end - times.result_at,
+        deliver_s=times.deliver_end - times.update_end,
         partitions=parts,
         accepted_req_ids=step.accepted_req_ids,
         accepted_lens=step.accepted_lens,

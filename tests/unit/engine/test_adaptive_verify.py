@@ -124,21 +124,20 @@ def test_planned_ahead_the_drafts_of_a_resuming_request_have_unknown_confidences
     row is older), while a request that keeps drafting gets its last known row."""
     policy = ResumeAt(2)
     sched = make_scheduler(spec_k=7, policy=policy, max_model_len=120)
-    sched.plans_ahead = True
     mesh = make_mesh(sched, drafts=True)
     for r in make_requests(sched, 2, prompt_len=8, max_tokens=30):
         sched.add(r)
-    a = sched.schedule()  # the prompts (no drafter pass: drafts_prompt is False)
+    a = sched.schedule(ahead=True)  # the prompts (no drafter pass: drafts_prompt is False)
     sched.update(a, mesh.run(a.plan))
-    b = sched.schedule()  # call 1: one row each, no drafter pass
+    b = sched.schedule(ahead=True)  # call 1: one row each, no drafter pass
     sched.update(b, mesh.run(b.plan))
-    c = sched.schedule()  # call 2: one row each, drafter pass
+    c = sched.schedule(ahead=True)  # call 2: one row each, drafter pass
     c_results = mesh.run(c.plan)
-    d = sched.schedule()  # call 3, c in flight: their drafts come from c
+    d = sched.schedule(ahead=True)  # call 3, c in flight: their drafts come from c
     sched.update(c, c_results)
     conf, cap = policy.calls[2][0], policy.calls[2][1]
     assert cap.tolist() == [DSPARK_K] * 2 and np.isnan(conf).all()
-    e = sched.schedule()  # call 4, d in flight: d verified c's drafts and drafts again
+    e = sched.schedule(ahead=True)  # call 4, d in flight: d verified c's drafts and drafts again
     sched.update(d, mesh.run(d.plan))
     conf = policy.calls[3][0]
     assert not np.isnan(conf).any() and conf.max() > 0
@@ -240,7 +239,7 @@ def test_the_step_trace_counts_verify_rows_and_drafter_skips_and_the_policy_obse
     """PartitionTrace.verify_rows must be the rows of the requests that verified (1 + l
     each) and num_drafter_skips the masked requests; the policy must observe every step
     (rows per partition as planned)."""
-    from dspark_loop.engine.step_trace import step_trace
+    from dspark_loop.engine.step_trace import StepTimes, step_trace
 
     policy = RandomPolicy(9, p_draft=0.5)
     sched = make_scheduler(spec_k=7, policy=policy, num_partitions=2, max_model_len=200)
@@ -253,7 +252,7 @@ def test_the_step_trace_counts_verify_rows_and_drafter_skips_and_the_policy_obse
         results = mesh.run(step.plan)
         sched.update(step, results)
         sched.observe_step(step, results, 0.01)
-        trace = step_trace(sched, step, results, 0, 0.0, 0, 0, 0, 0, 0)
+        trace = step_trace(sched, step, results, 0, StepTimes(0.0, 0.0, 0.0))
         for pt, part in zip(trace.partitions, step.plan.partitions):
             rows = as_i8(part.decode.num_rows) if part.decode else np.zeros(0, np.int8)
             mask = np.frombuffer(part.decode.draft_mask, np.uint8) if part.decode and part.decode.draft_mask else None
