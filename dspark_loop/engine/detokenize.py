@@ -211,3 +211,13 @@ class Detokenizer:
             if p[-k:] in self._stop_prefixes:
                 return k
         return 0
+
+
+def output_text(text: Detokenizer, out, include_stop_str_in_output: bool) -> str:
+    """A plain request's text delta for out's tokens: a finishing EOS or stop id adds no
+    text (unless include_stop_str_in_output), and the end flushes a broken character."""
+    ids = out.new_token_ids
+    if out.finish_reason == "stop" and not include_stop_str_in_output:
+        ids = ids[:-1]
+    delta = text.feed(ids)
+    return delta + text.finish() if out.finished and out.finish_reason != "error" else delta

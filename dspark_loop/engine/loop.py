@@ -1,14 +1,12 @@
 """The engine loop: one asyncio task that turns requests into steps on the mesh.
 
-    generate() --inbox--> [1 drain] -> [2 schedule] -> [3 send, 4 gather: mesh.step()]
+    generate() --inbox--> [1 drain] -> [2 schedule] -> [3 send, 4 gather]
                  <-channel- [6 deliver + observers] <- [5 update]
 
-Only steps 3-4 await. Any exception in the loop (EngineDead or a bug) ends every request
-with finish_reason "error" and leaves the engine dead: later generate() calls answer with
-an error at once. Unless `on_mesh_dead` is set (recovery, supervisor.py): then a dead mesh
-(EngineDead) fails only the running requests, keeps the waiting ones queued, and calls
-on_mesh_dead(reason, num_failed), which restarts the ranks and calls resume() (or
-give_up()); `restarting` says why meanwhile.
+One driver (_drive) at a pipeline depth of 1 (lockstep) or 2 (async scheduling: 3 of step
+N+1 before 4-6 of step N). Only 3-4 await. Any exception in the loop (EngineDead or a bug)
+ends every request with finish_reason "error" and leaves the engine dead: later generate()
+calls answer with an error at once, unless recovery is on (engine/recovery.py).
 """
 
 from __future__ import annotations
@@ -21,13 +19,14 @@ from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any
 
 from dspark_loop.contract.errors import EngineDead
-from dspark_loop.engine.capacity import capacity_problem
-from dspark_loop.engine.detokenize import Detokenizer, TokenText
+from dspark_loop.engine.detokenize import Detokenizer, TokenText, output_text
 from dspark_loop.engine.device_time import DeviceTime
+from dspark_loop.engine.engine_stats import cache_stats, dspark_summary, fits
 from dspark_loop.engine.interfaces import MeshClient
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.output_channel import OutputChannel, deliver
-from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
+from dspark_loop.engine.outputs import GenerateRequest, RequestOutput, error_output
+from dspark_loop.engine.recovery import carry_over, wait_for_work
 from dspark_loop.engine.request import Request
 from dspark_loop.engine.scheduled_step import ScheduledStep
 from dspark_loop.engine.scheduler import Scheduler
@@ -35,38 +34,12 @@ from dspark_loop.engine.step_pipe import StepPipe
 from dspark_loop.engine.step_trace import StepTimes, request_stats, step_trace
 
 log = logging.getLogger(__name__)
-IDLE_CHECK_S = 0.5  # an idle loop looks this often whether its mesh died
 # NOTE: a step allocates and frees thousands of small objects (token lists, outputs). At
 # CPython's default gen0 threshold (700) the collector ran every step at 256 requests (0.1-0.3
 # ms) and its older-generation passes paused the loop for 10-20 ms; almost all of them die by
 # reference count long before 50,000 net allocations (tools/bench/host: no collection in 300
 # steps, max host time 23.6 -> 2.4 ms at K=7).
 GC_THRESHOLDS = (50_000, 50, 100)
-
-
-def error_output(
-    request_id: str, message: str, num_prompt_tokens: int = 0, num_output_tokens: int = 0
-) -> RequestOutput:
-    return RequestOutput(
-        request_id,
-        [],
-        "",
-        finished=True,
-        finish_reason="error",
-        error=message,
-        num_prompt_tokens=num_prompt_tokens,
-        num_output_tokens=num_output_tokens,
-    )
-
-
-def output_text(text: Detokenizer, out: RequestOutput, include_stop_str_in_output: bool) -> str:
-    """A plain request's text delta for out's tokens: a finishing EOS or stop id adds no
-    text (unless include_stop_str_in_output), and the end flushes a broken character."""
-    ids = out.new_token_ids
-    if out.finish_reason == "stop" and not include_stop_str_in_output:
-        ids = ids[:-1]
-    delta = text.feed(ids)
-    return delta + text.finish() if out.finished and out.finish_reason != "error" else delta
 
 
 class EngineLoop:
@@ -162,53 +135,15 @@ class EngineLoop:
 
     def capacity_problem(self, prompt_len: int, max_tokens: int) -> str | None:
         """Why such a request could never fit a partition's pages (None: it can)."""
-        s = self.scheduler
-        return capacity_problem(
-            s.layout,
-            [p.num_blocks for p in s.partitions[0].cache.pools],
-            prompt_len,
-            max_tokens,
-            max_model_len=s.max_model_len,
-            chunk_cap=s.chunk_cap,
-            spec_k=s.spec_k,
-        )
+        return fits(self.scheduler, prompt_len, max_tokens)
 
     def cache_stats(self) -> dict:
-        """Read-only: free/total pages per family per partition, its queues and the tokens its
-        live requests hold, and what still holds pages (live requests, open output channels);
-        once idle, free == total everywhere."""
-        sched = self.scheduler
-        return {
-            "families": [f.name for f in sched.layout.families],
-            "partitions": [
-                {
-                    "free": p.cache.num_free(),
-                    "total": [pool.num_blocks for pool in p.cache.pools],
-                    "num_running": len(p.running),
-                    "num_waiting": len(p.waiting),
-                    # tokens of the live requests (prompt + output so far), and those the waiting ones
-                    # have still to compute: the load a router reads (api/server_info.py)
-                    "num_tokens": sum(r.prompt_len + len(r.output_ids) for q in (p.running, p.waiting) for r in q),
-                    "num_waiting_tokens": sum(r.prompt_len + len(r.output_ids) - r.num_computed for r in p.waiting),
-                }
-                for p in sched.partitions
-            ],
-            "num_requests": len(sched.requests),
-            "num_open_streams": len(self._channels),
-            "num_steps": self.num_steps,
-            "dspark": self.dspark_summary(),
-        }
+        """Read-only: pages, queues and streams (engine/engine_stats.py)."""
+        return cache_stats(self.scheduler, len(self._channels), self.num_steps)
 
     def dspark_summary(self) -> dict:
-        """DSpark (K=7) totals so far: verifies, proposed/matched drafts, accepted tokens,
-        mean accepted length, fallback steps, lease scrubs; all zero at K=0."""
-        leases = [p.leases.num_in_use for p in self.scheduler.partitions if p.leases is not None]
-        return {
-            "num_speculative_tokens": self.scheduler.spec_k,
-            **self.scheduler.spec.summary(),
-            "leases_in_use": sum(leases),
-            "verify_policy": self.scheduler.policy.stats(),
-        }
+        """DSpark (K=7) totals so far (engine/engine_stats.py)."""
+        return dspark_summary(self.scheduler)
 
     async def generate(self, g: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
         if self.dead_reason is not None or self._stopping:
@@ -415,36 +350,22 @@ class EngineLoop:
     async def _idle_wait(self) -> None:
         """Wait for work; with recovery on, also notice a mesh that died while idle."""
         self.device_time.pause()
-        if self.on_mesh_dead is None:
-            await self._wakeup.wait()
-            return
-        while not self._wakeup.is_set():
-            if self.mesh.dead:
-                raise EngineDead(self.mesh.dead)
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), IDLE_CHECK_S)
-            except asyncio.TimeoutError:
-                pass
+        await wait_for_work(self._wakeup, self.mesh, self.on_mesh_dead is not None)
 
     def _begin_restart(self, reason: str) -> None:
-        """The running requests end with an error; the waiting ones go back to the inbox."""
+        """Recovery (engine/recovery.py): the running requests end with an error, the waiting
+        ones go back to the inbox, and the supervisor restarts the ranks."""
         restart = self.on_mesh_dead
         assert restart is not None, "only a loop with recovery restarts"
         self._restarting = reason
-        running, waiting, early = self.scheduler.carry_over()
-        self._deliver(early)
-        self._deliver(
-            [
-                error_output(r.request_id, f"the ranks failed: {reason}", r.prompt_len, len(r.output_ids))
-                for r in running
-            ]
-        )
+        outputs, waiting, num_failed = carry_over(self.scheduler, reason)
+        self._deliver(outputs)
         self._inbox[:0] = [r for r in waiting if r.request_id in self._channels]
         log.warning(
-            "rank mesh died (%s): %d running request(s) failed, %d waiting kept", reason, len(running), len(self._inbox)
+            "rank mesh died (%s): %d running request(s) failed, %d waiting kept", reason, num_failed, len(self._inbox)
         )
         self._task = None
-        asyncio.get_running_loop().create_task(restart(reason, len(running)), name="mesh-restart")
+        asyncio.get_running_loop().create_task(restart(reason, num_failed), name="mesh-restart")
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         deliver(self._channels, outputs)

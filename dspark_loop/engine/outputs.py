@@ -88,3 +88,18 @@ class RequestOutput(msgspec.Struct):
     logprobs: list[TokenLogprob] | None = None  # per new token (params.logprobs >= 0)
     prompt_logprobs: list[TokenLogprob] | None = None  # the whole prompt, on the first delta
     speculation: tuple[int, int, int] | None = None  # on the finishing delta: (proposed, accepted, verify steps)
+
+
+def error_output(
+    request_id: str, message: str, num_prompt_tokens: int = 0, num_output_tokens: int = 0
+) -> RequestOutput:
+    return RequestOutput(
+        request_id,
+        [],
+        "",
+        finished=True,
+        finish_reason="error",
+        error=message,
+        num_prompt_tokens=num_prompt_tokens,
+        num_output_tokens=num_output_tokens,
+    )
