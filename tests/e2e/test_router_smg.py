@@ -244,7 +244,7 @@ async def test_sigterm_on_a_replica_finishes_its_streams_while_smg_sends_new_req
             results.append(
                 (round(time.monotonic() - t0, 2), status, pair.served_by(out["id"]) if status == 200 else out)
             )
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(0.25)  # NOTE: on purpose: new requests spread over the victim's drain
         notice_s = await noticed
         failed = [r for r in results if r[1] != 200]
         refused = await asyncio.to_thread(router.metric, "smg_router_upstream_responses_total", status_code="503")
