@@ -197,7 +197,9 @@ async def test_with_one_replica_busy_load_aware_policies_send_new_requests_to_th
             )
             assert status == 200, out
             served.append(replicas.served_by(out["id"]))
-            await asyncio.sleep(1.5)  # > --load-monitor-interval: each request meets a fresh report
+            # NOTE: a sleep on purpose: > --load-monitor-interval, each request meets a fresh
+            # report (smg's /workers shows no poll count or time to wait for)
+            await asyncio.sleep(1.5)
         print(
             f"\n{policy}: short requests per replica while replica 0 has a queue: {[served.count(0), served.count(1)]}"
         )
