@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
+
 from dspark_testing.prompts import token_prompt
 
 
+# NOTE: slow (~35 s of 4-rank decode on 2 busy cores). The default suite serves greedy requests
+# to "length" on dp2/tp2/ep4 with exact completion_tokens, across 32-token pages
+# (test_greedy_parity.py::test_token_id_prompt_tokens_equal_transformers_greedy[70-ids]), and
+# checks the usage object of a "length" finish (tests/unit/api/generation/test_completions.py::
+# test_response_is_an_openai_text_completion_with_exact_usage)
+@pytest.mark.slow
 def test_seeds_accuracy_request_runs_to_length(server4):
     """A 64-id prompt with max_tokens 128 and ignore_eos must finish with "length" and
     report exactly 64 prompt and 128 completion tokens."""

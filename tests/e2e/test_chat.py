@@ -196,6 +196,11 @@ def test_bad_chat_requests_answer_400_with_the_openai_error_body(chat_server, bo
     assert out["error"]["type"] == "invalid_request_error" and out["error"]["param"] == param
 
 
+# NOTE: slow (~60 s on 2 busy cores: ~100 masked steps on two ranks). The default suite runs
+# tool_choice required on the random model in test_structured_output.py::
+# test_constrained_tool_calls_at_k7_equal_k0, and masks over a vocab split on two TP ranks in
+# tests/unit/workers/test_logit_masks.py::test_tp_ranks_mask_their_vocab_slices_and_agree_on_the_global_choice
+@pytest.mark.slow
 def test_tool_choice_required_on_the_random_model_parses_as_a_valid_call(chat_server, ask):
     """Under tool_choice required the masked greedy output of the real (random) model, its
     vocab split over two TP ranks, must parse into one complete call of the declared tool

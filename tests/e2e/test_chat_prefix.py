@@ -19,8 +19,10 @@ SYSTEM = (
 
 @pytest.fixture(scope="module")
 def servers(tiny_ckpt):
-    cached = ServerProcess(["--model", tiny_ckpt, *ONE_RANK])
-    plain = ServerProcess(["--model", tiny_ckpt, *ONE_RANK, "--no-enable-prefix-caching"])
+    cached = ServerProcess(["--model", tiny_ckpt, *ONE_RANK], wait=False)
+    plain = ServerProcess(["--model", tiny_ckpt, *ONE_RANK, "--no-enable-prefix-caching"], wait=False)
+    cached.wait_ready()  # NOTE: both start at once
+    plain.wait_ready()
     yield cached, plain
     assert cached.stop() == 0, cached.log()[-4000:]
     assert plain.stop() == 0, plain.log()[-4000:]

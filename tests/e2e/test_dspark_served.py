@@ -55,6 +55,33 @@ class TapRecorder:
         return self.traces
 
 
+def wait_for(cond, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def finishes(traces: list, reason: str) -> int:
+    return sum(r == reason for t in traces for r in t.finished_reasons)
+
+
+def subscribed(server: ServerProcess, stop_token: int) -> TapRecorder:
+    """A recorder the server's tap publishes to. A new subscription reaches the publisher
+    some time after connect(), and the publisher sees it only on a step: send one-token
+    probes (they finish on `stop_token`, reason "stop") until the recorder gets a probe's
+    finish."""
+    recorder = TapRecorder(server.tap)
+    deadline = time.monotonic() + 60
+    while not wait_for(lambda: finishes(recorder.traces, "stop") > 0, 1.0):
+        assert time.monotonic() < deadline, "the tap never published to the subscriber"
+        server.complete(PROMPT_C, 2, stop_token_ids=[stop_token], ignore_eos=False)
+    server.wait_idle()
+    return recorder
+
+
 @pytest.fixture(scope="module")
 def drafter_ckpt(tmp_path_factory) -> str:
     # NOTE: every tensor has its own random stream, so the trunk equals tiny_ckpt's.
@@ -116,14 +143,16 @@ def test_test_drafter_accepts_exactly_error_position_plus_one(k7_server, k0_outp
 def test_metrics_and_tap_traces_agree_with_the_served_workload(k7_server, k0_outputs):
     """After a known workload the counters must equal the served totals, and the tap's
     traces must be contiguous and add up to the same tokens and acceptance."""
-    recorder = TapRecorder(k7_server.tap)
-    time.sleep(0.5)  # the subscription must reach the publisher before the workload
+    recorder = subscribed(k7_server, k0_outputs["c"][0])
     m0 = k7_server.metrics_json()
     outs = [k7_server.complete(p, MAX_TOKENS) for p in (PROMPT_A, PROMPT_B)]
     m1 = k7_server.metrics_json()
     k7_server.wait_idle()
-    time.sleep(0.3)
+    assert wait_for(lambda: finishes(recorder.traces, "length") >= len(outs), 60), "the workload's traces never came"
     traces = recorder.close()
+    # the workload's traces: those after the last probe's (a SUB receives in publishing order)
+    last_probe = max(i for i, t in enumerate(traces) if "stop" in t.finished_reasons)
+    traces = traces[last_probe + 1 :]
 
     prompt_tokens = sum(o["usage"]["prompt_tokens"] for o in outs)
     completion_tokens = sum(o["usage"]["completion_tokens"] for o in outs)

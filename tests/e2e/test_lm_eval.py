@@ -60,6 +60,10 @@ def tasks_dir(tmp_path_factory):
     return str(d)
 
 
+# NOTE: slow: lm-eval's own import and task loading dominate (~100 s on 2 busy cores). The
+# default suite checks what it reads, echo + logprobs equal to transformers' log_softmax:
+# test_sampling_served.py::test_echoed_prompt_and_sampled_logprobs_equal_transformers_log_softmax
+@pytest.mark.slow
 def test_lm_eval_loglikelihoods_equal_transformers_and_generate_until_runs(server1, tiny_ckpt, tasks_dir, reference):
     """Both tasks must run to a metric; every (context, continuation) loglikelihood lm-eval
     got from the server must equal the sum of transformers' log_softmax over the

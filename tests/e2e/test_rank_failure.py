@@ -23,6 +23,11 @@ def doomed_server(tiny_ckpt):
     server.stop()
 
 
+# NOTE: slow: the default suite has both halves in test_rank_recovery.py, open streams ending
+# with an error event when a rank is killed (test_a_lost_rank_fails_only_the_running_requests_
+# and_the_mesh_comes_back[SIGKILL]) and a server left dead by the restart budget: /health 503,
+# requests 503 engine_dead, no rank left (test_a_crash_loop_stops_after_max_rank_restarts)
+@pytest.mark.slow
 async def test_killed_rank_ends_every_open_stream_with_an_error(doomed_server, http):
     """SIGKILL on one rank while 3 streams run must end each stream with an error event and
     then [DONE] within seconds, flip /health to 503 naming the dead rank, refuse new

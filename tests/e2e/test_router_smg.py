@@ -197,7 +197,9 @@ async def test_with_one_replica_busy_load_aware_policies_send_new_requests_to_th
             )
             assert status == 200, out
             served.append(replicas.served_by(out["id"]))
-            await asyncio.sleep(1.5)  # > --load-monitor-interval: each request meets a fresh report
+            # NOTE: a sleep on purpose: > --load-monitor-interval, each request meets a fresh
+            # report (smg's /workers shows no poll count or time to wait for)
+            await asyncio.sleep(1.5)
         print(
             f"\n{policy}: short requests per replica while replica 0 has a queue: {[served.count(0), served.count(1)]}"
         )
@@ -244,7 +246,7 @@ async def test_sigterm_on_a_replica_finishes_its_streams_while_smg_sends_new_req
             results.append(
                 (round(time.monotonic() - t0, 2), status, pair.served_by(out["id"]) if status == 200 else out)
             )
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(0.25)  # NOTE: on purpose: new requests spread over the victim's drain
         notice_s = await noticed
         failed = [r for r in results if r[1] != 200]
         refused = await asyncio.to_thread(router.metric, "smg_router_upstream_responses_total", status_code="503")

@@ -136,6 +136,10 @@ def test_a_stream_carries_the_same_document(servers):
         assert chunks[-1].choices[0].finish_reason == whole.finish_reason
 
 
+# NOTE: slow: the client's parse() sends a json_schema response_format, the server path of
+# test_json_schema_answers_validate_and_k7_equals_k0 (default), which checks K=7 equals K=0
+# and that the completed documents validate
+@pytest.mark.slow
 def test_parse_with_a_pydantic_model(servers):
     """client.chat.completions.parse(response_format=PydanticModel) must return the parsed
     model for an answer that completes, at K=0 and K=7 alike."""

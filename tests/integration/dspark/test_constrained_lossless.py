@@ -68,6 +68,22 @@ def ckpt(tmp_path_factory):
     )
 
 
+@pytest.fixture(scope="module")
+def k0_run(ckpt):
+    """k0_run(sampled, dp): the K=0 run of table(ckpt, sampled) on dp partitions, run once
+    per module (the reference every K=7 run here is compared with)."""
+    runs: dict = {}
+
+    def get(sampled: bool, dp: int = 1):
+        if (sampled, dp) not in runs:
+            prompts, params, constraints = table(ckpt, sampled)
+            kw = dict(max_model_len=MAX_MODEL_LEN, dp=dp, constraints=constraints)
+            runs[sampled, dp] = run(ckpt, 0, prompts, params, **kw)
+        return runs[sampled, dp]
+
+    return get
+
+
 def table(ckpt: str, sampled: bool):
     """Two JSON-schema requests, one tool call, two free ones; (prompts, params, constraints)."""
     tok = Tokenizer.from_file(f"{ckpt}/tokenizer.json")
@@ -100,15 +116,25 @@ def check_documents(got, tok_path: str) -> None:
             assert doc["color"] in ("red", "green", "blue") and 0 <= doc["n"] <= 99
 
 
-@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
-@pytest.mark.parametrize("dp", [1, 2])
-def test_constrained_k7_with_the_real_drafter_equals_k0(ckpt, sampled, dp):
+# NOTE: greedy on one partition and seeded on two run by default; the other two pairs are
+# slow (each of greedy, seeded, dp 1 and dp 2 is already in the default pairs)
+@pytest.mark.parametrize(
+    "sampled,dp",
+    [
+        (False, 1),
+        (True, 2),
+        pytest.param(False, 2, marks=pytest.mark.slow),
+        pytest.param(True, 1, marks=pytest.mark.slow),
+    ],
+    ids=["1-greedy", "2-seeded", "2-greedy", "1-seeded"],
+)
+def test_constrained_k7_with_the_real_drafter_equals_k0(ckpt, k0_run, sampled, dp):
     """Constrained and free requests run together at K=7 (the real drafter) must produce
     the K=0 tokens and finish reasons, greedy and seeded, on one and two partitions; the
     constrained requests must verify (8-row steps) rather than fall back to 1 row."""
     prompts, params, constraints = table(ckpt, sampled)
     kw = dict(max_model_len=MAX_MODEL_LEN, dp=dp, constraints=constraints)
-    ref = run(ckpt, 0, prompts, params, **kw)
+    ref = k0_run(sampled, dp)
     traces = Traces()
     got = run(ckpt, 7, prompts, params, observers=[traces], **kw)
     assert got.tokens == ref.tokens
@@ -119,14 +145,14 @@ def test_constrained_k7_with_the_real_drafter_equals_k0(ckpt, sampled, dp):
 
 
 @pytest.mark.parametrize("error_at", [2, 7])
-def test_grammar_valid_drafts_are_accepted_under_the_masks(ckpt, error_at):
+def test_grammar_valid_drafts_are_accepted_under_the_masks(ckpt, k0_run, error_at):
     """A drafter that proposes the K=0 continuation (wrong at draft m) must have at least m+1
     tokens accepted per verify of a constrained request (the grammar allows every right
     draft; a wrong one the grammar forces is replaced by the forced token), and the output
     must still equal K=0's."""
     prompts, params, constraints = table(ckpt, False)
     kw = dict(max_model_len=MAX_MODEL_LEN, constraints=constraints)
-    ref = run(ckpt, 0, prompts, params, **kw)
+    ref = k0_run(False)
     spec = {"cases": [{"prompt": prompts[k], "reference": ref.tokens[k], "error_at": error_at} for k in prompts]}
     traces = Traces()
     got = run(ckpt, 7, prompts, params, test_drafter=lambda: ScriptedDrafter(spec, VOCAB, 7), observers=[traces], **kw)
@@ -139,7 +165,7 @@ def test_grammar_valid_drafts_are_accepted_under_the_masks(ckpt, error_at):
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
-def test_constrained_k7_under_random_verify_windows_equals_k0(ckpt, sampled):
+def test_constrained_k7_under_random_verify_windows_equals_k0(ckpt, k0_run, sampled):
     """Adaptive verification walks a constrained request's window before it chooses (its cap
     cut to the grammar-valid drafts, forced rows certain): under a policy of random window
     lengths and drafter skips, constrained and free requests together must still give the
@@ -149,7 +175,7 @@ def test_constrained_k7_under_random_verify_windows_equals_k0(ckpt, sampled):
 
     prompts, params, constraints = table(ckpt, sampled)
     kw = dict(max_model_len=MAX_MODEL_LEN, constraints=constraints)
-    ref = run(ckpt, 0, prompts, params, **kw)
+    ref = k0_run(sampled)
     traces = Traces()
     got = run(ckpt, 7, prompts, params, observers=[traces], policy=RandomPolicy(seed=11, p_draft=0.6), **kw)
     assert got.tokens == ref.tokens

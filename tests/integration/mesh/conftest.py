@@ -55,6 +55,11 @@ async def wait_until(cond, timeout_s: float) -> bool:
     return True
 
 
+def reached(model_dir: str, event: str, ranks) -> bool:
+    """True once every rank in `ranks` of the fake runner reached `event` (its signal())."""
+    return all(os.path.exists(os.path.join(model_dir, f"{event}.{rank}")) for rank in ranks)
+
+
 async def hand_rank(address: str, secret: str, hello, *, linger_s: float = 5.0) -> None:
     """Play one rank by hand: knock on the mesh at `address`, then say `hello` signed with
     `secret` (the mesh must be in start() to answer); the socket stays open linger_s."""

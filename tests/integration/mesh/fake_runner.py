@@ -9,6 +9,8 @@ the results of real cross-process collectives, so a test can check both from the
 A row with a TokenMask targets the lowest id its mask allows instead (late masks included:
 they are waited for after the collectives, as the model runner waits after its forward).
 Test hooks: a prefill with req_id FAIL_REQ raises on rank 1; HANG_REQ sleeps on rank 0.
+What a test waits for is written into the model directory: `hanging.<rank>` as the rank
+starts to hang, `waits-for-masks.<rank>` as it starts to wait for a step's late masks.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class FakeRunner:
         if not os.path.isfile(os.path.join(cfg.model, "config.json")):
             raise FileNotFoundError(f"no config.json in {cfg.model}")
         self.shard, self.comm = shard, comm
+        self.model_dir = cfg.model
         self.num_blocks = [cfg.num_blocks or 16, 100 - shard.rank]
 
     def execute(self, part: PartitionPlan, late_masks=None) -> np.ndarray:
@@ -69,6 +72,7 @@ class FakeRunner:
         if FAIL_REQ in req_ids and self.shard.rank == 1:
             raise RuntimeError("fake runner asked to fail")
         if HANG_REQ in req_ids and self.shard.rank == 0:
+            self.signal("hanging")
             time.sleep(3600)
         rows = token_positions(part)
         # the expert exchange stand-in: variable row counts per rank, every rank every step
@@ -82,12 +86,18 @@ class FakeRunner:
         shard_len = VOCAB // self.shard.tp_size
         offset = self.shard.tp_rank * shard_len
         if late_masks is not None:
+            self.signal("waits-for-masks")
             with_masks(part, late_masks)
         targets = torch.tensor(masked_targets(part, rows), dtype=torch.int64)
         ids = torch.arange(offset, offset + shard_len)
         logits = -(ids[None, :] - targets[:, None]).abs().to(torch.bfloat16)  # [rows, shard_len]
         best = self.comm.argmax_tp(logits, offset)  # [rows]
         return (best + VOCAB * tp_sum + VOCAB * 1000 * world_sum).numpy().astype(np.int32)
+
+    def signal(self, event: str) -> None:
+        """Tell the test this rank reached `event` (the file <model>/<event>.<rank>)."""
+        with open(os.path.join(self.model_dir, f"{event}.{self.shard.rank}"), "w"):
+            pass
 
     def take_drafts(self) -> None:
         return None  # no drafter

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from dspark_loop.contract.errors import EngineDead
-from tests.integration.mesh.conftest import alive, make_mesh, wait_until
+from tests.integration.mesh.conftest import alive, make_mesh, reached, wait_until
 from tests.integration.mesh.fake_runner import FAIL_REQ, HANG_REQ
 from tests.integration.mesh.plans import decode_plan, prefill_plan
 
@@ -106,7 +106,7 @@ async def test_close_during_a_step_fails_that_step_and_stops_the_ranks(fake_mode
     mesh = make_mesh(fake_model_dir, world_size=2, tp=1, step_timeout_s=30.0)
     await mesh.start()
     step = asyncio.ensure_future(mesh.step(prefill_plan(0, 2, req_id_override=HANG_REQ)))
-    await asyncio.sleep(0.3)
+    assert await wait_until(lambda: reached(fake_model_dir, "hanging", [0]), 60.0)
     await asyncio.wait_for(mesh.close(grace_s=0.5), 10.0)
     with pytest.raises(EngineDead):
         await asyncio.wait_for(step, 5.0)

@@ -70,7 +70,7 @@ async def test_node_1_started_first_joins_serves_steps_and_exits_0_on_close(fake
     port = free_port_pair()
     node1 = agent(fake_model_dir, port)
     agent_run = asyncio.ensure_future(node1.run())
-    await asyncio.sleep(1.0)  # the agent knocks on a closed door meanwhile
+    assert await wait_until(lambda: node1.knocker.nonce != b"", 60.0)  # it knocked on a closed door
     mesh = node0(fake_model_dir, port)
     try:
         await mesh.start()

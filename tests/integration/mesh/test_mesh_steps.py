@@ -1,7 +1,7 @@
 import numpy as np
 
 from dspark_loop.contract.protocol import as_i32
-from tests.integration.mesh.conftest import alive, make_mesh, wait_until
+from tests.integration.mesh.conftest import alive, make_mesh, reached, wait_until
 from tests.integration.mesh.fake_runner import expected_token
 from tests.integration.mesh.plans import decode_plan, expected_rows, prefill_plan
 from workers.comm import ShardSpec
@@ -50,8 +50,6 @@ async def test_masks_that_follow_the_plan_reach_every_rank_before_it_samples(fak
     sent after it: each masked row answers its group's
     mask, the other rows their usual targets, and the plan after it runs normally (every
     rank took the masks off its socket, masked rows or not)."""
-    import asyncio
-
     from dspark_loop.contract.protocol import StepMasks, TokenMask, pack_mask
     from tests.integration.mesh.fake_runner import VOCAB
 
@@ -67,7 +65,7 @@ async def test_masks_that_follow_the_plan_reach_every_rank_before_it_samples(fak
         plan = decode_plan(1, 2)
         plan.masks_follow = True
         await mesh.send(plan)
-        await asyncio.sleep(0.3)  # the ranks ran the forward and wait
+        assert await wait_until(lambda: reached(fake_model_dir, "waits-for-masks", range(4)), 60.0)
         # group 0: request a's only row and request b's row 3; group 1: nothing masked
         a, b = 100, 200
         await mesh.send_masks(StepMasks(1, [[TokenMask(a, only(5)), TokenMask(b, only(9), 3)], []]))
@@ -89,15 +87,13 @@ async def test_masks_that_follow_the_plan_reach_every_rank_before_it_samples(fak
 
 async def test_a_rank_waiting_for_masks_obeys_shutdown(fake_model_dir):
     """Closing the mesh while its ranks wait for a step's masks must end them cleanly (exit 0)."""
-    import asyncio
-
     mesh = make_mesh(fake_model_dir, world_size=2, tp=1)
     await mesh.start()
     await mesh.step(prefill_plan(0, 2))
     plan = decode_plan(1, 2)
     plan.masks_follow = True
     await mesh.send(plan)
-    await asyncio.sleep(0.3)
+    assert await wait_until(lambda: reached(fake_model_dir, "waits-for-masks", range(2)), 60.0)
     pids = mesh.pids
     await mesh.close()
     assert await wait_until(lambda: not any(alive(p) for p in pids), 5.0)

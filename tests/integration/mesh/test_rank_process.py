@@ -1,6 +1,5 @@
 """One rank process driven by hand through its own entry point (no Mesh)."""
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -74,7 +73,7 @@ async def test_malformed_frames_are_dropped_and_the_rank_keeps_serving(router, f
 
 async def test_rank_exits_by_itself_when_its_server_dies(router, fake_model_dir):
     """A rank whose parent (the server) is killed must exit on its own within seconds."""
-    _, address = router
+    sock, address = router
     env = rank_env()
     # NOTE: a small Python parent starts the rank with its own pid as parent_pid.
     script = (
@@ -89,8 +88,8 @@ async def test_rank_exits_by_itself_when_its_server_dies(router, fake_model_dir)
     )
     rank_pid = int(shell.stdout.readline())
     try:
-        await asyncio.sleep(0.5)
-        assert alive(rank_pid)
+        _, hello = await recv(sock, 120.0)  # the rank is up: it said Hello to its server
+        assert isinstance(hello, Hello) and hello.pid == rank_pid and alive(rank_pid)
         shell.kill()
         shell.wait()
         assert await wait_until(lambda: not alive(rank_pid), 5.0)
