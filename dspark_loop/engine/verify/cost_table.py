@@ -35,6 +35,12 @@ MAX_EXTRA_ROWS = 2 * DSPARK_K
 BINS = QUARTERS * MAX_EXTRA_ROWS + 1
 
 
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+
+
 def load_of(num_requests) -> np.ndarray:
     """Load bucket(s) of a partition's decode request count(s)."""
     n = np.maximum(np.asarray(num_requests, np.float64), 1.0)
@@ -54,10 +60,26 @@ class CostTable:
         self.num_ratios = 0
         self.num_samples = 0
         self.num_shifts = 0  # cost shape changes seen (_check_shift)
+        self.drift = 1.0  # the median of `ratios` (1 before any)
+        # costs() per load, kept until the load is observed, the drift moves or a sample
+        # ages out: load -> (computed at step, valid before step, [2, BINS] costs)
+        self.cache: dict[int, tuple[int, int, np.ndarray]] = {}
 
     # ---- reading ------------------------------------------------------------------------
     def costs(self, load: int, step: int) -> np.ndarray:
-        """[2, BINS] seconds of one load's cells (pass x rows), monotone, as of `step`."""
+        """[2, BINS] seconds of one load's cells (pass x rows), monotone, as of `step`
+        (read only: the table keeps it until it changes)."""
+        hit = self.cache.get(load)
+        if hit is not None and hit[0] <= step < hit[1]:
+            return hit[2]
+        cost = self._costs(load, step)
+        fresh_steps = self.steps[load][self.steps[load] > step - self.t.horizon]
+        expires = int(fresh_steps.min()) + self.t.horizon if fresh_steps.size else 1 << 62
+        cost.flags.writeable = False
+        self.cache[load] = (step, expires, cost)
+        return cost
+
+    def _costs(self, load: int, step: int) -> np.ndarray:
         fresh = self.steps[load] > step - self.t.horizon  # [2, BINS, N]
         count = fresh.sum(axis=2)  # [2, BINS]
         measured = count >= self.t.min_samples
@@ -66,8 +88,7 @@ class CostTable:
         hi = np.take_along_axis(ranked, (count // 2)[..., None], 2)[..., 0]
         cost = np.where(measured, (lo + hi) / 2, np.nan)  # the median of the fresh samples
         if self.prior is not None:
-            drift = np.nanmedian(self.ratios) if self.num_ratios else 1.0
-            cost = np.where(measured, cost, self.prior[load] * drift)
+            cost = np.where(measured, cost, self.prior[load] * self.drift)
         j = np.arange(BINS)
         for p in (0, 1):  # unmeasured rows read between the measured ones (flat beyond them)
             known = ~np.isnan(cost[p])
@@ -107,28 +128,33 @@ class CostTable:
         self.times[slot], self.steps[slot] = step_s, step
         self.next[cell] = (self.next[cell] + 1) % self.t.cell_samples
         self.num_samples += 1
+        self.cache.pop(cell[0], None)
         if self.prior is not None and np.isfinite(self.prior[cell]) and self.prior[cell] > 0:
             self.ratios[self.num_ratios % len(self.ratios)] = step_s / self.prior[cell]
             self.num_ratios += 1
+            drift = _median([r for r in self.ratios.tolist() if r == r])  # the median of the non-NaN
+            if drift != self.drift:
+                self.drift = drift
+                self.cache.clear()
         self._check_shift(cell, step)
 
     def _check_shift(self, cell: tuple, step: int) -> None:
         """When a cell's newest `min_samples` steps have a median `shift` times off its older
         fresh samples' median, the cost shape changed: the cell keeps its newest samples and
         the load's other cells count as unmeasured (to be measured again)."""
-        fresh = self.steps[cell] > step - self.t.horizon  # [N]
-        order = np.argsort(np.where(fresh, -self.steps[cell], 1 << 62))  # newest first
-        k = self.t.min_samples
-        if fresh.sum() < 2 * k:
+        N, k = self.t.cell_samples, self.t.min_samples
+        order = (int(self.next[cell]) - 1 - np.arange(N)) % N  # [N] ring slots, newest first
+        steps = self.steps[cell][order]  # [N] non-increasing: written in step order
+        fresh = int((steps > step - self.t.horizon).sum())  # the fresh samples are the newest ones
+        if fresh < 2 * k:
             return
-        times = self.times[cell][order[: int(fresh.sum())]]
-        ratio = float(np.median(times[:k]) / np.median(times[k:]))
+        times = self.times[cell][order[:fresh]].tolist()
+        ratio = _median(times[:k]) / _median(times[k:])
         if 1.0 / self.t.shift < ratio < self.t.shift:
             return
         load = cell[0]
-        newest = self.steps[cell][order[:k]].copy()
         self.steps[load] = -(1 << 62)
-        self.steps[cell][order[:k]] = newest
+        self.steps[cell][order[:k]] = steps[:k]
         self.num_shifts += 1
 
     # ---- the start-up profile -----------------------------------------------------------
@@ -178,5 +204,5 @@ class CostTable:
             "num_samples": self.num_samples,
             "profiled": self.prior is not None,
             "num_shifts": self.num_shifts,
-            "drift": float(np.nanmedian(self.ratios)) if self.num_ratios else 1.0,
+            "drift": self.drift,
         }
