@@ -54,8 +54,8 @@ class AcceptCalibration:
         full = ~unknown & (np.asarray(cap) >= DSPARK_K)  # [R]
         if full.any():
             k = cls[full]  # [F]
-            sums = np.zeros((NUM_CLASSES, DSPARK_K))
-            np.add.at(sums, k, conf[full])  # [NUM_CLASSES, K] row by row, as a sum over rows
+            cell = (k[:, None] * DSPARK_K + np.arange(DSPARK_K)[None, :]).ravel()  # [F * K] (class, position)
+            sums = np.bincount(cell, conf[full].ravel(), NUM_CLASSES * DSPARK_K).reshape(NUM_CLASSES, DSPARK_K)
             count = np.bincount(k, minlength=NUM_CLASSES)  # [NUM_CLASSES]
             seen = count > 0
             self.mean_conf[seen] += self.t.conf_ema * (sums[seen] / count[seen, None] - self.mean_conf[seen])
