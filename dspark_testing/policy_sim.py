@@ -215,6 +215,7 @@ def simulate(policy, sc: Scenario) -> Run:
     peak = max(sc.concurrency, (sc.change[1] or 0) if sc.change else 0)
     max_len = sc.prompt_len + 2 * sc.max_tokens + K + 2
     model = device_model(sc.profile) if sc.device else None
+    peak = max(peak, model.partitions if model is not None else sc.partitions)
     sched = make_scheduler(
         spec_k=K,
         policy=policy,
