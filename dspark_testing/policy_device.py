@@ -48,7 +48,8 @@ class Group:
     """One partition's share of a step, as workers/sim/cost.GroupLoad reads it."""
 
     def __init__(self, ctx, decode_rows: int, prefill_tokens: int, anchors: int):
-        self.decode_ctx, self.decode_rows, self.prefill_tokens, self.anchors = list(ctx), decode_rows, prefill_tokens, anchors
+        self.decode_ctx, self.decode_rows = list(ctx), decode_rows
+        self.prefill_tokens, self.anchors = prefill_tokens, anchors
 
 
 class DeviceModel:
