@@ -17,6 +17,7 @@ vLLM rule for every profile, concurrency and temperature.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -103,14 +104,20 @@ def profile_cost(
 class SimDevice:
     """Answers a plan as the leaders would, and says what the step cost."""
 
-    def __init__(self, cost: Callable[[list[StepShape], int], float], factor: float, max_model_len: int):
+    def __init__(self, cost, factor: float, max_model_len: int, model=None, sampled: bool = False):
+        """cost(shapes, step) of an analytic profile, or model: a policy_device.DeviceModel
+        (the simulated device's cost and acceptance; factor unused, sampled: the class)."""
         self.cost = cost
         self.factor = factor
         self.max_model_len = max_model_len
+        self.model = model
+        self.sampled = sampled
         self.step = 0
 
     def drafts(self, req: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """[n, K] drafts and confidences of windows anchored at pos [n] of req [n]."""
+        if self.model is not None:
+            return self.model.drafts(req, pos, np.full(len(req), self.sampled), token)
         q = 0.55 + 0.45 * unit(req, pos, 2)  # [n] the window's quality
         at = pos[:, None] + np.arange(1, K + 1)[None, :]  # [n, K]
         right = unit(req[:, None], at, 3) < q[:, None] * self.factor
@@ -133,11 +140,12 @@ class SimDevice:
                         a_req.append(np.array([c.req_id]))
                         a_pos.append(np.array([c.start_pos + n]))
             n_dec = rows = 0
+            ctx = np.zeros(0, np.int64)
             if part.decode is not None:
                 d = part.decode
                 req, start = as_i32(d.req_ids).astype(np.int64), as_i32(d.start_pos).astype(np.int64)
                 nr = as_i8(d.num_rows).astype(np.int64)
-                n_dec, rows = len(req), int(nr.sum())
+                n_dec, rows, ctx = len(req), int(nr.sum()), start
                 first = np.cumsum(nr) - nr
                 offs = np.arange(rows) - np.repeat(first, nr)
                 preds = token(np.repeat(req, nr), np.repeat(start, nr) + offs + 1)
@@ -157,9 +165,14 @@ class SimDevice:
             res = StepResult(plan.step_id, 0, i32(np.concatenate(toks) if toks else np.zeros(0, np.int32)))
             if len(req):
                 res.draft_req_ids, res.draft_token_ids, res.draft_confidence = i32(req), i32(drafts), f32(conf)
-            shapes.append(StepShape(n_dec, rows + prompt_rows, bool(len(req))))
+            shapes.append((n_dec, rows, prompt_rows, len(req), ctx))
             results.append(res)
-        cost = self.cost(shapes, self.step)
+        if self.model is not None:
+            from dspark_testing.policy_device import Group
+
+            cost = self.model.step_s([Group(c.tolist(), r, p, a) for _, r, p, a, c in shapes], self.step)
+        else:
+            cost = self.cost([StepShape(n, r + p, a > 0) for n, r, p, a, _ in shapes], self.step)
         self.step += 1
         for r in results:
             r.work_s = cost
@@ -180,7 +193,10 @@ class Scenario:
     noise: float = 0.1
     prompt_len: int = 16
     max_tokens: int = 256  # a request's mean length; each draws its own in [1/4, 7/4] of it
-    partitions: int = 1
+    partitions: int = 1  # (device: the profile's TP groups)
+    # the simulated device's profile (policy_device.DEVICE_PROFILES: workers/sim's cost and
+    # acceptance), not the analytic PROFILES of the same name
+    device: bool = False
 
 
 @dataclass
@@ -198,10 +214,12 @@ def simulate(policy, sc: Scenario) -> Run:
 
     peak = max(sc.concurrency, (sc.change[1] or 0) if sc.change else 0)
     max_len = sc.prompt_len + 2 * sc.max_tokens + K + 2
+    model = device_model(sc.profile) if sc.device else None
+    peak = max(peak, model.partitions if model is not None else sc.partitions)
     sched = make_scheduler(
         spec_k=K,
         policy=policy,
-        num_partitions=sc.partitions,
+        num_partitions=model.partitions if model is not None else sc.partitions,
         max_num_seqs=peak,
         num_blocks=[peak * 8, peak * (max_len // 16 + 4)],
         max_num_batched_tokens=peak * (sc.prompt_len + K + 1),
@@ -209,13 +227,16 @@ def simulate(policy, sc: Scenario) -> Run:
         enable_prefix_caching=False,
     )
     factor = 1.0 if sc.temperature == 0 else 0.75
-    device = SimDevice(profile_cost(PROFILES[sc.profile], sc.noise), factor, max_len)
+    cost = None if model is not None else profile_cost(PROFILES[sc.profile], sc.noise)
+    device = SimDevice(cost, factor, max_len, model, sc.temperature > 0)
     knobs = SamplingKnobs(temperature=sc.temperature) if sc.temperature else SamplingKnobs()
     run, issued, streams, pending_s = Run(), 0, sc.concurrency, 0.0
     while len(run.tokens) < sc.steps:
         if sc.change and len(run.tokens) == sc.change[0]:
             streams = sc.change[1] or streams
-            if sc.change[2]:
+            if sc.change[2] and sc.device:
+                device.model = device_model(sc.change[2])
+            elif sc.change[2]:
                 device.cost = profile_cost(PROFILES[sc.change[2]], sc.noise)
         while len(sched.requests) < streams:
             prompt = token(np.full(sc.prompt_len, 10_000 + issued), np.arange(sc.prompt_len)).tolist()
@@ -243,10 +264,26 @@ def startup_table(sc: Scenario):
     first cost shape."""
     from dspark_loop.engine.verify.cost_table import CostTable
 
-    cost = profile_cost(PROFILES[sc.profile], sc.noise)
     counter = iter(range(1 << 30))
     peak = max(sc.concurrency, (sc.change[1] or 0) if sc.change else 0)
+    if sc.device:
+        m = device_model(sc.profile)
+        ctx = sc.prompt_len + sc.max_tokens // 2  # a request's mean context
+        jitter = m.p["noise.jitter"]
+
+        def dummy(n: int, rows: int, d: bool) -> float:
+            return m.shape_s(n, rows, d, ctx) * (1.0 + jitter * (2.0 * float(unit(-1 - next(counter), 7)) - 1.0))
+
+        return CostTable.profile(dummy, -(-peak // m.partitions))
+    cost = profile_cost(PROFILES[sc.profile], sc.noise)
     return CostTable.profile(lambda n, rows, d: cost([StepShape(n, rows, d)], -1 - next(counter)), peak)
+
+
+@functools.cache
+def device_model(name: str):
+    from dspark_testing.policy_device import DeviceModel
+
+    return DeviceModel(name)
 
 
 def policies(sc: Scenario) -> dict[str, Callable[[], object]]:
@@ -267,21 +304,9 @@ def compare(sc: Scenario, lo: int = 0, hi: int | None = None) -> dict[str, float
 
 
 def main() -> None:
-    import sys
+    from dspark_testing.policy_table import main as table
 
-    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 800
-    print("profile        C    T   | ours/best-static  best  ours/vllm  ours/K0  ours/w7")
-    for profile in PROFILES:
-        for c in (1, 16, 64, 256):
-            for t in (0.0, 0.8):
-                r = compare(Scenario(profile, c, t, steps), steps // 4)
-                statics = {k: v for k, v in r.items() if k.startswith("w")}
-                best = max(statics, key=statics.__getitem__)
-                print(
-                    f"{profile:13s} {c:4d} {t:.1f}  | {r['ours'] / statics[best]:.3f}  {best:>4s}  "
-                    f"{r['ours'] / r['vllm']:.3f}  {r['ours'] / r['w0']:.3f}  {r['ours'] / r['w7']:.3f}",
-                    flush=True,
-                )
+    table()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ The better one is this step's choice: drafting runs the l it solved; not draftin
 verifies the drafts already made as far as they pay without a pass, and prompts that
 complete draft only while drafting wins. Without a start-up profile the table measures
 its cells by running them: one step in `explore_every` runs a probe cell of its load
-that has no fresh median yet (a pure function of the step counter and the table).
+that has no fresh median yet (a pure function of the step counter and the table). The
+table learns decode steps only: a step carrying a prompt chunk is a shape of its own (a
+prefill dispatch costs the same whatever the windows), and would skew the decode cells.
 """
 
 from __future__ import annotations
@@ -120,6 +122,8 @@ class AdaptiveVerify:
     def observe(self, feedback: StepFeedback) -> None:
         if feedback.windows is not None:
             self.acceptance.observe(*feedback.windows)
+        if feedback.prompt_rows.any():
+            return  # the table prices decode steps: a prompt chunk is a shape of its own (module docstring)
         extra = feedback.drafts + feedback.prompt_rows  # [P] rows beyond one per decode request
         p = int(np.argmax(feedback.num_requests + extra))  # the busiest partition
         drafting = bool(feedback.drafted.any())

@@ -25,7 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-SURVIVAL_STEPS = 1 << 40  # survivals closer than 2^-40 rank as equal (by slot index)
+SURVIVAL_BITS = 41  # survivals closer than 2^-40 rank as equal (by slot index): keys 0..2^40
+SURVIVAL_STEPS = 1 << (SURVIVAL_BITS - 1)
 
 
 class Budget(NamedTuple):
@@ -59,41 +60,45 @@ def solve_budget(
     P = len(base_s)
     partition = np.zeros(R, np.int64) if partition is None else np.asarray(partition, np.int64)  # [R]
     cap = np.minimum(np.asarray(cap, dtype=np.int64), K)  # [R]
-    eligible = np.arange(K)[None, :] < cap[:, None]  # [R, K]
+    slots = np.flatnonzero(np.arange(K)[None, :] < cap[:, None])  # [n] eligible, row-major (request, position)
+    n = len(slots)
+    values = surv.ravel()[slots]  # [n]
+    slot_part = partition[slots // K]  # [n]
     # NOTE: one integer key per slot, unique, so any sort gives the same order (a stable
-    # float sort is ~3x slower): survival on 40 bits, descending, then the row-major slot
-    # index (request, position) as the value-independent tie-break, which keeps every
-    # m-prefix of a partition's ranking a per-request prefix even where c = 1. Ineligible
-    # slots get the largest keys and fall behind the n = sum(cap) real ones.
-    flat = np.where(eligible, surv, -1.0).ravel()  # [R * K]
+    # float sort is ~3x slower): the partition, then survival on 40 bits, descending, then
+    # the row-major slot index (request, position) as the value-independent tie-break,
+    # which keeps every m-prefix of a partition's ranking a per-request prefix even where
+    # c = 1. Sorted, the slots line up partition by partition, best first within.
     index_bits = max(1, int(R * K - 1).bit_length())
-    quantised = np.rint((1.0 - flat) * SURVIVAL_STEPS).astype(np.int64)  # [R * K] in 0..2 * STEPS
-    keys = (quantised << index_bits) | np.arange(R * K, dtype=np.int64)
-    order = np.argsort(keys)[: int(cap.sum())]  # [n] slots, best first
-    n = len(order)
+    quantised = np.rint((1.0 - values) * SURVIVAL_STEPS).astype(np.int64)  # [n] in 0..STEPS
+    keys = (quantised << index_bits) | slots
+    if P == 1:
+        order = np.argsort(keys)  # [n] indices into `slots`, best first
+    elif SURVIVAL_BITS + index_bits + (P - 1).bit_length() <= 63:
+        order = np.argsort(keys | (slot_part << (SURVIVAL_BITS + index_bits)))  # partition by partition
+    else:
+        order = np.lexsort((keys, slot_part))
+    slot_part = slot_part[order]  # [n] non-decreasing
+    counts = np.bincount(slot_part, minlength=P)  # [P]
+    rank = np.arange(n) - (np.cumsum(counts) - counts)[slot_part]  # [n] rank within its partition
     # Each slot's breakpoint: the step time at which its partition verifies it, base_s[p] +
     # drafts_s(p, its rank in the partition + 1). A step time T verifies, in every partition,
     # the slots whose breakpoint is <= T: a prefix of the partition's ranking (breakpoints
     # never fall along it). So one stable sort of the breakpoints lines up every candidate
-    # T, and tau(T) is a running sum over it.
-    slot_part = partition[order // K] if P > 1 else np.zeros(n, np.int64)  # [n]
-    by_part = np.argsort(slot_part, kind="stable")  # [n] partition by partition, best first within
-    grouped = slot_part[by_part]  # [n]
-    rank = np.empty(n, np.int64)
-    rank[by_part] = np.arange(n) - np.searchsorted(grouped, grouped)  # [n] rank within its partition
+    # T (P sorted runs: a stable sort merges them), and tau(T) is a running sum over it.
     breakpoint_s = base_s[slot_part] + drafts_s(slot_part, rank + 1)  # [n]
-    by_time = np.argsort(breakpoint_s, kind="stable")  # [n] keeps each partition's rank order
-    t = breakpoint_s[by_time]  # [n] ascending
-    tau = R + np.concatenate(([0.0], np.cumsum(flat[order][by_time])))  # [n + 1]: the first j slots
+    ascending = np.argsort(breakpoint_s, kind="stable")  # [n]
+    by_time = order[ascending]  # [n] indices into `slots`, by step time
+    t = np.append(breakpoint_s[ascending], np.inf)  # [n + 1] ascending, then a sentinel
+    tau = R + np.concatenate(([0.0], np.cumsum(values[by_time])))  # [n + 1]: the first j slots
     slowest = float(base_s.max())  # no step is shorter than the busiest partition's base
     first = int(np.searchsorted(t, slowest, side="right"))  # slots free at T = slowest
     # candidates: j = first (T = slowest), and every later j that ends a run of equal breakpoints
-    j = np.concatenate(([first], first + 1 + np.flatnonzero(np.append(t[first + 1 :] != t[first:-1], True))))
-    j = j[j <= n]
-    times = np.where(j == first, slowest, np.concatenate(([slowest], t))[j])  # [C] T of candidate j: t[j - 1]
+    j = np.concatenate(([first], first + 1 + np.flatnonzero(t[first + 1 :] != t[first:-1])))  # [C]
+    times = np.concatenate(([slowest], t[j[1:] - 1]))  # [C] T of candidate j: t[j - 1]
     ratio = tau[j] / times  # [C]
     c = len(j) - 1 - int(np.argmax(ratio[::-1]))  # the LAST maximum: more rows on a tie
-    chosen = order[by_time[: j[c]]]
+    chosen = slots[by_time[: j[c]]]
     verify_len = np.bincount(chosen // K, minlength=R).astype(np.int32)  # [R]
-    gain = np.bincount(chosen // K, weights=flat[chosen], minlength=R)  # [R]
+    gain = np.bincount(chosen // K, weights=surv.ravel()[chosen], minlength=R)  # [R]
     return Budget(verify_len, float(tau[j[c]]), float(times[c]), gain)

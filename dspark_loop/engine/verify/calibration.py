@@ -52,9 +52,13 @@ class AcceptCalibration:
         conf = np.array(conf, np.float64)  # [R, K]
         unknown = np.isnan(conf).any(axis=1)  # [R]
         full = ~unknown & (np.asarray(cap) >= DSPARK_K)  # [R]
-        for k in np.unique(cls[full]).tolist():
-            rows = full & (cls == k)
-            self.mean_conf[k] += self.t.conf_ema * (conf[rows].mean(axis=0) - self.mean_conf[k])
+        if full.any():
+            k = cls[full]  # [F]
+            cell = (k[:, None] * DSPARK_K + np.arange(DSPARK_K)[None, :]).ravel()  # [F * K] (class, position)
+            sums = np.bincount(cell, conf[full].ravel(), NUM_CLASSES * DSPARK_K).reshape(NUM_CLASSES, DSPARK_K)
+            count = np.bincount(k, minlength=NUM_CLASSES)  # [NUM_CLASSES]
+            seen = count > 0
+            self.mean_conf[seen] += self.t.conf_ema * (sums[seen] / count[seen, None] - self.mean_conf[seen])
         if unknown.any():
             conf[unknown] = self.mean_conf[cls[unknown]]
         return conf
@@ -76,9 +80,11 @@ class AcceptCalibration:
         j = np.arange(DSPARK_K)[None, :]
         verified = j < np.asarray(verify_len)[:, None]  # [n, K]
         hit = verified & (j < np.asarray(accepted)[:, None])  # [n, K]
-        for k in np.unique(cls).tolist():
-            rows = cls == k
-            seen = verified[rows].any(axis=0)  # [K]
-            keep = np.where(seen, 1.0 - self.t.accept_decay, 1.0)  # [K]
-            self.predicted[k] = self.predicted[k] * keep + np.where(verified[rows], raw[rows], 0).sum(0)
-            self.realised[k] = self.realised[k] * keep + hit[rows].sum(0)
+        cell = (np.asarray(cls, np.int64)[:, None] * DSPARK_K + j).ravel()  # [n * K] (class, position)
+        size = NUM_CLASSES * DSPARK_K
+        predicted = np.bincount(cell, np.where(verified, raw, 0.0).ravel(), size).reshape(NUM_CLASSES, DSPARK_K)
+        realised = np.bincount(cell, hit.ravel(), size).reshape(NUM_CLASSES, DSPARK_K)
+        seen = np.bincount(cell, verified.ravel(), size).reshape(NUM_CLASSES, DSPARK_K) > 0
+        keep = np.where(seen, 1.0 - self.t.accept_decay, 1.0)  # [NUM_CLASSES, K]
+        self.predicted = self.predicted * keep + predicted
+        self.realised = self.realised * keep + realised

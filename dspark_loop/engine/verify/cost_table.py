@@ -35,6 +35,12 @@ MAX_EXTRA_ROWS = 2 * DSPARK_K
 BINS = QUARTERS * MAX_EXTRA_ROWS + 1
 
 
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+
+
 def load_of(num_requests) -> np.ndarray:
     """Load bucket(s) of a partition's decode request count(s)."""
     n = np.maximum(np.asarray(num_requests, np.float64), 1.0)
@@ -54,20 +60,54 @@ class CostTable:
         self.num_ratios = 0
         self.num_samples = 0
         self.num_shifts = 0  # cost shape changes seen (_check_shift)
+        self.drift = 1.0  # the median of `ratios` (1 before any)
+        # each cell's median of fresh samples (NaN: unmeasured), valid for the load's decode
+        # steps in [since, until): an observed cell is updated in place, a load whose oldest
+        # fresh sample ages out is computed again
+        self.medians = np.full(shape[:3], np.nan)  # [LOADS, 2, BINS]
+        self.since = np.zeros(LOADS, np.int64)
+        self.until = np.full(LOADS, -(1 << 62), np.int64)
+        self.cache: dict[int, np.ndarray] = {}  # load -> costs(), until its medians or the drift move
 
     # ---- reading ------------------------------------------------------------------------
     def costs(self, load: int, step: int) -> np.ndarray:
-        """[2, BINS] seconds of one load's cells (pass x rows), monotone, as of `step`."""
+        """[2, BINS] seconds of one load's cells (pass x rows), monotone, as of `step`
+        (read only: the table keeps it until it changes)."""
+        if not self.since[load] <= step < self.until[load]:
+            self._medians(load, step)
+        cost = self.cache.get(load)
+        if cost is None:
+            cost = self.cache[load] = self._costs(load)
+            cost.flags.writeable = False
+        return cost
+
+    def _medians(self, load: int, step: int) -> None:
         fresh = self.steps[load] > step - self.t.horizon  # [2, BINS, N]
         count = fresh.sum(axis=2)  # [2, BINS]
-        measured = count >= self.t.min_samples
         ranked = np.sort(np.where(fresh, self.times[load], np.inf), axis=2)  # fresh first, ascending
         lo = np.take_along_axis(ranked, np.maximum(count - 1, 0)[..., None] // 2, 2)[..., 0]
         hi = np.take_along_axis(ranked, (count // 2)[..., None], 2)[..., 0]
-        cost = np.where(measured, (lo + hi) / 2, np.nan)  # the median of the fresh samples
+        self.medians[load] = np.where(count >= self.t.min_samples, (lo + hi) / 2, np.nan)
+        oldest = self.steps[load][fresh]
+        self.since[load] = step
+        self.until[load] = int(oldest.min()) + self.t.horizon if oldest.size else 1 << 62
+        self.cache.pop(load, None)
+
+    def _cell_median(self, cell: tuple, step: int) -> None:
+        """An observed cell's median, in place, where its load's medians are valid."""
+        load = cell[0]
+        if not self.since[load] <= step < self.until[load]:
+            return
+        fresh = self.steps[cell] > step - self.t.horizon  # [N]
+        times = self.times[cell][fresh].tolist()
+        self.medians[cell] = _median(times) if len(times) >= self.t.min_samples else np.nan
+        self.until[load] = min(int(self.until[load]), int(self.steps[cell][fresh].min()) + self.t.horizon)
+        self.since[load] = step
+
+    def _costs(self, load: int) -> np.ndarray:
+        cost = self.medians[load].copy()  # [2, BINS]
         if self.prior is not None:
-            drift = np.nanmedian(self.ratios) if self.num_ratios else 1.0
-            cost = np.where(measured, cost, self.prior[load] * drift)
+            cost = np.where(np.isnan(cost), self.prior[load] * self.drift, cost)
         j = np.arange(BINS)
         for p in (0, 1):  # unmeasured rows read between the measured ones (flat beyond them)
             known = ~np.isnan(cost[p])
@@ -91,9 +131,10 @@ class CostTable:
         n = np.maximum(num_requests[part], 1)
         j = np.clip(QUARTERS * np.asarray(extra_rows, np.float64) / n, 0.0, BINS - 1)
         lo = j.astype(np.int64)
-        hi = np.minimum(lo + 1, BINS - 1)
-        a = rows[part, lo]
-        return a + (rows[part, hi] - a) * (j - lo)
+        at = np.asarray(part) * BINS + lo  # [M] into rows.ravel()
+        flat = rows.ravel()
+        a = flat[at]
+        return a + (flat[np.minimum(at + 1, at - lo + BINS - 1)] - a) * (j - lo)
 
     # ---- learning -----------------------------------------------------------------------
     def observe(self, num_requests: int, extra_rows: int, drafting: bool, step_s: float, step: int) -> None:
@@ -107,28 +148,35 @@ class CostTable:
         self.times[slot], self.steps[slot] = step_s, step
         self.next[cell] = (self.next[cell] + 1) % self.t.cell_samples
         self.num_samples += 1
+        self._cell_median(cell, step)
+        self.cache.pop(cell[0], None)
         if self.prior is not None and np.isfinite(self.prior[cell]) and self.prior[cell] > 0:
             self.ratios[self.num_ratios % len(self.ratios)] = step_s / self.prior[cell]
             self.num_ratios += 1
+            drift = _median([r for r in self.ratios.tolist() if r == r])  # the median of the non-NaN
+            if drift != self.drift:
+                self.drift = drift
+                self.cache.clear()
         self._check_shift(cell, step)
 
     def _check_shift(self, cell: tuple, step: int) -> None:
         """When a cell's newest `min_samples` steps have a median `shift` times off its older
         fresh samples' median, the cost shape changed: the cell keeps its newest samples and
         the load's other cells count as unmeasured (to be measured again)."""
-        fresh = self.steps[cell] > step - self.t.horizon  # [N]
-        order = np.argsort(np.where(fresh, -self.steps[cell], 1 << 62))  # newest first
-        k = self.t.min_samples
-        if fresh.sum() < 2 * k:
+        N, k = self.t.cell_samples, self.t.min_samples
+        order = (int(self.next[cell]) - 1 - np.arange(N)) % N  # [N] ring slots, newest first
+        steps = self.steps[cell][order]  # [N] non-increasing: written in step order
+        fresh = int((steps > step - self.t.horizon).sum())  # the fresh samples are the newest ones
+        if fresh < 2 * k:
             return
-        times = self.times[cell][order[: int(fresh.sum())]]
-        ratio = float(np.median(times[:k]) / np.median(times[k:]))
+        times = self.times[cell][order[:fresh]].tolist()
+        ratio = _median(times[:k]) / _median(times[k:])
         if 1.0 / self.t.shift < ratio < self.t.shift:
             return
         load = cell[0]
-        newest = self.steps[cell][order[:k]].copy()
         self.steps[load] = -(1 << 62)
-        self.steps[cell][order[:k]] = newest
+        self.until[load] = -(1 << 62)  # its medians are computed again
+        self.steps[cell][order[:k]] = steps[:k]
         self.num_shifts += 1
 
     # ---- the start-up profile -----------------------------------------------------------
@@ -178,5 +226,5 @@ class CostTable:
             "num_samples": self.num_samples,
             "profiled": self.prior is not None,
             "num_shifts": self.num_shifts,
-            "drift": float(np.nanmedian(self.ratios)) if self.num_ratios else 1.0,
+            "drift": self.drift,
         }
