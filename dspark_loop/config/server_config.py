@@ -128,6 +128,7 @@ class ServerConfig:
     max_queued_requests: int | None = None  # None: no limit
     shutdown_timeout_s: float = 30.0
     stream_write_timeout_s: float = 30.0  # 0: never abort a stalled stream
+    stream_interval: int = 1  # a stream's chunk every N tokens (and at the end): api/generation/pacing.py
     max_rank_restarts: int = 3  # mesh restarts per RESTART_WINDOW_S; 0: a dead rank is final
     # --backend sim (cli_sim.py): the cost profile and the speed-up of its step times
     device_profile: str = ""
