@@ -17,7 +17,8 @@ from collections.abc import AsyncGenerator
 
 from tokenizers import Tokenizer
 
-from dspark_loop.config.server_config import ServerConfig, has_confidence_head
+from dspark_loop.config.server_config import ServerConfig
+from dspark_loop.config.startup_rules import has_confidence_head
 from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.errors import MeshStartError
 from dspark_loop.contract.mesh_auth import resolve_secret
