@@ -74,8 +74,8 @@ DEFAULT_RING_HEAP = (2 * 2**30, 2 * 2**30, 4 * 2**30, 8 * 2**30)  # the seeds' r
 
 
 class RankConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """What every rank is told about the run, built once by the server (launch.py
-    rank_config()) and handed to each rank as one JSON value. NOTE: keyed JSON, not
+    """What every rank is told about the run, built once by the server
+    (config/rank_config.py) and handed to each rank as one JSON value. NOTE: keyed JSON, not
     array_like: on other hosts it is pasted by hand, and a name says what a value means.
     A new rank option is a field here (named like its ServerConfig field, which fills it)
     and the code that reads it."""

@@ -27,6 +27,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from dspark_loop.config.rank_config import rank_config
 from dspark_loop.config.server_config import ServerConfig
 from dspark_loop.contract.checkpoint_fingerprint import checkpoint_fingerprint
 from dspark_loop.contract.mesh_auth import SECRET_ENV, resolve_secret
@@ -221,6 +222,4 @@ async def recv(sock, timeout_s: float):
 
 async def run_node(cfg: ServerConfig) -> int:
     """`python -m dspark_loop --node-rank I` for I > 0: the agent's exit code."""
-    from dspark_loop.launch import rank_config
-
     return await NodeAgent(cfg, rank_config(cfg), resolve_secret(cfg.nnodes)[0]).run()

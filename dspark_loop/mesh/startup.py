@@ -42,6 +42,8 @@ async def await_hellos(mesh: Mesh, poll_s: float) -> list[Hello]:
     looks at the rank processes and the other nodes' connections."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + mesh.start_timeout_s
+    sock = mesh.socket
+    assert sock is not None  # start() binds first
     roll = RollCall(mesh.nodes, mesh.rank_cfg, _fingerprint(mesh))
     exit_seen_at: float | None = None
     while not roll.complete:
@@ -58,7 +60,7 @@ async def await_hellos(mesh: Mesh, poll_s: float) -> list[Hello]:
                 )
                 await mesh.send_to(sender, answer)
                 if isinstance(answer, Refused):
-                    mesh.socket.peers.forget(sender)  # a refused agent is not heard again
+                    sock.peers.forget(sender)  # a refused agent is not heard again
             elif isinstance(msg, Hello):
                 roll.hello(sender, msg)
                 log.info(
@@ -85,7 +87,7 @@ async def await_hellos(mesh: Mesh, poll_s: float) -> list[Hello]:
                 roll.timeout_message(
                     mesh.start_timeout_s,
                     node_command(mesh.nodes.nnodes, mesh.host, mesh.dist_port),
-                    mesh.socket.refusals,
+                    sock.refusals,
                 )
             )
     return [roll.hellos[r] for r in range(mesh.world_size)]
