@@ -104,6 +104,25 @@ async def test_several_choices_are_paced_each_and_keep_their_tokens():
     assert paced == unpaced and len(paced[0]) == len(paced[1]) == 23
 
 
+async def test_a_paced_chat_stream_carries_the_same_reasoning_content_and_finish():
+    """/v1/chat/completions at N=4: the deltas' fields, joined, must equal N=1's."""
+
+    async def joined_deltas(stream_interval: int) -> dict[str, str]:
+        body = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 17, "stream": True}
+        async with serving(stream_interval) as client:
+            events = sse_events(await (await client.post("/v1/chat/completions", json=body)).read())
+        out: dict[str, str] = {}
+        for e in events[:-1]:
+            for c in e["choices"]:
+                for key, value in c["delta"].items():
+                    out[key] = out.get(key, "") + (value if isinstance(value, str) else repr(value))
+                out["finish"] = out.get("finish", "") + (c["finish_reason"] or "")
+        return out
+
+    unpaced, paced = await joined_deltas(1), await joined_deltas(4)
+    assert paced == unpaced and unpaced["finish"] == "length"
+
+
 def delta(ids: list[int], finished: bool = False) -> RequestOutput:
     return RequestOutput("r", ids, "".join(chr(96 + t) for t in ids), finished, "length" if finished else None)
 
