@@ -7,25 +7,24 @@ Hello, so a client polling /health sees the server come up.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import gc
 import logging
 import os
 import sys
 import time
-from collections.abc import AsyncGenerator
 
 from tokenizers import Tokenizer
 
-from dspark_loop.config.server_config import ServerConfig, has_confidence_head
+from dspark_loop.config.rank_config import rank_config
+from dspark_loop.config.server_config import ServerConfig
+from dspark_loop.config.startup_rules import has_confidence_head
 from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.errors import MeshStartError
 from dspark_loop.contract.mesh_auth import resolve_secret
 from dspark_loop.contract.model_config import ModelConfig
-from dspark_loop.contract.protocol import DSPARK_K, RankConfig
+from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
-from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.engine.verify.adaptive import AdaptiveVerify
 from dspark_loop.engine.verify.cost_table import CostTable
@@ -37,67 +36,9 @@ from dspark_loop.mesh.restart_budget import RestartBudget
 from dspark_loop.mesh.supervisor import MeshSupervisor
 from dspark_loop.observe.metrics import Metrics
 from dspark_loop.observe.tap_publisher import TapPublisher
+from dspark_loop.pending_engine import PendingEngine
 
 log = logging.getLogger("dspark_loop")
-
-
-class PendingEngine:
-    """Stands in for the EngineLoop until the ranks are up (then delegates to it); an
-    EngineClient (engine/interfaces.py)."""
-
-    def __init__(self, max_model_len: int) -> None:
-        self.inner: EngineLoop | None = None
-        self.start_error: str | None = None
-        self._max_model_len = max_model_len
-
-    @property
-    def ready(self) -> bool:
-        return self.inner is not None and self.inner.ready
-
-    @property
-    def dead_reason(self) -> str | None:
-        return self.start_error if self.inner is None else self.inner.dead_reason
-
-    @property
-    def restarting(self) -> str | None:
-        return None if self.inner is None else self.inner.restarting
-
-    @property
-    def num_running(self) -> int:
-        return 0 if self.inner is None else self.inner.num_running
-
-    @property
-    def num_waiting(self) -> int:
-        return 0 if self.inner is None else self.inner.num_waiting
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    def cache_stats(self) -> dict | None:
-        return None if self.inner is None else self.inner.cache_stats()
-
-    async def generate(self, req: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
-        if self.inner is None:
-            reason = self.start_error or "the engine is starting; retry when /health is ok"
-            yield RequestOutput(
-                req.request_id,
-                [],
-                "",
-                finished=True,
-                finish_reason="error",
-                error=reason,
-                num_prompt_tokens=len(req.prompt_token_ids),
-            )
-            return
-        async for out in self.inner.generate(req):
-            yield out
-
-    def abort(self, request_id: str) -> bool:
-        return False if self.inner is None else self.inner.abort(request_id)
-
-    def capacity_problem(self, prompt_len: int, max_tokens: int) -> str | None:
-        return None if self.inner is None else self.inner.capacity_problem(prompt_len, max_tokens)
 
 
 def make_mesh(cfg: ServerConfig) -> Mesh:
@@ -113,37 +54,6 @@ def make_mesh(cfg: ServerConfig) -> Mesh:
         secret=resolve_secret(cfg.nnodes)[0],
         **where,
     )
-
-
-def rank_config(cfg: ServerConfig) -> RankConfig:
-    """What every rank is told about this run.
-
-    NOTE: a RankConfig field named like a ServerConfig attribute is copied from it, so a
-    new rank option is one field in RankConfig plus the code that reads it; the fields
-    below are the ones derived here. K=7: one drafter lease per request slot of a group.
-    DSPARK_TEST_RUNNER=module:Class (tests only) swaps the ranks' runner; the ranks
-    inherit the environment, so its own settings (such as DSPARK_TEST_SCRIPT) reach it."""
-    server_names = {f.name for f in dataclasses.fields(ServerConfig)} | {"world_size"}
-    same = {name: getattr(cfg, name) for name in RankConfig.__struct_fields__ if name in server_names}
-    spec_k = cfg.num_speculative_tokens
-    derived = dict(
-        devices=list(cfg.devices or ()),
-        spec_k=spec_k,
-        num_leases=cfg.max_num_seqs // cfg.dp if spec_k else 0,
-        threads=threads_per_rank(cfg.backend, cfg.ranks_per_node),
-    )
-    runner = os.environ.get("DSPARK_TEST_RUNNER")
-    if runner:
-        log.warning("test-only runner %s selected by DSPARK_TEST_RUNNER", runner)
-        derived["runner"] = runner
-    return RankConfig(**{**same, **derived})
-
-
-def threads_per_rank(backend: str, num_local_ranks: int) -> int:
-    """torch intra-op threads: a CPU rank gets its share of this host's cores."""
-    if backend != "cpu":
-        return 1
-    return max(1, (os.cpu_count() or 1) // num_local_ranks)
 
 
 def make_scheduler(
@@ -174,6 +84,7 @@ def make_engine(
         tokenizer,
         observers=observers,
         async_scheduling=cfg.async_scheduling,
+        stream_interval=cfg.stream_interval,
     )
 
 
@@ -276,6 +187,7 @@ async def run_server(cfg: ServerConfig, model: ModelConfig) -> int:
         observers,
         RestartBudget(cfg.max_rank_restarts),
         async_scheduling=cfg.async_scheduling,
+        stream_interval=cfg.stream_interval,
     )
     stop = asyncio.Event()
     started = asyncio.Event()

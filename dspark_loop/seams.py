@@ -12,8 +12,8 @@ from dspark_loop.api.chat.tool_constraint import ToolConstraint
 from dspark_loop.engine.interfaces import EngineClient, MeshClient, PipelinedMeshClient
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.outputs import TokenConstraint
-from dspark_loop.launch import PendingEngine
 from dspark_loop.mesh.mesh import Mesh
+from dspark_loop.pending_engine import PendingEngine
 
 
 def engine_loop_is_an_engine_client(engine: EngineLoop) -> EngineClient:

@@ -24,6 +24,7 @@ import numpy as np
 
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import DSPARK_K
+from dspark_testing.hash_unit import unit
 
 K = DSPARK_K
 DEMO_DIR = os.path.join(os.path.dirname(__file__), "..", "dspark_loop", "demo")
@@ -67,8 +68,6 @@ class DeviceModel:
         self.cond = np.stack([conditional(self.p["acceptance.greedy"]), conditional(self.p["acceptance.sampled"])])
 
     def step_s(self, groups: list[Group], step: int) -> float:
-        from dspark_testing.policy_sim import unit
-
         t = self.cost.step_seconds(groups)
         jitter = self.p["noise.jitter"]
         return t * (1.0 + jitter * (2.0 * float(unit(step, 7)) - 1.0)) if jitter else t
@@ -81,8 +80,6 @@ class DeviceModel:
     def drafts(self, req: np.ndarray, pos: np.ndarray, sampled: np.ndarray, truth) -> tuple[np.ndarray, np.ndarray]:
         """[n, K] drafts and confidences of windows anchored at pos [n] of req [n]; truth(req,
         pos) the target's tokens."""
-        from dspark_testing.policy_sim import unit
-
         at = pos[:, None] + np.arange(1, K + 1)[None, :]  # [n, K]
         c = self.cond[sampled.astype(np.int64)]  # [n, K]
         d = self.p["acceptance.spread"]

@@ -29,6 +29,7 @@ from dspark_loop.contract.acceptance import accept_chain
 from dspark_loop.contract.protocol import DSPARK_K, StepPlan, StepResult, as_i8, as_i32, f32, i32
 from dspark_loop.contract.sampling_knobs import SamplingKnobs
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
+from dspark_testing.hash_unit import unit
 
 K = DSPARK_K
 
@@ -37,18 +38,6 @@ class StepShape(NamedTuple):
     requests: int  # decode requests in the partition
     rows: int  # rows it computes (decode rows + prompt rows)
     drafting: bool  # a drafter pass runs
-
-
-def unit(*keys) -> np.ndarray:
-    """A uniform number in [0, 1) per element: splitmix64 of the keys (pure)."""
-    h = np.zeros(np.broadcast(*[np.asarray(k) for k in keys]).shape, np.uint64)
-    with np.errstate(over="ignore"):
-        for k in keys:
-            h = h ^ np.asarray(k).astype(np.uint64)
-            h = (h + np.uint64(0x9E3779B97F4A7C15)) * np.uint64(0xBF58476D1CE4E5B9)
-            h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-            h = h ^ (h >> np.uint64(31))
-    return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 def token(req, pos) -> np.ndarray:
@@ -301,13 +290,3 @@ def policies(sc: Scenario) -> dict[str, Callable[[], object]]:
 def compare(sc: Scenario, lo: int = 0, hi: int | None = None) -> dict[str, float]:
     """Tokens per simulated second of each policy over decode steps lo..hi."""
     return {name: simulate(make(), sc).rate(lo, hi) for name, make in policies(sc).items()}
-
-
-def main() -> None:
-    from dspark_testing.policy_table import main as table
-
-    table()
-
-
-if __name__ == "__main__":
-    main()

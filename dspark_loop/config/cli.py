@@ -2,7 +2,7 @@
 
 parse_args(argv)   flags only (types, ranges, JSON shapes) -> a filled ServerConfig
 load_config(argv)  + the checkpoint: resolves --model (or the embedded default), reads
-                   config.json and applies config.validate; bad input exits 2 with
+                   config.json and applies startup_rules.validate; bad input exits 2 with
                    argparse's "error:" line naming the flag.
 """
 
@@ -12,6 +12,7 @@ import argparse
 import os
 from dataclasses import replace
 
+from dspark_loop.config.cli_nodes import add_node_flags, node_fields
 from dspark_loop.config.cli_ops import add_ops_flags, ops_fields
 from dspark_loop.config.cli_sim import add_sim_flags, sim_fields
 from dspark_loop.config.flag_types import (
@@ -19,112 +20,25 @@ from dspark_loop.config.flag_types import (
     byte_size,
     debug_tap,
     device_list,
-    host_port,
-    json_object,
-    non_negative_int,
     port_number,
     positive_int,
-    positive_seconds,
     ring_heap,
 )
+from dspark_loop.config.json_flags import chat_template_kwargs, generate_config, speculative_config
 from dspark_loop.config.server_config import (
     GENERATE_KEYS,
-    THINKING_KEYS,
-    ConfigError,
     GenerateDefaults,
     ServerConfig,
     SpeculativeConfig,
     fill_defaults,
-    validate,
 )
+from dspark_loop.config.startup_rules import ConfigError, validate
 from dspark_loop.contract.mesh_auth import SecretError, resolve_secret
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import DEFAULT_RING_HEAP
 from dspark_loop.event_loop import EVENT_LOOPS, loop_factory
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-
-
-# ---- JSON flags (the plain value types are in flag_types.py) -----------------------------
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-SPECULATIVE_KEYS = ("method", "num_speculative_tokens", "enable_adaptive_verification", "cost_model")
-
-
-def speculative_config(text: str) -> SpeculativeConfig:
-    obj = json_object(text)
-    unknown = sorted(set(obj) - set(SPECULATIVE_KEYS))
-    if unknown:
-        raise argparse.ArgumentTypeError(f"has unknown keys {unknown}; known: {', '.join(SPECULATIVE_KEYS)}")
-    method = obj.get("method", "dspark")
-    if method != "dspark":
-        raise argparse.ArgumentTypeError(f'method must be "dspark" (got {method!r})')
-    k = obj.get("num_speculative_tokens", 0)
-    if not _is_int(k) or k < 0:
-        raise argparse.ArgumentTypeError(f"num_speculative_tokens must be a non-negative integer (got {k!r})")
-    adaptive = obj.get("enable_adaptive_verification")
-    if adaptive is not None and not isinstance(adaptive, bool):
-        raise argparse.ArgumentTypeError(f"enable_adaptive_verification must be true or false (got {adaptive!r})")
-    cost_model = obj.get("cost_model")
-    if cost_model is not None and (not isinstance(cost_model, str) or not cost_model):
-        raise argparse.ArgumentTypeError(f"cost_model must be a JSON file's path (got {cost_model!r})")
-    return SpeculativeConfig(method, k, adaptive, cost_model)
-
-
-def chat_template_kwargs(text: str) -> dict:
-    obj = json_object(text)
-    unknown = sorted(set(obj) - set(THINKING_KEYS))
-    if unknown:
-        raise argparse.ArgumentTypeError(f"has unknown keys {unknown}; known: {', '.join(THINKING_KEYS)}")
-    for key, value in obj.items():
-        if not isinstance(value, bool):
-            raise argparse.ArgumentTypeError(f"{key} must be true or false (got {value!r})")
-    return obj
-
-
-def generate_config(text: str) -> GenerateDefaults:
-    obj = json_object(text)
-    unknown = sorted(set(obj) - set(GENERATE_KEYS))
-    if unknown:
-        raise argparse.ArgumentTypeError(f"has unknown keys {unknown}; known: {', '.join(GENERATE_KEYS)}")
-    checks = {
-        "max_new_tokens": (lambda v: _is_int(v) and v > 0, "a positive integer"),
-        "temperature": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
-        "top_p": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
-        "top_k": (lambda v: _is_int(v) and v >= -1, "an integer >= -1 (-1 or 0: off)"),
-        "min_p": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
-        "repetition_penalty": (lambda v: _is_number(v) and v > 0, "a number > 0"),
-        "seed": (_is_int, "an integer"),
-        "stop": (
-            lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v)),
-            "a string or a list of strings",
-        ),
-        "ignore_eos": (lambda v: isinstance(v, bool), "true or false"),
-    }
-    for key, value in obj.items():
-        ok, what = checks[key]
-        if value is not None and not ok(value):
-            raise argparse.ArgumentTypeError(f"{key} must be {what} (got {value!r})")
-    stop = obj.get("stop") or ()
-    if any(s == "" for s in ([stop] if isinstance(stop, str) else stop)):
-        raise argparse.ArgumentTypeError("stop strings must not be empty")
-    return GenerateDefaults(
-        max_new_tokens=obj.get("max_new_tokens"),
-        temperature=obj.get("temperature"),
-        top_p=obj.get("top_p"),
-        top_k=obj.get("top_k"),
-        min_p=obj.get("min_p"),
-        repetition_penalty=obj.get("repetition_penalty"),
-        seed=obj.get("seed"),
-        stop=(stop,) if isinstance(stop, str) else tuple(stop),
-        ignore_eos=bool(obj.get("ignore_eos") or False),
-    )
 
 
 # ---- the parser ------------------------------------------------------------------------------
@@ -271,35 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="publish a StepTrace per engine step on this ZeroMQ PUB address (a bare port "
         "means loopback: 5599 = tcp://127.0.0.1:5599)",
     )
-    a(
-        "--nnodes",
-        type=positive_int,
-        default=1,
-        help="hosts in the run; each runs --ep/--nnodes ranks (docs/deployment.md)",
-    )
-    a(
-        "--node-rank",
-        type=non_negative_int,
-        default=0,
-        help="this host: 0 serves HTTP and runs the engine, the others only their ranks",
-    )
-    a(
-        "--dist-init-addr",
-        type=host_port,
-        default=None,
-        metavar="HOST:PORT",
-        help="node 0's address, the same on every node: torch.distributed's rendezvous at PORT, "
-        "the rank mesh at PORT+1 (required with --nnodes > 1; the nodes share the secret in "
-        "DSPARK_MESH_SECRET)",
-    )
-    a(
-        "--dist-timeout",
-        type=positive_seconds,
-        default=600.0,
-        metavar="SECONDS",
-        help="how long node 0 waits for every rank's Hello and the other nodes for node 0; "
-        "torch.distributed's timeout (default 600)",
-    )
+    add_node_flags(p)
     add_ops_flags(p)
     add_sim_flags(p)
     return p
@@ -347,10 +233,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         kv_cache_memory=ns.kv_cache_memory,
         num_blocks=ns.num_blocks,
         debug_tap=ns.debug_tap,
-        nnodes=ns.nnodes,
-        node_rank=ns.node_rank,
-        dist_init_addr=ns.dist_init_addr,
-        dist_timeout_s=ns.dist_timeout,
+        **node_fields(ns),
         **ops_fields(parser, ns, os.environ),
         **sim_fields(parser, ns),
     )

@@ -1,5 +1,5 @@
-"""The operator's flags (API keys, overload, drain, stalled streams, rank restarts), kept
-apart from the model and topology flags in cli.py.
+"""The operator's flags (API keys, overload, drain, stalled streams, stream pacing, rank
+restarts), kept apart from the model and topology flags in cli.py.
 
     add_ops_flags(parser)        the flags below
     ops_fields(parser, ns, env)  -> ServerConfig fields; a bad value exits 2 naming its flag
@@ -65,6 +65,15 @@ def add_ops_flags(p: argparse.ArgumentParser) -> None:
         "(its write buffer is full), freeing the request's pages; 0: never",
     )
     a(
+        "--stream-interval",
+        type=positive_int,
+        default=ServerConfig.stream_interval,
+        metavar="N",
+        help="send a stream's client a chunk every N tokens (the first at once, the last at the end) "
+        "instead of one per step: the host's work per stream falls by about N at high concurrency; "
+        "the text and tokens a client receives are the same (as vLLM's --stream-interval; default 1)",
+    )
+    a(
         "--max-rank-restarts",
         type=non_negative_int,
         default=ServerConfig.max_rank_restarts,
@@ -99,5 +108,6 @@ def ops_fields(parser: argparse.ArgumentParser, ns: argparse.Namespace, env: dic
         "max_queued_requests": ns.max_queued_requests,
         "shutdown_timeout_s": ns.shutdown_timeout,
         "stream_write_timeout_s": ns.stream_write_timeout,
+        "stream_interval": ns.stream_interval,
         "max_rank_restarts": ns.max_rank_restarts,
     }

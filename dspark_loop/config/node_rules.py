@@ -1,6 +1,6 @@
 """The start-up rules about hosts: --nnodes / --node-rank / --dist-init-addr / --dist-timeout
 and how many --devices this node lists (nodes.py has the layout). Part of validate()
-(config.py); each rule names its flag. Torch-free."""
+(startup_rules.py); each rule names its flag. Torch-free."""
 
 from __future__ import annotations
 

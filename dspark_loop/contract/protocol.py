@@ -33,17 +33,35 @@ penalties) or ask for logprobs are described once, by a SamplingSpec in the plan
 admits them; leaders return logprob entries (lp_*) for the rows of requests that asked.
 
 RankConfig is the one value a rank process is started with (`python -m workers --rank R
---config JSON`): everything about the run that is the same on every rank.
+--config JSON`): everything about the run that is the same on every rank. Beside this
+module: the handshake's messages (join_messages.py), the raw arrays' helpers
+(wire_arrays.py) and the debug tap's StepTrace (trace_messages.py), re-exported here.
 """
 
 from __future__ import annotations
 
-from array import array
-
 import msgspec
-import numpy as np
 
+# NOTE: re-exported (`X as X`): `from dspark_loop.contract.protocol import X` works for every wire name
+from dspark_loop.contract.join_messages import Challenge as Challenge
+from dspark_loop.contract.join_messages import Knock as Knock
+from dspark_loop.contract.join_messages import NodeHello as NodeHello
+from dspark_loop.contract.join_messages import RankExited as RankExited
+from dspark_loop.contract.join_messages import Refused as Refused
+from dspark_loop.contract.join_messages import Welcome as Welcome
 from dspark_loop.contract.sampling_knobs import SamplingKnobs
+from dspark_loop.contract.trace_messages import TRACE_DECODER as TRACE_DECODER
+from dspark_loop.contract.trace_messages import MeshRestart as MeshRestart
+from dspark_loop.contract.trace_messages import PartitionTrace as PartitionTrace
+from dspark_loop.contract.trace_messages import StepTrace as StepTrace
+from dspark_loop.contract.wire_arrays import as_f32 as as_f32
+from dspark_loop.contract.wire_arrays import as_i8 as as_i8
+from dspark_loop.contract.wire_arrays import as_i32 as as_i32
+from dspark_loop.contract.wire_arrays import f32 as f32
+from dspark_loop.contract.wire_arrays import i8 as i8
+from dspark_loop.contract.wire_arrays import i32 as i32
+from dspark_loop.contract.wire_arrays import pack_mask as pack_mask
+from dspark_loop.contract.wire_arrays import unpack_mask as unpack_mask
 
 # 2: the authenticated handshake (Knock, Challenge), node agents; 3: sampling; 4: SamplingSpec's
 # knobs as one nested SamplingKnobs; 5: placeholders a rank fills (contract/placeholders.py: a
@@ -56,8 +74,8 @@ DEFAULT_RING_HEAP = (2 * 2**30, 2 * 2**30, 4 * 2**30, 8 * 2**30)  # the seeds' r
 
 
 class RankConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """What every rank is told about the run, built once by the server (launch.py
-    rank_config()) and handed to each rank as one JSON value. NOTE: keyed JSON, not
+    """What every rank is told about the run, built once by the server
+    (config/rank_config.py) and handed to each rank as one JSON value. NOTE: keyed JSON, not
     array_like: on other hosts it is pasted by hand, and a name says what a value means.
     A new rank option is a field here (named like its ServerConfig field, which fills it)
     and the code that reads it."""
@@ -250,55 +268,6 @@ def identity(rank: int) -> bytes:
     return b"rank%d" % rank
 
 
-# ---- joining the mesh (mesh_auth.py, nodes.py): every peer knocks before its Hello ----------
-
-
-class Knock(msgspec.Struct, array_like=True, tag=6):
-    """peer (rank or node agent) -> server: please send a Challenge."""
-
-    client_nonce: bytes
-
-
-class Challenge(msgspec.Struct, array_like=True, tag=7):
-    """server -> peer: the nonce to sign the Hello with, and proof the server has the secret."""
-
-    client_nonce: bytes  # echoed: a peer that knocked again ignores stale challenges
-    server_nonce: bytes
-    proof: bytes
-
-
-class NodeHello(msgspec.Struct, array_like=True, tag=8):
-    """node agent (node_rank > 0) -> node 0, before its ranks load: may it join?"""
-
-    protocol_version: int
-    node_rank: int
-    nnodes: int
-    fingerprint: str  # checkpoint_fingerprint() of the node's checkpoint
-    rank_config: str  # the node's RankConfig as JSON, compared field by field
-    pid: int = 0
-    mac: bytes = b""
-
-
-class Welcome(msgspec.Struct, array_like=True, tag=9):
-    """node 0 -> node agent: admitted; start the node's ranks."""
-
-    node_rank: int
-
-
-class Refused(msgspec.Struct, array_like=True, tag=10):
-    """node 0 -> node agent: not admitted, and why (the agent prints it and exits)."""
-
-    reason: str
-
-
-class RankExited(msgspec.Struct, array_like=True, tag=11):
-    """node agent -> node 0: one of its ranks exited without being told to (a crash before
-    its Hello would otherwise only show as a start-up timeout)."""
-
-    rank: int
-    how: str  # "code 2", "signal SIGKILL"
-
-
 ServerToRank = StepPlan | StepMasks | Shutdown | Challenge
 RankToServer = Hello | StepResult | Knock | NodeHello | RankExited
 ServerToAgent = Challenge | Welcome | Refused | Shutdown
@@ -307,111 +276,3 @@ ENCODER = msgspec.msgpack.Encoder()
 RANK_DECODER = msgspec.msgpack.Decoder(ServerToRank)
 SERVER_DECODER = msgspec.msgpack.Decoder(RankToServer)
 AGENT_DECODER = msgspec.msgpack.Decoder(ServerToAgent)
-
-
-assert array("i").itemsize == 4, "int32 wire arrays need a 4-byte C int"
-
-
-def i32(values) -> bytes:
-    if type(values) is list and len(values) < 64:
-        return array("i", values).tobytes()  # NOTE: 2x cheaper than numpy for short lists
-    return np.ascontiguousarray(values, dtype=np.int32).tobytes()
-
-
-def i8(values) -> bytes:
-    return np.ascontiguousarray(values, dtype=np.int8).tobytes()
-
-
-def f32(values) -> bytes:
-    return np.ascontiguousarray(values, dtype=np.float32).tobytes()
-
-
-def as_f32(buf: bytes) -> np.ndarray:
-    return np.frombuffer(buf, dtype=np.float32)
-
-
-def as_i32(buf: bytes) -> np.ndarray:
-    return np.frombuffer(buf, dtype=np.int32)
-
-
-def as_i8(buf: bytes) -> np.ndarray:
-    return np.frombuffer(buf, dtype=np.int8)
-
-
-def pack_mask(allowed) -> bytes:
-    """[vocab] bool -> TokenMask.bits: uint8 [ceil(vocab/8)], bit v (little-endian) = id v."""
-    return np.packbits(np.asarray(allowed, dtype=bool), bitorder="little").tobytes()
-
-
-def unpack_mask(bits: bytes, start: int, stop: int) -> np.ndarray:
-    """TokenMask.bits -> [stop - start] bool for ids start..stop-1 (False past the mask)."""
-    allowed = np.unpackbits(np.frombuffer(bits, np.uint8), bitorder="little").astype(bool)
-    out = np.zeros(stop - start, dtype=bool)
-    part = allowed[start:stop]
-    out[: len(part)] = part
-    return out
-
-
-# ---- observability: one StepTrace per engine step on the debug tap (server -> tools.tap) ----
-
-
-class PartitionTrace(msgspec.Struct, array_like=True):
-    prefill_req_ids: list[int] = []
-    prefill_num_tokens: list[int] = []
-    decode_req_ids: list[int] = []
-    decode_num_rows: int = 0  # rows computed (sum over requests)
-    free_blocks: list[int] = []  # per cache family
-    leases_in_use: int = 0
-    verify_rows: int = 0  # K=7: decode rows of requests that verified drafts (1 + l each)
-    num_drafter_skips: int = 0  # K=7: decode requests whose drafter pass was skipped
-    # async scheduling: what the plan left to the ranks, and what the results showed
-    num_placeholder_rows: int = 0  # decode rows whose input the ranks filled (row 0, drafts)
-    num_open_starts: int = 0  # K=7 windows the ranks started at their own L + a
-    wasted_req_ids: list[int] = []  # decode requests that had ended (or were preempted) by the read
-    num_wasted_rows: int = 0  # their rows: computed, dropped
-
-
-class MeshRestart(msgspec.Struct, array_like=True):
-    """The rank mesh died and was restarted (fresh processes, empty caches)."""
-
-    reason: str  # why the old mesh died
-    restart_s: float  # death noticed -> the new mesh serving
-    num_restarts: int  # restarts so far in this server's life
-    num_failed: int  # requests that were running at the death (they ended with an error)
-    num_kept: int  # waiting requests carried over to the new mesh
-
-
-class StepTrace(msgspec.Struct, array_like=True, tag=5):
-    step_id: int
-    wall_time: float  # time.time() at step start
-    # phase wall times in seconds
-    schedule_s: float = 0.0
-    send_s: float = 0.0  # encode + send
-    compute_max_s: float = 0.0  # slowest rank's compute
-    compute_min_s: float = 0.0
-    gather_s: float = 0.0  # send done -> last result in
-    update_s: float = 0.0  # acceptance + finish checks
-    deliver_s: float = 0.0
-    partitions: list[PartitionTrace] = []
-    accepted_req_ids: list[int] = []  # per decode request this step ...
-    accepted_lens: list[int] = []  # ... tokens appended (1..8)
-    num_new_tokens: int = 0
-    preempted_req_ids: list[int] = []
-    aborted_req_ids: list[int] = []
-    finished_req_ids: list[int] = []
-    finished_reasons: list[str] = []
-    num_running: int = 0
-    num_waiting: int = 0
-    errors: list[str] = []
-    dropped_traces: int = 0  # traces the publisher dropped so far (full queue)
-    accepted_num_drafts: list[int] = []  # per accepted_lens entry: drafts it verified (0..7)
-    mesh_restart: MeshRestart | None = None  # set on the one trace published after a restart
-    overlapped: bool = False  # planned while the step before it was unanswered (async scheduling)
-    masks_s: float = 0.0  # filling the grammar masks that followed the plan (StepMasks): beside the ranks' forward
-    # whether host or device limits (engine/device_time.py): the slowest rank's work on this
-    # step, and the wall time between the previous step's results and this one's no rank worked
-    device_busy_s: float = 0.0
-    host_blocked_s: float = 0.0
-
-
-TRACE_DECODER = msgspec.msgpack.Decoder(StepTrace)

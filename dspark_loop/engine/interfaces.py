@@ -1,6 +1,6 @@
 """The engine's two seams, as typing.Protocol classes (structural: nothing subclasses them).
 
-API  --EngineClient-->  engine (EngineLoop, or launch.PendingEngine before the ranks are up)
+API  --EngineClient-->  engine (EngineLoop, or pending_engine.PendingEngine before the ranks are up)
 engine  --MeshClient-->  ranks (mesh.Mesh; in-process and scripted meshes in tests/tools);
         PipelinedMeshClient: one that also takes send(plan), send_masks + gather(step_id) (mesh.Mesh)
 """

@@ -50,10 +50,12 @@ class EngineLoop:
         tokenizer,
         observers: list[EngineObserver] | None = None,
         async_scheduling: bool = True,
+        stream_interval: int = 1,
     ):
         # async_scheduling: plan step N+1 while the ranks run step N (docs/architecture.md
         # "Async scheduling")
         self.async_scheduling = async_scheduling
+        self.stream_interval = stream_interval  # tokens per consumer wakeup (output_channel.py)
         self.scheduler = scheduler
         self.mesh = mesh
         self.token_text = TokenText(tokenizer) if tokenizer is not None else None
@@ -166,7 +168,7 @@ class EngineLoop:
         except ValueError as e:
             yield error_output(g.request_id, str(e), len(g.prompt_token_ids))
             return
-        channel = OutputChannel()
+        channel = OutputChannel(self.stream_interval)
         self._channels[g.request_id] = channel
         self._inbox.append(req)
         self._wakeup.set()

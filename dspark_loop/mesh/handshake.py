@@ -13,7 +13,7 @@ import msgspec
 from dspark_loop.contract.checkpoint_fingerprint import short
 from dspark_loop.contract.errors import MeshStartError
 from dspark_loop.contract.protocol import PROTOCOL_VERSION, Hello, NodeHello, RankConfig, Refused, Welcome, identity
-from dspark_loop.mesh.nodes import NODE_LOCAL_FIELDS, NodeLayout, missing_message
+from dspark_loop.mesh.nodes import NODE_LOCAL_FIELDS, NodeLayout, agent_identity, missing_message
 
 
 def hello_problem(hello: Hello, sender: bytes, world_size: int, seen: set[int], fingerprint: str = "") -> str | None:
@@ -54,7 +54,7 @@ def node_problem(
             f"node {node} was started with --nnodes {hello.nnodes} --node-rank {node}, "
             f"node 0 with --nnodes {nodes.nnodes}"
         )
-    if sender != b"node%d" % node:
+    if sender != agent_identity(node):
         return f"node {node} said Hello from socket {sender!r}"
     if node in joined:
         return f"node {node} is already in the mesh (two hosts started with --node-rank {node}?)"
@@ -122,6 +122,6 @@ class RollCall:
     def timeout_message(self, timeout_s: float, node_command: str, auth_refusals: dict[bytes, str]) -> str:
         refusals = dict(self.refusals)
         for node in self.nodes.remote_nodes:
-            if b"node%d" % node in auth_refusals:
-                refusals.setdefault(node, auth_refusals[b"node%d" % node])
+            if agent_identity(node) in auth_refusals:
+                refusals.setdefault(node, auth_refusals[agent_identity(node)])
         return missing_message(self.nodes, set(self.hellos), self.joined, timeout_s, node_command, refusals)

@@ -11,12 +11,12 @@
 Only peers that proved the mesh secret are heard (mesh_socket.py). ROUTER_MANDATORY makes a
 send to a rank that is not connected an error instead of a silent drop, and the Hello
 travels on the same DEALER, so a rank that said Hello is routable. Liveness: a rank of this
-host that exits or is stopped (SIGSTOP; polled every 0.2 s in a step, 0.5 s while idle), a
-rank or node agent of another host whose connection closes (or whose agent reports an
-exit), a rank that answers with an error or misses step_timeout_s: each makes the mesh
-dead: `dead` says why, every rank of this host is killed, the other nodes' agents are told
-to stop theirs (and to rejoin the next mesh when `rejoin_on_death()` says a restart will
-follow, supervisor.py), and step() raises EngineDead.
+host that exits or is stopped (SIGSTOP; looked at in a step, step_gather.py, and every
+WATCH_S while idle), a rank or node agent of another host whose connection closes (or whose
+agent reports an exit), a rank that answers with an error or misses step_timeout_s: each
+makes the mesh dead: `dead` says why, every rank of this host is killed, the other nodes'
+agents are told to stop theirs (and to rejoin the next mesh when `rejoin_on_death()` says
+a restart will follow, supervisor.py), and step() raises EngineDead.
 """
 
 from __future__ import annotations
@@ -27,13 +27,12 @@ import logging
 import os
 import secrets
 import shlex
-import socket
 from collections.abc import Callable
 
 import msgspec
 import zmq
 
-from dspark_loop.contract.errors import EngineDead, MeshStartError
+from dspark_loop.contract.errors import EngineDead
 from dspark_loop.contract.mesh_auth import SECRET_ENV
 from dspark_loop.contract.protocol import (
     ENCODER,
@@ -46,24 +45,16 @@ from dspark_loop.contract.protocol import (
     identity,
 )
 from dspark_loop.mesh.handshake import min_num_blocks
-from dspark_loop.mesh.nodes import NodeLayout
+from dspark_loop.mesh.nodes import NodeLayout, free_port
 from dspark_loop.mesh.peers import remote_loss
 from dspark_loop.mesh.procs import RankProcs, rank_env
-from dspark_loop.mesh.router_socket import MeshSocket
+from dspark_loop.mesh.router_socket import MeshSocket, listen
 from dspark_loop.mesh.startup import await_hellos
+from dspark_loop.mesh.step_gather import POLL_S, StepGather
 
 log = logging.getLogger("dspark_loop.mesh.mesh")
 
-POLL_S = 0.2  # how often a waiting step looks at the rank processes
-WATCH_S = 0.5  # how often the idle watcher does
-LOOK_S = 0.02  # how often a step whose answers are flowing looks for rank exits and lost nodes
-TROUBLE_WINDOW_S = 0.5  # after a first failure, how long a step collects evidence of its cause
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+WATCH_S = 0.5  # how often the idle watcher looks at the rank processes (a step: POLL_S)
 
 
 class Mesh:
@@ -107,7 +98,7 @@ class Mesh:
         self._started = False
         self._closing = False
         self._in_step = False  # a step watches the ranks itself; the idle watcher stands down
-        self._ahead: dict[int, list[StepResult]] = {}  # results of a later step that came early
+        self._gather = StepGather(self)
         self._watcher: asyncio.Task | None = None
         self._close_task: asyncio.Future | None = None
         # whether the other nodes' agents should rejoin the next mesh after a death (the
@@ -126,26 +117,13 @@ class Mesh:
     def pids(self) -> list[int]:
         return self.procs.pids
 
-    @property
-    def agents(self) -> list[bytes]:
-        """Identities of the other nodes' agents."""
-        return [b"node%d" % n for n in self.nodes.remote_nodes]
-
     # ---- start-up -----------------------------------------------------------------------
     def bind(self) -> None:
         """Open the ROUTER and pick the rendezvous port (start() does it if not done yet)."""
         if self.socket is not None:
             return
-        peers = {identity(r) for r in range(self.world_size)} | set(self.agents)
-        self.socket = MeshSocket(self.secret, peers)
-        try:  # NOTE: only on that address: a node 0 with several interfaces hides the rest
-            self.address = self.socket.bind(socket.gethostbyname(self.host), self.port)
-        except (OSError, zmq.ZMQError) as exc:
-            self.socket.close()
-            self.socket = None
-            raise MeshStartError(
-                f"cannot listen on {self.host}:{self.port}: {exc} (is it an address of this host, and the port free?)"
-            ) from None
+        peers = {identity(r) for r in range(self.world_size)} | set(self.nodes.agent_identities)
+        self.socket, self.address = listen(self.secret, peers, self.host, self.port)
         self.dist_init = f"tcp://{self.host}:{self.dist_port or free_port(self.host)}"
         self.rank_cfg = msgspec.structs.replace(
             self.rank_cfg, connect=self.address, dist_init=self.dist_init, parent_pid=os.getpid() if self.launch else 0
@@ -210,14 +188,15 @@ class Mesh:
         await self._broadcast(masks)
 
     async def _broadcast(self, msg: StepPlan | StepMasks) -> None:
-        if self._dead or self._closing or not self._started:
-            raise EngineDead(self._dead or ("the mesh is closing" if self._closing else "the mesh is not started"))
+        self.raise_if_over()
+        if not self._started:
+            raise EngineDead("the mesh is not started")
         frame = ENCODER.encode(msg)
         for rank in range(self.world_size):
             try:
                 await self.socket.send_frame(identity(rank), frame)
             except zmq.ZMQError as exc:
-                await self._die(
+                await self.die(
                     self.procs.exit_reason()
                     or self.remote_loss_reason()
                     or f"could not send step {msg.step_id} to rank {rank}: {exc}"
@@ -227,70 +206,14 @@ class Mesh:
         """The TP leaders' results of a sent step, in partition order (steps in send order)."""
         self._in_step = True
         try:
-            return await self._gather(step_id)
+            return await self._gather.gather(step_id)
         finally:
             self._in_step = False
 
-    async def _gather(self, step_id: int) -> list[StepResult]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.step_timeout_s
-        results: dict[int, StepResult] = {}
-        errors: list[StepResult] = []  # in arrival order
-        trouble_since = None  # first error result, rank exit or lost node seen
-        next_look = 0.0  # loop.time() of the next look at the rank processes and remote nodes
-        # NOTE: with two steps in flight a fast rank's answer to the later step can arrive
-        # before a slow rank's answer to this one: it waits in _ahead, not dropped
-        for msg in self._ahead.pop(step_id, []):
-            results[msg.rank] = msg
-        while len(results) < self.world_size:
-            if self._dead or self._closing:
-                raise EngineDead(self._dead or "the mesh is closing")
-            got = await self.recv(POLL_S if trouble_since is None else 0.02)
-            if got is not None:
-                sender, msg = got
-                if isinstance(msg, RankExited):
-                    self.remote_exits.append(msg)
-                elif isinstance(msg, StepResult) and msg.error and msg.step_id >= step_id:
-                    errors.append(msg)  # a failure of this step or of the one sent after it
-                elif isinstance(msg, StepResult) and msg.step_id > step_id:
-                    self._ahead.setdefault(msg.step_id, []).append(msg)
-                elif not isinstance(msg, StepResult) or msg.step_id != step_id:
-                    log.warning(
-                        "dropped a stray %s from %r while waiting for step %d", type(msg).__name__, sender, step_id
-                    )
-                else:
-                    results[msg.rank] = msg
-            now = loop.time()
-            if got is None and (hang := self.procs.hang_reason()):  # quiet for POLL_S: look
-                await self._die(f"{hang} during step {step_id}")
-            # NOTE: the ranks' exits and lost nodes are looked at most every LOOK_S, not per
-            # message: at 16 ranks that was 16 x (32 waitpid calls + a monitor read) a step.
-            if trouble_since is None and (errors or self.remote_exits or got is None or now >= next_look):
-                next_look = now + LOOK_S
-                if errors or self.remote_exits or self.procs.exited() or self.remote_loss_reason():
-                    trouble_since = now
-            # NOTE: one failure brings a cascade (a killed rank's peers report "connection
-            # reset", then exit): collect evidence briefly so the reason names the cause.
-            if trouble_since is not None and now - trouble_since >= TROUBLE_WINDOW_S:
-                await self._die(self._failure_reason(step_id, errors))
-            if now >= deadline:
-                missing = sorted(set(range(self.world_size)) - set(results))
-                await self._die(f"ranks {missing} did not answer step {step_id} within {self.step_timeout_s:g} s")
-        return [results[g * self.tp] for g in range(self.num_groups)]
-
-    def _failure_reason(self, step_id: int, errors: list[StepResult]) -> str:
-        """A rank of this host killed by a signal, else a lost node, else the first rank's own
-        error, else the first exit. NOTE: a signal is a cause; a closed remote connection may be
-        the cascade (a peer's collective failed and it exited), so the signal comes first."""
-        exited = self.procs.exited()
-        if exited and exited[0][1] < 0:
-            return f"{self.procs.exit_reason()} during step {step_id}"
-        lost = self.remote_loss_reason()
-        if lost:
-            return f"{lost} during step {step_id}"
-        if errors:
-            return f"rank {errors[0].rank} failed step {errors[0].step_id}: {errors[0].error}"
-        return f"{self.procs.exit_reason()} during step {step_id}"
+    def raise_if_over(self) -> None:
+        """EngineDead once the mesh is dead or closing."""
+        if self._dead or self._closing:
+            raise EngineDead(self._dead or "the mesh is closing")
 
     async def recv(self, timeout_s: float):
         """(sender, message) from an admitted peer, or None after timeout_s."""
@@ -308,15 +231,6 @@ class Mesh:
         except zmq.ZMQError as exc:  # that peer is not connected (any more)
             log.warning("could not send %s to %r: %s", type(msg).__name__, peer, exc)
 
-    def forget_peer(self, peer: bytes) -> None:
-        """Stop hearing a peer (a node agent that was refused)."""
-        self.socket.peers.forget(peer)
-
-    @property
-    def auth_refusals(self) -> dict[bytes, str]:
-        """Why peers were refused at the door, by identity (the start-up timeout names them)."""
-        return self.socket.refusals
-
     # ---- liveness and shutdown --------------------------------------------------------------
     async def _watch(self) -> None:
         """Notices a dead rank or a lost node while no step is running (so /health can say 503)."""
@@ -325,11 +239,12 @@ class Mesh:
             reason = self.procs.exit_reason() or self.procs.hang_reason() or self.remote_loss_reason()
             if reason and not self._closing and not self._in_step:
                 try:
-                    await self._die(reason)
+                    await self.die(reason)
                 except EngineDead:
                     return
 
-    async def _die(self, reason: str):
+    async def die(self, reason: str):
+        """The mesh is dead (the first reason wins): every rank is killed; raises EngineDead."""
         if self._dead is None and not self._closing:
             self._dead = reason
             rejoin = self.rejoin_on_death()
@@ -348,7 +263,7 @@ class Mesh:
         """Once: the agents stop their ranks (a rank stuck in a collective hears nothing)."""
         if not self._agents_told:
             self._agents_told = True
-            for agent in self.agents:
+            for agent in self.nodes.agent_identities:
                 if agent in self.socket.peers.admitted:
                     await self.send_to(agent, msg)
 
@@ -374,7 +289,7 @@ class Mesh:
         atexit.unregister(self.procs.kill_now)
         if self.socket is not None:
             # NOTE: closing at once could drop the agents' Shutdown with the socket.
-            await self.socket.wait_gone(self.agents, grace_s + 3.0)
+            await self.socket.wait_gone(self.nodes.agent_identities, grace_s + 3.0)
             self.socket.close()
             self.socket = None
         self._dead = self._dead or "closed"

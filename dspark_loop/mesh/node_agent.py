@@ -27,6 +27,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from dspark_loop.config.rank_config import rank_config
 from dspark_loop.config.server_config import ServerConfig
 from dspark_loop.contract.checkpoint_fingerprint import checkpoint_fingerprint
 from dspark_loop.contract.mesh_auth import SECRET_ENV, resolve_secret
@@ -43,7 +44,7 @@ from dspark_loop.contract.protocol import (
     Shutdown,
     Welcome,
 )
-from dspark_loop.mesh.nodes import NodeLayout, mesh_endpoints, parse_host_port
+from dspark_loop.mesh.nodes import NodeLayout, agent_identity, mesh_endpoints, parse_host_port
 from dspark_loop.mesh.procs import RankProcs, describe_exit, rank_env
 
 log = logging.getLogger("dspark_loop.node")
@@ -55,7 +56,7 @@ HEARTBEAT_MS = (1000, 5000)  # ZMTP ping interval, and silence after which a pee
 def agent_socket(ctx: zmq.asyncio.Context, node_rank: int, address: str):
     """(DEALER connected to node 0, its monitor for DISCONNECTED)."""
     sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, b"node%d" % node_rank)
+    sock.setsockopt(zmq.IDENTITY, agent_identity(node_rank))
     sock.setsockopt(zmq.LINGER, 1000)  # the last NodeHello / RankExited still leaves
     sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS[0])
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_MS[1])
@@ -221,6 +222,4 @@ async def recv(sock, timeout_s: float):
 
 async def run_node(cfg: ServerConfig) -> int:
     """`python -m dspark_loop --node-rank I` for I > 0: the agent's exit code."""
-    from dspark_loop.launch import rank_config
-
     return await NodeAgent(cfg, rank_config(cfg), resolve_secret(cfg.nnodes)[0]).run()

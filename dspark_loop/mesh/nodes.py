@@ -15,6 +15,7 @@ Torch-free.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 
 MESH_PORT_OFFSET = 1  # the ROUTER listens on the --dist-init-addr port + 1
@@ -60,6 +61,23 @@ class NodeLayout:
     def remote_nodes(self) -> range:
         """The nodes node 0 waits for (none on a one-host run)."""
         return range(1, self.nnodes)
+
+    @property
+    def agent_identities(self) -> list[bytes]:
+        """The DEALER identities of the other nodes' agents."""
+        return [agent_identity(n) for n in self.remote_nodes]
+
+
+def agent_identity(node_rank: int) -> bytes:
+    """A node agent's DEALER identity (a rank's is protocol.identity)."""
+    return b"node%d" % node_rank
+
+
+def free_port(host: str) -> int:
+    """A TCP port nothing listens on now (the rendezvous's, when --dist-init-addr gives none)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def parse_host_port(text: str) -> tuple[str, int]:

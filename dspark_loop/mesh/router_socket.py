@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 
 import msgspec
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from dspark_loop.contract.errors import MeshStartError
 from dspark_loop.contract.protocol import ENCODER, SERVER_DECODER, Hello, Knock, NodeHello
 from dspark_loop.mesh.peers import Peers
 
@@ -138,3 +140,16 @@ class MeshSocket:
         self.monitor.close(linger=0)
         self.sock.close(linger=0)
         self.ctx.term()
+
+
+def listen(secret: str, identities: set[bytes], host: str, port: int = 0) -> tuple[MeshSocket, str]:
+    """A MeshSocket listening on host:port (a free port when 0) and its address; a
+    MeshStartError naming host:port when it cannot."""
+    sock = MeshSocket(secret, identities)
+    try:  # NOTE: only on that address: a node 0 with several interfaces hides the rest
+        return sock, sock.bind(socket.gethostbyname(host), port)
+    except (OSError, zmq.ZMQError) as exc:
+        sock.close()
+        raise MeshStartError(
+            f"cannot listen on {host}:{port}: {exc} (is it an address of this host, and the port free?)"
+        ) from None

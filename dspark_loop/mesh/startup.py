@@ -6,7 +6,7 @@ agent was admitted or refused), or say why not. Torch-free.
       Hello     -> counted; RankExited / a local exit / a lost node -> MeshStartError
       past mesh.start_timeout_s (--dist-timeout) -> which node never joined, and how to start it
 
-A part of Mesh.start() in its own file, through Mesh's public recv/send_to/remote_loss_reason/
+X
 forget_peer/auth_refusals and its processes (mesh.py).
 """
 
@@ -42,6 +42,8 @@ async def await_hellos(mesh: Mesh, poll_s: float) -> list[Hello]:
     looks at the rank processes and the other nodes' connections."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + mesh.start_timeout_s
+    sock = mesh.socket
+    assert sock is not None  # start() binds first
     roll = RollCall(mesh.nodes, mesh.rank_cfg, _fingerprint(mesh))
     exit_seen_at: float | None = None
     while not roll.complete:
@@ -58,7 +60,7 @@ async def await_hellos(mesh: Mesh, poll_s: float) -> list[Hello]:
                 )
                 await mesh.send_to(sender, answer)
                 if isinstance(answer, Refused):
-                    mesh.forget_peer(sender)
+                    sock.peers.forget(sender)  # a refused agent is not heard again
             elif isinstance(msg, Hello):
                 roll.hello(sender, msg)
                 log.info(
@@ -85,7 +87,7 @@ async def await_hellos(mesh: Mesh, poll_s: float) -> list[Hello]:
                 roll.timeout_message(
                     mesh.start_timeout_s,
                     node_command(mesh.nodes.nnodes, mesh.host, mesh.dist_port),
-                    mesh.auth_refusals,
+                    sock.refusals,
                 )
             )
     return [roll.hellos[r] for r in range(mesh.world_size)]

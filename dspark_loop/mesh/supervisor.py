@@ -47,8 +47,10 @@ class MeshSupervisor:
         observers: list[EngineObserver],
         budget: RestartBudget,
         async_scheduling: bool = True,
+        stream_interval: int = 1,
     ):
         self.async_scheduling = async_scheduling
+        self.stream_interval = stream_interval
         self.new_mesh = new_mesh  # -> an unstarted Mesh
         self.new_scheduler = new_scheduler  # pages per family -> a Scheduler
         self.tokenizer = tokenizer
@@ -79,6 +81,7 @@ class MeshSupervisor:
             self.tokenizer,
             observers=self.observers,
             async_scheduling=self.async_scheduling,
+            stream_interval=self.stream_interval,
         )
         if self.budget.max_restarts > 0:
             self.engine.on_mesh_dead = self._on_mesh_dead

@@ -30,7 +30,7 @@ class StepPhases:
         return {"step_phase_seconds_total": dict(self.seconds)}
 
     def render(self, w) -> None:
-        """w: metrics.Writer."""
+        """w: prometheus_writer.Writer."""
         w.counter(
             "dspark:step_phase_seconds",
             "Engine step wall time by phase, summed over steps (gather: waiting on the ranks).",

@@ -44,7 +44,7 @@ class VerifyMetrics:
         }
 
     def render(self, w) -> None:
-        """w: metrics.Writer."""
+        """w: prometheus_writer.Writer."""
         w.histogram("dspark:verify_rows_per_step", "Decode rows of verifying requests per step.", self.verify_rows)
         w.counter("dspark:drafter_skips", "Drafter passes a verify policy skipped.", [({}, self.num_drafter_skips)])
         w.counter("dspark:decode_tokens", "Tokens appended by decode steps (realised).", [({}, self.decode_tokens)])

@@ -3,7 +3,7 @@
 import multiprocessing as mp
 import traceback
 
-from dspark_loop.mesh.mesh import free_port
+from dspark_loop.mesh.nodes import free_port
 
 
 def _worker(rank: int, init: str, out) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from dspark_loop.contract.mesh_auth import SECRET_ENV
 from dspark_loop.contract.protocol import ENCODER, Hello, RankConfig, Shutdown, StepResult, identity
-from dspark_loop.mesh.mesh import free_port
+from dspark_loop.mesh.nodes import free_port
 from dspark_loop.mesh.router_socket import MeshSocket
 from tests.integration.mesh.conftest import FAKE_RUNNER, REPO, alive, fake_env, wait_until
 from tests.integration.mesh.plans import prefill_plan

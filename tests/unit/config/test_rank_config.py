@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dspark_loop.config.cli import parse_args
+from dspark_loop.config.rank_config import rank_config
 from dspark_loop.contract.protocol import DEFAULT_RUNNER, RankConfig
-from dspark_loop.launch import rank_config
 from workers.__main__ import parse_args as parse_rank_args
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from dspark_loop.config.cli import load_config, parse_args
+from dspark_loop.config.rank_config import rank_config
 from dspark_loop.contract.protocol import DEFAULT_RING_HEAP
-from dspark_loop.launch import rank_config
 from tests.unit.config.seeds import PAGES, seeds_argv
 
 GIB = 2**30

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dspark_loop.config.cli import parse_args
-from dspark_loop.launch import rank_config
+from dspark_loop.config.rank_config import rank_config
 
 BAD = [
     (["--backend", "sim", "--device-profile", "tpu-v9"], "--device-profile"),

@@ -7,15 +7,8 @@ from dataclasses import replace
 import pytest
 
 from dspark_loop.config.cli import load_config
-from dspark_loop.config.server_config import (
-    ConfigError,
-    GenerateDefaults,
-    ServerConfig,
-    SpeculativeConfig,
-    fill_defaults,
-    is_flash,
-    validate,
-)
+from dspark_loop.config.server_config import GenerateDefaults, ServerConfig, SpeculativeConfig, fill_defaults
+from dspark_loop.config.startup_rules import ConfigError, is_flash, validate
 from dspark_loop.contract.model_config import ModelConfig
 from tests.unit.config.models import flash_model, tiny_config_dict, tiny_model, write_checkpoint_stub
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from dspark_loop.config.cli import speculative_config
+from dspark_loop.config.json_flags import speculative_config
 from dspark_loop.config.server_config import ServerConfig
 from dspark_loop.engine.verify.adaptive import AdaptiveVerify
 from dspark_loop.engine.verify.cost_table import CostTable

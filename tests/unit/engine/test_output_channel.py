@@ -2,7 +2,7 @@
 
 import asyncio
 
-from dspark_loop.engine.output_channel import OutputChannel, merge_outputs
+from dspark_loop.engine.output_channel import OutputChannel, deliver, merge_outputs
 from dspark_loop.engine.outputs import RequestOutput, TokenLogprob
 
 
@@ -39,3 +39,41 @@ def test_merging_deltas_without_logprobs_keeps_them_none():
     """A request that asked no logprobs must not get an empty logprob list by merging."""
     out = merge_outputs([delta([1], "x", 1), delta([2], "y", 2)])
     assert out.logprobs is None and out.prompt_logprobs is None and out.new_text == "xy"
+
+
+async def test_a_paced_channel_wakes_its_consumer_at_the_first_token_then_every_n_tokens():
+    """With interval 3 the first delta must be taken at once; after it the consumer must
+    wait until 3 tokens have arrived (one delivery of several counts them all) or the
+    request finished, and get them merged."""
+    ch = OutputChannel(3)
+    deliver({"r": ch}, [delta([1], "a", 1)])
+    assert (await ch.take()).new_token_ids == [1]
+    task = asyncio.ensure_future(ch.take())
+    channels = {"r": ch}
+    deliver(channels, [delta([2], "b", 2)])
+    deliver(channels, [delta([3], "c", 3)])
+    await asyncio.sleep(0)
+    assert not task.done()
+    deliver(channels, [delta([4, 5], "de", 5)])
+    out = await task
+    assert (out.new_token_ids, out.new_text, out.num_output_tokens) == ([2, 3, 4, 5], "bcde", 5)
+    task = asyncio.ensure_future(ch.take())
+    deliver(channels, [delta([6], "f", 6, finished=True, finish_reason="length")])
+    out = await task
+    assert (out.new_token_ids, out.finished, channels) == ([6], True, {})
+
+
+async def test_a_paced_channel_hands_over_what_is_due_to_a_consumer_that_comes_late():
+    """A consumer that calls take() after enough tokens arrived must not wait; one that
+    comes before must, even though deltas are queued."""
+    ch = OutputChannel(2)
+    ch.put(delta([1], "a", 1))
+    assert (await ch.take()).new_text == "a"
+    ch.put(delta([2], "b", 2))
+    task = asyncio.ensure_future(ch.take())
+    await asyncio.sleep(0)
+    assert not task.done()
+    ch.put(delta([3], "c", 3))
+    assert (await task).new_text == "bc"
+    ch.put(delta([4, 5, 6], "def", 6))
+    assert (await ch.take()).new_token_ids == [4, 5, 6]

@@ -244,7 +244,7 @@ def test_model_name_with_quotes_and_backslashes_round_trips():
 def test_observe_many_counts_exactly_as_observe_one_by_one():
     """A histogram fed a request's gaps at once must hold the same buckets, count and sum
     as one fed them one by one, bounds included (le is inclusive)."""
-    from dspark_loop.observe.metrics import ITL_BUCKETS, Histogram
+    from dspark_loop.observe.histogram import ITL_BUCKETS, Histogram
 
     gaps = [0.0, 0.01, 0.025, 0.0251, 1.0, 7.5, 1e9, *ITL_BUCKETS]
     one, many = Histogram(ITL_BUCKETS), Histogram(ITL_BUCKETS)
