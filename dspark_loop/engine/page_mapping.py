@@ -29,7 +29,7 @@ def map_pages(part: Partition, updates: list[BlockUpdate], preempted: list[int])
                 # it sits this step out rather than preempting anyone (or itself,
                 # again and again, when alone at its capacity peak); the next plan, from
                 # known positions, maps what lockstep would
-                req.sched_n = 0
+                part.sit_out(req)
                 continue
             if short is not None:  # a pool is short: preempt from the tail
                 if not _preempt_for(part, req, short, preempted):

@@ -17,8 +17,10 @@ def budget_rows(
     adaptive: the verify policy chose each decode request's window (Request.verify_len)."""
     verify_n = spec_k + 1
     verify_limit = max_model_len - verify_n  # a verify needs num_computed <= this
-    prefilling = []
-    for req in part.running:
+    running = part.running
+    rows = [0] * len(running)  # sched_n per running request, set by the Partition (assign_rows)
+    prefilling = []  # indices into running
+    for i, req in enumerate(running):
         if req.num_computed >= req.release_pos:
             # NOTE: ring pages behind the window go back here, before any page is mapped
             # (the pools are as if update() had released them), not in update(): a K=7
@@ -27,26 +29,22 @@ def budget_rows(
             # mostly fell in the same step as the mapping; from here the two meet only
             # when one step accepts 7-8 tokens across both positions.
             part.release_ring(req)
-        if req.plan_pos < 0:  # sits this step out (plan_positions)
-            req.sched_n = 0
+        if req.plan_pos < 0:  # sits this step out (step_start.py)
             continue
         if req.plan_pos < req.prefill_target:
-            req.sched_n = 0
-            prefilling.append(req)
+            prefilling.append(i)
         elif spec_k and (req.plan_drafts if req.plan_pending else req.has_drafts) and req.plan_pos <= verify_limit:
             n = 1 + req.verify_len if adaptive else verify_n  # 1 + l rows (l = 0: one row)
             if n <= budget:
-                req.sched_n = n
+                rows[i] = n
                 budget -= n
-            else:
-                req.sched_n = 0
         elif budget > 0:
-            req.sched_n = 1
+            rows[i] = 1
             budget -= 1
-        else:
-            req.sched_n = 0
-    for req in prefilling:
+    for i in prefilling:
         if budget > 0:
-            req.sched_n = min(req.prefill_target - req.plan_pos, chunk_cap, budget)
-            budget -= req.sched_n
-    return budget, prefilling
+            req = running[i]
+            rows[i] = min(req.prefill_target - req.plan_pos, chunk_cap, budget)
+            budget -= rows[i]
+    part.assign_rows(rows)
+    return budget, [running[i] for i in prefilling]
