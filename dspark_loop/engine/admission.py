@@ -61,7 +61,7 @@ class Admission:
             # block updates and a free for the same id in one plan.
             req.req_id = self._next_req_id
             self._next_req_id += 1
-            part.admit(req, start)
+            part.admit(req, start, n)
             if req.num_preemptions == 0:
                 req.num_cached_tokens = start
             if part.leases is not None and part.take_lease(req):
@@ -78,7 +78,6 @@ class Admission:
             if self.prefix is not None:
                 self.prefix.start(req, start)
             part.allocate(req, counts, updates)
-            req.sched_n = n
             prefills.append((req, n))
             budget -= n
         return failed

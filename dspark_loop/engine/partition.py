@@ -4,13 +4,17 @@ requests' state. The Scheduler and its managers (Admission, StepApplier) decide;
 Partition applies, through its named transitions:
 
     admit    waiting -> running   (queue head to running, positions cached so far)
+    plan     running             (where its next rows start: plan_pos, plan_pending, ...)
+    assign_rows / sit_out         (its rows this step: sched_n)
+    set/store/drop_drafts        (the draft table, has_drafts)
     map      running             (pages for positions < end; map_limit)
     advance  running             (positions computed; num_computed)
     preempt  running -> waiting   (pages and lease back, front of the queue)
     end      waiting|running -> finished (pages and lease back)
 
-NOTE: these are the only writers of a request's status, num_computed and map_limit
-(tests/unit/engine/test_request_state.py scans the code for others).
+NOTE: these are the only writers of a request's status, num_computed, map_limit, plan_*,
+sched_n, has_drafts and of the draft table (tests/unit/engine/test_request_state.py scans
+the code for others).
 """
 
 from __future__ import annotations
@@ -69,6 +73,20 @@ class Partition:
         self.conf[req.lease] = 1.0 if conf is None else conf
         req.has_drafts = True
 
+    def store_drafts(self, reqs: list[Request], leases, drafts: np.ndarray, conf=None) -> None:
+        """The ranks' next drafts [n, K] for reqs (their leases [n]), and their confidences
+        ([n, K]; None: 1.0 each)."""
+        assert self.drafts is not None and self.conf is not None  # drafts come only to K=7 partitions
+        self.drafts[leases] = drafts
+        self.conf[leases] = 1.0 if conf is None else conf
+        for req in reqs:
+            req.has_drafts = True
+
+    def drop_drafts(self, reqs) -> None:
+        """reqs hold no drafts for their next anchor (spent, or their drafter pass skipped)."""
+        for req in reqs:
+            req.has_drafts = False
+
     def free_lease(self, req: Request) -> None:
         if req.lease >= 0:
             assert self.leases is not None  # a lease implies the K=7 pool
@@ -113,9 +131,10 @@ class Partition:
         req.map_limit = self.cache.map_limit(req.pages)
 
     # ---- transitions ----------------------------------------------------------------------
-    def admit(self, req: Request, start: int) -> None:
-        """The queue head starts running with positions < start cached (a prefix hit, or 0);
-        its pages and wire id are set, its first chunk's pages are mapped next (allocate)."""
+    def admit(self, req: Request, start: int, n: int) -> None:
+        """The queue head starts running with positions < start cached (a prefix hit, or 0)
+        and a first chunk of n; its pages and wire id are set, its first chunk's pages are
+        mapped next (allocate)."""
         if self.waiting[0] is not req:
             raise AssertionError(f"{req} is not the head of partition {self.index}'s queue")
         self.waiting.popleft()
@@ -123,7 +142,23 @@ class Partition:
         req.num_computed = start
         req.prefill_target = req.num_tokens
         req.plan_pos, req.plan_pending, req.inflight_step = start, False, -1  # nothing in flight yet
+        req.sched_n = n
         self.running.append(req)
+
+    def plan(self, starts: list[tuple[int, bool, bool, bool]]) -> None:
+        """Where each running request's next rows start (step_start.py decided):
+        (plan_pos, plan_pending, plan_open, plan_drafts) per request, in running order."""
+        for req, (pos, pending, opened, drafts) in zip(self.running, starts):
+            req.plan_pos, req.plan_pending, req.plan_open, req.plan_drafts = pos, pending, opened, drafts
+
+    def assign_rows(self, rows: list[int]) -> None:
+        """The rows each running request computes this step (row_budget.py decided)."""
+        for req, n in zip(self.running, rows):
+            req.sched_n = n
+
+    def sit_out(self, req: Request) -> None:
+        """req computes nothing this step after all (its pages could not be mapped)."""
+        req.sched_n = 0
 
     def advance(self, req: Request, n: int) -> None:
         """n more of req's positions have their KV in the cache."""

@@ -9,6 +9,7 @@ row 0 of a decode step is the last token (not yet computed) and yields the next 
 from __future__ import annotations
 
 import enum
+import time
 from array import array
 
 import numpy as np
@@ -17,7 +18,7 @@ from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.detokenize import Detokenizer
 from dspark_loop.engine.finish_rules import FinishRules
 from dspark_loop.engine.kv_cache import FamilyPages
-from dspark_loop.engine.outputs import SamplingParams, TokenConstraint
+from dspark_loop.engine.outputs import GenerateRequest, SamplingParams, TokenConstraint
 from dspark_loop.engine.spec_counters import VerifyCounts
 
 NEVER = 1 << 62  # a position no request reaches
@@ -198,3 +199,30 @@ class Request(VerifyCounts):
             f"Request({self.req_id}, {self.request_id!r}, {self.status.name}, "
             f"computed={self.num_computed}/{self.num_tokens})"
         )
+
+
+def make_request(g: GenerateRequest, max_model_len: int, eos_token_ids: tuple[int, ...], detokenizer=None) -> Request:
+    """A GenerateRequest validated and capped to the context; raises ValueError for what
+    can never run."""
+    prompt_len = len(g.prompt_token_ids)
+    if prompt_len == 0:
+        raise ValueError("the prompt is empty")
+    if prompt_len >= max_model_len:
+        raise ValueError(
+            f"the prompt has {prompt_len} tokens; the context is "
+            f"{max_model_len} tokens including at least one output token"
+        )
+    p = g.params
+    if p.max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1, got {p.max_tokens}")
+    rules = FinishRules(
+        eos_token_ids=eos_token_ids,
+        stop_token_ids=tuple(int(t) for t in p.stop_token_ids),
+        ignore_eos=p.ignore_eos,
+        min_tokens=p.min_tokens,
+        max_tokens=min(p.max_tokens, max_model_len - prompt_len),
+        max_model_len=max_model_len,
+    )
+    req = Request(g.request_id, g.prompt_token_ids, p, rules, detokenizer, g.arrival_time or time.monotonic())
+    req.constraint = g.constraint
+    return req

@@ -58,17 +58,15 @@ class StepApplier:
         ranks' next drafts by wire id (the first len(drafts[0]) of the result's); stale for
         requests that finished."""
         by_id = {r.req_id: r for r in part.running}
-        rows, leases = [], []
+        reqs, rows, leases = [], [], []
         for j, req_id in enumerate(drafts[0]):
             req = by_id.get(req_id)
             if req is not None and not req.is_prefilling:
-                req.has_drafts = True
+                reqs.append(req)
                 rows.append(j)
                 leases.append(req.lease)
         if rows:
-            assert part.drafts is not None and part.conf is not None  # drafts come only to K=7 partitions
-            part.drafts[leases] = drafts[1][rows]
-            part.conf[leases] = 1.0 if conf is None else conf[rows]
+            part.store_drafts(reqs, leases, drafts[1][rows], None if conf is None else conf[rows])
 
     def _apply_decodes(
         self, part: Partition, step: ScheduledStep, d: DecodeRows, drafts, conf, now, lp, outputs
@@ -88,14 +86,17 @@ class StepApplier:
         # NOTE: drafts are for one anchor only: a decode spends them, the ranks sent the
         # next ones with this result (stored here when taken, else by id after this pass)
         if taken:
-            assert part.drafts is not None and part.conf is not None  # drafts come only to K=7 partitions
             # NOTE: int64 even when no decode row is left (_live_rows makes lists: an empty
             # one would index as floats): every row can be dropped when steps fly ahead
             leases = np.asarray(d.leases, np.int64)
+            drafting = d.reqs
             if dn is not None:
                 leases = leases[np.asarray(dn, bool)]
-            part.drafts[leases] = drafts[1][head:]
-            part.conf[leases] = 1.0 if conf is None else conf[head:]
+                drafting = list(compress(d.reqs, dn))
+                part.drop_drafts(compress(d.reqs, [not x for x in dn]))
+            part.store_drafts(drafting, leases, drafts[1][head:], None if conf is None else conf[head:])
+        else:
+            part.drop_drafts(d.reqs)
         commit, emit = self.commit, outputs.append
         part.advance_all(d.reqs, lens)
         num_new = 0
@@ -107,7 +108,6 @@ class StepApplier:
                 req.num_verify_steps += 1
                 req.num_accepted += a
                 req.num_proposed += nd
-            req.has_drafts = taken
             out_ids = req.output_ids
             if req.plain_commit and len(out_ids) + a < req.length_at and req.finish_ids.isdisjoint(toks):
                 # NOTE: the common case, commit() without its per-token finish walk:
@@ -138,7 +138,6 @@ class StepApplier:
         step.num_new_tokens += num_new
         if dn is not None:  # skipped drafter passes: no drafts came back for these
             for req in compress(d.reqs, [not x for x in dn]):
-                req.has_drafts = False
                 req.num_drafter_skips += 1
         if verified is not None:
             self._count_totals(

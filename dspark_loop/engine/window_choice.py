@@ -1,0 +1,71 @@
+"""Phase 2 of Scheduler.schedule (K=7): the verify policy's choices for the step -- each
+decode request's verify length and drafter skip (choose_windows), and whether each prompt
+that completes this step drafts from its first token (prompt_drafts).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dspark_loop.engine.constraints import Constraints
+from dspark_loop.engine.partition import Partition
+from dspark_loop.engine.request import Request
+from dspark_loop.engine.scheduled_step import ScheduledStep
+from dspark_loop.engine.verify.calibration import request_class
+from dspark_loop.engine.verify.policy import VerifyPolicy
+from dspark_loop.engine.verify.windows import decode_windows
+
+
+def choose_windows(
+    policy: VerifyPolicy,
+    partitions: list[Partition],
+    constraints: Constraints,
+    step: ScheduledStep,
+    inflight: int,
+    verify_limit: int,
+    prefill: tuple[int, int, int],
+) -> bool:
+    """Ask the policy for every decode request's verify length and drafter skip
+    (Request.verify_len, .draft_next), one call over all partitions. Returns whether some
+    request skips its drafter pass (the plans need a mask). verify_limit: the last start a
+    verify may have; prefill: (chunk cap, seats, token budget) per partition.
+    NOTE: planned ahead (inflight >= 0), a request's window starts at plan_pos and its
+    drafts are the ones the unanswered step makes (plan_drafts); their confidences are
+    not known yet: the policy reads the newest the host has (one step stale), which
+    changes speed, never tokens."""
+    w = decode_windows(partitions, inflight >= 0, verify_limit, prefill)
+    if w is None:
+        return False
+    reqs, cap, n = w.reqs, w.cap, len(w.reqs)
+    counts = np.bincount(w.partition, minlength=len(partitions)).tolist()
+    ends = np.cumsum(counts).tolist()
+    tables = [part.conf for part in partitions]
+    assert all(t is not None for t in tables)  # K=7 partitions hold a conf table
+    conf = np.concatenate(  # [R, K]
+        [t[w.leases[e - c : e]] for t, c, e in zip(tables, counts, ends) if c]  # type: ignore[index]
+    )
+    conf[cap == 0] = 0.0
+    conf[w.unknown & (cap > 0)] = np.nan  # the policy's prior for its class
+    if constraints.num_live and inflight < 0:
+        constraints.walk_windows(partitions, reqs, cap, conf)
+    choice = policy.choose(conf, cap, w.partition, w.sampled, w.constrained, w.prompt_rows)
+    verify_len, draft_next, surv = choice
+    if surv is not None:  # the policy learns acceptance: it gets this back in observe_step
+        step.verify_survival = (np.fromiter((r.req_id for r in reqs), np.int64, n), surv)
+    if len(verify_len) != n or len(draft_next) != n:
+        raise ValueError(f"verify policy answered {len(verify_len)}/{len(draft_next)} choices for {n} requests")
+    drafting = np.asarray(draft_next, bool) & w.may  # [R]
+    for req, vl, dn in zip(reqs, np.clip(verify_len, 0, cap).tolist(), drafting.tolist()):
+        req.verify_len = vl
+        req.draft_next = dn
+    return not drafting.all()
+
+
+def prompt_drafts(policy: VerifyPolicy, prefills: list[tuple[Request, int]]) -> None:
+    """K=7: whether each prompt that completes this step drafts from its first token
+    (Request.draft_next, the chunk's `draft`): the verify policy's call for a request
+    of its class (drafts_prompt), never where its speculation is off."""
+    for r, n in prefills:
+        if r.plan_pos + n == r.prefill_target:
+            cls = int(request_class(r.sampled, r.constraint is not None))
+            r.draft_next = r.max_draft_tokens > 0 and policy.drafts_prompt(cls)
