@@ -3,10 +3,12 @@
     generate() --inbox--> [1 drain] -> [2 schedule] -> [3 send, 4 gather]
                  <-channel- [6 deliver + observers] <- [5 update]
 
-One driver (_drive) at a pipeline depth of 1 (lockstep) or 2 (async scheduling: 3 of step
-N+1 before 4-6 of step N). Only 3-4 await. Any exception in the loop (EngineDead or a bug)
-ends every request with finish_reason "error" and leaves the engine dead: later generate()
-calls answer with an error at once, unless recovery is on (engine/recovery.py).
+This file is the engine's client API (generate, abort), its requests' channels and inbox,
+and its lifecycle (start, stop, recovery's resume and give_up). Steps 1-6 are the step driver
+(engine/step_driver.py), at a pipeline depth of 1 (lockstep) or 2 (async scheduling: 3 of
+step N+1 before 4-6 of step N). Only 3-4 await. Any exception in the loop (EngineDead or a
+bug) ends every request with finish_reason "error" and leaves the engine dead: later
+generate() calls answer with an error at once, unless recovery is on (engine/recovery.py).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import time
 from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any
 
@@ -24,14 +25,14 @@ from dspark_loop.engine.device_time import DeviceTime
 from dspark_loop.engine.engine_stats import cache_stats, dspark_summary, fits
 from dspark_loop.engine.interfaces import MeshClient
 from dspark_loop.engine.observer import EngineObserver
-from dspark_loop.engine.output_channel import OutputChannel, deliver
+from dspark_loop.engine.output_channel import OutputChannel
+from dspark_loop.engine.output_channel import deliver as deliver_outputs
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput, error_output
-from dspark_loop.engine.recovery import carry_over, wait_for_work
+from dspark_loop.engine.recovery import carry_over
 from dspark_loop.engine.request import Request
-from dspark_loop.engine.scheduled_step import ScheduledStep
 from dspark_loop.engine.scheduler import Scheduler
+from dspark_loop.engine.step_driver import StepDriver
 from dspark_loop.engine.step_pipe import StepPipe
-from dspark_loop.engine.step_trace import StepTimes, request_stats, step_trace
 
 log = logging.getLogger(__name__)
 # NOTE: a step allocates and frees thousands of small objects (token lists, outputs). At
@@ -62,15 +63,15 @@ class EngineLoop:
         self.observers = list(observers or [])
         self._channels: dict[str, OutputChannel] = {}
         self._inbox: list[Request] = []
-        self._wakeup = asyncio.Event()
+        self.wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._dead_reason: str | None = None
         self._stopping = False
         self.num_steps = 0
         self.on_mesh_dead: Callable[[str, int], Coroutine[Any, Any, None]] | None = None  # recovery
         self._restarting: str | None = None
-        self._last_result_at = 0.0  # perf_counter() when the last gathered step's results came in
         self.device_time = DeviceTime()  # per step: the device's busy and the host's blocked time
+        self._driver = StepDriver(self)  # steps 1-6 (engine/step_driver.py)
 
     # ---- public ------------------------------------------------------------------------
     def start(self) -> None:
@@ -80,7 +81,7 @@ class EngineLoop:
 
     async def stop(self) -> None:
         self._stopping = True
-        self._wakeup.set()
+        self.wakeup.set()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -171,7 +172,7 @@ class EngineLoop:
         channel = OutputChannel(self.stream_interval)
         self._channels[g.request_id] = channel
         self._inbox.append(req)
-        self._wakeup.set()
+        self.wakeup.set()
         finished = False
         try:
             while not finished:
@@ -188,32 +189,36 @@ class EngineLoop:
         """Abort now: the request's pages go back to the pool before this returns."""
         if self._channels.pop(request_id, None) is None:
             return False
-        self._wakeup.set()  # freed pages may let a waiting request in
+        self.wakeup.set()  # freed pages may let a waiting request in
         for i, r in enumerate(self._inbox):
             if r.request_id == request_id:
                 del self._inbox[i]
                 return True
         return self.scheduler.abort(request_id)
 
-    # ---- the loop ------------------------------------------------------------------------
+    # ---- what the step driver uses; the loop's task and its end ----------------------------
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
     @property
     def overlaps(self) -> bool:
         """Whether steps are planned one ahead (async scheduling)."""
         return self.async_scheduling
 
-    def _drain_inbox(self) -> None:
+    def drain_inbox(self) -> None:
         """Step 1: new requests join the scheduler (aborts were applied when they happened)."""
         inbox, self._inbox = self._inbox, []
         for req in inbox:
             try:
                 self.scheduler.add(req)
             except ValueError as e:
-                self._deliver([error_output(req.request_id, str(e), req.prompt_len)])
+                self.deliver([error_output(req.request_id, str(e), req.prompt_len)])
 
     async def _run(self) -> None:
         pipe = StepPipe(self.mesh, self.device_time)
         try:
-            await self._drive(pipe)
+            await self._driver.drive(pipe)
         except asyncio.CancelledError:
             raise
         except EngineDead as e:
@@ -231,129 +236,6 @@ class EngineLoop:
             self._dead_reason = reason
             self._fail_all(reason)
 
-    async def _drive(self, pipe: StepPipe) -> None:
-        """The driver, at a pipeline depth of 1 (lockstep: plan, send, gather, apply) or 2
-        (async scheduling: plan and send step N+1, then gather, apply and deliver step N; the
-        ranks start N+1 as soon as they finish N, while the host applies N)."""
-        sched = self.scheduler
-        ahead = self.overlaps
-        sent: tuple[ScheduledStep, StepTimes] | None = None  # sent, not yet gathered (depth 2)
-        while not self._stopping:
-            self._drain_inbox()
-            if sent is None and not sched.has_work:
-                sched.check_integrity()
-                self._wakeup.clear()
-                await self._idle_wait()
-                continue
-            if sent is not None and sched.needs_lockstep(sent[0].step_id):
-                # NOTE: a constrained request drafts in the step in flight: its next verify's
-                # drafts must be walked by its grammar (and repaired) before the tile is built.
-                # Planned ahead it would sit out every other step (half its speed when
-                # unconstrained ones keep the pipeline full); lockstep until it stops drafting.
-                # One-row constrained requests run planned ahead: their masks follow the plan.
-                await self._complete(pipe, *sent)
-                sent = None
-                continue
-            times = StepTimes.begin()
-            step = sched.schedule(ahead=ahead, defer_masks=True)  # planned ahead: from where `sent` leaves its requests
-            times.planned()
-            if not step.is_empty and not ahead:
-                await self._complete(pipe, step, times)  # lockstep: sent, gathered and applied
-                continue
-            if not step.is_empty:
-                await pipe.send(step.plan)
-            completed = sent is not None
-            if sent is not None:
-                await self._complete(pipe, *sent)
-                sent = None
-            if step.plan.masks_follow:  # NOTE: after the step before it is applied: masks follow the outputs
-                await self._send_masks(pipe, step)
-            if not step.is_empty:
-                sent = (step, times)
-                continue
-            # an empty step: nothing runs, but errors and aborts reach the consumers and observers
-            times.gather_from()
-            times.waited()
-            outputs = sched.update(step, [])
-            times.updated()
-            self._deliver(outputs)
-            times.delivered()
-            self._observe(step, [], times)
-            if completed:
-                continue  # the requests that sat this step out can run now
-            if not outputs:
-                # nothing could run (e.g. every queue waits on pages): do not spin
-                self._wakeup.clear()
-                await self._wakeup.wait()
-            else:
-                await asyncio.sleep(0)  # let consumers and new requests in
-
-    async def _complete(self, pipe: StepPipe, step: ScheduledStep, times: StepTimes) -> None:
-        """Gather, update, deliver and observe a sent step."""
-        if self.overlaps:
-            times.gather_from()
-            results = await pipe.gather(step.step_id)
-        else:
-            results = await self._step_mesh(step, pipe)
-        times.waited()
-        outputs = self.scheduler.update(step, results)
-        times.updated()
-        self._deliver(outputs)
-        times.delivered()
-        self.num_steps += 1
-        if results and self.scheduler.observes_steps:
-            self._observe_cost(step, results, times)
-        self._last_result_at = times.result_at
-        self._observe(step, results, times)
-
-    def _observe_cost(self, step: ScheduledStep, results, times: StepTimes) -> None:
-        """The verify policy learns the step's cost."""
-        if not self.overlaps:
-            # NOTE: the host's share is its own thread's CPU time (schedule, update,
-            # deliver): like the ranks' work_s, immune to other processes on the cores
-            self.scheduler.observe_step(step, results, times.span_s, times.host_cpu_s)
-            return
-        # NOTE: the ranks' own work times are the step's cost (the host's work overlaps
-        # them). Without them, the wall time from when the ranks could start it (its
-        # send, or the previous result, whichever came later) to its result: a mesh that
-        # computes inside send() (in-process) makes that wall time another step's.
-        wall_s = times.result_at - max(times.plan_end, self._last_result_at)
-        self.scheduler.observe_step(step, results, wall_s, overlapped=True)
-
-    async def _step_mesh(self, step: ScheduledStep, pipe: StepPipe):
-        """Lockstep: send the plan (and its late masks) and gather its results.
-        NOTE: the loop does not yield between delivering step N and sending step N+1: the
-        consumers of step N's outputs (SSE writes) run while the ranks compute N+1, when the
-        mesh awaits their results. A mesh that answers without ever yielding (the test
-        meshes) gets one yield afterwards, so consumers always get their turn."""
-        self._mesh_yielded = False
-        asyncio.get_running_loop().call_soon(self._note_mesh_yield)
-        if step.plan.masks_follow:
-            await pipe.send(step.plan)
-            await self._send_masks(pipe, step)
-            results = await pipe.gather(step.step_id)
-        else:
-            results = await pipe.step(step.plan)
-        if not self._mesh_yielded:
-            await asyncio.sleep(0)
-        return results
-
-    def _note_mesh_yield(self) -> None:
-        self._mesh_yielded = True
-
-    async def _send_masks(self, pipe: StepPipe, step: ScheduledStep) -> None:
-        """The grammar masks the step's plan left out, filled now (the ranks run its forward
-        meanwhile); the fill's time goes to the step's trace (masks_s)."""
-        t0 = time.perf_counter()
-        masks = self.scheduler.late_masks(step)
-        step.masks_s = time.perf_counter() - t0
-        await pipe.send_masks(masks)
-
-    async def _idle_wait(self) -> None:
-        """Wait for work; with recovery on, also notice a mesh that died while idle."""
-        self.device_time.pause()
-        await wait_for_work(self._wakeup, self.mesh, self.on_mesh_dead is not None)
-
     def _begin_restart(self, reason: str) -> None:
         """Recovery (engine/recovery.py): the running requests end with an error, the waiting
         ones go back to the inbox, and the supervisor restarts the ranks."""
@@ -361,7 +243,7 @@ class EngineLoop:
         assert restart is not None, "only a loop with recovery restarts"
         self._restarting = reason
         outputs, waiting, num_failed = carry_over(self.scheduler, reason)
-        self._deliver(outputs)
+        self.deliver(outputs)
         self._inbox[:0] = [r for r in waiting if r.request_id in self._channels]
         log.warning(
             "rank mesh died (%s): %d running request(s) failed, %d waiting kept", reason, num_failed, len(self._inbox)
@@ -369,8 +251,8 @@ class EngineLoop:
         self._task = None
         asyncio.get_running_loop().create_task(restart(reason, num_failed), name="mesh-restart")
 
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
-        deliver(self._channels, outputs)
+    def deliver(self, outputs: list[RequestOutput]) -> None:
+        deliver_outputs(self._channels, outputs)
 
     def _fail_all(self, reason: str) -> None:
         for request_id, channel in list(self._channels.items()):
@@ -380,23 +262,3 @@ class EngineLoop:
             channel.put(error_output(request_id, reason, n_prompt, n_out))
         self._channels.clear()
         self._inbox.clear()
-
-    def _observe(self, step: ScheduledStep, results, times: StepTimes) -> None:
-        if not self.observers:
-            return
-        trace = step_trace(self.scheduler, step, results, self.num_waiting, times)
-        trace.device_busy_s, trace.host_blocked_s = self.device_time.take(step.step_id)
-        stats = [request_stats(r) for r in step.finished]
-        # NOTE: the trace is the state after this step; the observers (metrics, the tap's
-        # encode + send: ~0.1-0.25 ms at 256 requests) run at the loop's next yield, while
-        # the ranks compute the next step, instead of delaying its plan.
-        asyncio.get_running_loop().call_soon(self._notify, trace, stats)
-
-    def _notify(self, trace, stats) -> None:
-        for obs in self.observers:
-            try:
-                obs.on_step(trace)
-                for s in stats:
-                    obs.on_request_finished(s)
-            except Exception:  # noqa: BLE001 -- an observer must never kill the engine
-                log.exception("observer %r failed", obs)

@@ -1,7 +1,8 @@
 import pytest
 
 from dspark_loop.contract.flash_layout import flash_layout
-from dspark_loop.engine.kv_cache import BlockPool, PartitionCache, map_limit, pages_needed
+from dspark_loop.engine.block_pool import BlockPool
+from dspark_loop.engine.kv_cache import PartitionCache, map_limit, pages_needed
 from tests.unit.engine.factories import make_layout
 
 

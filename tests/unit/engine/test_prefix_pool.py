@@ -3,7 +3,8 @@ registration of full pages and the hit lookup."""
 
 import pytest
 
-from dspark_loop.engine.kv_cache import BlockPool, PartitionCache
+from dspark_loop.engine.block_pool import BlockPool
+from dspark_loop.engine.kv_cache import PartitionCache
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.prefix_cache import PrefixCache
 from tests.unit.engine.factories import make_layout, make_scheduler, prompt_ids
