@@ -46,9 +46,7 @@ def create_app(
     encoder = PromptEncoder(tokenizer, model_cfg.bos_token_id, model_cfg.vocab_size)
     name = cfg.served_model_name or served_name_for(cfg.model)
     gate = AdmissionGate(engine, cfg.max_queued_requests)
-    ctx = ServingContext(
-        gate, encoder, name, cfg.generate, cfg.model, cfg.default_chat_template_kwargs, cfg.stream_interval
-    )
+    ctx = ServingContext(gate, encoder, name, cfg.generate, cfg.model, cfg.default_chat_template_kwargs)
     auth = api_key_middleware(cfg.api_keys, cfg.protect_router_info)
     app = web.Application(middlewares=[error_middleware, *([auth] if auth else [])], client_max_size=MAX_BODY_BYTES)
     app[CONTEXT_KEY] = ctx

@@ -21,7 +21,6 @@ class ServingContext:
         defaults: GenerateDefaults,
         model_path: str | None = None,
         chat_template_kwargs: dict | None = None,
-        stream_interval: int = 1,
     ):
         self.engine = engine
         self.encoder = encoder
@@ -29,7 +28,6 @@ class ServingContext:
         self.defaults = defaults
         self.model_path = model_path
         self.chat_template_kwargs = chat_template_kwargs or {}  # --default-chat-template-kwargs
-        self.stream_interval = stream_interval  # --stream-interval: tokens per chunk (generation/pacing.py)
         # generation_config.json's sampling defaults under --generate-config's
         overrides = {k: getattr(defaults, k) for k in KEYS}
         self.sampling_defaults = sampling_defaults(model_path, overrides)

@@ -6,10 +6,11 @@ event loop -- writes one SSE event for several steps, not one per step). put() i
 append plus, only when the consumer should wake, one future wakeup: cheaper than
 asyncio.Queue, whose put/get pair costs ~2 us per request per step at the 256-request tile.
 
-interval N (--stream-interval, api/generation/pacing.py): after the first delta, which is
-taken at once, the consumer wakes only when N tokens have arrived or the request finished,
-so its wakeup, its text decoding and its SSE chunk happen once per N tokens; interval 1
-wakes it for every delivery.
+interval N (--stream-interval, as vLLM's flag): after the first delta, which is taken at
+once (time to first token is unchanged), the consumer wakes only when N tokens have arrived
+or the request finished, so its wakeup, its text decoding and its SSE chunk happen once per
+N tokens (K=7 steps bring several); interval 1 wakes it for every delivery. What a client
+receives, joined, is the same at any N; only how it is cut into chunks changes.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ import logging
 
 from aiohttp import web
 
-from dspark_loop.api.generation.pacing import next_delta
 from dspark_loop.api.generation.skeleton import OK_REASONS, OutputError, engine_failure, speculation_extras
 from dspark_loop.api.sse import SSEStream
 
@@ -90,13 +89,11 @@ async def _stream(ctx, request: web.Request, cs: Choices) -> web.StreamResponse:
 
     async def pump(c) -> None:
         gen = ctx.engine.generate(c.generate)
-        interval = 1  # the first delta at once, then every ctx.stream_interval tokens
         try:
-            while (out := await next_delta(gen, interval)) is not None:
+            while (out := await anext(gen, None)) is not None:
                 await queue.put((c, out))
                 if out.finished:
                     break
-                interval = ctx.stream_interval
         finally:
             await gen.aclose()
             await queue.put((c, None))

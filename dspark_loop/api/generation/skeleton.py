@@ -23,7 +23,6 @@ from aiohttp import web
 
 from dspark_loop.api.context import ServingContext
 from dspark_loop.api.errors import ApiError
-from dspark_loop.api.generation.pacing import next_delta
 from dspark_loop.api.schemas import GenerationFields, decode_body
 from dspark_loop.api.sse import SSEStream
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
@@ -229,8 +228,7 @@ class GenerationRoute:
         opts = g.req.stream_options
         include_usage = bool(opts and opts.include_usage)
         continuous = bool(opts and opts.include_usage and opts.continuous_usage_stats)
-        interval = self.ctx.stream_interval
-        first = await anext(gen, None)  # NOTE: at once, whatever the interval (time to first token)
+        first = await anext(gen, None)
         if first is None or (first.finished and first.finish_reason not in OK_REASONS and not first.new_token_ids):
             g.log_finished(first.finish_reason if first else None)
             raise engine_failure(self.ctx, first)
@@ -258,7 +256,7 @@ class GenerationRoute:
                     await sse.send(chunk)
                 if out.finished:
                     break
-                out = await next_delta(gen, interval)
+                out = await anext(gen, None)
             else:
                 await sse.send_error(engine_failure(self.ctx, None).body())
             extras = g.extras()

@@ -9,9 +9,7 @@ from dataclasses import replace
 from aiohttp.test_utils import TestClient, TestServer
 
 from dspark_loop.api.app import create_app
-from dspark_loop.api.generation.pacing import next_delta
 from dspark_loop.engine.loop import EngineLoop
-from dspark_loop.engine.outputs import RequestOutput
 from dspark_testing.tiny_tokenizer import bos_id, tiny_tokenizer
 from tests.unit.api.fake_engine import tiny_model_config
 from tests.unit.api.harness import make_config, sse_events
@@ -24,11 +22,11 @@ USAGE = {"stream_options": {"include_usage": True}}
 @contextlib.asynccontextmanager
 async def serving(stream_interval: int):
     sched = make_scheduler(num_partitions=2, max_num_seqs=8)
-    loop = EngineLoop(sched, make_mesh(sched), tiny_tokenizer())
+    loop = EngineLoop(sched, make_mesh(sched), tiny_tokenizer(), stream_interval=stream_interval)
     loop.start()
     tok = tiny_tokenizer()
     model = replace(tiny_model_config(), vocab_size=tok.get_vocab_size(), bos_token_id=bos_id())
-    app = create_app(loop, tok, make_config(max_model_len=sched.max_model_len, stream_interval=stream_interval), model)
+    app = create_app(loop, tok, make_config(max_model_len=sched.max_model_len), model)
     try:
         async with TestClient(TestServer(app, handler_cancellation=True)) as client:
             yield client
@@ -121,25 +119,3 @@ async def test_a_paced_chat_stream_carries_the_same_reasoning_content_and_finish
 
     unpaced, paced = await joined_deltas(1), await joined_deltas(4)
     assert paced == unpaced and unpaced["finish"] == "length"
-
-
-def delta(ids: list[int], finished: bool = False) -> RequestOutput:
-    return RequestOutput("r", ids, "".join(chr(96 + t) for t in ids), finished, "length" if finished else None)
-
-
-async def deltas(items: list[RequestOutput]):
-    for item in items:
-        yield item
-
-
-async def test_next_delta_merges_until_the_interval_and_never_holds_the_finish():
-    """Deltas must merge until they hold >= N tokens; a finishing delta ends a merge at once;
-    a generator that ends without a finish gives what it had, then None."""
-    gen = deltas([delta([1]), delta([2, 3]), delta([4, 5, 6]), delta([7]), delta([8], finished=True)])
-    got = [await next_delta(gen, 3) for _ in range(3)]
-    assert [o.new_token_ids for o in got] == [[1, 2, 3], [4, 5, 6], [7, 8]]
-    assert [o.new_text for o in got] == ["abc", "def", "gh"]
-    assert [o.finished for o in got] == [False, False, True]
-    gen = deltas([delta([1]), delta([2])])
-    assert (await next_delta(gen, 4)).new_token_ids == [1, 2]
-    assert await next_delta(gen, 4) is None
