@@ -37,6 +37,7 @@ from dspark_loop.mesh.supervisor import MeshSupervisor
 from dspark_loop.observe.metrics import Metrics
 from dspark_loop.observe.tap_publisher import TapPublisher
 from dspark_loop.pending_engine import PendingEngine
+from dspark_loop.verify_costs import startup_costs
 
 log = logging.getLogger("dspark_loop")
 
@@ -116,6 +117,19 @@ def verify_policy(cfg: ServerConfig, model: ModelConfig | None = None) -> Verify
     return adaptive_policy(cfg.speculative.cost_model, model)
 
 
+def profiles_at_startup(cfg: ServerConfig) -> bool:
+    """Whether the server times dummy steps (or reads their cache) before serving: adaptive
+    verification without a cost_model file, --verify-profile not off (verify_costs.py)."""
+    return adaptive_verification(cfg) and not cfg.speculative.cost_model and cfg.verify_profile != "off"
+
+
+def startup_profile(cfg: ServerConfig, model: ModelConfig, policy: VerifyPolicy):
+    """prepare(mesh) for the supervisor: the policy's start-up cost table (verify_costs.py)."""
+    assert isinstance(policy, AdaptiveVerify)  # profiles_at_startup: adaptive verification is on
+    adaptive = policy
+    return lambda mesh: startup_costs(cfg, adaptive, mesh, lambda blocks, p: make_scheduler(cfg, model, blocks, p))
+
+
 def adaptive_policy(cost_model: str | None, model: ModelConfig | None) -> AdaptiveVerify:
     """AdaptiveVerify as the server builds it (also tools/bench/adaptive): the cost table's
     prior from cost_model when given, the checkpoint's confidence temperatures when it has them."""
@@ -188,6 +202,7 @@ async def run_server(cfg: ServerConfig, model: ModelConfig) -> int:
         RestartBudget(cfg.max_rank_restarts),
         async_scheduling=cfg.async_scheduling,
         stream_interval=cfg.stream_interval,
+        prepare=startup_profile(cfg, model, policy) if profiles_at_startup(cfg) else None,
     )
     stop = asyncio.Event()
     started = asyncio.Event()

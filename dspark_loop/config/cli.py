@@ -115,8 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
         help='{"method":"dspark","num_speculative_tokens":0|7,"enable_adaptive_verification":true|false,'
         '"cost_model":"FILE"}: adaptive verification (on by default when the drafter has a confidence '
         "head) chooses each request's verify length and drafter skips from the drafts' confidences and a "
-        'step cost model learned online, or pinned from FILE ({"c0":s,"c_row":s,"c_req":s,"c_draft":s,'
-        '"c_ctx":s}) for reproducible runs',
+        "step cost table (per partition: requests x verify rows x drafter pass), profiled at start-up "
+        "(--verify-profile) or read from FILE (a saved profile: a cache file of --verify-profile), and "
+        "refined online",
+    )
+    a(
+        "--verify-profile",
+        choices=("auto", "off", "refresh"),
+        default="auto",
+        help="adaptive verification's start-up cost profile (no cost_model given): auto (the default) loads "
+        "the table cached for this checkpoint, topology and backend, else times dummy decode steps through "
+        "the ranks before serving (a few seconds) and caches them in $DSPARK_CACHE_DIR (default "
+        "$XDG_CACHE_HOME/dspark_loop)/verify-profiles; refresh profiles again; off learns the costs online only",
     )
     a(
         "--ring-heap",
@@ -222,6 +232,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         enable_prefix_caching=ns.enable_prefix_caching,
         async_scheduling=ns.async_scheduling,
         speculative=ns.speculative_config,
+        verify_profile=ns.verify_profile,
         ring_heap=ns.ring_heap,
         weight_bank_size=ns.weight_bank_size,
         generate=ns.generate_config,

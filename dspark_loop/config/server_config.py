@@ -74,6 +74,7 @@ class ServerConfig:
     enable_prefix_caching: bool = True
     async_scheduling: bool = True  # plan step N+1 while the ranks run step N (K=0 and K=7)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    verify_profile: str = "auto"  # auto | off | refresh: the start-up cost profile (dspark_loop/verify_costs.py)
     ring_heap: tuple[int, ...] = DEFAULT_RING_HEAP  # the ranks' runtime sizing (RankConfig.ring_heap)
     weight_bank_size: int | None = None  # decoder layers with resident weight banks; None: all
     generate: GenerateDefaults = field(default_factory=GenerateDefaults)

@@ -1,6 +1,7 @@
 """MeshSupervisor: the rank mesh's lifetime, recovery included.
 
-    start()          spawn the ranks, then the scheduler and the engine loop on them
+    start()          spawn the ranks, run `prepare` on them (the start-up verify profile:
+                     dummy steps before any request), then the scheduler and the engine loop
     a dead mesh      (a rank exited, was stopped, failed a step or missed the step timeout)
                      the engine fails the running requests and keeps the waiting ones,
                      then calls _restart(): kill what is left of the old ranks, spend one
@@ -26,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from dspark_loop.contract.errors import MeshStartError
 from dspark_loop.contract.protocol import MeshRestart
@@ -48,7 +49,9 @@ class MeshSupervisor:
         budget: RestartBudget,
         async_scheduling: bool = True,
         stream_interval: int = 1,
+        prepare: Callable[[object], Awaitable[None]] | None = None,
     ):
+        self.prepare = prepare  # the first mesh, started, before the engine: prepare(mesh)
         self.async_scheduling = async_scheduling
         self.stream_interval = stream_interval
         self.new_mesh = new_mesh  # -> an unstarted Mesh
@@ -72,6 +75,8 @@ class MeshSupervisor:
         self._starting = asyncio.current_task()  # close() cancels a start-up in flight
         self.mesh = self._fresh_mesh()
         await self.mesh.start()
+        if self.prepare is not None:
+            await self.prepare(self.mesh)
         self._starting = None
         for ob in self.observers:
             ob.set_num_blocks_total(self.mesh.num_blocks)
