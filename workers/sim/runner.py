@@ -107,9 +107,11 @@ class SimRunner:
         if len(leases) and (leases.min() < 0 or leases.max() >= max(self.cfg.num_leases, 1)):
             bad = int(leases[(leases < 0) | (leases >= max(self.cfg.num_leases, 1))][0])
             raise ValueError(f"lease {bad} outside [0, {self.cfg.num_leases})")
-        for s in part.sampling:
-            if s.knobs.is_random:
-                self.keys[s.req_id] = int(self.target.key(s.seed, s.choice, True)[0])
+        sampled = [s for s in part.sampling if s.knobs.is_random]
+        if sampled:
+            seeds = np.array([s.seed for s in sampled], np.int64)  # signed 64-bit (protocol.SamplingSpec)
+            keys = self.target.key(seeds, np.array([s.choice for s in sampled], np.int64), True)
+            self.keys.update(zip([s.req_id for s in sampled], keys.tolist()))
 
     def row_keys(self, req_ids: np.ndarray) -> np.ndarray:
         """uint64 [n]: the target's key per row's request (0: greedy)."""
@@ -205,28 +207,32 @@ class SimRunner:
         return req.astype(np.int32), drafts, conf
 
     def step_loads(self) -> list[GroupLoad]:
-        """Every group's load in the plan (this rank's part alone without one)."""
+        """Every group's load in the plan (this rank's part alone without one). NOTE: every
+        rank computes it every step, so it reads the wire bytes directly (a sum over bytes
+        is C; numpy's per-call overhead is not worth it at 64 requests a group)."""
         parts = self.plan.partitions if self.plan is not None else []
-        loads = []
+        spec_k = self.cfg.spec_k
         last_start = self.last_start
+        loads = []
         for part in parts:
             g = GroupLoad()
             for c in part.prefills:
                 g.prefill_tokens += len(c.token_ids) // 4
-                g.anchors += bool(c.sample and c.draft and self.cfg.spec_k)
+                g.anchors += bool(c.sample and c.draft and spec_k)
             d = part.decode
             if d is not None:
-                rids = as_i32(d.req_ids)  # [R]
-                starts = as_i32(d.start_pos).astype(np.int64)  # [R]
-                open_ = np.flatnonzero(starts == PLACEHOLDER)  # [O] starts the ranks resolve: the last known + 1
-                if len(open_):
-                    known = map(last_start.get, rids[open_].tolist(), repeat(0))
-                    starts[open_] = np.fromiter(known, np.int64, len(open_)) + 1
-                last_start.update(zip(rids.tolist(), starts.tolist()))
+                starts = as_i32(d.start_pos)  # [R]
+                if spec_k:  # NOTE: only a verify leaves a start the ranks resolve (placeholders.py)
+                    rids = as_i32(d.req_ids)  # [R]
+                    open_ = np.flatnonzero(starts == PLACEHOLDER)  # [O]: the last known start + 1
+                    if len(open_):
+                        starts = starts.copy()
+                        known = map(last_start.get, rids[open_].tolist(), repeat(0))
+                        starts[open_] = np.fromiter(known, np.int32, len(open_)) + 1
+                    last_start.update(zip(rids.tolist(), starts.tolist()))
+                    g.anchors += sum(d.draft_mask) if d.draft_mask else len(rids)
                 g.decode_ctx = starts
-                g.decode_rows = int(as_i8(d.num_rows).sum())
-                if self.cfg.spec_k:
-                    g.anchors += int(np.frombuffer(d.draft_mask, np.uint8).sum()) if d.draft_mask else len(rids)
+                g.decode_rows = sum(d.num_rows)  # int8 bytes: 1..8 each
             for r in part.freed_req_ids:
                 last_start.pop(r, None)
             loads.append(g)
