@@ -60,6 +60,7 @@ class Stream(asyncio.Protocol):
     def __init__(self, request: bytes, done: asyncio.Future) -> None:
         self.request, self.done = request, done
         self.record: dict = {"token_ids": [], "ttft_s": None, "gaps_s": [], "total_s": 0.0, "error": None}
+        self.record["num_chunks"] = 0  # events that carried tokens (the server's writes, merged or not)
         self.sent = self.last = 0.0
         self.head: bytes | None = None  # the status line and headers, once read
         self.status = 0
@@ -119,10 +120,13 @@ class Stream(asyncio.Protocol):
             if parsed.error:
                 rec["error"] = bytes(parsed.error)[:200].decode("utf-8", "replace")
                 continue
+            carried = False
             for c in parsed.choices:
                 if c.token_ids:
                     rec["token_ids"] += c.token_ids
-                    got = True
+                    carried = True
+            rec["num_chunks"] += carried
+            got |= carried
         if got:
             now = time.perf_counter()
             if rec["ttft_s"] is None:

@@ -56,7 +56,7 @@ def test_token_ids_are_the_same_whatever_the_pieces_the_response_arrives_in():
     for piece in (1, 3, 7, 64, len(HEAD + body)):
         record, transport = read(HEAD + body, piece)
         assert record["token_ids"] == [1, 2, 3, 4, 5, 6] and record["error"] is None
-        assert record["ttft_s"] is not None and transport.closed
+        assert record["ttft_s"] is not None and record["num_chunks"] == 3 and transport.closed
 
 
 def test_an_error_event_and_an_http_error_are_reported():
