@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from typing import cast
 
 import msgspec
 import zmq
@@ -53,7 +54,7 @@ class MeshSocket:
         # is seen in its EVENTS, not in an EAGAIN raised per read. zmq.asyncio's poll future,
         # poller and exception cost more than the read itself (most of the server's CPU per
         # step at 1 stream, with 16 answers a step).
-        self._fd = self.sock.getsockopt(zmq.FD)
+        self._fd = int(self.sock.getsockopt(zmq.FD))
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop watching _fd (on first wait)
         self._waiters: list[tuple[int, asyncio.Future]] = []  # (POLLIN or POLLOUT, woken with True)
 
@@ -151,7 +152,7 @@ class MeshSocket:
         """The socket's ZMQ EVENTS; wakes the waiters it satisfies. NOTE: the FD signals
         edge-triggered: any call on the socket (this one included) may take the signal, so
         whoever reads EVENTS tells the waiters what it saw."""
-        events = self.sock.getsockopt(zmq.EVENTS)
+        events = cast(int, self.sock.getsockopt(zmq.EVENTS))
         if self._waiters:
             still = []
             for flag, fut in self._waiters:
