@@ -37,7 +37,9 @@ class LastSamples:
     def __init__(self) -> None:
         self.last: dict[int, int] = {}
         self.next_pos: dict[int, int] = {}
-        self.drafts: dict[int, np.ndarray] = {}  # req_id -> [K] int32
+        # req_id -> its K int32 drafts as bytes: a step's table is one join of them (np.stack
+        # of 256 K-long rows is a Python loop over them inside numpy)
+        self.drafts: dict[int, bytes] = {}
 
     def resolve(self, part: PartitionPlan) -> PartitionPlan:
         """part with every PLACEHOLDER input replaced (part itself when it has none).
@@ -65,10 +67,16 @@ class LastSamples:
             rids = req_ids[owner[row0]].tolist()
             filled[holes[row0]] = np.fromiter(map(self.last.__getitem__, rids), np.int32, len(rids))
             if drafted.any():
-                # one drafts row per request, not a lookup per hole (256 x 7 at the tile)
-                uniq, which = np.unique(owner[drafted], return_inverse=True)  # [U], [H']
-                table = np.stack(list(map(self.drafts.__getitem__, req_ids[uniq].tolist())))  # [U, K]
-                filled[holes[drafted]] = table[which, offset[drafted] - 1]
+                # one drafts row per request, not a lookup per hole (256 x 7 at the tile); the
+                # holes are in row order, so each request's are consecutive
+                owners = owner[drafted]  # [H'] non-decreasing
+                new_owner = np.empty(len(owners), bool)  # [H'] the first hole of its request
+                new_owner[0] = True
+                np.not_equal(owners[1:], owners[:-1], out=new_owner[1:])
+                which = np.cumsum(new_owner) - 1  # [H'] its request's row in the table
+                rids = req_ids[owners[new_owner]].tolist()  # [U]
+                table = np.frombuffer(b"".join(map(self.drafts.__getitem__, rids)), np.int32)
+                filled[holes[drafted]] = table.reshape(len(rids), DSPARK_K)[which, offset[drafted] - 1]
             start = as_i32(d.start_pos)  # [R]
             open_ = np.flatnonzero(start == PLACEHOLDER)  # [O] requests whose start follows a verify
             if len(open_):
@@ -130,7 +138,9 @@ class LastSamples:
         if drafts is None:
             return
         if self.drafts and part.decode is not None:
+            pop = self.drafts.pop
             for rid in as_i32(part.decode.req_ids).tolist():
-                self.drafts.pop(rid, None)
-        ids, toks = drafts[0], np.asarray(drafts[1])
-        self.drafts.update(zip(np.asarray(ids).tolist(), toks))
+                pop(rid, None)
+        ids, toks = np.asarray(drafts[0]).tolist(), np.ascontiguousarray(drafts[1], np.int32)  # [n], [n, K]
+        blob, width = toks.tobytes(), toks.shape[1] * 4
+        self.drafts.update(zip(ids, [blob[i : i + width] for i in range(0, len(blob), width)]))

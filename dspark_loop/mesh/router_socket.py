@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from typing import cast
 
 import msgspec
 import zmq
-import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from dspark_loop.contract.errors import MeshStartError
@@ -28,29 +28,35 @@ log = logging.getLogger("dspark_loop.mesh.mesh")
 
 HEARTBEAT_IVL_MS = 1000  # ZMTP ping every second ...
 HEARTBEAT_TIMEOUT_MS = 5000  # ... and a peer silent this long is disconnected
+POLLIN, POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
+SEND_RETRY_S = 0.001  # a send to a peer whose queue is full, while others have room, retries this often
 
 
 class MeshSocket:
     def __init__(self, secret: str, identities: set[bytes]) -> None:
         self.peers = Peers(secret, identities)
         self.refusals: dict[bytes, str] = {}  # peer -> why its last Hello was refused
-        self.ctx = zmq.asyncio.Context()
+        self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-        # NOTE: the monitor is read with a plain (not asyncio) socket and NOBLOCK, so that
-        # poll_lost() never awaits: a step and the idle watcher may both call it.
+        # NOTE: the monitor is read with NOBLOCK, so that poll_lost() never awaits: a step
+        # and the idle watcher may both call it.
         address = f"inproc://mesh-monitor-{id(self)}"
         self.sock.monitor(address, zmq.EVENT_DISCONNECTED)
-        self.monitor = zmq.Context.shadow(self.ctx.underlying).socket(zmq.PAIR)
+        self.monitor = self.ctx.socket(zmq.PAIR)
         self.monitor.connect(address)
-        # NOTE: the same ROUTER through plain calls: a step sends a plan to every rank and
-        # reads an answer from each, and nearly all of them go through at once; the asyncio
-        # socket's futures and pollers cost more than the send or read itself (at 16 ranks,
-        # most of the server's CPU per step at 1 stream). Only a call that would wait awaits.
-        self.plain = zmq.Socket.shadow(self.sock.underlying)
+        # NOTE: plain (not zmq.asyncio) calls: a step sends a plan to every rank and reads an
+        # answer from each, and nearly all of them go through at once. Only a call that must
+        # wait awaits, on the socket's FD watched by the event loop (_wait); an empty socket
+        # is seen in its EVENTS, not in an EAGAIN raised per read. zmq.asyncio's poll future,
+        # poller and exception cost more than the read itself (most of the server's CPU per
+        # step at 1 stream, with 16 answers a step).
+        self._fd = int(self.sock.getsockopt(zmq.FD))
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop watching _fd (on first wait)
+        self._waiters: list[tuple[int, asyncio.Future]] = []  # (POLLIN or POLLOUT, woken with True)
 
     def bind(self, host: str, port: int = 0) -> str:
         """Listen on host:port (a free port when 0); the address peers connect to."""
@@ -64,24 +70,31 @@ class MeshSocket:
         await self.send_frame(peer, ENCODER.encode(msg))
 
     async def send_frame(self, peer: bytes, frame: bytes) -> None:
-        try:
-            self.plain.send_multipart([peer, frame], zmq.NOBLOCK, copy=False)
-        except zmq.Again:  # that peer's queue is full (ROUTER_MANDATORY): wait for room
-            await self.sock.send_multipart([peer, frame], copy=False)
+        while True:
+            try:
+                self.sock.send_multipart([peer, frame], zmq.NOBLOCK, copy=False)
+                break
+            except zmq.Again:  # that peer's queue is full (ROUTER_MANDATORY): wait for room
+                if self._events() & POLLOUT:  # room for other peers only: no signal to wait for
+                    await asyncio.sleep(SEND_RETRY_S)
+                else:
+                    await self._wait(POLLOUT, None)
+        if self._waiters:  # NOTE: the send may have taken the FD's signal a waiting read needs
+            self._events()
 
     async def recv(self, timeout_s: float):
         """(sender, message) from an admitted peer, or None after timeout_s."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
-            # NOTE: NOBLOCK recv, then poll when nothing is there; never a cancelled recv
-            # future: nothing is half-read.
-            try:
-                sender, frame = self.plain.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                wait_ms = max(0, int((deadline - loop.time()) * 1000))
-                if not await self.sock.poll(wait_ms, zmq.POLLIN):
+            # NOTE: nothing half-read: a message is taken whole or not at all
+            if not self._events() & POLLIN:
+                if loop.time() >= deadline or not await self._wait(POLLIN, deadline):
                     return None
+                continue
+            try:
+                sender, frame = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
                 continue
             sender = sender.bytes
             fd = frame.get(zmq.SRCFD)  # the TCP connection it came on (see mesh_peers.py)
@@ -135,11 +148,61 @@ class MeshSocket:
             self.poll_lost()
             await asyncio.sleep(0.05)
 
+    def _events(self) -> int:
+        """The socket's ZMQ EVENTS; wakes the waiters it satisfies. NOTE: the FD signals
+        edge-triggered: any call on the socket (this one included) may take the signal, so
+        whoever reads EVENTS tells the waiters what it saw."""
+        events = cast(int, self.sock.getsockopt(zmq.EVENTS))
+        if self._waiters:
+            still = []
+            for flag, fut in self._waiters:
+                if fut.done():
+                    continue
+                if events & flag:
+                    fut.set_result(True)
+                else:
+                    still.append((flag, fut))
+            self._waiters = still
+        return events
+
+    async def _wait(self, flag: int, deadline: float | None) -> bool:
+        """Until the socket may have `flag` (True) or the loop's clock passes deadline (False)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._fd)
+            loop.add_reader(self._fd, self._events)
+            self._loop = loop
+        fut = loop.create_future()
+        self._waiters.append((flag, fut))
+        timer = loop.call_at(deadline, _time_up, fut) if deadline is not None else None
+        try:
+            if self._events() & flag:  # NOTE: a signal taken before this waiter was listed
+                return True
+            return await fut
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if not fut.done():
+                fut.cancel()
+
     def close(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._fd)
+        self._loop = None
+        for _, fut in self._waiters:
+            if not fut.done():
+                fut.cancel()
+        self._waiters = []
         self.sock.disable_monitor()
         self.monitor.close(linger=0)
         self.sock.close(linger=0)
         self.ctx.term()
+
+
+def _time_up(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(False)
 
 
 def listen(secret: str, identities: set[bytes], host: str, port: int = 0) -> tuple[MeshSocket, str]:

@@ -89,6 +89,10 @@ def summarize(load: dict, before: dict, after: dict) -> dict:
         "accepted_len": ratio(delta(after, before, "accepted"), delta(after, before, "verifies")),
         "host_ms_per_step": {**{p: _ms(v) for p, v in phases.items()}, "other": _ms(other)},
         "server_cpu_ms_per_step": _ms(ratio(server_cpu, steps)),
+        # a stream's chunk per step, or fewer when its consumer fell behind and merged steps:
+        # the server's CPU per step falls with merging, its CPU per chunk does not
+        "chunks": sum(s.get("num_chunks", 0) for s in streams),
+        "server_cpu_us_per_chunk": _us(ratio(server_cpu, sum(s.get("num_chunks", 0) for s in streams))),
         "cpu_s": {
             "server": server_cpu,
             "ranks": delta(after, before, "ranks_cpu_s"),
@@ -100,6 +104,10 @@ def summarize(load: dict, before: dict, after: dict) -> dict:
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
+
+
+def _us(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e6
 
 
 def check_tokens(cells: list[dict]) -> list[str]:

@@ -19,12 +19,12 @@ from __future__ import annotations
 import numpy as np
 
 from dspark_loop.contract.protocol import DSPARK_K
-from workers.sim.tokens import GOLDEN, SyntheticTarget, hash_of, mix64, unit
+from workers.sim.tokens import GOLDEN, SyntheticTarget, hash_of, mix64_inplace, unit
 
 SALT_DRAFT = 0x2545F4914F6CDD1D
 SALT_RIGHT = np.uint64(0x6A09E667F3BCC909)
 SALT_WRONG = np.uint64(0xBB67AE8584CAA73B)
-STEP = [np.uint64((j + 1) * int(GOLDEN) % (1 << 64)) for j in range(DSPARK_K)]  # per draft index
+STEPS = np.array([(j + 1) * int(GOLDEN) % (1 << 64) for j in range(DSPARK_K)], np.uint64)  # [K] per draft index
 
 
 def conditional(survival) -> np.ndarray:
@@ -53,19 +53,24 @@ class SimDrafter:
         keys = np.asarray(keys, np.uint64)
         c = self.cond[np.asarray(sampled, np.int64)]  # [A, K]
         d = self.spread
-        ordinary = self.target.ordinary
-        prev = tokens
+        target = self.target
+        ordinary = target.ordinary
+        num_ordinary = np.uint64(len(ordinary))
+        # what does not depend on the chain, for every draft at once: [A, K]
         anchor = hash_of(SALT_DRAFT, self.seed, keys.astype(np.int64), tokens, positions)  # [A]
+        h = mix64_inplace(anchor[:, None] + STEPS)  # [A, K] each draft's own hash
+        easy = unit(h) < c
+        true_conf = np.where(easy, c + d * (1 - c), c * (1 - d))  # [A, K]
+        right = unit(mix64_inplace(h ^ SALT_RIGHT)) < true_conf  # [A, K]
+        wrong = ordinary.take(mix64_inplace(h ^ SALT_WRONG) % num_ordinary)  # [A, K]
+        beside = ordinary.take((np.searchsorted(ordinary, wrong) + 1) % len(ordinary))  # [A, K] wrong's neighbour
+        conf[:] = np.clip(true_conf + self.error, 0.0, 1.0)
+        # the chain: draft j's truth is the target's token after draft j-1 (the anchor for j=0)
+        base = target.base(keys[:, None], (positions[:, None] + np.arange(DSPARK_K)).astype(np.uint64))  # [A, K]
+        prev = tokens.astype(np.uint64)  # [A]
         for j in range(DSPARK_K):
-            pos = positions + j  # the input row's position
-            truth = self.target.next(prev, pos, keys)  # [A]
-            h = mix64(anchor + STEP[j])  # [A] this draft's own hash
-            easy = unit(h) < c[:, j]
-            true_conf = np.where(easy, c[:, j] + d * (1 - c[:, j]), c[:, j] * (1 - d))  # [A]
-            right = unit(mix64(h ^ SALT_RIGHT)) < true_conf
-            wrong = ordinary[(mix64(h ^ SALT_WRONG) % np.uint64(len(ordinary))).astype(np.int64)]
-            wrong = np.where(wrong == truth, ordinary[(np.searchsorted(ordinary, wrong) + 1) % len(ordinary)], wrong)
-            drafts[:, j] = np.where(right, truth, wrong)
-            conf[:, j] = np.clip(true_conf + self.error, 0.0, 1.0)
-            prev = drafts[:, j].astype(np.int64)
+            truth = target.after(base[:, j], prev)  # [A]
+            miss = np.where(wrong[:, j] == truth, beside[:, j], wrong[:, j])  # a wrong draft never equals the truth
+            drafts[:, j] = np.where(right[:, j], truth, miss)
+            prev = drafts[:, j].astype(np.uint64)
         return drafts, conf

@@ -31,7 +31,7 @@ ACT_BYTES = 2  # bf16 activations on the collectives (assumption)
 class GroupLoad:
     """One TP group's share of a step."""
 
-    decode_ctx: list[int] = field(default_factory=list)  # per decode request: its context length
+    decode_ctx: list[int] | np.ndarray = field(default_factory=list)  # per decode request: its context length
     decode_rows: int = 0
     prefill_tokens: int = 0
     anchors: int = 0  # requests that run the drafter pass
@@ -92,22 +92,33 @@ class CostModel:
     def kv_budget(self) -> int:
         return int(self.p["hardware.memory_bytes"] - self.weight_bytes() - self.p["weights.reserved_bytes"])
 
+    def kv_values(self, ctx: np.ndarray) -> np.ndarray:
+        """int64 [n]: the KV values (keys x head_dim + indexer keys x index_head_dim) each
+        request reads at context length ctx [n]: every layer's raw window, the compressed
+        entries per kind of layer (a CSA layer's top-k, and the indexer scores them all)."""
+        m = self.m
+        values = m.num_hidden_layers * m.head_dim * np.minimum(ctx, m.sliding_window)
+        for r, n in self.layers_by_ratio.items():
+            entries = ctx // r
+            if r == m.csa_ratio:
+                values += n * (m.head_dim * np.minimum(entries, m.index_topk) + m.index_head_dim * entries)
+            else:
+                values += n * m.head_dim * entries
+        return values
+
     def kv_read_bytes(self, ctx) -> float:
         """Bytes of KV a step's requests read, one request per context length in ctx."""
-        m, b = self.m, self.p["weights.kv_bytes_per_value"]
-        ctx = np.asarray(ctx, np.int64)
-        if not len(ctx):
+        return float(self.kv_values(np.asarray(ctx, np.int64)).sum()) * self.p["weights.kv_bytes_per_value"]
+
+    def max_kv_read_bytes(self, groups: list[GroupLoad]) -> float:
+        """The most KV bytes any group's requests read (kv_read_bytes of each, at once)."""
+        ctx = [np.asarray(g.decode_ctx, np.int64) for g in groups]
+        if not any(len(c) for c in ctx):
             return 0.0
-        window = float(np.minimum(ctx, m.sliding_window).sum())  # every layer's raw window
-        keys = m.num_hidden_layers * window
-        index_keys = 0.0
-        for r, n in self.layers_by_ratio.items():  # compressed entries, per kind of layer
-            if r == m.csa_ratio:
-                keys += n * float(np.minimum(ctx // r, m.index_topk).sum())
-                index_keys += n * float((ctx // r).sum())  # the indexer scores them all
-            else:
-                keys += n * float((ctx // r).sum())
-        return (keys * m.head_dim + index_keys * m.index_head_dim) * b
+        group = np.repeat(np.arange(len(ctx)), [len(c) for c in ctx])  # [n] each request's group
+        # NOTE: sums of integers below 2**53 in float64: exactly kv_read_bytes' per group
+        per_group = np.bincount(group, self.kv_values(np.concatenate(ctx)), len(ctx))
+        return float(per_group.max()) * self.p["weights.kv_bytes_per_value"]
 
     def billed(self, g: GroupLoad, any_decode: bool) -> tuple[int, int]:
         """(decode rows, prefill rows) the device computes for group g."""
@@ -143,10 +154,10 @@ class CostModel:
     def step_seconds(self, groups: list[GroupLoad]) -> float:
         """The device time of a step whose groups carry these loads (every rank the same)."""
         p, s = self.p, self.shape
-        any_decode = any(g.decode_ctx for g in groups)
+        any_decode = any(len(g.decode_ctx) for g in groups)
         billed = [self.billed(g, any_decode) for g in groups]
         rows = [d + pre for d, pre in billed]
-        kv = max((self.kv_read_bytes(g.decode_ctx) for g in groups), default=0.0)
+        kv = self.max_kv_read_bytes(groups)
         t = p["step.fixed_s"] + self.pass_seconds(rows, kv, s.dense_params, s.expert_params, s.layers)
         anchors = [g.anchors for g in groups]
         if self.spec_k and any(anchors):

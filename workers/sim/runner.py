@@ -1,6 +1,6 @@
 """SimRunner: the Runner of `--backend sim` (workers/runner_interface.py). It runs no model:
 
-    execute(part)   mirror the block tables and leases, answer every sampling row with the
+    execute(part)   check the block ids and leases, answer every sampling row with the
                     synthetic target (tokens.py), draft from each anchor (acceptance.py, K=7),
                     then sleep the step's device time (cost.py) / sim_speed, jittered
     device_clock()  the device seconds slept so far: the rank's work clock (StepResult.work_s)
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from itertools import repeat
 
 import numpy as np
 
@@ -73,9 +74,7 @@ class SimRunner:
                 p["acceptance.seed"],
             )
         self.speed = cfg.sim_speed
-        self.tables: dict[int, dict[int, dict[int, int]]] = {}  # req -> family -> page -> block
-        self.leases: dict[int, int] = {}
-        self.keys: dict[int, tuple[int, int]] = {}  # sampled req -> (seed, choice)
+        self.keys: dict[int, int] = {}  # sampled req -> the target's key (SyntheticTarget.key)
         self.last_start: dict[int, int] = {}  # req -> its last known row-0 position (cost of open starts)
         self.plan: StepPlan | None = None
         self.started_at: float | None = None
@@ -96,33 +95,29 @@ class SimRunner:
 
     # ---- bookkeeping ------------------------------------------------------------------------
     def begin(self, part: PartitionPlan) -> None:
+        """Check the plan's block ids and leases against this rank's pools (a device would
+        index out of range) and remember the sampled requests' keys."""
         for r in part.freed_req_ids:
-            self.tables.pop(r, None)
-            self.leases.pop(r, None)
             self.keys.pop(r, None)
         for u in part.block_updates:
             ids = as_i32(u.block_ids)
             if len(ids) and (ids.min() < 0 or ids.max() >= self._num_blocks[u.family]):
                 raise ValueError(f"req {u.req_id}: block ids outside family {u.family}'s {self._num_blocks[u.family]}")
-            fam = self.tables.setdefault(u.req_id, {}).setdefault(u.family, {})
-            fam.update(zip(range(u.first_page, u.first_page + len(ids)), ids.tolist()))
-        for r, lease in zip(as_i32(part.lease_req_ids).tolist(), as_i32(part.lease_ids).tolist()):
-            if not 0 <= lease < max(self.cfg.num_leases, 1):
-                raise ValueError(f"lease {lease} outside [0, {self.cfg.num_leases})")
-            self.leases[r] = lease
-        for s in part.sampling:
-            if s.knobs.is_random:
-                self.keys[s.req_id] = (s.seed, s.choice)
+        leases = as_i32(part.lease_ids)
+        if len(leases) and (leases.min() < 0 or leases.max() >= max(self.cfg.num_leases, 1)):
+            bad = int(leases[(leases < 0) | (leases >= max(self.cfg.num_leases, 1))][0])
+            raise ValueError(f"lease {bad} outside [0, {self.cfg.num_leases})")
+        sampled = [s for s in part.sampling if s.knobs.is_random]
+        if sampled:
+            seeds = np.array([s.seed for s in sampled], np.int64)  # signed 64-bit (protocol.SamplingSpec)
+            keys = self.target.key(seeds, np.array([s.choice for s in sampled], np.int64), True)
+            self.keys.update(zip([s.req_id for s in sampled], keys.tolist()))
 
-    def row_keys(self, req_ids) -> np.ndarray:
+    def row_keys(self, req_ids: np.ndarray) -> np.ndarray:
         """uint64 [n]: the target's key per row's request (0: greedy)."""
-        keys = self.keys
-        if not keys:
+        if not self.keys:
             return np.zeros(len(req_ids), np.uint64)
-        pairs = [keys.get(r, (0, 0)) for r in req_ids]
-        sampled = [r in keys for r in req_ids]
-        seeds, choices = zip(*pairs) if pairs else ((), ())
-        return self.target.key(np.asarray(seeds, np.int64), np.asarray(choices, np.int64), sampled)
+        return np.fromiter(map(self.keys.get, req_ids.tolist(), repeat(0)), np.uint64, len(req_ids))
 
     # ---- a step -----------------------------------------------------------------------------
     def execute(self, part: PartitionPlan, late_masks: Callable[[], list[TokenMask]] | None = None) -> np.ndarray:
@@ -146,7 +141,7 @@ class SimRunner:
             tok = np.concatenate([tok, as_i32(d.token_ids)])
             pos = np.concatenate([pos, np.repeat(as_i32(d.start_pos).astype(np.int64), n) + j])
             req = np.concatenate([req, np.repeat(as_i32(d.req_ids).astype(np.int64), n)])
-        keys = self.row_keys(req.tolist())
+        keys = self.row_keys(req)
         out = self.target.next(tok, pos, keys)  # [rows]
         if late_masks is not None:
             with_masks(part, late_masks)
@@ -207,31 +202,39 @@ class SimRunner:
             tok = np.concatenate([tok, preds[first + a - 1][keep]])
         fits = pos + DSPARK_K + 1 <= self.cfg.max_model_len
         req, pos, tok = req[fits], pos[fits], tok[fits]
-        keys = self.row_keys(req.tolist())
+        keys = self.row_keys(req)
         drafts, conf = self.drafter.propose(tok, pos, keys, keys != 0)
         return req.astype(np.int32), drafts, conf
 
     def step_loads(self) -> list[GroupLoad]:
-        """Every group's load in the plan (this rank's part alone without one)."""
+        """Every group's load in the plan (this rank's part alone without one). NOTE: every
+        rank computes it every step, so it reads the wire bytes directly (a sum over bytes
+        is C; numpy's per-call overhead is not worth it at 64 requests a group)."""
         parts = self.plan.partitions if self.plan is not None else []
+        spec_k = self.cfg.spec_k
+        last_start = self.last_start
         loads = []
         for part in parts:
             g = GroupLoad()
             for c in part.prefills:
                 g.prefill_tokens += len(c.token_ids) // 4
-                g.anchors += bool(c.sample and c.draft and self.cfg.spec_k)
+                g.anchors += bool(c.sample and c.draft and spec_k)
             d = part.decode
             if d is not None:
-                rids, starts = as_i32(d.req_ids).tolist(), as_i32(d.start_pos).tolist()
-                for r, s in zip(rids, starts):
-                    s = self.last_start.get(r, 0) + 1 if s == PLACEHOLDER else s
-                    self.last_start[r] = s
-                    g.decode_ctx.append(s)
-                g.decode_rows = int(as_i8(d.num_rows).sum())
-                if self.cfg.spec_k:
-                    g.anchors += int(np.frombuffer(d.draft_mask, np.uint8).sum()) if d.draft_mask else len(rids)
+                starts = as_i32(d.start_pos)  # [R]
+                if spec_k:  # NOTE: only a verify leaves a start the ranks resolve (placeholders.py)
+                    rids = as_i32(d.req_ids)  # [R]
+                    open_ = np.flatnonzero(starts == PLACEHOLDER)  # [O]: the last known start + 1
+                    if len(open_):
+                        starts = starts.copy()
+                        known = map(last_start.get, rids[open_].tolist(), repeat(0))
+                        starts[open_] = np.fromiter(known, np.int32, len(open_)) + 1
+                    last_start.update(zip(rids.tolist(), starts.tolist()))
+                    g.anchors += sum(d.draft_mask) if d.draft_mask else len(rids)
+                g.decode_ctx = starts
+                g.decode_rows = sum(d.num_rows)  # int8 bytes: 1..8 each
             for r in part.freed_req_ids:
-                self.last_start.pop(r, None)
+                last_start.pop(r, None)
             loads.append(g)
         return loads
 
@@ -245,9 +248,9 @@ class SimRunner:
             t *= max(0.0, 1.0 + jitter * z)
         return t / self.speed
 
-    def sleep(self, part: PartitionPlan, t0: float) -> None:
+    def sleep(self, part: PartitionPlan | None, t0: float) -> None:
         if self.plan is None:
-            self.plan = StepPlan(0, [part])
+            self.plan = StepPlan(0, [part] if part is not None else [])
         t = self.step_seconds()
         t0 = self.started_at if self.started_at is not None else t0
         self.plan, self.started_at = None, None
@@ -255,6 +258,10 @@ class SimRunner:
         left = t - (time.perf_counter() - t0)
         if left > 0:
             time.sleep(left)
+
+    def follow(self) -> None:
+        """A non-leader's step (sim/rank.py): the seen plan's time slept, nothing computed."""
+        self.sleep(None, time.perf_counter())
 
     def take_drafts(self):
         last, self.last_drafts = self.last_drafts, None

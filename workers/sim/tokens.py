@@ -25,14 +25,24 @@ SALT_SAMPLE = np.uint64(0x3C6EF372FE94F82B)
 UNIT = 1.0 / (1 << 53)
 MUL_TOKEN = np.uint64(0xD6E8FEB86659FD93)  # odd multipliers: distinct (token, position) pairs mix apart
 MUL_POS = np.uint64(0xA0761D6478BD642F)
+MIX_1, MIX_2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+SHIFT_30, SHIFT_27, SHIFT_31, SHIFT_11 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(11)
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser over a uint64 array (wrapping arithmetic: arrays never warn)."""
-    x = np.asarray(x, np.uint64)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    return mix64_inplace(np.array(x, np.uint64))
+
+
+def mix64_inplace(x: np.ndarray) -> np.ndarray:
+    """mix64 of a uint64 array this caller owns, written over it (fewer temporaries: the
+    drafter's chain runs it on every anchor 14 times a step)."""
+    x ^= x >> SHIFT_30
+    x *= MIX_1
+    x ^= x >> SHIFT_27
+    x *= MIX_2
+    x ^= x >> SHIFT_31
+    return x
 
 
 def hash_of(*parts) -> np.ndarray:
@@ -46,7 +56,7 @@ def hash_of(*parts) -> np.ndarray:
 
 def unit(h: np.ndarray) -> np.ndarray:
     """uint64 hashes -> float64 uniforms in [0, 1)."""
-    return (h >> np.uint64(11)).astype(np.float64) * UNIT
+    return (h >> SHIFT_11).astype(np.float64) * UNIT
 
 
 MODEL_KEY = re.compile(rb'"model"\s*:\s*(?=\{\s*"type")')  # the tokenizer's model object
@@ -105,12 +115,23 @@ class SyntheticTarget:
         """int32 [n]: the target's token after `tokens` [n] at `positions` [n]."""
         tok = np.atleast_1d(np.asarray(tokens)).astype(np.uint64)
         pos = np.atleast_1d(np.asarray(positions)).astype(np.uint64)
+        return self.after(self.base(key, pos), tok)
+
+    @staticmethod
+    def base(key, pos: np.ndarray) -> np.ndarray:
+        """uint64, pos's shape: the part of next()'s hash input a chain knows before its
+        tokens (the request's key and the position)."""
+        return (np.asarray(key, np.uint64) ^ SALT_TARGET) + pos * MUL_POS
+
+    def after(self, base: np.ndarray, tok: np.ndarray) -> np.ndarray:
+        """int32 [n]: next() from base(key, pos) [n] and the tokens [n] (uint64)."""
         # NOTE: one linear combination, two mixing rounds (not hash_of's one per part): the
         # drafter calls this 7 times a step for every anchor
-        h = mix64(mix64((np.asarray(key, np.uint64) ^ SALT_TARGET) + tok * MUL_TOKEN + pos * MUL_POS))
-        out = self.ordinary[(h % np.uint64(len(self.ordinary))).astype(np.int64)]
+        h = mix64_inplace(mix64_inplace(base + tok * MUL_TOKEN))
+        ordinary = self.ordinary
+        out = ordinary.take(h % np.uint64(len(ordinary)))
         if self.eos_rate > 0:
-            out = np.where(unit(mix64(h)) < self.eos_rate, self.eos_id, out)
+            out[unit(mix64(h)) < self.eos_rate] = self.eos_id
         return out.astype(np.int32)
 
     def chain(self, token, position: int, n: int, key=0) -> np.ndarray:

@@ -14,7 +14,7 @@ from workers.sim.rank import SimRank
 assert rank_class("sim") is SimRank
 cfg = RankConfig(model=sys.argv[1], backend="sim", spec_k=7, num_leases=4)
 rank = SimRank.__new__(SimRank)
-rank.cfg = cfg
+rank.cfg, rank.is_leader = cfg, True
 rank.load()
 print(rank.runner.num_blocks, "torch" in sys.modules)
 """
@@ -27,3 +27,42 @@ def test_a_sim_rank_loads_without_importing_torch(sim_ckpt):
     blocks, torch_loaded = out.stdout.rsplit(" ", 1)
     assert torch_loaded.strip() == "False"
     assert min(json.loads(blocks)) > 0
+
+
+class FrameQueue:
+    """A rank's socket for what the server sends after a plan (its late masks)."""
+
+    def __init__(self, frames: list[bytes]) -> None:
+        self.frames = frames
+
+    def recv(self) -> bytes:
+        return self.frames.pop(0)
+
+
+def sim_rank(ckpt: str, rank: int, frames: list[bytes]):
+    from dspark_loop.contract.placeholders import LastSamples
+    from dspark_loop.contract.protocol import RankConfig
+    from workers.sim.rank import SimRank
+
+    cfg = RankConfig(model=ckpt, backend="sim", world_size=2, tp=2, sim_speed=1e9)
+    r = SimRank.__new__(SimRank)
+    r.rank, r.cfg, r.is_leader, r.group = rank, cfg, rank % cfg.tp == 0, rank // cfg.tp
+    r.sock, r.samples = FrameQueue(frames), LastSamples()
+    r.load()
+    return r
+
+
+def test_a_sim_rank_that_is_not_a_tp_leader_answers_the_steps_time_without_tokens(sim_ckpt):
+    """Only TP leaders' tokens reach the server: a non-leader sim rank must answer each step
+    with no tokens but the same device time as its leader, and must take the step's late
+    masks off its socket (the next frame is the next plan's)."""
+    from dspark_loop.contract.protocol import ENCODER, DecodeBatch, PartitionPlan, StepMasks, StepPlan, i8, i32
+
+    part = PartitionPlan(decode=DecodeBatch(i32([1, 2]), i32([5, 9]), i8([1, 1]), i32([42, 43])))
+    masks = ENCODER.encode(StepMasks(7, [[]]))
+    leader, follower = sim_rank(sim_ckpt, 0, [masks]), sim_rank(sim_ckpt, 1, [masks])
+    plan = StepPlan(7, [part], masks_follow=True)
+    led, followed = leader.run_step(plan), follower.run_step(plan)
+    assert len(led.token_ids) == 8 and followed.token_ids == b""
+    assert followed.work_s == led.work_s > 0
+    assert follower.sock.frames == [] and leader.sock.frames == []
