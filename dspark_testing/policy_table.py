@@ -22,6 +22,7 @@ the rule's files).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -69,7 +70,7 @@ class Cache:
 
     def key(self, sc: Scenario, name: str) -> str:
         code = self.hashes["static" if name.startswith("w") else "rule"]
-        return f"{sc.profile}/{sc.concurrency}/{sc.temperature}/{sc.steps}/{int(sc.device)}/{name}/{code}"
+        return f"{sc.profile}/{sc.concurrency}/{sc.temperature}/{sc.steps}/{int(sc.device)}/{sc.seed}/{name}/{code}"
 
     def get(self, sc: Scenario, name: str) -> dict | None:
         return self.data.get(self.key(sc, name))
@@ -83,24 +84,38 @@ class Cache:
             os.replace(self.path + ".tmp", self.path)
 
 
+WINDOWS = {"judged": (None, None), "early": (200, 500), "late": (500, None)}  # decode steps (judged: lo = steps / 4)
+
+
 def run_figures(make, sc: Scenario) -> dict:
-    """A policy's rate after the first quarter, and its cold-start ratio (steps >= 800)."""
+    """A policy's tokens and simulated seconds over the judged steps (after the first
+    quarter) and, for the cold-start ratio, over steps 200-500 and from 500 on."""
     run = simulate(make(), sc)
-    cold = run.rate(200, 500) / run.rate(500) if sc.steps >= 800 else float("nan")
-    return {"rate": run.rate(sc.steps // 4), "cold": cold}
+    out = {}
+    for w, (lo, hi) in WINDOWS.items():
+        lo = sc.steps // 4 if lo is None else lo
+        out[w] = [float(sum(run.tokens[lo:hi])), float(sum(run.seconds[lo:hi]))]
+    return out
 
 
-def cell(sc: Scenario, cache: Cache | None = None) -> dict:
+def cell(sc: Scenario, cache: Cache | None = None, seeds: int = 1) -> dict:
+    """Ours against the others in one cell, each policy's tokens and seconds summed over the
+    workload draws 0..seeds-1."""
     cache = cache or Cache(None)
     rates, cold = {}, float("nan")
     for name, make in policies(sc).items():
-        figures = cache.get(sc, name)
-        if figures is None:
-            figures = run_figures(make, sc)
-            cache.put(sc, name, figures)
-        rates[name] = figures["rate"]
-        if name == "ours":
-            cold = figures["cold"]
+        sums = {w: [0.0, 0.0] for w in WINDOWS}
+        for seed in range(seeds):
+            one = dataclasses.replace(sc, seed=seed)
+            figures = cache.get(one, name)
+            if figures is None:
+                figures = run_figures(make, one)
+                cache.put(one, name, figures)
+            for w in WINDOWS:
+                sums[w] = [a + b for a, b in zip(sums[w], figures[w], strict=True)]
+        rates[name] = sums["judged"][0] / sums["judged"][1]
+        if name == "ours" and sc.steps >= 800:
+            cold = (sums["early"][0] / sums["early"][1]) / (sums["late"][0] / sums["late"][1])
     statics = {k: v for k, v in rates.items() if k.startswith("w")}
     best = max(statics, key=statics.__getitem__)
     ours = rates["ours"]
@@ -126,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cache", default=str(ROOT / ".dspark-cache" / "policy_table.json"))
     ap.add_argument("--no-cache", action="store_true", help="run every policy again")
     ap.add_argument("--rates", action="store_true", help="also print every policy's tok/s")
+    ap.add_argument("--seeds", type=int, default=1, help="workload draws per cell (tokens and seconds summed)")
     args = ap.parse_args(argv)
     cache = Cache(None if args.no_cache else args.cache)
     profiles = args.profiles or list(PROFILES if args.analytic else DEVICE_PROFILES)
@@ -133,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     for profile in profiles:
         for c in args.streams:
             for t in args.temperatures:
-                r = cell(Scenario(profile, c, t, args.steps, device=not args.analytic), cache)
+                r = cell(Scenario(profile, c, t, args.steps, device=not args.analytic), cache, args.seeds)
                 print(
                     f"{profile:12s} {c:6d}  {t:.1f}  | {r['ours_tok_s']:11,.0f}  {r['best_static']:>4s}  "
                     f"{r['vs_best']:9.3f}  {r['vs_vllm']:9.3f}  {r['vs_k0']:7.3f}  {r['vs_w7']:7.3f}  {r['cold']:.3f}",
