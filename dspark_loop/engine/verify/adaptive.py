@@ -105,18 +105,19 @@ class AdaptiveVerify:
 
     def _probe(self, n, prompt, shape: bool) -> tuple[bool, int] | None:
         """The probe this step runs, (drafting, window), or None: without a start-up profile,
-        every `explore_every` steps of its shape, the first probe cell that is unmeasured in
-        the cell the step would be measured in (its busiest partition's, table.observe)."""
+        every `explore_every` steps of its shape, the first probe cell unmeasured in the decode
+        cells and, with prompt rows, in the cell the step would be measured in (its busiest
+        partition's, table.observe): an unmeasured prompt cell reads from the decode cells."""
         if self.probing is not None:
             return self.probing
         if self.table.prior is not None or self.shape_steps[shape] % self.t.explore_every:
             return None
-        w = QUARTERS if shape else 0  # prompt rows vary by step: a cell within a row per request counts
         for d, j in [(True, self.t.probe_windows[0]), (False, 0)] + [(True, j) for j in self.t.probe_windows[1:]]:
             p = int(np.argmax(n * (1 + j) + prompt))  # the busiest partition: its cell is measured
             b = round(QUARTERS * (j + prompt[p] / n[p])) if n[p] else BINS  # the cell's rows
-            measured = self.table.measured(int(load_of(n[p])), self.step, shape)[int(d)]  # [BINS]
-            if b < BINS and not measured[max(b - w, 0) : b + w + 1].any():
+            decode, prompted = (self.table.measured(int(load_of(n[p])), self.step, s)[int(d)] for s in (0, 1))
+            near = prompted[max(b - QUARTERS, 0) : b + QUARTERS + 1]  # prompt rows vary: within a row per request
+            if b < BINS and not decode[QUARTERS * j] and not (shape and near.any()):
                 return d, j
         return None
 
