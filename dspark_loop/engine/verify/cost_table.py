@@ -74,7 +74,6 @@ class CostTable:
         self.until = np.full(LOADS, -(1 << 62), np.int64)
         self.cache: dict[int, np.ndarray] = {}  # load -> costs(), until its medians or the drift move
 
-    # ---- reading ------------------------------------------------------------------------
     def costs(self, load: int, step: int, prompt: bool = False) -> np.ndarray:
         """[2, BINS] seconds of one load's cells (pass x rows) of steps with or without a
         prompt chunk, monotone, as of `step` (read only: kept until it changes)."""
@@ -146,7 +145,6 @@ class CostTable:
         a = flat[at]
         return a + (flat[np.minimum(at + 1, at - lo + BINS - 1)] - a) * (j - lo)
 
-    # ---- learning -----------------------------------------------------------------------
     def observe(self, num_requests: int, extra_rows: int, drafting: bool, step_s: float, step: int, prompt=False):
         """A decode step of the busiest partition: its requests, rows beyond one per request,
         whether a drafter pass ran, its cost, the decode step counter, whether it carried a
