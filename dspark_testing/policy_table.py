@@ -24,10 +24,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import inspect
 import json
 import os
 from pathlib import Path
 
+from dspark_loop.engine.verify.adaptive import solve
+from dspark_loop.engine.verify.tunables import DEFAULT
 from dspark_testing.policy_device import DEVICE_PROFILES
 from dspark_testing.policy_sim import PROFILES, Scenario, policies, simulate
 
@@ -41,7 +44,8 @@ RULE = ["adaptive.py", "budget.py", "calibration.py", "cost_table.py", "feedback
 
 
 def source_hashes() -> dict[str, str]:
-    """{"static": hash of the harness without the rule's files, "rule": with them}."""
+    """{"static": hash of the harness without the rule's files, "rule": with them, "vllm":
+    with what the vLLM rule reads of them (the solver, the cost table and its tunables)}."""
     files = sorted(p for d in HARNESS for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".toml"))
     files += [ROOT / f for f in SHAPES]
     rule = [p for p in files if p.parent.name == "verify" and p.name in RULE]
@@ -54,7 +58,11 @@ def source_hashes() -> dict[str, str]:
         return h.hexdigest()[:16]
 
     static = digest(p for p in files if p not in rule and p.name != "policy_table.py")
-    return {"static": static, "rule": static + digest(rule)}
+    reads = [p for p in rule if p.name in ("budget.py", "cost_table.py", "vllm_rule.py")]
+    t = DEFAULT
+    read = f"{inspect.getsource(solve)}{(t.cell_samples, t.min_samples, t.horizon, t.shift)}"
+    vllm = static + digest(reads) + hashlib.sha256(read.encode()).hexdigest()[:16]
+    return {"static": static, "rule": static + digest(rule), "vllm": vllm}
 
 
 class Cache:
@@ -69,7 +77,7 @@ class Cache:
         self.hashes = source_hashes()
 
     def key(self, sc: Scenario, name: str) -> str:
-        code = self.hashes["static" if name.startswith("w") else "rule"]
+        code = self.hashes["static" if name.startswith("w") else "vllm" if name == "vllm" else "rule"]
         return f"{sc.profile}/{sc.concurrency}/{sc.temperature}/{sc.steps}/{int(sc.device)}/{sc.seed}/{name}/{code}"
 
     def get(self, sc: Scenario, name: str) -> dict | None:

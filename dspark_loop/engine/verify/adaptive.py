@@ -55,6 +55,7 @@ class AdaptiveVerify:
         self.shape_steps = [0, 0]  # decode steps chosen without and with prompt rows: the probes' clocks
         self.drafting = True  # this step's decision (prompts completing draft while it holds)
         self.probing: tuple[bool, int] | None = None  # a probe waiting for drafts to verify
+        self.window = float(DSPARK_K)  # drafts verified per request with drafts at the last choice
         self.num_probes = 0
         self.num_drafter_skips = 0
         self.num_verified = 0
@@ -81,6 +82,7 @@ class AdaptiveVerify:
             self.probing = probe if window and not cap.any() else None
         else:
             self.drafting, lens = self._decide(surv, cap, cls, partition, n, prompt, costs)
+            self.window = float(lens.sum() / max(int((cap > 0).sum()), 1)) if self.drafting else 0.0
         self.step += 1
         self.shape_steps[shape] += 1
         self.num_capped += int(cap.sum())
@@ -107,12 +109,15 @@ class AdaptiveVerify:
         """The probe this step runs, (drafting, window), or None: without a start-up profile,
         every `explore_every` steps of its shape, the first probe cell unmeasured in the decode
         cells and, with prompt rows, in the cell the step would be measured in (its busiest
-        partition's, table.observe): an unmeasured prompt cell reads from the decode cells."""
+        partition's, table.observe): an unmeasured prompt cell reads from the decode cells.
+        The probe cells: the chain, K=0's step, and the two whole windows around the rule's
+        last choice with a pass (where the argmax is decided; cells between read linearly)."""
         if self.probing is not None:
             return self.probing
         if self.table.prior is not None or self.shape_steps[shape] % self.t.explore_every:
             return None
-        for d, j in [(True, self.t.probe_windows[0]), (False, 0)] + [(True, j) for j in self.t.probe_windows[1:]]:
+        m = min(int(self.window), DSPARK_K - 1)  # the whole windows around the rule's last choice
+        for d, j in ((True, DSPARK_K), (False, 0), (True, m), (True, m + 1)):
             p = int(np.argmax(n * (1 + j) + prompt))  # the busiest partition: its cell is measured
             b = round(QUARTERS * (j + prompt[p] / n[p])) if n[p] else BINS  # the cell's rows
             decode, prompted = (self.table.measured(int(load_of(n[p])), self.step, s)[int(d)] for s in (0, 1))

@@ -30,13 +30,8 @@ class VerifyTunables:
     shift: float = 1.4
     # Without a start-up profile, one decode step in this many runs an unmeasured probe
     # cell of its load (a pure function of the step counter): at 4, a cold load has its
-    # 8 probe cells measured (3 steps each) within ~100 steps.
+    # 4 probe cells measured (3 steps each) within ~50 steps.
     explore_every: int = 4
-    # The windows the probes measure with a drafter pass, after window 0 without one: the
-    # chain, then every whole window (cells between read linearly, which misses knees: with
-    # (7, 1, 3) the sim's gpu-h200 read window 6 at 5.46 ms for a true 5.25, so the rule
-    # verified 4.7 drafts where 5.7 paid: 0.988x the vLLM rule at 64 streams, T=0.8; 1.007x).
-    probe_windows: tuple[int, ...] = (7, 1, 2, 3, 4, 5, 6)
     # Each position's acceptance correction (realised over predicted survival, per request
     # class) forgets this share of its sums per step it is observed (~50 steps of memory),
     # and starts from `accept_prior` pseudo-slots at ratio 1.
