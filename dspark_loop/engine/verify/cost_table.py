@@ -13,8 +13,9 @@ A cell with fewer than `min_samples` fresh samples is unmeasured. It then reads 
 when the table has one (a start-up profile of decode steps: `profile()`, or a file), scaled
 by the median ratio of the newest measured steps to that prior (the machine's drift);
 without a prior, between the measured rows of its pass (flat beyond them), or as the other
-pass's cost where its pass has none. An unmeasured prompt step reads as the decode step of
-its rows plus the median excess of the measured prompt steps over theirs. The rule
+pass's cost where its pass has none. A prompt step reads as the decode step of its rows
+plus one figure per load, the median excess of the measured prompt steps over theirs (a
+prompt cell's own median moves with the other partitions' chunks too). The rule
 measures the cells it needs by running them (AdaptiveVerify's probes). A decode cell whose
 newest samples moved by a factor `shift` from its older ones says the cost shape changed:
 the load's other cells are measured again.
@@ -121,8 +122,8 @@ class CostTable:
         cost = np.where(np.isnan(cost), cost[:, ::-1], cost)  # a pass row with nothing: the other's
         cost = np.where(np.isnan(cost), cost[::-1], cost)  # a prompt step with nothing: the decode step's
         cost = np.nan_to_num(cost, nan=1.0)  # nothing measured at this load: every shape alike
-        # an unmeasured prompt step: the decode step of its rows plus the measured ones' median excess
-        cost[1] = np.where(seen, cost[1], cost[0] + (np.median((cost[1] - cost[0])[seen]) if seen.any() else 0.0))
+        # a prompt step: the decode step of its rows plus the measured ones' median excess (module docstring)
+        cost[1] = cost[0] + (np.median((cost[1] - cost[0])[seen]) if seen.any() else 0.0)
         for axis in (2, 1, 0):  # more rows, a pass, a prompt chunk: never cheaper
             cost = np.maximum.accumulate(cost, axis=axis)
         return cost
