@@ -1,6 +1,6 @@
 """Every tunable of adaptive verification, in one frozen dataclass (docs/architecture.md,
-"Adaptive verification (the rule)"). The values were checked on the policy simulator
-(dspark_testing/policy_sim.py) over the npu-tile, gpu-roofline and demo-cpu cost shapes."""
+"Adaptive verification (the rule)"). The values were checked on the policy simulator against
+the simulated device's profiles (docs/benchmarks.md: each moved alone, either side)."""
 
 from __future__ import annotations
 
