@@ -120,7 +120,7 @@ class AdaptiveVerify:
         for d, j in ((True, DSPARK_K), (False, 0), (True, m), (True, m + 1)):
             p = int(np.argmax(n * (1 + j) + prompt))  # the busiest partition: its cell is measured
             b = round(QUARTERS * (j + prompt[p] / n[p])) if n[p] else BINS  # the cell's rows
-            decode, prompted = (self.table.measured(int(load_of(n[p])), self.step, s)[int(d)] for s in (0, 1))
+            decode, prompted = (self.table.measured(int(load_of(n[p])), self.step, s)[int(d)] for s in (False, True))
             near = prompted[max(b - QUARTERS, 0) : b + QUARTERS + 1]  # prompt rows vary: within a row per request
             if b < BINS and not decode[QUARTERS * j] and not (shape and near.any()):
                 return d, j
