@@ -64,4 +64,4 @@ def test_without_a_profile_probes_run_on_a_fixed_schedule_until_the_cells_are_me
     assert a == b
     probe_steps = [i for i in range(1, 160) if a[i][2] > a[i - 1][2]] + ([0] if a[0][2] else [])
     assert probe_steps and all(s % 4 == 0 for s in probe_steps)
-    assert a[-1][2] == a[120][2]  # measured (8 probe cells, 3 steps each): no more probes
+    assert a[-1][2] == a[120][2]  # measured (each probe cell 3 steps): no more probes
