@@ -186,6 +186,10 @@ class Scenario:
     # the simulated device's profile (policy_device.DEVICE_PROFILES: workers/sim's cost and
     # acceptance), not the analytic PROFILES of the same name
     device: bool = False
+    # the workload's draw (each request's length): 0 is the default draw; others phase the
+    # requests' ends differently (where prompt steps are dear, as on the simulated npu-tile's
+    # padded prefill, when ends coincide decides how many prefill dispatches a run pays)
+    seed: int = 0
 
 
 @dataclass
@@ -229,7 +233,8 @@ def simulate(policy, sc: Scenario) -> Run:
                 device.cost = profile_cost(PROFILES[sc.change[2]], sc.noise)
         while len(sched.requests) < streams:
             prompt = token(np.full(sc.prompt_len, 10_000 + issued), np.arange(sc.prompt_len)).tolist()
-            length = int(sc.max_tokens * (0.25 + 1.5 * float(unit(issued, 5))))
+            draw = unit(issued, 5, sc.seed) if sc.seed else unit(issued, 5)
+            length = int(sc.max_tokens * (0.25 + 1.5 * float(draw)))
             params = SamplingParams(max_tokens=length, ignore_eos=True, seed=issued, knobs=knobs)
             sched.add(sched.make_request(GenerateRequest(f"s{issued}", prompt, params)))
             issued += 1
