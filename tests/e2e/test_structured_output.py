@@ -16,7 +16,6 @@ import pytest
 from pydantic import BaseModel, Field
 
 from dspark_testing.server_process import ServerProcess
-from tests.e2e.conftest import E2E_SEED
 
 NO_THINKING = {"chat_template_kwargs": {"thinking": False}}
 SCHEMA = {
@@ -60,15 +59,6 @@ class Pet(BaseModel):
     kind: Literal["cat", "dog", "fox"]
     size: int = Field(ge=0, le=20)
     owner: Owner
-
-
-@pytest.fixture(scope="module")
-def drafter_ckpt(tmp_path_factory) -> str:
-    from tools.make_checkpoint import make_checkpoint
-
-    return make_checkpoint(
-        str(tmp_path_factory.mktemp("structured") / "tiny"), size="tiny", seed=E2E_SEED, with_drafter=True, quiet=True
-    )
 
 
 @pytest.fixture(scope="module")
