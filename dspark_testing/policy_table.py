@@ -44,7 +44,8 @@ RULE = ["adaptive.py", "budget.py", "calibration.py", "cost_table.py", "feedback
 
 
 def source_hashes() -> dict[str, str]:
-    """{"static": hash of the harness without the rule's files, "rule": with them, "vllm":
+    """{"static": hash of the harness without the rule's files, "ours": with them, "served":
+    and the start-up profile's, "vllm":
     with what the vLLM rule reads of them (the solver, the cost table and its tunables)}."""
     files = sorted(p for d in HARNESS for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".toml"))
     files += [ROOT / f for f in SHAPES]
@@ -62,7 +63,8 @@ def source_hashes() -> dict[str, str]:
     t = DEFAULT
     read = f"{inspect.getsource(solve)}{(t.cell_samples, t.min_samples, t.horizon, t.shift)}"
     vllm = static + digest(reads) + hashlib.sha256(read.encode()).hexdigest()[:16]
-    return {"static": static, "rule": static + digest(rule), "vllm": vllm}
+    served = static + digest(rule) + digest([ROOT / "dspark_loop/engine/verify/startup_profile.py"])
+    return {"static": static, "ours": static + digest(rule), "served": served, "vllm": vllm}
 
 
 class Cache:
@@ -77,7 +79,7 @@ class Cache:
         self.hashes = source_hashes()
 
     def key(self, sc: Scenario, name: str) -> str:
-        code = self.hashes["static" if name.startswith("w") else "vllm" if name == "vllm" else "rule"]
+        code = self.hashes["static" if name.startswith("w") else "vllm" if name == "vllm" else name]
         return f"{sc.profile}/{sc.concurrency}/{sc.temperature}/{sc.steps}/{int(sc.device)}/{sc.seed}/{name}/{code}"
 
     def get(self, sc: Scenario, name: str) -> dict | None:
@@ -128,6 +130,8 @@ def cell(sc: Scenario, cache: Cache | None = None, seeds: int = 1) -> dict:
     best = max(statics, key=statics.__getitem__)
     ours = rates["ours"]
     return {
+        "served_vs_best": rates["served"] / statics[best],
+        "served_vs_vllm": rates["served"] / rates["vllm"],
         "ours_tok_s": ours,
         "best_static": best,
         "vs_best": ours / statics[best],
@@ -153,14 +157,18 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     cache = Cache(None if args.no_cache else args.cache)
     profiles = args.profiles or list(PROFILES if args.analytic else DEVICE_PROFILES)
-    print("profile      streams  T   |   ours tok/s  best  ours/best  ours/vllm  ours/K0  ours/w7  cold")
+    print(
+        "profile      streams  T   |   ours tok/s  best  ours/best  ours/vllm  ours/K0  ours/w7  cold"
+        "  |  served/best  served/vllm"
+    )
     for profile in profiles:
         for c in args.streams:
             for t in args.temperatures:
                 r = cell(Scenario(profile, c, t, args.steps, device=not args.analytic), cache, args.seeds)
                 print(
                     f"{profile:12s} {c:6d}  {t:.1f}  | {r['ours_tok_s']:11,.0f}  {r['best_static']:>4s}  "
-                    f"{r['vs_best']:9.3f}  {r['vs_vllm']:9.3f}  {r['vs_k0']:7.3f}  {r['vs_w7']:7.3f}  {r['cold']:.3f}",
+                    f"{r['vs_best']:9.3f}  {r['vs_vllm']:9.3f}  {r['vs_k0']:7.3f}  {r['vs_w7']:7.3f}  {r['cold']:.3f}"
+                    f"  |  {r['served_vs_best']:11.3f}  {r['served_vs_vllm']:11.3f}",
                     flush=True,
                 )
                 if args.rates:
