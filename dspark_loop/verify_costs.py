@@ -30,11 +30,11 @@ from dspark_loop.config.rank_config import rank_config
 from dspark_loop.config.server_config import ServerConfig
 from dspark_loop.contract.checkpoint_fingerprint import checkpoint_fingerprint
 from dspark_loop.contract.errors import EngineDead, MeshStartError
-from dspark_loop.engine.profile_driver import ProfileDriver
+from dspark_loop.engine.profile_driver import MAX_DUMMY_TOKENS, ProfileDriver
+from dspark_loop.engine.profile_plan import ProfilePolicy, describe, prior_from_samples
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.engine.verify.adaptive import AdaptiveVerify
 from dspark_loop.engine.verify.cost_table import CostTable
-from dspark_loop.engine.verify.startup_profile import MAX_DUMMY_TOKENS, ProfilePolicy, describe, prior_from_samples
 
 log = logging.getLogger("dspark_loop")
 

@@ -274,11 +274,11 @@ def startup_table(sc: Scenario):
 
 
 def served_table(sc: Scenario):
-    """The prior the server's own start-up profile measures (engine/verify/startup_profile.py:
+    """The prior the server's own start-up profile measures (engine/profile_plan.py:
     its loads, its round of cells, its repeats and medians), on the scenario's first cost
     shape: what `--verify-profile auto` starts from."""
+    from dspark_loop.engine.profile_plan import PROFILE_REPEATS, ROUND, prior_from_samples, profile_loads
     from dspark_loop.engine.verify.cost_table import QUARTERS, CostTable, load_of
-    from dspark_loop.engine.verify.startup_profile import PROFILE_REPEATS, ROUND, prior_from_samples, profile_loads
 
     counter = iter(range(1 << 30))
     peak = max(sc.concurrency, (sc.change[1] or 0) if sc.change else 0)

@@ -63,7 +63,7 @@ def source_hashes() -> dict[str, str]:
     t = DEFAULT
     read = f"{inspect.getsource(solve)}{(t.cell_samples, t.min_samples, t.horizon, t.shift)}"
     vllm = static + digest(reads) + hashlib.sha256(read.encode()).hexdigest()[:16]
-    served = static + digest(rule) + digest([ROOT / "dspark_loop/engine/verify/startup_profile.py"])
+    served = static + digest(rule) + digest([ROOT / "dspark_loop/engine/profile_plan.py"])
     return {"static": static, "ours": static + digest(rule), "served": served, "vllm": vllm}
 
 

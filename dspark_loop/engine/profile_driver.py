@@ -2,7 +2,7 @@
 the server takes requests (docs/architecture.md, "What it measures").
 
 It drives a throwaway Scheduler (built by the caller over the mesh's pages, with a
-verify/startup_profile.ProfilePolicy) in lockstep: dummy requests (a short prompt,
+profile_plan.ProfilePolicy) in lockstep: dummy requests (a short prompt,
 ignore_eos) are admitted like any request, so pages, leases and block tables are what the
 scheduler always writes, through its one writer per state (each Partition). Per load,
 largest first: each partition keeps that many dummy requests (the newest end, or new ones
@@ -24,12 +24,17 @@ from dspark_loop.contract.protocol import PartitionPlan, StepPlan, i32
 from dspark_loop.engine.capacity import peak_pages
 from dspark_loop.engine.interfaces import MeshClient
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
+from dspark_loop.engine.profile_plan import PROFILE_REPEATS, ROUND, ProfilePolicy, profile_loads
 from dspark_loop.engine.request import Request
 from dspark_loop.engine.scheduler import Scheduler
-from dspark_loop.engine.verify.startup_profile import PROFILE_REPEATS, PROMPT_LEN, ROUND, ProfilePolicy, profile_loads
 
 log = logging.getLogger("dspark_loop")
 
+# The dummy requests' prompt: a few ordinary tokens (any ids the vocabulary has).
+PROMPT_LEN = 8
+# The output tokens a dummy request may decode before it ends (and another takes its seat):
+# enough for a few loads' rounds, short enough that many fit the pages.
+MAX_DUMMY_TOKENS = 512
 MAX_SETTLE_STEPS = 16  # steps a load may take to have its requests decoding (prefills, top-ups)
 
 

@@ -12,8 +12,8 @@ from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import DSPARK_K, StepPlan, as_i32
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.profile_driver import ProfileDriver
+from dspark_loop.engine.profile_plan import ProfilePolicy
 from dspark_loop.engine.verify.policy import FullVerify
-from dspark_loop.engine.verify.startup_profile import ProfilePolicy
 from dspark_testing.local_mesh import LocalMesh
 from dspark_testing.schedulers import model_scheduler
 from tests.integration.dspark.harness import BLOCK_SIZE, _run, make_engine, prompt

@@ -10,8 +10,8 @@ import pytest
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import DSPARK_K, RankConfig
 from dspark_loop.engine.profile_driver import ProfileDriver
+from dspark_loop.engine.profile_plan import ROUND, ProfilePolicy
 from dspark_loop.engine.verify.cost_table import QUARTERS, load_of
-from dspark_loop.engine.verify.startup_profile import ROUND, ProfilePolicy
 from dspark_testing.local_mesh import LocalMesh
 from dspark_testing.schedulers import model_scheduler
 from workers.sim.runner import SimRunner

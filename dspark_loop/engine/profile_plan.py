@@ -28,16 +28,12 @@ from dspark_loop.engine.verify.policy import StepFeedback, VerifyChoice
 
 # Rounds per load: a median of three ignores one slow step (a shared host, a pause).
 PROFILE_REPEATS = 3
-# One round at a load, (drafting, window) per step: the probe windows of the rule's cold
-# start (7, 3, 1 with a pass; 0 without), plus the pass at window 0 (which also makes the
-# drafts the next step verifies) and the full window without a pass (it verifies the
-# drafts of the step before). Windows between read linearly between these.
+# One round at a load, (drafting, window) per step: K=0's step (window 0, no pass), the
+# chain (7 with a pass), windows 3 and 1 with a pass, the pass at window 0 (which also
+# makes the drafts the next step verifies) and the full window without a pass (it verifies
+# the drafts of the step before). Windows between read linearly between these; the rule's
+# probes refine the cells around what it chooses (docs/architecture.md, "What it measures").
 ROUND: tuple[tuple[bool, int], ...] = ((True, 0), (True, 7), (True, 3), (True, 1), (False, 7), (False, 0))
-# The dummy requests' prompt: a few ordinary tokens (any ids the vocabulary has).
-PROMPT_LEN = 8
-# The output tokens a dummy request may decode before it ends (and another takes its seat):
-# enough for a few loads' rounds, short enough that many fit the pages.
-MAX_DUMMY_TOKENS = 512
 
 Cell = tuple[int, int, int]  # (load bucket, pass 0/1, rows bin in quarters)
 

@@ -1,14 +1,14 @@
 """The start-up profile's plan (loads, a round's cells), its policy's bookkeeping and the
-prior it makes of the dummy steps' times (engine/verify/startup_profile.py)."""
+prior it makes of the dummy steps' times (engine/profile_plan.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from dspark_loop.contract.protocol import DSPARK_K
+from dspark_loop.engine.profile_plan import ROUND, ProfilePolicy, prior_from_samples, profile_loads
 from dspark_loop.engine.verify.cost_table import BINS, QUARTERS, CostTable, load_of
 from dspark_loop.engine.verify.policy import StepFeedback
-from dspark_loop.engine.verify.startup_profile import ROUND, ProfilePolicy, prior_from_samples, profile_loads
 
 
 def feedback(num_requests, drafts, drafted, step_s, prompt_rows=None) -> StepFeedback:
