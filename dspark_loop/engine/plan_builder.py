@@ -66,24 +66,34 @@ def decode_batch(
     A request planned after an unanswered step (plan_pending) gets placeholders for what
     that step decides: row 0, and at K=7 its drafts and, after a verify, its start."""
     n = len(decodes)
-    rows = np.fromiter([r.sched_n for r in decodes], np.int8, n)  # [R]
+    rows_l = [r.sched_n for r in decodes]
+    rows = np.array(rows_l, np.int8)  # [R]
     start = np.fromiter([r.plan_pos for r in decodes], np.int64, n)  # [R]
     req_ids = np.fromiter([r.req_id for r in decodes], np.int32, n)  # [R]
+    pending_l = [r.plan_pending for r in decodes]
+    num_pending = sum(pending_l)
+    every = num_pending == n  # planned ahead, the steady state: every row 0 is a placeholder
     # [R] row 0: the last token, or a placeholder for the sample of the unanswered step
-    last = np.fromiter([PLACEHOLDER if r.plan_pending else r.output_ids[-1] for r in decodes], np.int32, n)
+    if every:
+        last = np.full(n, PLACEHOLDER, np.int32)
+    else:
+        last = np.fromiter([PLACEHOLDER if p else r.output_ids[-1] for r, p in zip(decodes, pending_l)], np.int32, n)
+    pending = np.array(pending_l, bool)  # [R]
     leases = None if drafts is None else np.fromiter([r.lease for r in decodes], np.int64, n)  # [R]
-    pending = last == PLACEHOLDER  # [R]
     k = DSPARK_K
-    if rows.max() == 1:
+    if max(rows_l) == 1:
         tokens = last
-    elif rows.min() == k + 1:  # every request verifies all K drafts: [R, K+1] rows
+    elif min(rows_l) == k + 1:  # every request verifies all K drafts: [R, K+1] rows
         assert drafts is not None and leases is not None, "verify rows need the draft table"
         tile = np.empty((n, k + 1), np.int32)
         tile[:, 0] = last
-        tile[:, 1:] = drafts[leases]
+        if every:  # the ranks fill every draft (reconcile() rebuilds them)
+            tile[:, 1:] = PLACEHOLDER
+        else:
+            tile[:, 1:] = drafts[leases]
+            if num_pending:
+                tile[pending, 1:] = PLACEHOLDER
         pstep.verify_drafts = tile[:, 1:]  # [R, K] (a view: reconcile() writes the filled rows)
-        if pending.any():
-            tile[pending, 1:] = PLACEHOLDER
         tokens = tile.reshape(-1)  # [R * (K+1)]
     else:
         assert drafts is not None and leases is not None, "verify rows need the draft table"
@@ -101,15 +111,19 @@ def decode_batch(
         else:  # ragged: each verify sends its first l drafts
             tokens[window[sent]] = vd[sent]
             pstep.verify_lens = lens
-        if pending.any():
+        if num_pending:
             tokens[window[sent & pending[verify, None]]] = PLACEHOLDER
         pstep.verify_drafts = vd
-    pstep.num_placeholder_rows = int(rows[pending].sum())
-    if drafts is not None and pending.any():  # K=7 with a step unanswered: the ranks fill these
-        pj = np.flatnonzero(pending)  # [F]
-        opened = np.fromiter([decodes[j].plan_open for j in pj.tolist()], bool, len(pj))  # [F]
-        start[pj[opened]] = PLACEHOLDER
-        pstep.num_open_starts = int(opened.sum())
+    pstep.num_placeholder_rows = sum(rows_l) if every else int(rows[pending].sum()) if num_pending else 0
+    if drafts is not None and num_pending:  # K=7 with a step unanswered: the ranks fill these
+        pj = np.arange(n) if every else np.flatnonzero(pending)  # [F]
+        opened_l = [decodes[j].plan_open for j in pj.tolist()]  # [F]
+        num_open = sum(opened_l)
+        if num_open == len(pj):
+            start[pj] = PLACEHOLDER
+        elif num_open:
+            start[pj[np.array(opened_l, bool)]] = PLACEHOLDER
+        pstep.num_open_starts = num_open
         pstep.filled = pj
     pstep.decode_rows = rows
     pstep.decode_start = start

@@ -78,18 +78,27 @@ def reconcile(pstep: PartitionStep, draft_table: np.ndarray) -> None:
     j, vd, leases = pstep.filled, pstep.verify_drafts, pstep.decode_leases  # [F], [V, K], [R]
     assert j is not None and leases is not None, "reconcile() of a step the ranks filled nothing in"
     reqs = pstep.decode_reqs
-    if len(j) == len(reqs):  # every request's (the steady state): no per-request index
+    every = len(j) == len(reqs)  # every request's (the steady state): no per-request index
+    if every:
         pstep.decode_start[:] = [r.num_computed for r in reqs]
     else:
         pstep.decode_start[j] = [reqs[i].num_computed for i in j.tolist()]
-    verify = pstep.decode_rows > 1  # [R]
-    jv = j[verify[j]]  # [F'] the filled requests that verify
-    if len(jv):
-        for i in jv.tolist():
-            req = reqs[i]
-            if not req.has_drafts and req.status == Status.RUNNING:
-                raise RuntimeError(f"{req} verified drafts the host never received")
-        assert vd is not None
-        vidx = (np.cumsum(verify) - 1)[jv]  # [F'] rows of verify_drafts
-        vd[vidx] = draft_table[leases[jv]]
+    if every and vd is not None and len(vd) == len(reqs):  # ... and every one verifies
+        _check_drafts(reqs)
+        vd[:] = draft_table[leases]
+    else:
+        verify = pstep.decode_rows > 1  # [R]
+        jv = j[verify[j]]  # [F'] the filled requests that verify
+        if len(jv):
+            _check_drafts([reqs[i] for i in jv.tolist()])
+            assert vd is not None
+            vidx = (np.cumsum(verify) - 1)[jv]  # [F'] rows of verify_drafts
+            vd[vidx] = draft_table[leases[jv]]
     pstep.filled = None
+
+
+def _check_drafts(verifying: list[Request]) -> None:
+    """Every running request whose filled verify is rebuilt holds the drafts it verified."""
+    bad = [r for r in verifying if not r.has_drafts and r.status == Status.RUNNING]
+    if bad:
+        raise RuntimeError(f"{bad[0]} verified drafts the host never received")
