@@ -73,30 +73,23 @@ def decode_batch(
     pending_l = [r.plan_pending for r in decodes]
     num_pending = sum(pending_l)
     every = num_pending == n  # planned ahead, the steady state: every row 0 is a placeholder
-    # [R] row 0: the last token, or a placeholder for the sample of the unanswered step
-    if every:
-        last = np.full(n, PLACEHOLDER, np.int32)
-    else:
-        last = np.fromiter([PLACEHOLDER if p else r.output_ids[-1] for r, p in zip(decodes, pending_l)], np.int32, n)
     pending = np.array(pending_l, bool)  # [R]
     leases = None if drafts is None else np.fromiter([r.lease for r in decodes], np.int64, n)  # [R]
     k = DSPARK_K
-    if max(rows_l) == 1:
-        tokens = last
-    elif min(rows_l) == k + 1:  # every request verifies all K drafts: [R, K+1] rows
-        assert drafts is not None and leases is not None, "verify rows need the draft table"
-        tile = np.empty((n, k + 1), np.int32)
-        tile[:, 0] = last
-        if every:  # the ranks fill every draft (reconcile() rebuilds them)
-            tile[:, 1:] = PLACEHOLDER
-        else:
-            tile[:, 1:] = drafts[leases]
-            if num_pending:
-                tile[pending, 1:] = PLACEHOLDER
-        pstep.verify_drafts = tile[:, 1:]  # [R, K] (a view: reconcile() writes the filled rows)
-        tokens = tile.reshape(-1)  # [R * (K+1)]
+    if every:  # every row is a placeholder: the ranks fill them, reconcile() the drafts
+        tokens = np.full(sum(rows_l), PLACEHOLDER, np.int32)
+        if max(rows_l) > 1:
+            assert drafts is not None, "verify rows need the draft table"
+            lens = rows[rows > 1].astype(np.int64) - 1  # [V] 1..K
+            pstep.verify_drafts = np.empty((len(lens), k), np.int32)  # [V, K]
+            if lens.min() < k:
+                pstep.verify_lens = lens
+    elif max(rows_l) == 1:
+        # [R] row 0: the last token, or a placeholder for the sample of the unanswered step
+        tokens = np.fromiter([PLACEHOLDER if p else r.output_ids[-1] for r, p in zip(decodes, pending_l)], np.int32, n)
     else:
         assert drafts is not None and leases is not None, "verify rows need the draft table"
+        last = np.fromiter([PLACEHOLDER if p else r.output_ids[-1] for r, p in zip(decodes, pending_l)], np.int32, n)
         verify = rows > 1  # [R]
         rows64 = rows.astype(np.int64)
         first = np.cumsum(rows64) - rows64  # [R] each request's first row
