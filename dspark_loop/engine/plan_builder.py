@@ -75,38 +75,18 @@ def decode_batch(
     every = num_pending == n  # planned ahead, the steady state: every row 0 is a placeholder
     pending = np.array(pending_l, bool)  # [R]
     leases = None if drafts is None else np.fromiter([r.lease for r in decodes], np.int64, n)  # [R]
-    k = DSPARK_K
     if every:  # every row is a placeholder: the ranks fill them, reconcile() the drafts
         tokens = np.full(sum(rows_l), PLACEHOLDER, np.int32)
         if max(rows_l) > 1:
             assert drafts is not None, "verify rows need the draft table"
             lens = rows[rows > 1].astype(np.int64) - 1  # [V] 1..K
-            pstep.verify_drafts = np.empty((len(lens), k), np.int32)  # [V, K]
-            if lens.min() < k:
+            pstep.verify_drafts = np.empty((len(lens), DSPARK_K), np.int32)  # [V, K]
+            if lens.min() < DSPARK_K:
                 pstep.verify_lens = lens
-    elif max(rows_l) == 1:
-        # [R] row 0: the last token, or a placeholder for the sample of the unanswered step
-        tokens = np.fromiter([PLACEHOLDER if p else r.output_ids[-1] for r, p in zip(decodes, pending_l)], np.int32, n)
     else:
-        assert drafts is not None and leases is not None, "verify rows need the draft table"
+        # [R] row 0: the last token, or a placeholder for the sample of the unanswered step
         last = np.fromiter([PLACEHOLDER if p else r.output_ids[-1] for r, p in zip(decodes, pending_l)], np.int32, n)
-        verify = rows > 1  # [R]
-        rows64 = rows.astype(np.int64)
-        first = np.cumsum(rows64) - rows64  # [R] each request's first row
-        tokens = np.empty(int(rows64.sum()), np.int32)  # [sum(rows)]
-        tokens[first] = last
-        vd = drafts[leases[verify]]  # [V, K]
-        lens = rows64[verify] - 1  # [V] 1..K
-        window = first[verify, None] + np.arange(1, k + 1)  # [V, K]
-        sent = np.arange(k) < lens[:, None]  # [V, K] the drafts each verify sends
-        if lens.min() == k:
-            tokens[window] = vd
-        else:  # ragged: each verify sends its first l drafts
-            tokens[window[sent]] = vd[sent]
-            pstep.verify_lens = lens
-        if num_pending:
-            tokens[window[sent & pending[verify, None]]] = PLACEHOLDER
-        pstep.verify_drafts = vd
+        tokens = last if max(rows_l) == 1 else _verify_tile(pstep, rows, last, pending, drafts, leases)
     pstep.num_placeholder_rows = sum(rows_l) if every else int(rows[pending].sum()) if num_pending else 0
     if drafts is not None and num_pending:  # K=7 with a step unanswered: the ranks fill these
         pj = np.arange(n) if every else np.flatnonzero(pending)  # [F]
@@ -135,3 +115,37 @@ def decode_batch(
         token_ids=tokens.tobytes(),
         draft_mask=mask,
     )
+
+
+def _verify_tile(pstep: PartitionStep, rows: np.ndarray, last: np.ndarray, pending: np.ndarray, drafts, leases):
+    """The decode rows [sum(rows)] when some request verifies: row 0 `last`, rows 1..l its
+    first l drafts from the draft table (placeholders where pending); sets the step's
+    verify drafts (and lengths when the tile is ragged)."""
+    assert drafts is not None and leases is not None, "verify rows need the draft table"
+    k = DSPARK_K
+    if rows.min() == k + 1:  # every request verifies all K drafts: [R, K+1] rows
+        tile = np.empty((len(rows), k + 1), np.int32)
+        tile[:, 0] = last
+        tile[:, 1:] = drafts[leases]
+        pstep.verify_drafts = tile[:, 1:]  # [R, K] (a view: reconcile() writes the filled rows)
+        if pending.any():
+            tile[pending, 1:] = PLACEHOLDER
+        return tile.reshape(-1)  # [R * (K+1)]
+    verify = rows > 1  # [R]
+    rows64 = rows.astype(np.int64)
+    first = np.cumsum(rows64) - rows64  # [R] each request's first row
+    tokens = np.empty(int(rows64.sum()), np.int32)  # [sum(rows)]
+    tokens[first] = last
+    vd = drafts[leases[verify]]  # [V, K]
+    lens = rows64[verify] - 1  # [V] 1..K
+    window = first[verify, None] + np.arange(1, k + 1)  # [V, K]
+    sent = np.arange(k) < lens[:, None]  # [V, K] the drafts each verify sends
+    if lens.min() == k:
+        tokens[window] = vd
+    else:  # ragged: each verify sends its first l drafts
+        tokens[window[sent]] = vd[sent]
+        pstep.verify_lens = lens
+    if pending.any():
+        tokens[window[sent & pending[verify, None]]] = PLACEHOLDER
+    pstep.verify_drafts = vd
+    return tokens
