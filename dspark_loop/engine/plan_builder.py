@@ -73,31 +73,38 @@ def decode_batch(
     pending_l = [r.plan_pending for r in decodes]
     num_pending = sum(pending_l)
     every = num_pending == n  # planned ahead, the steady state: every row 0 is a placeholder
-    pending = np.array(pending_l, bool)  # [R]
     leases = None if drafts is None else np.fromiter([r.lease for r in decodes], np.int64, n)  # [R]
     if every:  # every row is a placeholder: the ranks fill them, reconcile() the drafts
         tokens = np.full(sum(rows_l), PLACEHOLDER, np.int32)
+        low = min(rows_l)
         if max(rows_l) > 1:
             assert drafts is not None, "verify rows need the draft table"
-            lens = rows[rows > 1].astype(np.int64) - 1  # [V] 1..K
-            pstep.verify_drafts = np.empty((len(lens), DSPARK_K), np.int32)  # [V, K]
-            if lens.min() < DSPARK_K:
+            lens = rows[rows > 1].astype(np.int64) - 1 if low <= DSPARK_K else None  # [V] 1..K; None: all K
+            pstep.verify_drafts = np.empty((n if lens is None else len(lens), DSPARK_K), np.int32)  # [V, K]
+            if lens is not None and lens.min() < DSPARK_K:
                 pstep.verify_lens = lens
+        pstep.num_placeholder_rows = len(tokens)
+        if drafts is not None:  # K=7: the ranks fill the starts after a verify too
+            opened = [r.plan_open for r in decodes]  # [R]
+            num_open = sum(opened)
+            if num_open == n:
+                start[:] = PLACEHOLDER
+            elif num_open:
+                start[np.array(opened, bool)] = PLACEHOLDER
+            pstep.num_open_starts = num_open
+            pstep.filled = np.arange(n)
     else:
         # [R] row 0: the last token, or a placeholder for the sample of the unanswered step
         last = np.fromiter([PLACEHOLDER if p else r.output_ids[-1] for r, p in zip(decodes, pending_l)], np.int32, n)
+        pending = np.array(pending_l, bool)  # [R]
         tokens = last if max(rows_l) == 1 else _verify_tile(pstep, rows, last, pending, drafts, leases)
-    pstep.num_placeholder_rows = sum(rows_l) if every else int(rows[pending].sum()) if num_pending else 0
-    if drafts is not None and num_pending:  # K=7 with a step unanswered: the ranks fill these
-        pj = np.arange(n) if every else np.flatnonzero(pending)  # [F]
-        opened_l = [decodes[j].plan_open for j in pj.tolist()]  # [F]
-        num_open = sum(opened_l)
-        if num_open == len(pj):
-            start[pj] = PLACEHOLDER
-        elif num_open:
-            start[pj[np.array(opened_l, bool)]] = PLACEHOLDER
-        pstep.num_open_starts = num_open
-        pstep.filled = pj
+        pstep.num_placeholder_rows = int(rows[pending].sum()) if num_pending else 0
+        if drafts is not None and num_pending:  # K=7 with a step unanswered: the ranks fill these
+            pj = np.flatnonzero(pending)  # [F]
+            opened_f = np.fromiter([decodes[j].plan_open for j in pj.tolist()], bool, len(pj))  # [F]
+            start[pj[opened_f]] = PLACEHOLDER
+            pstep.num_open_starts = int(opened_f.sum())
+            pstep.filled = pj
     pstep.decode_rows = rows
     pstep.decode_start = start
     pstep.decode_req_ids = req_ids
