@@ -4,7 +4,8 @@ requests' state. The Scheduler and its managers (Admission, StepApplier) decide;
 Partition applies, through its named transitions:
 
     admit    waiting -> running   (queue head to running, positions cached so far)
-    plan     running             (where its next rows start: plan_pos, plan_pending, ...)
+    plan     running             (where its next rows start: plan_pos, plan_pending, ...;
+                                  plan_at_computed in lockstep)
     assign_rows / sit_out         (its rows this step: sched_n)
     set/store/drop_drafts        (the draft table, has_drafts)
     map      running             (pages for positions < end; map_limit)
