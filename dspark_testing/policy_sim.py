@@ -186,6 +186,10 @@ class Scenario:
     # the simulated device's profile (policy_device.DEVICE_PROFILES: workers/sim's cost and
     # acceptance), not the analytic PROFILES of the same name
     device: bool = False
+    # the workload's draw (each request's length): 0 is the default draw; others phase the
+    # requests' ends differently (where prompt steps are dear, as on the simulated npu-tile's
+    # padded prefill, when ends coincide decides how many prefill dispatches a run pays)
+    seed: int = 0
 
 
 @dataclass
@@ -229,7 +233,8 @@ def simulate(policy, sc: Scenario) -> Run:
                 device.cost = profile_cost(PROFILES[sc.change[2]], sc.noise)
         while len(sched.requests) < streams:
             prompt = token(np.full(sc.prompt_len, 10_000 + issued), np.arange(sc.prompt_len)).tolist()
-            length = int(sc.max_tokens * (0.25 + 1.5 * float(unit(issued, 5))))
+            draw = unit(issued, 5, sc.seed) if sc.seed else unit(issued, 5)
+            length = int(sc.max_tokens * (0.25 + 1.5 * float(draw)))
             params = SamplingParams(max_tokens=length, ignore_eos=True, seed=issued, knobs=knobs)
             sched.add(sched.make_request(GenerateRequest(f"s{issued}", prompt, params)))
             issued += 1
@@ -268,6 +273,40 @@ def startup_table(sc: Scenario):
     return CostTable.profile(lambda n, rows, d: cost([StepShape(n, rows, d)], -1 - next(counter)), peak)
 
 
+def served_table(sc: Scenario):
+    """The prior the server's own start-up profile measures (engine/verify/startup_profile.py:
+    its loads, its round of cells, its repeats and medians), on the scenario's first cost
+    shape: what `--verify-profile auto` starts from."""
+    from dspark_loop.engine.verify.cost_table import QUARTERS, CostTable, load_of
+    from dspark_loop.engine.verify.startup_profile import PROFILE_REPEATS, ROUND, prior_from_samples, profile_loads
+
+    counter = iter(range(1 << 30))
+    peak = max(sc.concurrency, (sc.change[1] or 0) if sc.change else 0)
+    if sc.device:
+        m = device_model(sc.profile)
+        ctx = sc.prompt_len + sc.max_tokens // 2
+        jitter = m.p["noise.jitter"]
+
+        def dummy(n: int, rows: int, d: bool) -> float:
+            return m.shape_s(n, rows, d, ctx) * (1.0 + jitter * (2.0 * float(unit(-1 - next(counter), 7)) - 1.0))
+
+        seats = -(-peak // m.partitions)
+    else:
+        cost = profile_cost(PROFILES[sc.profile], sc.noise)
+
+        def dummy(n: int, rows: int, d: bool) -> float:
+            return cost([StepShape(n, rows, d)], -1 - next(counter))
+
+        seats = peak
+    samples: dict = {}
+    for n in profile_loads(seats):
+        for _ in range(PROFILE_REPEATS):
+            for drafting, window in ROUND:
+                cell = (int(load_of(n)), int(drafting), QUARTERS * window)
+                samples.setdefault(cell, []).append(dummy(n, n * (1 + window), drafting))
+    return CostTable(prior_from_samples(samples))
+
+
 @functools.cache
 def device_model(name: str):
     from dspark_testing.policy_device import DeviceModel
@@ -276,12 +315,13 @@ def device_model(name: str):
 
 
 def policies(sc: Scenario) -> dict[str, Callable[[], object]]:
-    """Ours, the static choices (K=0, windows 1..6, the fixed chain) and the vLLM rule."""
+    """Ours cold (no prior: probes) and as served (from the start-up profile), the static
+    choices (K=0, windows 1..6, the fixed chain) and the vLLM rule."""
     from dspark_loop.engine.verify.adaptive import AdaptiveVerify
     from dspark_loop.engine.verify.policy import FixedWindow
     from dspark_testing.vllm_rule import VllmRule
 
-    out: dict[str, Callable[[], object]] = {"ours": AdaptiveVerify}
+    out: dict[str, Callable[[], object]] = {"ours": AdaptiveVerify, "served": lambda: AdaptiveVerify(served_table(sc))}
     out.update({f"w{j}": (lambda j=j: FixedWindow(j)) for j in range(K + 1)})
     out["vllm"] = lambda: VllmRule(startup_table(sc))
     return out

@@ -1,6 +1,6 @@
-"""Fixtures: one tiny checkpoint, a 4-rank server (dp2/tp2/ep4) and a 1-rank server for the
-session, the transformers reference, and the rule every served test ends with: the pools
-are full."""
+"""Fixtures: the tiny checkpoint (its drafter twin, and a Flash-shape one for the sim), a
+4-rank server (dp2/tp2/ep4) and a 1-rank server for the session, the transformers
+reference, and the rule every served test ends with: the pools are full."""
 
 from __future__ import annotations
 
@@ -21,6 +21,25 @@ def tiny_ckpt(tmp_path_factory) -> str:
     from tools.make_checkpoint import make_checkpoint
 
     return make_checkpoint(str(tmp_path_factory.mktemp("e2e") / "tiny"), size="tiny", seed=E2E_SEED, quiet=True)
+
+
+@pytest.fixture(scope="session")
+def drafter_ckpt(tmp_path_factory) -> str:
+    """tiny_ckpt with the DSpark drafter (every tensor has its own random stream, so the
+    trunk equals tiny_ckpt's); read only, as every checkpoint here."""
+    from tools.make_checkpoint import make_checkpoint
+
+    out = tmp_path_factory.mktemp("drafter") / "tiny"
+    return make_checkpoint(str(out), size="tiny", seed=E2E_SEED, with_drafter=True, quiet=True)
+
+
+@pytest.fixture(scope="session")
+def flash_ckpt(tmp_path_factory) -> str:
+    """A Flash-shape checkpoint without weights, with the drafter: what the sim ranks read."""
+    from tools.make_checkpoint import make_checkpoint
+
+    out = tmp_path_factory.mktemp("flash") / "flash"
+    return make_checkpoint(str(out), size="flash", no_weights=True, with_drafter=True, quiet=True)
 
 
 @pytest.fixture(scope="session")

@@ -5,17 +5,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tools.bench import serve
-
-
-@pytest.fixture(scope="module")
-def flash_ckpt(tmp_path_factory) -> str:
-    from tools.make_checkpoint import make_checkpoint
-
-    out = tmp_path_factory.mktemp("flash") / "flash"
-    return make_checkpoint(str(out), size="flash", no_weights=True, with_drafter=True, quiet=True)
 
 
 def test_the_serving_benchmark_reports_a_cell_with_device_time_and_acceptance(flash_ckpt, tmp_path):

@@ -1,4 +1,5 @@
-"""POST /v1/chat/completions on a real 2-rank server (tp2) through the official openai client.
+"""POST /v1/chat/completions on a real 1-rank server through the official openai client (the
+chat paths are the host's; the slow constrained test runs on two TP ranks).
 
 Scripted turns come from dspark_testing.scripted_runner (its keys are literal prompt tails, see
 chat_script.py); the constrained test runs the real random model under the grammar.
@@ -21,27 +22,25 @@ NO_THINKING = {"chat_template_kwargs": {"thinking": False}}
 MAX_TOKENS = 256  # scripted answers are shorter; an unmatched prompt ends at this length
 
 
-@pytest.fixture(scope="module")
-def chat_server(tiny_ckpt, tmp_path_factory):
-    env = scripted_env(str(tmp_path_factory.mktemp("chat")))
+def scripted_server(tiny_ckpt: str, directory: str, *topology: str) -> ServerProcess:
     # NOTE: no prefix caching here: the scripted double matches prompt tails it has seen,
     # and a cached prefix is never sent to the ranks (test_chat_prefix.py covers caching).
-    server = ServerProcess(
-        [
-            "--model",
-            tiny_ckpt,
-            "--dp",
-            "1",
-            "--tp",
-            "2",
-            "--ep",
-            "2",
-            "--max-model-len",
-            "2048",
-            "--no-enable-prefix-caching",
-        ],
-        env=env,
+    return ServerProcess(
+        ["--model", tiny_ckpt, *topology, "--max-model-len", "2048", "--no-enable-prefix-caching"],
+        env=scripted_env(directory),
     )
+
+
+@pytest.fixture(scope="module")
+def chat_server(tiny_ckpt, tmp_path_factory):
+    server = scripted_server(tiny_ckpt, str(tmp_path_factory.mktemp("chat")))
+    yield server
+    assert server.stop() == 0, server.log()[-4000:]
+
+
+@pytest.fixture(scope="module")
+def tp2_chat_server(tiny_ckpt, tmp_path_factory):
+    server = scripted_server(tiny_ckpt, str(tmp_path_factory.mktemp("chat-tp2")), "--tp", "2", "--ep", "2")
     yield server
     assert server.stop() == 0, server.log()[-4000:]
 
@@ -50,10 +49,9 @@ def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
-@pytest.fixture(scope="module")
-def ask(chat_server):
+def asker(server: ServerProcess):
     """ask(messages, **kw): one chat completion from the served model (stream=True: chunks)."""
-    c = client(chat_server)
+    c = client(server)
     model = c.models.list().data[0].id
 
     def create(messages, **kw):
@@ -63,6 +61,11 @@ def ask(chat_server):
 
     create.client, create.model = c, model
     return create
+
+
+@pytest.fixture(scope="module")
+def ask(chat_server):
+    return asker(chat_server)
 
 
 def test_plain_chat_answers_with_content_only(chat_server, ask):
@@ -201,7 +204,7 @@ def test_bad_chat_requests_answer_400_with_the_openai_error_body(chat_server, bo
 # test_constrained_tool_calls_at_k7_equal_k0, and masks over a vocab split on two TP ranks in
 # tests/unit/workers/test_logit_masks.py::test_tp_ranks_mask_their_vocab_slices_and_agree_on_the_global_choice
 @pytest.mark.slow
-def test_tool_choice_required_on_the_random_model_parses_as_a_valid_call(chat_server, ask):
+def test_tool_choice_required_on_the_random_model_parses_as_a_valid_call(tp2_chat_server):
     """Under tool_choice required the masked greedy output of the real (random) model, its
     vocab split over two TP ranks, must parse into one complete call of the declared tool
     whose arguments fit its schema."""
@@ -212,7 +215,7 @@ def test_tool_choice_required_on_the_random_model_parses_as_a_valid_call(chat_se
             "parameters": {"type": "object", "required": ["mode"], "properties": {"mode": {"enum": ["fast", "slow"]}}},
         },
     }
-    out = ask(
+    out = asker(tp2_chat_server)(
         [{"role": "user", "content": "Pick a mode for the job."}],
         tools=[tool],
         tool_choice="required",

@@ -17,7 +17,6 @@ from dspark_loop.contract.protocol import TRACE_DECODER
 from dspark_testing.prompts import token_prompt
 from dspark_testing.scripted_drafter_runner import served_env
 from dspark_testing.server_process import ServerProcess, free_port
-from tests.e2e.conftest import E2E_SEED
 
 MAX_TOKENS = 25  # 1 token from prefill + 8 verifies of exactly 3 at error_at=2
 ERROR_AT = 2
@@ -80,16 +79,6 @@ def subscribed(server: ServerProcess, stop_token: int) -> TapRecorder:
         server.complete(PROMPT_C, 2, stop_token_ids=[stop_token], ignore_eos=False)
     server.wait_idle()
     return recorder
-
-
-@pytest.fixture(scope="module")
-def drafter_ckpt(tmp_path_factory) -> str:
-    # NOTE: every tensor has its own random stream, so the trunk equals tiny_ckpt's.
-    from tools.make_checkpoint import make_checkpoint
-
-    return make_checkpoint(
-        str(tmp_path_factory.mktemp("dspark") / "tiny"), size="tiny", seed=E2E_SEED, with_drafter=True, quiet=True
-    )
 
 
 @pytest.fixture(scope="module")

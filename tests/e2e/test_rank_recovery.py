@@ -49,21 +49,19 @@ async def wait_waiting(server: ServerProcess, num: int, timeout_s: float = 60) -
 @pytest.mark.parametrize(
     "sig", [signal.SIGKILL, pytest.param(signal.SIGSTOP, marks=pytest.mark.slow)], ids=["SIGKILL", "SIGSTOP"]
 )
-async def test_a_lost_rank_fails_only_the_running_requests_and_the_mesh_comes_back(tiny_ckpt, http, sig):
+async def test_a_lost_rank_fails_only_the_running_requests_and_the_mesh_comes_back(tiny_ckpt, solo4, http, sig):
     """Kill or freeze rank 3 while 2 streams run (one per partition) and 2 requests wait:
     the running streams must end with an error event and [DONE]; /health must say 503
-    restarting, then 200; the waiting requests must finish with exactly their solo tokens;
-    a later request must give the tokens it gave before the crash; the old ranks must be
-    gone, the pools and leases full, and dspark:mesh_restarts_total 1."""
+    restarting, then 200; the waiting requests must finish with exactly their solo tokens
+    (each served alone on the session's dp2/tp2/ep4 server); a later request must give the
+    tokens it gave before the crash; the old ranks must be gone, the pools and leases full,
+    and dspark:mesh_restarts_total 1."""
+    waiting_prompts = [token_prompt(20, seed=61), token_prompt(33, seed=62)]
+    solo = [await asyncio.to_thread(solo4, p, WAITING_TOKENS) for p in waiting_prompts]
     server = await asyncio.to_thread(
         ServerProcess, ["--model", tiny_ckpt, "--dp", "2", "--tp", "2", "--ep", "4", "--max-num-seqs", "2"]
     )
     try:
-        waiting_prompts = [token_prompt(20, seed=61), token_prompt(33, seed=62)]
-        solo = [
-            (await asyncio.to_thread(server.complete, p, WAITING_TOKENS))["choices"][0]["token_ids"]
-            for p in waiting_prompts
-        ]
         probe = (await asyncio.to_thread(server.complete, [5, 6, 7], 8))["choices"][0]["token_ids"]
         old_ranks = server.rank_pids()
         running = [

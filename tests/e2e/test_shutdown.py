@@ -31,17 +31,18 @@ def token_ids(events: list) -> list[int]:
     return [t for e in events if isinstance(e, dict) for c in e.get("choices", []) for t in c.get("token_ids", [])]
 
 
-async def test_sigterm_lets_open_streams_finish_and_refuses_new_requests(tiny_ckpt, http):
+async def test_sigterm_lets_open_streams_finish_and_refuses_new_requests(tiny_ckpt, solo1, http):
     """After SIGTERM, /health must say 503 draining, a new request must get 503, the two
-    open streams must still end with all their tokens (equal to each prompt served alone)
-    and [DONE], and the server must exit 0 leaving no rank behind."""
+    open streams must still end with all their tokens (equal to each prompt served alone,
+    on the 1-rank server: greedy tokens are the same on every topology) and [DONE], and the
+    server must exit 0 leaving no rank behind."""
+    prompts = [token_prompt(12, seed=41), token_prompt(30, seed=42)]
+    solo = [await asyncio.to_thread(solo1, p, MAX_TOKENS) for p in prompts]
     server = await asyncio.to_thread(
         ServerProcess, ["--model", tiny_ckpt, "--tp", "2", "--ep", "2", "--shutdown-timeout", "120"]
     )
     try:
         ranks = server.rank_pids()
-        prompts = [token_prompt(12, seed=41), token_prompt(30, seed=42)]
-        solo = [(await asyncio.to_thread(server.complete, p, MAX_TOKENS))["choices"][0]["token_ids"] for p in prompts]
         streams = [
             await open_stream(
                 http, server.url, {"prompt": p, "max_tokens": MAX_TOKENS, "ignore_eos": True, "return_token_ids": True}

@@ -5,8 +5,6 @@ curl must answer, with the same tokens at K=0 and K=7."""
 
 from __future__ import annotations
 
-import pytest
-
 from dspark_testing.server_process import ServerProcess, pools_full, wait_gone
 from tests.unit.config.seeds import DEPLOYMENT_PAGE, seeds_argv
 
@@ -21,14 +19,6 @@ def seeds_command(model: str, k: int) -> list[str]:
     at = argv.index("--port")
     del argv[at : at + 2]
     return [*argv, "--backend", "sim", "--device-profile", "npu-tile", "--sim-speed", "50"]
-
-
-@pytest.fixture(scope="module")
-def flash_ckpt(tmp_path_factory) -> str:
-    from tools.make_checkpoint import make_checkpoint
-
-    out = tmp_path_factory.mktemp("flash") / "flash"
-    return make_checkpoint(str(out), size="flash", no_weights=True, with_drafter=True, quiet=True)
 
 
 def verify_curl(server: ServerProcess) -> list[int]:

@@ -7,6 +7,7 @@ are small (enums, bounded numbers) and validity is asserted where finish_reason 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 import jsonschema
@@ -15,7 +16,6 @@ import pytest
 from pydantic import BaseModel, Field
 
 from dspark_testing.server_process import ServerProcess
-from tests.e2e.conftest import E2E_SEED
 
 NO_THINKING = {"chat_template_kwargs": {"thinking": False}}
 SCHEMA = {
@@ -62,15 +62,6 @@ class Pet(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def drafter_ckpt(tmp_path_factory) -> str:
-    from tools.make_checkpoint import make_checkpoint
-
-    return make_checkpoint(
-        str(tmp_path_factory.mktemp("structured") / "tiny"), size="tiny", seed=E2E_SEED, with_drafter=True, quiet=True
-    )
-
-
-@pytest.fixture(scope="module")
 def servers(drafter_ckpt):
     k0 = ServerProcess(["--model", drafter_ckpt], wait=False)
     k7 = ServerProcess(
@@ -99,11 +90,18 @@ def ask(server, question: str, **kw):
     )
 
 
+def ask_all(server, questions: list[str], **kw) -> list:
+    """Each question's first choice, the questions sent at once (the server batches them:
+    batching changes no token, tests/e2e/test_concurrency.py)."""
+    with ThreadPoolExecutor(len(questions)) as pool:
+        return [out.choices[0] for out in pool.map(lambda q: ask(server, q, **kw), questions)]
+
+
 def test_json_schema_answers_validate_and_k7_equals_k0(servers):
     """response_format json_schema (nested object, array, enums, required fields) must give
     content that parses and validates against the schema whenever it stops, at K=0 and K=7,
     with K=7's answer equal to K=0's; some answers must complete."""
-    answers = {k: [ask(servers[k], q, response_format=FORMAT).choices[0] for q in QUESTIONS] for k in (0, 7)}
+    answers = {k: ask_all(servers[k], QUESTIONS, response_format=FORMAT) for k in (0, 7)}
     assert [(a.message.content, a.finish_reason) for a in answers[7]] == [
         (a.message.content, a.finish_reason) for a in answers[0]
     ]
@@ -167,7 +165,7 @@ def test_parse_with_a_pydantic_model(servers):
 
 def test_json_object_gives_a_json_object(servers):
     """response_format json_object must give content that is a JSON object when it stops."""
-    outs = [ask(servers[7], q, response_format={"type": "json_object"}, max_tokens=60).choices[0] for q in QUESTIONS]
+    outs = ask_all(servers[7], QUESTIONS, response_format={"type": "json_object"}, max_tokens=60)
     for a in outs:
         if a.finish_reason == "stop":
             assert isinstance(json.loads(a.message.content), dict)
@@ -193,12 +191,9 @@ def test_constrained_tool_calls_at_k7_equal_k0(servers):
     at K=0 (the DSML block of one call is ~85 tiny-tokenizer tokens)."""
     calls = {}
     for k in (0, 7):
-        outs = [
-            ask(servers[k], q, tools=[TOOL], tool_choice="required", parallel_tool_calls=False, max_tokens=300).choices[
-                0
-            ]
-            for q in QUESTIONS[:3]
-        ]
+        outs = ask_all(
+            servers[k], QUESTIONS[:3], tools=[TOOL], tool_choice="required", parallel_tool_calls=False, max_tokens=300
+        )
         calls[k] = [
             (o.finish_reason, [(t.function.name, t.function.arguments) for t in o.message.tool_calls or []])
             for o in outs

@@ -13,10 +13,10 @@ read from the cost table:
 The better one is this step's choice: drafting runs the l it solved; not drafting
 verifies the drafts already made as far as they pay without a pass, and prompts that
 complete draft only while drafting wins. Without a start-up profile the table measures
-its cells by running them: one step in `explore_every` runs a probe cell of its load
-that has no fresh median yet (a pure function of the step counter and the table). The
-table learns decode steps only: a step carrying a prompt chunk is a shape of its own (a
-prefill dispatch costs the same whatever the windows), and would skew the decode cells.
+its cells by running them: one step in `explore_every` of each shape (with or without
+prompt rows expected) runs a probe cell of its load and shape that has no fresh median
+yet (a pure function of the step counters and the table). A step carrying a prompt chunk
+is a shape of its own in the table: a prefill dispatch may cost what no decode cell says.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.verify.budget import Budget, solve_budget
 from dspark_loop.engine.verify.calibration import AcceptCalibration, request_class
-from dspark_loop.engine.verify.cost_table import QUARTERS, CostTable, load_of
+from dspark_loop.engine.verify.cost_table import BINS, QUARTERS, CostTable, load_of
 from dspark_loop.engine.verify.policy import StepFeedback, VerifyChoice
 from dspark_loop.engine.verify.tunables import DEFAULT, VerifyTunables
 
@@ -51,9 +51,11 @@ class AdaptiveVerify:
         self.t = tunables
         self.table = table if table is not None else CostTable(tunables=tunables)
         self.acceptance = AcceptCalibration(temperatures, tunables)
-        self.step = 0  # decode steps chosen: the clock of probes and of the table's samples
+        self.step = 0  # decode steps chosen: the clock of the table's samples
+        self.shape_steps = [0, 0]  # decode steps chosen without and with prompt rows: the probes' clocks
         self.drafting = True  # this step's decision (prompts completing draft while it holds)
         self.probing: tuple[bool, int] | None = None  # a probe waiting for drafts to verify
+        self.window = float(DSPARK_K)  # drafts verified per request with drafts at the last choice
         self.num_probes = 0
         self.num_drafter_skips = 0
         self.num_verified = 0
@@ -69,9 +71,9 @@ class AdaptiveVerify:
         surv = self.acceptance.corrected(raw, cls)  # [R, K]
         prompt = np.zeros(int(partition.max()) + 1 if R else 1) if prompt_rows is None else np.asarray(prompt_rows)
         n = np.bincount(partition, minlength=len(prompt))  # [P] decode requests; prompt [P] rows beside
-        loads = load_of(n)  # [P]
-        costs = np.stack([self.table.costs(int(b), self.step) for b in loads])  # [P, 2, BINS]
-        probe = self._probe(int(loads[int(np.argmax(n))]))
+        loads, shape = load_of(n), bool(prompt.any())  # [P]; the step's shape: a prompt chunk or not
+        costs = np.stack([self.table.costs(int(b), self.step, shape) for b in loads])  # [P, 2, BINS]
+        probe = self._probe(n, prompt, shape)
         if probe is not None:
             self.drafting, window = probe
             lens = np.minimum(cap, window).astype(np.int32)
@@ -80,7 +82,9 @@ class AdaptiveVerify:
             self.probing = probe if window and not cap.any() else None
         else:
             self.drafting, lens = self._decide(surv, cap, cls, partition, n, prompt, costs)
+            self.window = float(lens.sum() / max(int((cap > 0).sum()), 1)) if self.drafting else 0.0
         self.step += 1
+        self.shape_steps[shape] += 1
         self.num_capped += int(cap.sum())
         self.num_verified += int(lens.sum())
         self.num_drafter_skips += 0 if self.drafting else R
@@ -89,15 +93,11 @@ class AdaptiveVerify:
 
     def _decide(self, surv, cap, cls, partition, n, prompt, costs) -> tuple[bool, np.ndarray]:
         """The rule (module docstring): (drafting, verify lengths [R])."""
-        R = len(cap)
-        idle = cap == 0  # [R] no drafts now: counted with its class's mean drafts
+        R, idle, steady = len(cap), cap == 0, surv.copy()  # idle [R]: no drafts now, counted with its class's mean
         if idle.any():
             mean = self.acceptance.mean_conf[cls[idle]]  # [I, K]
-            steady = surv.copy()
             steady[idle] = self.acceptance.corrected(self.acceptance.raw(mean, np.full(len(mean), DSPARK_K)), cls[idle])
-            on = solve(steady, np.where(idle, DSPARK_K, cap), partition, n, prompt, costs, 1)
-        else:
-            on = solve(surv, cap, partition, n, prompt, costs, 1)
+        on = solve(steady, np.where(idle, DSPARK_K, cap), partition, n, prompt, costs, 1)
         off_s = float(np.max(np.where(n > 0, CostTable.time(costs[:, 0], n, np.arange(len(n)), prompt), 0.0)))
         if on.expected_tokens / on.step_s > R / off_s:
             if idle.any():
@@ -105,16 +105,26 @@ class AdaptiveVerify:
             return True, on.verify_len
         return False, solve(surv, cap, partition, n, prompt, costs, 0).verify_len
 
-    def _probe(self, load: int) -> tuple[bool, int] | None:
-        """The probe this step runs, (drafting, window), or None: without a start-up
-        profile, every `explore_every` steps, the first unmeasured probe cell of the load."""
+    def _probe(self, n, prompt, shape: bool) -> tuple[bool, int] | None:
+        """The probe this step runs, (drafting, window), or None: without a start-up profile,
+        every `explore_every` steps of its shape, the first probe cell unmeasured in the decode
+        cells and, with prompt rows, in the cell the step would be measured in (its busiest
+        partition's, table.observe): an unmeasured prompt cell reads from the decode cells.
+        The probe cells: the chain, K=0's step, and the two whole windows around the rule's
+        last choice with a pass (where the argmax is decided; cells between read linearly)."""
         if self.probing is not None:
             return self.probing
-        if self.table.prior is not None or self.step % self.t.explore_every:
+        if self.table.prior is not None or self.shape_steps[shape] % self.t.explore_every:
             return None
-        measured = self.table.measured(load, self.step)  # [2, BINS]
-        cells = [(True, self.t.probe_windows[0]), (False, 0)] + [(True, j) for j in self.t.probe_windows[1:]]
-        return next(((d, j) for d, j in cells if not measured[int(d), QUARTERS * j]), None)
+        m = min(int(self.window), DSPARK_K - 1)  # the whole windows around the rule's last choice
+        for d, j in ((True, DSPARK_K), (False, 0), (True, m), (True, m + 1)):
+            p = int(np.argmax(n * (1 + j) + prompt))  # the busiest partition: its cell is measured
+            b = round(QUARTERS * (j + prompt[p] / n[p])) if n[p] else BINS  # the cell's rows
+            decode, prompted = (self.table.measured(int(load_of(n[p])), self.step, s)[int(d)] for s in (False, True))
+            near = prompted[max(b - QUARTERS, 0) : b + QUARTERS + 1]  # prompt rows vary: within a row per request
+            if b < BINS and not decode[QUARTERS * j] and not (shape and near.any()):
+                return d, j
+        return None
 
     def drafts_prompt(self, cls: int) -> bool:
         return self.drafting
@@ -122,12 +132,11 @@ class AdaptiveVerify:
     def observe(self, feedback: StepFeedback) -> None:
         if feedback.windows is not None:
             self.acceptance.observe(*feedback.windows)
-        if feedback.prompt_rows.any():
-            return  # the table prices decode steps: a prompt chunk is a shape of its own (module docstring)
         extra = feedback.drafts + feedback.prompt_rows  # [P] rows beyond one per decode request
         p = int(np.argmax(feedback.num_requests + extra))  # the busiest partition
         drafting = bool(feedback.drafted.any())
-        self.table.observe(int(feedback.num_requests[p]), int(extra[p]), drafting, feedback.step_s, self.step)
+        prompt = bool(feedback.prompt_rows.any())  # a shape of its own (module docstring)
+        self.table.observe(int(feedback.num_requests[p]), int(extra[p]), drafting, feedback.step_s, self.step, prompt)
 
     def stats(self) -> dict:
         ratio = self.acceptance.ratio

@@ -1,19 +1,24 @@
 """The step-cost table: what one partition's decode step costs, by shape, as measured.
 
-A cell is (load, rows, pass): load = round(log2 of the partition's decode requests), rows
-= the rows it computes beyond one per request (verified drafts and prompt rows), per
-request, in quarters (0, 1/4 ... MAX_EXTRA_ROWS), pass = whether a drafter pass runs.
-Its cost is the median of its newest `cell_samples` step times younger than `horizon`
-decode steps (one robust statistic; no model, no fit). Reading a shape between windows
-interpolates linearly; costs are made monotone (more drafts, or a pass, never cheaper).
+A cell is (load, rows, pass, prompt): load = round(log2 of the partition's decode requests),
+rows = the rows it computes beyond one per request (verified drafts and prompt rows), per
+request, in quarters (0, 1/4 ... MAX_EXTRA_ROWS), pass = whether a drafter pass runs, prompt
+= whether the step carries a prompt chunk (a shape of its own: a padded prefill dispatch
+costs what no count of rows says). Its cost is the median of its newest `cell_samples`
+step times younger than `horizon` decode steps (one robust statistic; no model, no fit).
+Reading a shape between windows interpolates linearly; costs are made monotone (more
+drafts, a pass, or a prompt chunk, never cheaper).
 
 A cell with fewer than `min_samples` fresh samples is unmeasured. It then reads as a prior
-when the table has one (a start-up profile: `profile()`, or a file), scaled by the median
-ratio of the newest measured steps to that prior (the machine's drift); without a prior,
-between the measured rows of its pass (flat beyond them), or as the other pass's cost
-where its pass has none. The rule measures the cells it needs by running them
-(AdaptiveVerify's probes). A cell whose newest samples moved by a factor `shift` from its
-older ones says the cost shape changed: the load's other cells are measured again.
+when the table has one (a start-up profile of decode steps: `profile()`, or a file), scaled
+by the median ratio of the newest measured steps to that prior (the machine's drift);
+without a prior, between the measured rows of its pass (flat beyond them), or as the other
+pass's cost where its pass has none. A prompt step reads as the decode step of its rows
+plus one figure per load, the median excess of the measured prompt steps over theirs (a
+prompt cell's own median moves with the other partitions' chunks too). The rule
+measures the cells it needs by running them (AdaptiveVerify's probes). A decode cell whose
+newest samples moved by a factor `shift` from its older ones says the cost shape changed:
+the load's other cells are measured again.
 """
 
 from __future__ import annotations
@@ -49,13 +54,14 @@ def load_of(num_requests) -> np.ndarray:
 
 class CostTable:
     def __init__(self, prior: np.ndarray | None = None, tunables: VerifyTunables = DEFAULT):
-        """prior [LOADS, 2, BINS] seconds (NaN: not profiled), or None: learned from nothing."""
+        """prior [LOADS, 2, BINS] seconds of decode steps (NaN: not profiled), or None: learned
+        from nothing. Cells are [LOADS, 4 = pass + 2 prompt, BINS]."""
         self.t = tunables
         self.prior = None if prior is None else np.asarray(prior, np.float64)
-        shape = (LOADS, 2, BINS, tunables.cell_samples)
-        self.times = np.full(shape, np.nan)  # [LOADS, 2, BINS, N] ring of step times per cell
+        shape = (LOADS, 4, BINS, tunables.cell_samples)
+        self.times = np.full(shape, np.nan)  # [LOADS, 4, BINS, N] ring of step times per cell
         self.steps = np.full(shape, -(1 << 62), np.int64)  # [..., N] the decode step of each
-        self.next = np.zeros(shape[:3], np.int64)  # [LOADS, 2, BINS] ring write positions
+        self.next = np.zeros(shape[:3], np.int64)  # [LOADS, 4, BINS] ring write positions
         self.ratios = np.full(tunables.cell_samples * 4, np.nan)  # newest observed / prior
         self.num_ratios = 0
         self.num_samples = 0
@@ -64,26 +70,25 @@ class CostTable:
         # each cell's median of fresh samples (NaN: unmeasured), valid for the load's decode
         # steps in [since, until): an observed cell is updated in place, a load whose oldest
         # fresh sample ages out is computed again
-        self.medians = np.full(shape[:3], np.nan)  # [LOADS, 2, BINS]
+        self.medians = np.full(shape[:3], np.nan)  # [LOADS, 4, BINS]
         self.since = np.zeros(LOADS, np.int64)
         self.until = np.full(LOADS, -(1 << 62), np.int64)
         self.cache: dict[int, np.ndarray] = {}  # load -> costs(), until its medians or the drift move
 
-    # ---- reading ------------------------------------------------------------------------
-    def costs(self, load: int, step: int) -> np.ndarray:
-        """[2, BINS] seconds of one load's cells (pass x rows), monotone, as of `step`
-        (read only: the table keeps it until it changes)."""
+    def costs(self, load: int, step: int, prompt: bool = False) -> np.ndarray:
+        """[2, BINS] seconds of one load's cells (pass x rows) of steps with or without a
+        prompt chunk, monotone, as of `step` (read only: kept until it changes)."""
         if not self.since[load] <= step < self.until[load]:
             self._medians(load, step)
         cost = self.cache.get(load)
         if cost is None:
             cost = self.cache[load] = self._costs(load)
             cost.flags.writeable = False
-        return cost
+        return cost[int(prompt)]
 
     def _medians(self, load: int, step: int) -> None:
-        fresh = self.steps[load] > step - self.t.horizon  # [2, BINS, N]
-        count = fresh.sum(axis=2)  # [2, BINS]
+        fresh = self.steps[load] > step - self.t.horizon  # [4, BINS, N]
+        count = fresh.sum(axis=2)  # [4, BINS]
         ranked = np.sort(np.where(fresh, self.times[load], np.inf), axis=2)  # fresh first, ascending
         lo = np.take_along_axis(ranked, np.maximum(count - 1, 0)[..., None] // 2, 2)[..., 0]
         hi = np.take_along_axis(ranked, (count // 2)[..., None], 2)[..., 0]
@@ -105,22 +110,27 @@ class CostTable:
         self.since[load] = step
 
     def _costs(self, load: int) -> np.ndarray:
-        cost = self.medians[load].copy()  # [2, BINS]
+        cost = self.medians[load].reshape(2, 2, BINS).copy()  # [prompt, pass, BINS]
         if self.prior is not None:
-            cost = np.where(np.isnan(cost), self.prior[load] * self.drift, cost)
+            cost[0] = np.where(np.isnan(cost[0]), self.prior[load] * self.drift, cost[0])
+        seen = ~np.isnan(cost[1])  # [2, BINS] measured prompt steps
         j = np.arange(BINS)
-        for p in (0, 1):  # unmeasured rows read between the measured ones (flat beyond them)
-            known = ~np.isnan(cost[p])
+        for c in cost.reshape(4, BINS):  # unmeasured rows read between the measured ones (flat beyond)
+            known = ~np.isnan(c)
             if known.any() and not known.all():
-                cost[p] = np.interp(j, j[known], cost[p, known])
-        if np.isnan(cost).any():  # a pass row with nothing measured: the other one's costs
-            cost = np.where(np.isnan(cost), cost[::-1], cost)
+                c[:] = np.interp(j, j[known], c[known])
+        cost = np.where(np.isnan(cost), cost[:, ::-1], cost)  # a pass row with nothing: the other's
+        cost = np.where(np.isnan(cost), cost[::-1], cost)  # a prompt step with nothing: the decode step's
         cost = np.nan_to_num(cost, nan=1.0)  # nothing measured at this load: every shape alike
-        return np.maximum.accumulate(np.maximum.accumulate(cost, axis=1), axis=0)
+        # a prompt step: the decode step of its rows plus the measured ones' median excess (module docstring)
+        cost[1] = cost[0] + (np.median((cost[1] - cost[0])[seen]) if seen.any() else 0.0)
+        for axis in (2, 1, 0):  # more rows, a pass, a prompt chunk: never cheaper
+            cost = np.maximum.accumulate(cost, axis=axis)
+        return cost
 
-    def measured(self, load: int, step: int) -> np.ndarray:
-        """[2, BINS] bool: the cells the table has measured (fresh samples enough)."""
-        fresh = self.steps[load] > step - self.t.horizon
+    def measured(self, load: int, step: int, prompt: bool = False) -> np.ndarray:
+        """[2, BINS] bool: the cells (pass x rows) the table has measured (fresh samples enough)."""
+        fresh = self.steps[load, 2 * prompt : 2 * prompt + 2] > step - self.t.horizon
         return fresh.sum(axis=2) >= self.t.min_samples
 
     @staticmethod
@@ -136,28 +146,30 @@ class CostTable:
         a = flat[at]
         return a + (flat[np.minimum(at + 1, at - lo + BINS - 1)] - a) * (j - lo)
 
-    # ---- learning -----------------------------------------------------------------------
-    def observe(self, num_requests: int, extra_rows: int, drafting: bool, step_s: float, step: int) -> None:
+    def observe(self, num_requests: int, extra_rows: int, drafting: bool, step_s: float, step: int, prompt=False):
         """A decode step of the busiest partition: its requests, rows beyond one per request,
-        whether a drafter pass ran, its cost, and the decode step counter."""
+        whether a drafter pass ran, its cost, the decode step counter, whether it carried a
+        prompt chunk."""
         j = int(round(QUARTERS * extra_rows / max(num_requests, 1)))
         if step_s <= 0 or num_requests <= 0 or j >= BINS:
             return
-        cell = (int(load_of(num_requests)), int(drafting), j)
+        cell = (int(load_of(num_requests)), int(drafting) + 2 * int(prompt), j)
         slot = cell + (int(self.next[cell]),)
         self.times[slot], self.steps[slot] = step_s, step
         self.next[cell] = (self.next[cell] + 1) % self.t.cell_samples
         self.num_samples += 1
         self._cell_median(cell, step)
         self.cache.pop(cell[0], None)
-        if self.prior is not None and np.isfinite(self.prior[cell]) and self.prior[cell] > 0:
-            self.ratios[self.num_ratios % len(self.ratios)] = step_s / self.prior[cell]
+        prior = np.nan if self.prior is None or prompt else self.prior[cell]  # the profile has decode steps
+        if np.isfinite(prior) and prior > 0:
+            self.ratios[self.num_ratios % len(self.ratios)] = step_s / prior
             self.num_ratios += 1
             drift = _median([r for r in self.ratios.tolist() if r == r])  # the median of the non-NaN
             if drift != self.drift:
                 self.drift = drift
                 self.cache.clear()
-        self._check_shift(cell, step)
+        if not prompt:  # a prompt step varies with what the cells do not tell apart (chunks in other partitions)
+            self._check_shift(cell, step)
 
     def _check_shift(self, cell: tuple, step: int) -> None:
         """When a cell's newest `min_samples` steps have a median `shift` times off its older

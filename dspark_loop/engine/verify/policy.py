@@ -92,17 +92,10 @@ class FixedWindow:
 
 
 class FullVerify(FixedWindow):
-    """The seeds' fixed chain: every draft verified, drafting every step."""
+    """The fixed chain: every draft verified, drafting every step."""
 
     def __init__(self):
         super().__init__(DSPARK_K)
-
-
-class NoDrafting(FixedWindow):
-    """K=0's work at K=7: one row each, no drafter pass."""
-
-    def __init__(self):
-        super().__init__(0)
 
 
 assert DSPARK_K == 7  # verify_len fits the wire's int8 rows per request (1 + verify_len)

@@ -68,20 +68,9 @@ def decode_windows(partitions, planned: bool, verify_limit: int, prefill=(0, 0, 
             p = r.plan_pos if planned else r.num_computed
             if p >= r.prefill_target:
                 reqs.append(r)
-                h = r.has_drafts
-                a = planned and r.plan_pending
-                fields.append(
-                    (
-                        r.lease,
-                        r.max_draft_tokens,
-                        p,
-                        r.sampled,
-                        r.constraint is not None,
-                        h,
-                        a,
-                        r.plan_drafts if a else h,
-                    )
-                )
+                h, a = r.has_drafts, planned and r.plan_pending
+                row = (r.lease, r.max_draft_tokens, p, r.sampled, r.constraint is not None, h, a)
+                fields.append((*row, r.plan_drafts if a else h))
         sizes.append(len(reqs) - first)
     if not reqs:
         return None

@@ -73,11 +73,11 @@ def test_every_load_of_the_seats_gets_every_cell_of_a_round(sim_ckpt):
 
 def test_the_ranks_hold_nothing_of_the_dummy_requests_afterwards(sim_ckpt):
     """After the profile every dummy request must have ended on the host and been forgotten
-    by the ranks (no block table, no lease), so the server's own scheduler starts clean."""
+    by the ranks (no sampling key, no known position), so the server's own scheduler starts clean."""
     driver, _, runners = profile(sim_ckpt)
     assert driver.released and not driver.sched.requests
     for runner in runners:
-        assert runner.tables == {} and runner.leases == {}
+        assert runner.keys == {} and runner.last_start == {}
     driver.sched.check_integrity()
 
 
