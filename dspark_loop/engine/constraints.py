@@ -88,14 +88,18 @@ class Constraints:
             per_part.append(masks)
         return per_part
 
-    def needs_lockstep(self, partitions: list[Partition], inflight: int) -> bool:
-        """Whether the next step must wait for step `inflight`'s answer: a constrained
-        request drafts in it, so its next step verifies drafts the grammar must walk (and
-        repair) before the tile is built."""
+    def needs_lockstep(self, flying: ScheduledStep) -> bool:
+        """Whether the next step must wait for the unanswered step `flying`: a constrained
+        request still running drafts in it, so its next step verifies drafts the grammar
+        must walk (and repair) before the tile is built."""
         if not self.num_live or not self.spec_k:
             return False
-        return any(
-            r.constraint is not None and r.inflight_step == inflight and r.inflight_samples and r.inflight_drafted
-            for p in partitions
-            for r in p.running
-        )
+        for pstep in flying.partitions:
+            for req, _, sample in pstep.prefills:
+                if req.constraint is not None and sample and req.draft_next and req.status == Status.RUNNING:
+                    return True
+            dn = pstep.draft_next  # [R] or None: every decode request drafts
+            for j, req in enumerate(pstep.decode_reqs):
+                if req.constraint is not None and (dn is None or dn[j]) and req.status == Status.RUNNING:
+                    return True
+        return False

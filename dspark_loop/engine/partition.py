@@ -4,7 +4,8 @@ requests' state. The Scheduler and its managers (Admission, StepApplier) decide;
 Partition applies, through its named transitions:
 
     admit    waiting -> running   (queue head to running, positions cached so far)
-    plan     running             (where its next rows start: plan_pos, plan_pending, ...)
+    plan     running             (where its next rows start: plan_pos, plan_pending, ...;
+                                  plan_at_computed in lockstep)
     assign_rows / sit_out         (its rows this step: sched_n)
     set/store/drop_drafts        (the draft table, has_drafts)
     map      running             (pages for positions < end; map_limit)
@@ -141,7 +142,7 @@ class Partition:
         req.status = Status.RUNNING
         req.num_computed = start
         req.prefill_target = req.num_tokens
-        req.plan_pos, req.plan_pending, req.inflight_step = start, False, -1  # nothing in flight yet
+        req.plan_pos, req.plan_pending = start, False
         req.sched_n = n
         self.running.append(req)
 
@@ -150,6 +151,11 @@ class Partition:
         (plan_pos, plan_pending, plan_open, plan_drafts) per request, in running order."""
         for req, (pos, pending, opened, drafts) in zip(self.running, starts):
             req.plan_pos, req.plan_pending, req.plan_open, req.plan_drafts = pos, pending, opened, drafts
+
+    def plan_at_computed(self) -> None:
+        """plan() in lockstep: every running request starts at num_computed, nothing pending."""
+        for req in self.running:
+            req.plan_pos, req.plan_pending, req.plan_open, req.plan_drafts = req.num_computed, False, False, False
 
     def assign_rows(self, rows: list[int]) -> None:
         """The rows each running request computes this step (row_budget.py decided)."""
@@ -177,7 +183,8 @@ class Partition:
         req.release_pos = 0
         req.num_computed = 0
         req.prefill_target = 0
-        req.inflight_step = -1  # NOTE: its unanswered rows are dropped (update skips a waiting request)
+        # NOTE: its unanswered rows are dropped: update() skips a waiting request, and step_start
+        # matches in-flight rows by wire id (admission gives it a new one)
         self.free_lease(req)
         req.sched_n = 0
         stop_registering(req)

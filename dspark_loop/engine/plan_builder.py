@@ -66,51 +66,45 @@ def decode_batch(
     A request planned after an unanswered step (plan_pending) gets placeholders for what
     that step decides: row 0, and at K=7 its drafts and, after a verify, its start."""
     n = len(decodes)
-    rows = np.fromiter([r.sched_n for r in decodes], np.int8, n)  # [R]
+    rows_l = [r.sched_n for r in decodes]
+    rows = np.array(rows_l, np.int8)  # [R]
     start = np.fromiter([r.plan_pos for r in decodes], np.int64, n)  # [R]
     req_ids = np.fromiter([r.req_id for r in decodes], np.int32, n)  # [R]
-    # [R] row 0: the last token, or a placeholder for the sample of the unanswered step
-    last = np.fromiter([PLACEHOLDER if r.plan_pending else r.output_ids[-1] for r in decodes], np.int32, n)
+    pending_l = [r.plan_pending for r in decodes]
+    num_pending = sum(pending_l)
+    every = num_pending == n  # planned ahead, the steady state: every row 0 is a placeholder
     leases = None if drafts is None else np.fromiter([r.lease for r in decodes], np.int64, n)  # [R]
-    pending = last == PLACEHOLDER  # [R]
-    k = DSPARK_K
-    if rows.max() == 1:
-        tokens = last
-    elif rows.min() == k + 1:  # every request verifies all K drafts: [R, K+1] rows
-        assert drafts is not None and leases is not None, "verify rows need the draft table"
-        tile = np.empty((n, k + 1), np.int32)
-        tile[:, 0] = last
-        tile[:, 1:] = drafts[leases]
-        pstep.verify_drafts = tile[:, 1:]  # [R, K] (a view: reconcile() writes the filled rows)
-        if pending.any():
-            tile[pending, 1:] = PLACEHOLDER
-        tokens = tile.reshape(-1)  # [R * (K+1)]
+    if every:  # every row is a placeholder: the ranks fill them, reconcile() the drafts
+        tokens = np.full(sum(rows_l), PLACEHOLDER, np.int32)
+        low = min(rows_l)
+        if max(rows_l) > 1:
+            assert drafts is not None, "verify rows need the draft table"
+            lens = rows[rows > 1].astype(np.int64) - 1 if low <= DSPARK_K else None  # [V] 1..K; None: all K
+            pstep.verify_drafts = np.empty((n if lens is None else len(lens), DSPARK_K), np.int32)  # [V, K]
+            if lens is not None and lens.min() < DSPARK_K:
+                pstep.verify_lens = lens
+        pstep.num_placeholder_rows = len(tokens)
+        if drafts is not None:  # K=7: the ranks fill the starts after a verify too
+            opened = [r.plan_open for r in decodes]  # [R]
+            num_open = sum(opened)
+            if num_open == n:
+                start[:] = PLACEHOLDER
+            elif num_open:
+                start[np.array(opened, bool)] = PLACEHOLDER
+            pstep.num_open_starts = num_open
+            pstep.filled = np.arange(n)
     else:
-        assert drafts is not None and leases is not None, "verify rows need the draft table"
-        verify = rows > 1  # [R]
-        rows64 = rows.astype(np.int64)
-        first = np.cumsum(rows64) - rows64  # [R] each request's first row
-        tokens = np.empty(int(rows64.sum()), np.int32)  # [sum(rows)]
-        tokens[first] = last
-        vd = drafts[leases[verify]]  # [V, K]
-        lens = rows64[verify] - 1  # [V] 1..K
-        window = first[verify, None] + np.arange(1, k + 1)  # [V, K]
-        sent = np.arange(k) < lens[:, None]  # [V, K] the drafts each verify sends
-        if lens.min() == k:
-            tokens[window] = vd
-        else:  # ragged: each verify sends its first l drafts
-            tokens[window[sent]] = vd[sent]
-            pstep.verify_lens = lens
-        if pending.any():
-            tokens[window[sent & pending[verify, None]]] = PLACEHOLDER
-        pstep.verify_drafts = vd
-    pstep.num_placeholder_rows = int(rows[pending].sum())
-    if drafts is not None and pending.any():  # K=7 with a step unanswered: the ranks fill these
-        pj = np.flatnonzero(pending)  # [F]
-        opened = np.fromiter([decodes[j].plan_open for j in pj.tolist()], bool, len(pj))  # [F]
-        start[pj[opened]] = PLACEHOLDER
-        pstep.num_open_starts = int(opened.sum())
-        pstep.filled = pj
+        # [R] row 0: the last token, or a placeholder for the sample of the unanswered step
+        last = np.fromiter([PLACEHOLDER if p else r.output_ids[-1] for r, p in zip(decodes, pending_l)], np.int32, n)
+        pending = np.array(pending_l, bool)  # [R]
+        tokens = last if max(rows_l) == 1 else _verify_tile(pstep, rows, last, pending, drafts, leases)
+        pstep.num_placeholder_rows = int(rows[pending].sum()) if num_pending else 0
+        if drafts is not None and num_pending:  # K=7 with a step unanswered: the ranks fill these
+            pj = np.flatnonzero(pending)  # [F]
+            opened_f = np.fromiter([decodes[j].plan_open for j in pj.tolist()], bool, len(pj))  # [F]
+            start[pj[opened_f]] = PLACEHOLDER
+            pstep.num_open_starts = int(opened_f.sum())
+            pstep.filled = pj
     pstep.decode_rows = rows
     pstep.decode_start = start
     pstep.decode_req_ids = req_ids
@@ -128,3 +122,37 @@ def decode_batch(
         token_ids=tokens.tobytes(),
         draft_mask=mask,
     )
+
+
+def _verify_tile(pstep: PartitionStep, rows: np.ndarray, last: np.ndarray, pending: np.ndarray, drafts, leases):
+    """The decode rows [sum(rows)] when some request verifies: row 0 `last`, rows 1..l its
+    first l drafts from the draft table (placeholders where pending); sets the step's
+    verify drafts (and lengths when the tile is ragged)."""
+    assert drafts is not None and leases is not None, "verify rows need the draft table"
+    k = DSPARK_K
+    if rows.min() == k + 1:  # every request verifies all K drafts: [R, K+1] rows
+        tile = np.empty((len(rows), k + 1), np.int32)
+        tile[:, 0] = last
+        tile[:, 1:] = drafts[leases]
+        pstep.verify_drafts = tile[:, 1:]  # [R, K] (a view: reconcile() writes the filled rows)
+        if pending.any():
+            tile[pending, 1:] = PLACEHOLDER
+        return tile.reshape(-1)  # [R * (K+1)]
+    verify = rows > 1  # [R]
+    rows64 = rows.astype(np.int64)
+    first = np.cumsum(rows64) - rows64  # [R] each request's first row
+    tokens = np.empty(int(rows64.sum()), np.int32)  # [sum(rows)]
+    tokens[first] = last
+    vd = drafts[leases[verify]]  # [V, K]
+    lens = rows64[verify] - 1  # [V] 1..K
+    window = first[verify, None] + np.arange(1, k + 1)  # [V, K]
+    sent = np.arange(k) < lens[:, None]  # [V, K] the drafts each verify sends
+    if lens.min() == k:
+        tokens[window] = vd
+    else:  # ragged: each verify sends its first l drafts
+        tokens[window[sent]] = vd[sent]
+        pstep.verify_lens = lens
+    if pending.any():
+        tokens[window[sent & pending[verify, None]]] = PLACEHOLDER
+    pstep.verify_drafts = vd
+    return tokens

@@ -83,11 +83,6 @@ class Request(VerifyCounts):
         "plan_pending",
         "plan_open",
         "plan_drafts",
-        "inflight_rows",
-        "inflight_drafted",
-        "inflight_step",
-        "inflight_end",
-        "inflight_samples",
     )
 
     def __init__(
@@ -156,16 +151,12 @@ class Request(VerifyCounts):
         # the request; plan_pending: its row-0 input is that step's sample (a placeholder).
         # K=7 after a verify in flight: plan_open (the start is the ranks' L + a: a
         # placeholder; plan_pos is the longest outcome's start, mapped for) and plan_drafts
-        # (the ranks draft after that step: a verify's rows 1..7 are placeholders too)
+        # (the ranks draft after that step: a verify's rows 1..7 are placeholders too).
+        # What that step holds of the request is read from its PartitionStep (step_start.py)
         self.plan_pos = 0
         self.plan_pending = False
         self.plan_open = False
         self.plan_drafts = False
-        self.inflight_rows = 0  # decode rows among them (a verify: 1 + l, up to 1 + l tokens)
-        self.inflight_drafted = True  # K=7: the ranks draft after them (no drafter skip)
-        self.inflight_step = -1  # the last sent step with rows of this request (-1: none)
-        self.inflight_end = 0  # the position after those rows
-        self.inflight_samples = False  # whether they sample a token (decode, or a prompt's last chunk)
 
     @property
     def num_tokens(self) -> int:

@@ -53,6 +53,7 @@ class ScheduledStep:
     # (req_ids [R], survival [R, K]) the verify policy predicted for this step's windows, or None
     verify_survival: tuple[np.ndarray, np.ndarray] | None = None
     masks_s: float = 0.0  # the loop's fill of the masks that followed the plan (late_masks)
+    left_mark: int = 0  # Scheduler's count of requests that left running when this plan began
     # filled by update()
     finished: list[Request] = field(default_factory=list)
     accepted_req_ids: list[int] = field(default_factory=list)
@@ -76,28 +77,28 @@ def reconcile(pstep: PartitionStep, draft_table: np.ndarray) -> None:
     same drafts). A request that ended meanwhile gets any row (its results are dropped)."""
     j, vd, leases = pstep.filled, pstep.verify_drafts, pstep.decode_leases  # [F], [V, K], [R]
     assert j is not None and leases is not None, "reconcile() of a step the ranks filled nothing in"
-    reqs = [pstep.decode_reqs[i] for i in j.tolist()]
-    pstep.decode_start[j] = [r.num_computed for r in reqs]
-    verify = pstep.decode_rows > 1  # [R]
-    jv = j[verify[j]]  # [F'] the filled requests that verify
-    if len(jv):
-        for req, v in zip(reqs, verify[j].tolist()):
-            if v and not req.has_drafts and req.status == Status.RUNNING:
-                raise RuntimeError(f"{req} verified drafts the host never received")
-        assert vd is not None
-        vidx = (np.cumsum(verify) - 1)[jv]  # [F'] rows of verify_drafts
-        vd[vidx] = draft_table[leases[jv]]
+    reqs = pstep.decode_reqs
+    every = len(j) == len(reqs)  # every request's (the steady state): no per-request index
+    if every:
+        pstep.decode_start[:] = [r.num_computed for r in reqs]
+    else:
+        pstep.decode_start[j] = [reqs[i].num_computed for i in j.tolist()]
+    if every and vd is not None and len(vd) == len(reqs):  # ... and every one verifies
+        _check_drafts(reqs)
+        vd[:] = draft_table[leases]
+    else:
+        verify = pstep.decode_rows > 1  # [R]
+        jv = j[verify[j]]  # [F'] the filled requests that verify
+        if len(jv):
+            _check_drafts([reqs[i] for i in jv.tolist()])
+            assert vd is not None
+            vidx = (np.cumsum(verify) - 1)[jv]  # [F'] rows of verify_drafts
+            vd[vidx] = draft_table[leases[jv]]
     pstep.filled = None
 
 
-def note_inflight(step: ScheduledStep) -> None:
-    """Remember, per request, what the step just planned leaves unanswered."""
-    sid = step.step_id
-    for pstep in step.partitions:
-        for req, n, sample in pstep.prefills:
-            req.inflight_step, req.inflight_end, req.inflight_samples = sid, req.plan_pos + n, sample
-            req.inflight_rows, req.inflight_drafted = 0, not sample or req.draft_next
-        dn = pstep.draft_next  # [R] or None: every decode request drafts
-        for j, req in enumerate(pstep.decode_reqs):
-            req.inflight_step, req.inflight_end, req.inflight_samples = sid, req.plan_pos + req.sched_n, True
-            req.inflight_rows, req.inflight_drafted = req.sched_n, dn is None or bool(dn[j])
+def _check_drafts(verifying: list[Request]) -> None:
+    """Every running request whose filled verify is rebuilt holds the drafts it verified."""
+    bad = [r for r in verifying if not r.has_drafts and r.status == Status.RUNNING]
+    if bad:
+        raise RuntimeError(f"{bad[0]} verified drafts the host never received")

@@ -1,8 +1,8 @@
 """The scheduler: which rows every partition computes next, and what their results mean.
 
-schedule() and update() are synchronous and pure CPU; the loop owns all I/O.
-Request lifecycle: add() -> waiting -> (admitted) running: prefill chunks, then decode
-rows -> finished (stop / length / abort / error); running -> waiting again on preemption.
+schedule() and update() are synchronous and pure CPU; the loop owns all I/O. Request lifecycle:
+add() -> waiting -> (admitted) running: prefill chunks, then decode rows -> finished (stop /
+length / abort / error); running -> waiting again on preemption.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dspark_loop.engine.plan_builder import partition_step
 from dspark_loop.engine.prefix_cache import PrefixCache
 from dspark_loop.engine.request import Request, Status, make_request
 from dspark_loop.engine.row_budget import budget_rows
-from dspark_loop.engine.scheduled_step import PartitionStep, ScheduledStep, note_inflight, reconcile
+from dspark_loop.engine.scheduled_step import PartitionStep, ScheduledStep, reconcile
 from dspark_loop.engine.spec_counters import SpecCounters
 from dspark_loop.engine.step_apply import StepApplier
 from dspark_loop.engine.step_start import plan_starts
@@ -79,8 +79,9 @@ class Scheduler:
         self._early_outputs: list[RequestOutput] = []  # finished outside a step (errors)
         self._early_finished: list[Request] = []
         self.num_preemptions = 0
-        self._ended_in_step = False  # a scheduled request ended before its results came back
+        self._num_ended = 0  # with num_preemptions: requests that left running (read_results' check_live)
         self._unanswered: list[int] = []  # ids of sent (non-empty) steps not yet updated, oldest first
+        self._flying: ScheduledStep | None = None  # the step planned ahead and not yet updated
         self.constraints = Constraints(spec_k)  # the output grammars' part of each step
         # K=7 adaptive verification: who chooses the windows and drafter skips (FullVerify:
         # the fixed chain, no per-step call); live requests with max_draft_tokens < K
@@ -114,7 +115,6 @@ class Scheduler:
             return False
         if req.status == Status.RUNNING:
             self._aborted_req_ids.append(req.req_id)
-            self._ended_in_step = True
         self._end(req, "abort")
         req.finish_time = time.monotonic()
         self._early_finished.append(req)  # observers see it with the next update
@@ -167,17 +167,16 @@ class Scheduler:
         #   admission      new requests, none where a request was preempted this step (its
         #                  freed id must reach the ranks before block updates for the same id)
         #   plan_builder   the wire plan, and what its results will mean
-        # Async scheduling: with one step unanswered (never more), requests are planned from
-        # where it leaves them, and one whose next rows need what it returns sits out.
+        # Async scheduling: one step unanswered at most; requests start where it leaves them.
         if len(self._unanswered) > 1:
             raise RuntimeError(f"steps {self._unanswered} unanswered: async scheduling plans one step ahead at most")
         inflight = self._unanswered[0] if self._unanswered else -1
         step = ScheduledStep(StepPlan(self._next_step_id, []), [], overlapped=inflight >= 0)
-        if inflight < 0:
-            self._ended_in_step = False
+        step.left_mark = self._num_ended + self.num_preemptions
         self._next_step_id += 1
         step.aborted_req_ids, self._aborted_req_ids = self._aborted_req_ids, []
-        plan_starts(self.partitions, inflight, self.spec_k, self.max_model_len, defer_masks)
+        flying = self._flying if inflight >= 0 else None  # the unanswered step is the one planned ahead
+        plan_starts(self.partitions, flying, self.spec_k, self.max_model_len, defer_masks, self.constraints.num_live)
         adaptive = bool(self.spec_k) and (self.num_capped > 0 or self.policy.per_step)
         self.constraints.begin_step(defer_masks)
         masked = adaptive and self._choose_windows(step, inflight)
@@ -188,7 +187,7 @@ class Scheduler:
         step.plan.masks_follow = any(p.late_masked for p in step.partitions)
         if not step.is_empty and ahead:
             self._unanswered.append(step.step_id)
-            note_inflight(step)
+            self._flying = step  # what the next plan starts from (step_start.py)
         return step
 
     def _choose_windows(self, step: ScheduledStep, inflight: int) -> bool:
@@ -233,7 +232,8 @@ class Scheduler:
 
     def needs_lockstep(self, inflight: int) -> bool:
         """Whether the next step must wait for step `inflight`'s answer (Constraints)."""
-        return self.constraints.needs_lockstep(self.partitions, inflight)
+        fly = self._flying  # the step planned ahead; None in lockstep
+        return fly is not None and fly.step_id == inflight and self.constraints.needs_lockstep(fly)
 
     # ---- step 5 -----------------------------------------------------------------------
     def update(self, step: ScheduledStep, results, now: float | None = None) -> list[RequestOutput]:
@@ -248,7 +248,8 @@ class Scheduler:
             return outputs
         if step.step_id in self._unanswered:
             self._unanswered.remove(step.step_id)
-        check_live = self._ended_in_step or step.overlapped or bool(self._unanswered)
+            self._flying = None if self._flying is step else self._flying
+        check_live = self._num_ended + self.num_preemptions != step.left_mark  # one of the step's may have left
         for part, pstep in zip(self.partitions, step.partitions):
             if pstep.filled is not None and part.drafts is not None:
                 reconcile(pstep, part.drafts)
@@ -273,6 +274,7 @@ class Scheduler:
         """The one way a live request ends (finish rules, abort, error): its partition
         ends it, the Scheduler forgets it."""
         self.partitions[req.partition].end(req, reason)
+        self._num_ended += 1
         self._forget(req)
 
     def _forget(self, req: Request) -> None:
@@ -286,7 +288,6 @@ class Scheduler:
         for req, message in failed:
             self._end(req, "error")
             self._report_error(req, message)
-            self._ended_in_step = True
 
     def _report_error(self, req: Request, message: str) -> None:
         """req has ended with an error (Partition.end): forget it, deliver the error."""

@@ -76,7 +76,7 @@ def step_trace(sched: Scheduler, step: ScheduledStep, results, num_waiting: int,
             PartitionTrace(
                 prefill_req_ids=[r.req_id for r, _, _ in ps.prefills],
                 prefill_num_tokens=[n for _, n, _ in ps.prefills],
-                decode_req_ids=[r.req_id for r in ps.decode_reqs],
+                decode_req_ids=ps.decode_req_ids.tolist(),
                 decode_num_rows=int(ps.decode_rows.sum()),
                 free_blocks=sched.partitions[p].cache.num_free(),
                 leases_in_use=leases.num_in_use if leases else 0,

@@ -108,7 +108,17 @@ def _read_decode(
         starts = range(0, n * k1, k1)
         verified, fell_back = [True] * n, [False] * n
         num_drafts = None
-    else:  # some requests run one row, or verify fewer than K drafts
+    elif vd is not None and len(vd) == n:  # all verify, some fewer than K drafts (adaptive)
+        vl = pstep.verify_lens  # [R]
+        assert vl is not None
+        rows = pstep.decode_rows.astype(np.int64)  # [R]
+        first = np.cumsum(rows) - rows  # [R]
+        # NOTE: rows past a short window read its last row (ignored)
+        preds = tokens[first[:, None] + np.minimum(np.arange(k1), vl[:, None])]  # [R, K+1]
+        lens, starts = accept_chain(vd, preds, vl).tolist(), first.tolist()
+        verified, fell_back = [True] * n, [False] * n
+        num_drafts = vl.tolist()
+    else:  # some requests run one row
         rows = pstep.decode_rows.astype(np.int64)  # [R]
         first = np.cumsum(rows) - rows  # [R]
         num_accepted = np.ones(n, np.int64)  # [R]

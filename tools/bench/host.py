@@ -352,12 +352,11 @@ def adaptive_cost(requests: int, rows: int, drafting: bool) -> float:
     return 0.02 + 2e-6 * rows + 1e-6 * requests + (1e-6 * requests + 0.001) * drafting
 
 
-def device_entry(num_requests, num_partitions, num_steps, spec_k, tap_addr, new_loop, device_s, overlap) -> dict:
+def device_entry(num_requests, num_partitions, num_steps, spec_k, tap_addr, new_loop, device_s, overlap, adaptive):
     """One simulated-device run: steady-state steps/s, host and answer times (ms)."""
+    args = (num_requests, num_partitions, num_steps, spec_k, tap_addr)
     with asyncio.Runner(loop_factory=new_loop) as runner:
-        host, steady, _, mesh = runner.run(
-            run(num_requests, num_partitions, num_steps, spec_k, tap_addr, device_s=device_s, async_scheduling=overlap)
-        )
+        host, steady, _, mesh = runner.run(run(*args, device_s=device_s, async_scheduling=overlap, adaptive=adaptive))
     ids = [t.step_id for t in steady if t.step_id in mesh.done_at][10:]  # past the warm-up
     span = mesh.done_at[ids[-1]] - mesh.done_at[ids[0]]
     # NOTE: the process's CPU per step is the host time that matters: the engine's phases
@@ -383,11 +382,10 @@ def device_main(args, new_loop) -> None:
     out = {}
     for k in (0, DSPARK_K):
         for mode in ("off", "on"):
-            e = device_entry(
-                args.requests, args.partitions, args.steps, k, args.tap, new_loop, args.device_ms / 1e3, mode == "on"
-            )
+            sim = (args.device_ms / 1e3, mode == "on", args.adaptive)  # --adaptive: K=7's policy
+            e = device_entry(args.requests, args.partitions, args.steps, k, args.tap, new_loop, *sim)
             out[f"k{k}_{mode}"] = e
-            print(f"K={k} overlap {mode}: {json.dumps(e)}")
+            print(f"K={k}{' adaptive' if k and args.adaptive else ''} overlap {mode}: {json.dumps(e)}")
     out["off"], out["on"] = out["k0_off"], out["k0_on"]
     harness.report(args, out)
 

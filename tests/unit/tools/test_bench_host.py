@@ -23,3 +23,16 @@ def test_main_prints_every_run_and_the_summary_per_k(capsys):
     assert sum(line.startswith("K=0 (1 row)   16 req") for line in out) == 2
     assert sum(line.startswith("K=7 (8 rows)  16 req") for line in out) == 2
     assert [line.split(" over ")[1][:6] for line in out if " over " in line] == ["2 runs", "2 runs"]
+
+
+def test_the_simulated_device_runs_k7_under_the_adaptive_policy_when_asked(monkeypatch):
+    from dspark_loop.engine.verify.adaptive import AdaptiveVerify
+
+    calls = []
+    choose = AdaptiveVerify.choose
+    monkeypatch.setattr(AdaptiveVerify, "choose", lambda self, *a: calls.append(1) or choose(self, *a))
+    new_loop = asyncio.new_event_loop
+    bench_host.device_entry(16, 2, 20, DSPARK_K, "tcp://127.0.0.1:0", new_loop, 0.001, True, False)
+    assert not calls
+    bench_host.device_entry(16, 2, 20, DSPARK_K, "tcp://127.0.0.1:0", new_loop, 0.001, True, True)
+    assert len(calls) >= 20
