@@ -12,10 +12,12 @@ read from the cost table:
 
 The better one is this step's choice: drafting runs the l it solved; not drafting
 verifies the drafts already made as far as they pay without a pass, and prompts that
-complete draft only while drafting wins. Without a start-up profile the table measures
-its cells by running them: one step in `explore_every` of each shape (with or without
+complete draft only while drafting wins. The table measures the cells that decide the
+argmax by running them: one step in `explore_every` of each shape (with or without
 prompt rows expected) runs a probe cell of its load and shape that has no fresh median
-yet (a pure function of the step counters and the table). A step carrying a prompt chunk
+yet (a pure function of the step counters and the table), with or without a start-up
+profile (a profile's cells are medians of 3 dummy steps: where two choices differ by less
+than the step noise, its reading alone can keep the rule off the better one for good). A step carrying a prompt chunk
 is a shape of its own in the table: a prefill dispatch may cost what no decode cell says.
 """
 
@@ -106,15 +108,15 @@ class AdaptiveVerify:
         return False, solve(surv, cap, partition, n, prompt, costs, 0).verify_len
 
     def _probe(self, n, prompt, shape: bool) -> tuple[bool, int] | None:
-        """The probe this step runs, (drafting, window), or None: without a start-up profile,
-        every `explore_every` steps of its shape, the first probe cell unmeasured in the decode
+        """The probe this step runs, (drafting, window), or None: every `explore_every` steps
+        of its shape, the first probe cell unmeasured in the decode
         cells and, with prompt rows, in the cell the step would be measured in (its busiest
         partition's, table.observe): an unmeasured prompt cell reads from the decode cells.
         The probe cells: the chain, K=0's step, and the two whole windows around the rule's
         last choice with a pass (where the argmax is decided; cells between read linearly)."""
         if self.probing is not None:
             return self.probing
-        if self.table.prior is not None or self.shape_steps[shape] % self.t.explore_every:
+        if self.shape_steps[shape] % self.t.explore_every:
             return None
         m = min(int(self.window), DSPARK_K - 1)  # the whole windows around the rule's last choice
         for d, j in ((True, DSPARK_K), (False, 0), (True, m), (True, m + 1)):

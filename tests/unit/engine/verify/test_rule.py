@@ -16,11 +16,22 @@ def batch(R: int, c: float = 0.8):
     return np.full((R, K), c, np.float32), np.full(R, K, np.int32), np.zeros(R, np.int32)
 
 
+def ruled(policy: AdaptiveVerify, conf, cap, part):
+    """The rule's own choice: the first step that runs no probe (probes measure the cells
+    that decide the argmax, with or without a start-up profile)."""
+    for _ in range(policy.t.explore_every):
+        probes = policy.num_probes
+        choice = policy.choose(conf, cap, part)
+        if policy.num_probes == probes:
+            return choice
+    raise AssertionError("every step probed")
+
+
 def test_free_rows_and_a_free_pass_give_the_fixed_chain():
     """Where rows and the drafter pass cost nothing, every request verifies its whole window
     and drafts, and a completing prompt drafts too."""
     policy = AdaptiveVerify(CostTable.profile(lambda n, rows, d: 0.01, 16))
-    choice = policy.choose(*batch(16, 0.3))
+    choice = ruled(policy, *batch(16, 0.3))
     assert choice.verify_len.tolist() == [K] * 16 and choice.draft_next.all()
     assert policy.drafts_prompt(0)
 
@@ -29,7 +40,7 @@ def test_a_dear_pass_and_dear_rows_give_k0s_step_and_no_prompt_drafting():
     """Where a drafter pass and a row cost more than their tokens bring, nobody verifies or
     drafts, and a completing prompt does not draft."""
     policy = AdaptiveVerify(CostTable.profile(lambda n, rows, d: 0.01 * rows + 0.5 * d, 16))
-    choice = policy.choose(*batch(16, 0.5))
+    choice = ruled(policy, *batch(16, 0.5))
     assert choice.verify_len.tolist() == [0] * 16 and not choice.draft_next.any()
     assert not policy.drafts_prompt(0)
 
@@ -39,7 +50,7 @@ def test_confident_requests_get_longer_windows_than_doubtful_ones():
     policy = AdaptiveVerify(CostTable.profile(lambda n, rows, d: 0.01 + 0.002 * rows + 0.001 * d, 2))
     conf, cap, part = batch(2)
     conf[0], conf[1] = 0.95, 0.4
-    lens = policy.choose(conf, cap, part).verify_len
+    lens = ruled(policy, conf, cap, part).verify_len
     assert lens[0] > lens[1]
 
 
