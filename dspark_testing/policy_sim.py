@@ -253,11 +253,9 @@ def simulate(policy, sc: Scenario) -> Run:
     return run
 
 
-def startup_table(sc: Scenario):
-    """The start-up profile a server would measure (medians of dummy steps), on the scenario's
-    first cost shape."""
-    from dspark_loop.engine.verify.cost_table import CostTable
-
+def dummy_steps(sc: Scenario) -> tuple[Callable[[int, int, bool], float], int]:
+    """(step_s(requests, rows, drafting), seats per partition): the dummy steps of a start-up
+    profile on the scenario's first cost shape, each with its own noise draw."""
     counter = iter(range(1 << 30))
     peak = max(sc.concurrency, (sc.change[1] or 0) if sc.change else 0)
     if sc.device:
@@ -268,36 +266,27 @@ def startup_table(sc: Scenario):
         def dummy(n: int, rows: int, d: bool) -> float:
             return m.shape_s(n, rows, d, ctx) * (1.0 + jitter * (2.0 * float(unit(-1 - next(counter), 7)) - 1.0))
 
-        return CostTable.profile(dummy, -(-peak // m.partitions))
+        return dummy, -(-peak // m.partitions)
     cost = profile_cost(PROFILES[sc.profile], sc.noise)
-    return CostTable.profile(lambda n, rows, d: cost([StepShape(n, rows, d)], -1 - next(counter)), peak)
+    return (lambda n, rows, d: cost([StepShape(n, rows, d)], -1 - next(counter))), peak
+
+
+def startup_table(sc: Scenario):
+    """The start-up profile of every cell (CostTable.profile: medians of dummy steps), as the
+    vLLM rule's table."""
+    from dspark_loop.engine.verify.cost_table import CostTable
+
+    return CostTable.profile(*dummy_steps(sc))
 
 
 def served_table(sc: Scenario):
     """The prior the server's own start-up profile measures (engine/profile_plan.py:
-    its loads, its round of cells, its repeats and medians), on the scenario's first cost
-    shape: what `--verify-profile auto` starts from."""
+    its loads, its round of cells, its repeats and medians): what `--verify-profile auto`
+    starts from."""
     from dspark_loop.engine.profile_plan import PROFILE_REPEATS, ROUND, prior_from_samples, profile_loads
     from dspark_loop.engine.verify.cost_table import QUARTERS, CostTable, load_of
 
-    counter = iter(range(1 << 30))
-    peak = max(sc.concurrency, (sc.change[1] or 0) if sc.change else 0)
-    if sc.device:
-        m = device_model(sc.profile)
-        ctx = sc.prompt_len + sc.max_tokens // 2
-        jitter = m.p["noise.jitter"]
-
-        def dummy(n: int, rows: int, d: bool) -> float:
-            return m.shape_s(n, rows, d, ctx) * (1.0 + jitter * (2.0 * float(unit(-1 - next(counter), 7)) - 1.0))
-
-        seats = -(-peak // m.partitions)
-    else:
-        cost = profile_cost(PROFILES[sc.profile], sc.noise)
-
-        def dummy(n: int, rows: int, d: bool) -> float:
-            return cost([StepShape(n, rows, d)], -1 - next(counter))
-
-        seats = peak
+    dummy, seats = dummy_steps(sc)
     samples: dict = {}
     for n in profile_loads(seats):
         for _ in range(PROFILE_REPEATS):

@@ -11,11 +11,9 @@ import pytest
 from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import DSPARK_K, StepPlan, as_i32
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
-from dspark_loop.engine.profile_driver import ProfileDriver
-from dspark_loop.engine.profile_plan import ProfilePolicy
 from dspark_loop.engine.verify.policy import FullVerify
 from dspark_testing.local_mesh import LocalMesh
-from dspark_testing.schedulers import model_scheduler
+from dspark_testing.profile_run import profile_driver
 from tests.integration.dspark.harness import BLOCK_SIZE, _run, make_engine, prompt
 
 SEATS = 2
@@ -49,17 +47,7 @@ def served(path: str, profiled: bool):
         path, DSPARK_K, max_num_seqs=SEATS, num_blocks=256, max_model_len=MAX_MODEL_LEN, policy=FullVerify()
     )
     if profiled:
-        policy = ProfilePolicy()
-        sched = model_scheduler(
-            ModelConfig.from_dir(path),
-            BLOCK_SIZE,
-            runners[0].num_blocks,
-            max_num_seqs=SEATS,
-            max_model_len=MAX_MODEL_LEN,
-            spec_k=DSPARK_K,
-            policy=policy,
-        )
-        driver = ProfileDriver(sched, policy, LocalMesh(runners), runners[0].num_blocks, overlapped=True, max_tokens=64)
+        driver, policy = profile_driver(path, runners, BLOCK_SIZE, SEATS, MAX_MODEL_LEN, max_tokens=64)
         assert driver.loads() == [2, 1]
         asyncio.run(driver.run(driver.loads()))
         assert policy.samples and driver.released

@@ -7,13 +7,10 @@ import asyncio
 
 import pytest
 
-from dspark_loop.contract.model_config import ModelConfig
 from dspark_loop.contract.protocol import DSPARK_K, RankConfig
-from dspark_loop.engine.profile_driver import ProfileDriver
-from dspark_loop.engine.profile_plan import ROUND, ProfilePolicy
+from dspark_loop.engine.profile_plan import ROUND
 from dspark_loop.engine.verify.cost_table import QUARTERS, load_of
-from dspark_testing.local_mesh import LocalMesh
-from dspark_testing.schedulers import model_scheduler
+from dspark_testing.profile_run import profile_driver
 from workers.sim.runner import SimRunner
 
 DP = 2
@@ -43,18 +40,7 @@ def profile(path: str, num_blocks: int = 256, max_model_len: int = 512, run: boo
         sim_speed=1e9,
     )
     runners = [SimRunner(cfg) for _ in range(DP)]
-    policy = ProfilePolicy()
-    sched = model_scheduler(
-        ModelConfig.from_dir(path),
-        BLOCK,
-        runners[0].num_blocks,
-        num_partitions=DP,
-        max_num_seqs=SEATS * DP,
-        max_model_len=max_model_len,
-        spec_k=DSPARK_K,
-        policy=policy,
-    )
-    driver = ProfileDriver(sched, policy, LocalMesh(runners), runners[0].num_blocks, overlapped=True, max_tokens=512)
+    driver, policy = profile_driver(path, runners, BLOCK, SEATS, max_model_len, max_tokens=512)
     if run:
         asyncio.run(driver.run(driver.loads()))
     return driver, policy, runners
