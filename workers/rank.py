@@ -176,8 +176,9 @@ class Rank:
                 log.info("shutdown during step %d (%s)", msg.step_id, stop)
                 return 0
             except Exception as exc:
+                failed_at = time.time()
                 log.exception("step %d failed", msg.step_id)
-                self.send(StepResult(msg.step_id, self.rank, error=summarize(exc)))
+                self.send(StepResult(msg.step_id, self.rank, error=summarize(exc), failed_at=failed_at))
                 return 1
             self.send(result)
 

@@ -261,6 +261,9 @@ class StepResult(msgspec.Struct, array_like=True, tag=4):
     # the CPU backend, synced wall seconds on an accelerator); 0: not measured. The verify
     # policy's cost model learns from it; compute_s (wall) stays the tap's and the metrics'.
     work_s: float = 0.0
+    # with error: when the rank's step raised (time.time()); the earliest failure is the
+    # cause, later ones are its cascade (a peer's collective that lost the failed rank)
+    failed_at: float = 0.0
 
 
 def identity(rank: int) -> bytes:

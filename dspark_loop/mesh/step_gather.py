@@ -92,8 +92,8 @@ class StepGather:
         return [results[g * mesh.tp] for g in range(mesh.world_size // mesh.tp)]
 
     def failure_reason(self, step_id: int, errors: list[StepResult]) -> str:
-        """A rank of this host killed by a signal, else a lost node, else the first rank's own
-        error, else the first exit. NOTE: a signal is a cause; a closed remote connection may be
+        """A rank of this host killed by a signal, else a lost node, else the error of the rank
+        that failed first, else the first exit. NOTE: a signal is a cause; a closed remote connection may be
         the cascade (a peer's collective failed and it exited), so the signal comes first."""
         procs = self.mesh.procs
         exited = procs.exited()
@@ -103,5 +103,6 @@ class StepGather:
         if lost:
             return f"{lost} during step {step_id}"
         if errors:
-            return f"rank {errors[0].rank} failed step {errors[0].step_id}: {errors[0].error}"
+            first = min(errors, key=lambda e: e.failed_at)  # the cause; the others its cascade
+            return f"rank {first.rank} failed step {first.step_id}: {first.error}"
         return f"{procs.exit_reason()} during step {step_id}"
