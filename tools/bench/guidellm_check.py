@@ -56,7 +56,7 @@ def scenario(url: str, args) -> dict:
             "backend": {
                 "kind": "openai_http",
                 "target": url,
-                "request_format": "/v1/completions",
+                "request_format": args.endpoint,
                 "extras": {"body": {"temperature": 0.0}},
             },
             "profile": {"kind": "concurrent", "streams": args.concurrency},
@@ -129,11 +129,28 @@ def our_row(load: dict) -> dict:
     }
 
 
+def server_latencies(server) -> dict:
+    """The server's own TTFT and ITL histograms' (sum, count): arrival to first token, token to token."""
+    snap = server.metrics_json()
+    hist = ("time_to_first_token_seconds", "inter_token_latency_seconds")
+    return {h: (snap[h]["sum"], snap[h]["count"]) for h in hist}
+
+
+def server_means_ms(before: dict, after: dict) -> tuple[float | None, float | None]:
+    """The server-side mean TTFT and ITL over a window, in ms."""
+    out = []
+    for h in ("time_to_first_token_seconds", "inter_token_latency_seconds"):
+        n = after[h][1] - before[h][1]
+        out.append(1000.0 * (after[h][0] - before[h][0]) / n if n else None)
+    return out[0], out[1]
+
+
 def rows_table(rows: list[dict]) -> str:
     def f(v, spec="{:.1f}"):
         return "-" if v is None else spec.format(v)
 
     head = ["client", "ok/err", "req/s", "out tok/s", "TTFT p50/p99 ms", "ITL p50/p99 ms", "chunks/req"]
+    head += ["server TTFT/ITL mean ms"]
     lines = [head]
     for r in rows:
         lines.append(
@@ -145,6 +162,7 @@ def rows_table(rows: list[dict]) -> str:
                 "/".join(f(v, "{:.0f}") for v in r["ttft"]),
                 "/".join(f(v) for v in r["itl"]),
                 f(r["chunks_per_request"], "{:.0f}"),
+                "/".join(f(v) for v in r["server"]),
             ]
         )
     widths = [max(len(x[i]) for x in lines) for i in range(len(head))]
@@ -166,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server-args", default=" ".join(serve.SEEDS_TOPOLOGY))
     ap.add_argument("--out", default="bench-guidellm")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds guidellm may run")
+    ap.add_argument("--endpoint", default="/v1/completions", choices=["/v1/completions", "/v1/chat/completions"])
     ap.add_argument("--workers", type=int, default=None, help="guidellm's worker processes (its default: 10)")
     args = ap.parse_args(argv)
     exe = find_guidellm(args.guidellm)
@@ -189,18 +208,20 @@ def main(argv: list[str] | None = None) -> int:
         warm = argparse.Namespace(prompt_len=args.prompt_len, max_tokens=args.max_tokens)
         serve.run_client(server.url, serve.request_bodies(args.concurrency, 0.0, 999, warm, vocab_size), 600)
         load0, scrape = os.getloadavg(), serve.Scrape(server)
-        before = scrape.read()
+        before, lat0 = scrape.read(), server_latencies(server)
         rc, guidellm_cpu = run_guidellm(exe, server.url, args)
-        after = scrape.read()
+        after, lat1 = scrape.read(), server_latencies(server)
         load1 = os.getloadavg()
         bodies = serve.request_bodies(args.concurrency, 0.0, 0, warm, vocab_size)
         ours = serve.run_client(server.url, bodies, 600)  # one wave of tools.bench.serve's cell, same server
+        lat2 = server_latencies(server)
     finally:
         server.stop()
     if rc != 0:
         print(f"guidellm failed (exit status {rc}); its output is above", file=sys.stderr)
         return rc
     rows = [guidellm_row(os.path.join(args.out, "guidellm.json")), our_row(ours)]
+    rows[0]["server"], rows[1]["server"] = server_means_ms(lat0, lat1), server_means_ms(lat1, lat2)
     steps = serve_report.delta(after, before, "steps")
     busy = round(serve_report.delta(after, before, "device_busy_s") or 0.0, 1)
     server_cpu = round(serve_report.delta(after, before, "server_cpu_s") or 0.0, 1)
