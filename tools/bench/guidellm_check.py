@@ -2,7 +2,7 @@
 
     python -m tools.bench.guidellm_check [--guidellm PATH] [--model DIR] [--profile npu-tile]
         [--mode k0|k7|adaptive] [--concurrency 64] [--prompt-len 64] [--max-tokens 128]
-        [--requests 320] [--out DIR]
+        [--requests 320] [--endpoint /v1/completions] [--workers N] [--out DIR]
 
 Starts the server the way tools.bench.serve does for a cell (the sim backend, the seeds'
 16-rank topology, the mode's speculative config), warms it with one wave of our own client,
@@ -10,8 +10,10 @@ then runs guidellm in concurrency mode (`concurrent`, N streams kept in flight) 
 /v1/completions with synthetic prompts of --prompt-len tokens and exactly --max-tokens
 output tokens (guidellm sends ignore_eos), greedy (the server's default temperature for a
 request without one is the model's; the cell passes temperature=0 through guidellm's extras).
-guidellm's own console report is printed; its JSON lands in --out; a one-line summary in
-tools.bench.serve's columns follows.
+guidellm's own console report is printed and its JSON lands in --out. Then one wave of our
+client (tools.bench.serve's cell) runs on the same server, and a two-row table compares them:
+req/s, output tok/s, TTFT and ITL p50/p99 as each client defines them, chunks per request,
+and the server's own TTFT/ITL means over each client's window (docs/benchmarks.md).
 
 guidellm is NOT a dependency of this project (it pulls torch and transformers). Install it
 into a venv of its own and point --guidellm at it (or put it on PATH):
