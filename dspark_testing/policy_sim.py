@@ -190,6 +190,10 @@ class Scenario:
     # requests' ends differently (where prompt steps are dear, as on the simulated npu-tile's
     # padded prefill, when ends coincide decides how many prefill dispatches a run pays)
     seed: int = 0
+    # the host's CPU per step (seconds: fixed, per decoding request), run beside the device as
+    # with async scheduling: a step takes the slower stage. (0, 0): the device alone. The
+    # served gpu-h200 at 64-256 streams needed ~1.5 ms + 35-60 us a stream (docs/benchmarks.md)
+    host_s: tuple[float, float] = (0.0, 0.0)
 
 
 @dataclass
@@ -243,8 +247,10 @@ def simulate(policy, sc: Scenario) -> Run:
             continue
         results, cost = device.run(step.plan)
         sched.update(step, results)
+        host = sc.host_s[0] + sc.host_s[1] * sum(len(p.decode_reqs) for p in step.partitions)
         if sched.observes_steps:
-            sched.observe_step(step, results, cost)
+            sched.observe_step(step, results, cost, host, overlapped=bool(host))
+        cost = max(cost, host)
         pending_s += cost
         if step.accepted_lens:
             run.tokens.append(sum(step.accepted_lens))

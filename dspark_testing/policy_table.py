@@ -80,7 +80,10 @@ class Cache:
 
     def key(self, sc: Scenario, name: str) -> str:
         code = self.hashes["static" if name.startswith("w") else "vllm" if name == "vllm" else name]
-        return f"{sc.profile}/{sc.concurrency}/{sc.temperature}/{sc.steps}/{int(sc.device)}/{sc.seed}/{name}/{code}"
+        host = "" if not any(sc.host_s) else f"/host{sc.host_s[0]:g},{sc.host_s[1]:g}"
+        return (
+            f"{sc.profile}/{sc.concurrency}/{sc.temperature}/{sc.steps}/{int(sc.device)}/{sc.seed}{host}/{name}/{code}"
+        )
 
     def get(self, sc: Scenario, name: str) -> dict | None:
         return self.data.get(self.key(sc, name))
@@ -154,6 +157,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-cache", action="store_true", help="run every policy again")
     ap.add_argument("--rates", action="store_true", help="also print every policy's tok/s")
     ap.add_argument("--seeds", type=int, default=1, help="workload draws per cell (tokens and seconds summed)")
+    ap.add_argument(
+        "--host-s",
+        type=float,
+        nargs=2,
+        default=(0.0, 0.0),
+        metavar=("FIXED", "PER_STREAM"),
+        help="a host stage beside the device, seconds per step (as with async scheduling; default none)",
+    )
     args = ap.parse_args(argv)
     cache = Cache(None if args.no_cache else args.cache)
     profiles = args.profiles or list(PROFILES if args.analytic else DEVICE_PROFILES)
@@ -164,7 +175,8 @@ def main(argv: list[str] | None = None) -> None:
     for profile in profiles:
         for c in args.streams:
             for t in args.temperatures:
-                r = cell(Scenario(profile, c, t, args.steps, device=not args.analytic), cache, args.seeds)
+                sc = Scenario(profile, c, t, args.steps, device=not args.analytic, host_s=tuple(args.host_s))
+                r = cell(sc, cache, args.seeds)
                 print(
                     f"{profile:12s} {c:6d}  {t:.1f}  | {r['ours_tok_s']:11,.0f}  {r['best_static']:>4s}  "
                     f"{r['vs_best']:9.3f}  {r['vs_vllm']:9.3f}  {r['vs_k0']:7.3f}  {r['vs_w7']:7.3f}  {r['cold']:.3f}"

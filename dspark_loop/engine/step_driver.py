@@ -57,6 +57,7 @@ class StepDriver:
     def __init__(self, loop: DriverHost):
         self.loop = loop
         self._last_result_at = 0.0  # perf_counter() when the last gathered step's results came in
+        self._last_result_cpu: float | None = None  # the loop thread's CPU then (None after idling)
         self._mesh_yielded = False
 
     async def drive(self, pipe: StepPipe) -> None:
@@ -134,6 +135,7 @@ class StepDriver:
         if results and loop.scheduler.observes_steps:
             self._observe_cost(step, results, times)
         self._last_result_at = times.result_at
+        self._last_result_cpu = times.cpu_result
         self._observe(step, results, times)
 
     def _observe_cost(self, step: ScheduledStep, results, times: StepTimes) -> None:
@@ -144,12 +146,15 @@ class StepDriver:
             # deliver): like the ranks' work_s, immune to other processes on the cores
             sched.observe_step(step, results, times.span_s, times.host_cpu_s)
             return
-        # NOTE: the ranks' own work times are the step's cost (the host's work overlaps
-        # them). Without them, the wall time from when the ranks could start it (its
-        # send, or the previous result, whichever came later) to its result: a mesh that
-        # computes inside send() (in-process) makes that wall time another step's.
+        # NOTE: the ranks' own work times are the step's cost; beside them this thread's CPU
+        # from the previous step's results to this one's, everything it did per step (the
+        # plan, the update, the streams' writes, new requests): the slower stage sets the
+        # pace (feedback.py). Without work times, the wall time from when the ranks could
+        # start it (its send, or the previous result, whichever came later) to its result: a
+        # mesh that computes inside send() (in-process) makes that wall time another step's.
         wall_s = times.result_at - max(times.plan_end, self._last_result_at)
-        sched.observe_step(step, results, wall_s, overlapped=True)
+        host_s = None if self._last_result_cpu is None else times.cpu_result - self._last_result_cpu
+        sched.observe_step(step, results, wall_s, host_s, overlapped=True)
 
     async def _step_mesh(self, step: ScheduledStep, pipe: StepPipe):
         """Lockstep: send the plan (and its late masks) and gather its results.
@@ -184,6 +189,7 @@ class StepDriver:
         """Wait for work; with recovery on, also notice a mesh that died while idle."""
         loop = self.loop
         loop.device_time.pause()
+        self._last_result_cpu = None
         await wait_for_work(loop.wakeup, loop.mesh, loop.on_mesh_dead is not None)
 
     def _observe(self, step: ScheduledStep, results, times: StepTimes) -> None:

@@ -139,6 +139,8 @@ class AdaptiveVerify:
         drafting = bool(feedback.drafted.any())
         prompt = bool(feedback.prompt_rows.any())  # a shape of its own (module docstring)
         self.table.observe(int(feedback.num_requests[p]), int(extra[p]), drafting, feedback.step_s, self.step, prompt)
+        if feedback.host_s is not None:
+            self.table.observe_host(int(feedback.num_requests[p]), feedback.host_s)
 
     def stats(self) -> dict:
         ratio = self.acceptance.ratio

@@ -19,6 +19,11 @@ prompt cell's own median moves with the other partitions' chunks too). The rule
 measures the cells it needs by running them (AdaptiveVerify's probes). A decode cell whose
 newest samples moved by a factor `shift` from its older ones says the cost shape changed:
 the load's other cells are measured again.
+
+With two steps in flight the host plans and streams one step while the ranks compute the
+next: a step takes the slower of the two. The host's CPU per step (the median of its
+newest `cell_samples` at the load) is then a floor under every cell of the load: rows the
+ranks compute while the host is still busy are free.
 """
 
 from __future__ import annotations
@@ -74,6 +79,9 @@ class CostTable:
         self.since = np.zeros(LOADS, np.int64)
         self.until = np.full(LOADS, -(1 << 62), np.int64)
         self.cache: dict[int, np.ndarray] = {}  # load -> costs(), until its medians or the drift move
+        self.host = np.full((LOADS, tunables.cell_samples), np.nan)  # [LOADS, N] ring of the host's CPU per step
+        self.host_next = np.zeros(LOADS, np.int64)
+        self.host_floor = np.zeros(LOADS)  # [LOADS] the median of each ring (0: none yet)
 
     def costs(self, load: int, step: int, prompt: bool = False) -> np.ndarray:
         """[2, BINS] seconds of one load's cells (pass x rows) of steps with or without a
@@ -126,7 +134,7 @@ class CostTable:
         cost[1] = cost[0] + (np.median((cost[1] - cost[0])[seen]) if seen.any() else 0.0)
         for axis in (2, 1, 0):  # more rows, a pass, a prompt chunk: never cheaper
             cost = np.maximum.accumulate(cost, axis=axis)
-        return cost
+        return np.maximum(cost, self.host_floor[load])
 
     def measured(self, load: int, step: int, prompt: bool = False) -> np.ndarray:
         """[2, BINS] bool: the cells (pass x rows) the table has measured (fresh samples enough)."""
@@ -170,6 +178,18 @@ class CostTable:
                 self.cache.clear()
         if not prompt:  # a prompt step varies with what the cells do not tell apart (chunks in other partitions)
             self._check_shift(cell, step)
+
+    def observe_host(self, num_requests: int, host_s: float) -> None:
+        """The host's CPU for a step of the busiest partition's load, run beside the ranks'."""
+        if host_s <= 0 or num_requests <= 0:
+            return
+        load = int(load_of(num_requests))
+        self.host[load, self.host_next[load] % self.t.cell_samples] = host_s
+        self.host_next[load] += 1
+        floor = float(np.nanmedian(self.host[load])) if self.host_next[load] >= self.t.min_samples else 0.0
+        if floor != self.host_floor[load]:
+            self.host_floor[load] = floor
+            self.cache.pop(load, None)
 
     def _check_shift(self, cell: tuple, step: int) -> None:
         """When a cell's newest `min_samples` steps have a median `shift` times off its older
@@ -239,4 +259,5 @@ class CostTable:
             "profiled": self.prior is not None,
             "num_shifts": self.num_shifts,
             "drift": self.drift,
+            "host_floor_s": {int(b): float(f) for b, f in enumerate(self.host_floor) if f > 0},
         }

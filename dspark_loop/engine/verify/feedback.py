@@ -2,8 +2,9 @@
 cost per partition and what its windows accepted, as one StepFeedback.
 
 The step's cost: the busiest leader's work (StepResult.work_s), plus the host's CPU time
-for the step in lockstep; with two steps in flight the work alone (the host's work runs
-beside the ranks'). Without work times, the wall time.
+for the step in lockstep; with two steps in flight the work alone, and the host's CPU per
+step beside it (StepFeedback.host_s: the host runs beside the ranks, and the slower of the
+two sets the pace). Without work times, the wall time.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def observe_step(
         step_cost_s(results, wall_s, host_s, overlapped),
         int(sum(step.accepted_lens)),
         windows,
+        host_s if overlapped else None,
     )
     policy.observe(feedback)
 

@@ -45,11 +45,14 @@ class StepFeedback(NamedTuple):
     drafts: np.ndarray  # drafts verified (decode rows beyond one per request)
     prompt_rows: np.ndarray  # prompt rows computed beside them
     drafted: np.ndarray  # bool: a drafter pass ran
-    step_s: float  # what the step cost (feedback.step_cost_s)
+    step_s: float  # what the step cost the ranks (feedback.step_cost_s)
     tokens: int  # decode tokens appended
     # the verifying requests' (raw survival [n, K], verify_len [n], accepted [n], class [n]),
     # where choose() returned a survival; else None
     windows: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+    # the host's CPU per step where it runs beside the ranks (two steps in flight): the
+    # floor under every step's cost (the slower stage sets the pace); None in lockstep
+    host_s: float | None = None
 
 
 class VerifyPolicy(Protocol):

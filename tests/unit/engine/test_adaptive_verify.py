@@ -289,7 +289,10 @@ def test_a_step_costs_the_ranks_work_overlapped_their_work_plus_the_host_in_lock
     sched.observe_step(step, worked, 0.5, overlapped=True)
     sched.observe_step(step, worked, 0.5, host_s=0.004)
     sched.observe_step(step, [msgspec.structs.replace(worked[0], work_s=0.0), worked[1]], 0.5, overlapped=True)
-    assert [o.step_s for o in policy.observed] == pytest.approx([0.03, 0.034, 0.5])
+    sched.observe_step(step, worked, 0.5, host_s=0.045, overlapped=True)
+    assert [o.step_s for o in policy.observed] == pytest.approx([0.03, 0.034, 0.5, 0.03])
+    # the host's CPU per step reaches the policy beside the ranks' work, in flight only
+    assert [o.host_s for o in policy.observed] == [None, None, None, 0.045]
 
 
 def test_the_policy_sees_each_steps_decode_requests_drafts_prompt_rows_pass_and_tokens():

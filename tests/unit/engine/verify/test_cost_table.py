@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dspark_loop.contract.protocol import DSPARK_K
-from dspark_loop.engine.verify.cost_table import QUARTERS, CostTable
+from dspark_loop.engine.verify.cost_table import QUARTERS, CostTable, load_of
 from dspark_loop.engine.verify.tunables import VerifyTunables
 
 
@@ -78,3 +78,21 @@ def test_a_cell_whose_cost_moved_marks_its_loads_other_cells_unmeasured():
     assert not table.measured(4, 9)[1, QUARTERS * 7]
     assert table.costs(4, 9)[0, 0] == pytest.approx(0.030)
     assert table.num_shifts == 1
+
+
+def test_the_hosts_cpu_per_step_is_a_floor_under_every_cell_of_its_load():
+    """Beside the ranks, a host slower than the device sets the pace: once min_samples host
+    readings are in, every cell of their load reads at least their median, and rows the
+    ranks compute meanwhile are free; other loads keep their costs."""
+    table = CostTable()
+    for j, s in ((0, 0.004), (QUARTERS * 7, 0.012)):
+        for step in range(3):
+            table.observe(64, 64 * j // QUARTERS, True, s, step)
+            table.observe(8, 8 * j // QUARTERS, True, s, step)
+    table.observe_host(64, 0.010)
+    table.observe_host(64, 0.009)
+    assert table.costs(int(load_of(64)), 3)[1, 0] == pytest.approx(0.004)  # two readings: not yet
+    table.observe_host(64, 0.011)
+    cost = table.costs(int(load_of(64)), 3)[1]
+    assert cost[0] == pytest.approx(0.010) and cost[QUARTERS * 7] == pytest.approx(0.012)
+    assert table.costs(int(load_of(8)), 3)[1, 0] == pytest.approx(0.004)

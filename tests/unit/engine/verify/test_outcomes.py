@@ -58,6 +58,18 @@ def test_where_a_prompt_chunk_overflows_the_tile_per_request_windows_beat_every_
     assert r["ours"] >= 1.05 * max(r["w6"], r["w7"]), r
 
 
+def test_where_the_host_sets_the_pace_rows_the_device_computes_meanwhile_are_free():
+    """With two steps in flight a step takes the slower stage. On gpu-h200 at 128 streams
+    (T=0.8) the device alone says trim the windows; a host that needs 1.5 ms + 50 us a stream
+    per step (as the served server did at 64-256 streams) sets the pace whatever the window
+    under it, so the rule must take the longest windows the host's time pays for: at least
+    the best static choice (w5 of w4..w7 here) and the vLLM rule, whose table is the
+    device's. Reading the ranks' work alone it gave 0.93x the best static choice."""
+    sc = Scenario("gpu-h200", 128, 0.8, STEPS, device=True, host_s=(0.0015, 50e-6))
+    r = judged(sc, ["w5", "w7", "vllm"])
+    assert r["ours"] >= max(r["w5"], r["w7"], r["vllm"]), r
+
+
 @pytest.mark.parametrize(
     "profile, streams, temperature",
     [("demo-cpu", 4, 0.0), ("gpu-h200", 4, 0.8)],
