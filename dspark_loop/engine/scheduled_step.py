@@ -50,8 +50,9 @@ class ScheduledStep:
     preempted_req_ids: list[int] = field(default_factory=list)
     overlapped: bool = False  # planned while the step before it was unanswered (async scheduling)
     aborted_req_ids: list[int] = field(default_factory=list)  # since the previous plan
-    # (req_ids [R], survival [R, K]) the verify policy predicted for this step's windows, or None
-    verify_survival: tuple[np.ndarray, np.ndarray] | None = None
+    # (req_ids [R], survival [R, K], request class [R]) the verify policy predicted for this
+    # step's windows (calibration.request_class), or None
+    verify_survival: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     masks_s: float = 0.0  # the loop's fill of the masks that followed the plan (late_masks)
     left_mark: int = 0  # Scheduler's count of requests that left running when this plan began
     # filled by update()

@@ -5,6 +5,9 @@ that completes this step drafts from its first token (prompt_drafts).
 
 from __future__ import annotations
 
+from collections import deque
+from itertools import repeat
+
 import numpy as np
 
 from dspark_loop.engine.constraints import Constraints
@@ -51,13 +54,13 @@ def choose_windows(
     choice = policy.choose(conf, cap, w.partition, w.sampled, w.constrained, w.prompt_rows)
     verify_len, draft_next, surv = choice
     if surv is not None:  # the policy learns acceptance: it gets this back in observe_step
-        step.verify_survival = (np.fromiter((r.req_id for r in reqs), np.int64, n), surv)
+        step.verify_survival = (w.req_ids, surv, request_class(w.sampled, w.constrained))
     if len(verify_len) != n or len(draft_next) != n:
         raise ValueError(f"verify policy answered {len(verify_len)}/{len(draft_next)} choices for {n} requests")
     drafting = np.asarray(draft_next, bool) & w.may  # [R]
-    for req, vl, dn in zip(reqs, np.clip(verify_len, 0, cap).tolist(), drafting.tolist()):
-        req.verify_len = vl
-        req.draft_next = dn
+    # NOTE: map(setattr, ...) sets the fields without Python bytecode per request
+    deque(map(setattr, reqs, repeat("verify_len"), np.clip(verify_len, 0, cap).tolist()), 0)
+    deque(map(setattr, reqs, repeat("draft_next"), drafting.tolist()), 0)
     return not drafting.all()
 
 

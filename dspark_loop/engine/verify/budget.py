@@ -60,25 +60,32 @@ def solve_budget(
     P = len(base_s)
     partition = np.zeros(R, np.int64) if partition is None else np.asarray(partition, np.int64)  # [R]
     cap = np.minimum(np.asarray(cap, dtype=np.int64), K)  # [R]
-    slots = np.flatnonzero(np.arange(K)[None, :] < cap[:, None])  # [n] eligible, row-major (request, position)
+    flat = surv.ravel()  # [R * K]
+    if int(cap.min(initial=K)) >= K:  # every slot eligible (the steady state): no mask to build
+        slots, values, slot_part = np.arange(R * K), flat, np.repeat(partition, K)
+    else:
+        slots = np.flatnonzero(np.arange(K)[None, :] < cap[:, None])  # [n] eligible, row-major (request, position)
+        values, slot_part = flat[slots], partition[slots // K]  # [n] each
     n = len(slots)
-    values = surv.ravel()[slots]  # [n]
-    slot_part = partition[slots // K]  # [n]
-    # NOTE: one integer key per slot, unique, so any sort gives the same order (a stable
-    # float sort is ~3x slower): the partition, then survival on 40 bits, descending, then
-    # the row-major slot index (request, position) as the value-independent tie-break,
-    # which keeps every m-prefix of a partition's ranking a per-request prefix even where
-    # c = 1. Sorted, the slots line up partition by partition, best first within.
+    # NOTE: one integer key per slot, unique, so sorting the keys themselves orders the
+    # slots (a stable float sort is ~3x slower, an argsort ~2x a sort): the partition,
+    # then survival on 40 bits, descending, then the row-major slot index (request,
+    # position) as the value-independent tie-break, which keeps every m-prefix of a
+    # partition's ranking a per-request prefix even where c = 1; the slot reads back
+    # from the low bits. Sorted, the slots line up partition by partition, best first within.
     index_bits = max(1, int(R * K - 1).bit_length())
     quantised = np.rint((1.0 - values) * SURVIVAL_STEPS).astype(np.int64)  # [n] in 0..STEPS
     keys = (quantised << index_bits) | slots
+    part_shift = SURVIVAL_BITS + index_bits
     if P == 1:
-        order = np.argsort(keys)  # [n] indices into `slots`, best first
-    elif SURVIVAL_BITS + index_bits + (P - 1).bit_length() <= 63:
-        order = np.argsort(keys | (slot_part << (SURVIVAL_BITS + index_bits)))  # partition by partition
+        ranked = np.sort(keys) & ((1 << index_bits) - 1)  # [n] slots, best first
+        slot_part = np.zeros(n, np.int64)
+    elif part_shift + (P - 1).bit_length() <= 63:
+        keys = np.sort(keys | (slot_part << part_shift))  # partition by partition
+        ranked, slot_part = keys & ((1 << index_bits) - 1), keys >> part_shift  # [n] each
     else:
         order = np.lexsort((keys, slot_part))
-    slot_part = slot_part[order]  # [n] non-decreasing
+        ranked, slot_part = slots[order], slot_part[order]
     counts = np.bincount(slot_part, minlength=P)  # [P]
     rank = np.arange(n) - (np.cumsum(counts) - counts)[slot_part]  # [n] rank within its partition
     # Each slot's breakpoint: the step time at which its partition verifies it, base_s[p] +
@@ -88,9 +95,9 @@ def solve_budget(
     # T (P sorted runs: a stable sort merges them), and tau(T) is a running sum over it.
     breakpoint_s = base_s[slot_part] + drafts_s(slot_part, rank + 1)  # [n]
     ascending = np.argsort(breakpoint_s, kind="stable")  # [n]
-    by_time = order[ascending]  # [n] indices into `slots`, by step time
+    by_time = ranked[ascending]  # [n] slots, by step time
     t = np.append(breakpoint_s[ascending], np.inf)  # [n + 1] ascending, then a sentinel
-    tau = R + np.concatenate(([0.0], np.cumsum(values[by_time])))  # [n + 1]: the first j slots
+    tau = R + np.concatenate(([0.0], np.cumsum(flat[by_time])))  # [n + 1]: the first j slots
     slowest = float(base_s.max())  # no step is shorter than the busiest partition's base
     first = int(np.searchsorted(t, slowest, side="right"))  # slots free at T = slowest
     # candidates: j = first (T = slowest), and every later j that ends a run of equal breakpoints
@@ -98,7 +105,7 @@ def solve_budget(
     times = np.concatenate(([slowest], t[j[1:] - 1]))  # [C] T of candidate j: t[j - 1]
     ratio = tau[j] / times  # [C]
     c = len(j) - 1 - int(np.argmax(ratio[::-1]))  # the LAST maximum: more rows on a tie
-    chosen = slots[by_time[: j[c]]]
+    chosen = by_time[: j[c]]
     verify_len = np.bincount(chosen // K, minlength=R).astype(np.int32)  # [R]
-    gain = np.bincount(chosen // K, weights=surv.ravel()[chosen], minlength=R)  # [R]
+    gain = np.bincount(chosen // K, weights=flat[chosen], minlength=R)  # [R]
     return Budget(verify_len, float(tau[j[c]]), float(times[c]), gain)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 
 from dspark_loop.engine.scheduled_step import ScheduledStep
-from dspark_loop.engine.verify.calibration import request_class
 from dspark_loop.engine.verify.policy import StepFeedback, VerifyPolicy
 
 
@@ -31,10 +30,10 @@ def observe_step(
     drafts = np.array([int(p.decode_rows.sum()) for p in parts], np.int64) - num_requests
     prompt_rows = np.array([sum(n for _, n, _ in p.prefills) for p in parts], np.int64)
     drafted = np.array([len(r.draft_req_ids) > 0 for r in results], bool)
-    reqs = [r for p in parts for r in p.decode_reqs]
+    num_reqs = int(num_requests.sum())
     windows = None
-    if step.verify_survival is not None and reqs and len(reqs) == len(step.accepted_lens):
-        windows = accepted_windows(step, reqs)
+    if step.verify_survival is not None and num_reqs and num_reqs == len(step.accepted_lens):
+        windows = accepted_windows(step)
     feedback = StepFeedback(
         num_requests,
         drafts,
@@ -48,14 +47,15 @@ def observe_step(
     policy.observe(feedback)
 
 
-def accepted_windows(step: ScheduledStep, reqs: list) -> tuple | None:
+def accepted_windows(step: ScheduledStep) -> tuple | None:
     """Each verifying request's predicted survival, verified and accepted drafts and class,
-    matched by req_id (the policy saw the requests in its own order); reqs in plan order."""
+    matched by req_id (the policy saw the requests in its own order) to the step's decode
+    requests in plan order."""
     assert step.verify_survival is not None
-    ids, surv = step.verify_survival  # [R], [R, K]
+    ids, surv, classes = step.verify_survival  # [R], [R, K], [R]
     if not len(ids):
         return None
-    ids_in_plan = np.fromiter((r.req_id for r in reqs), np.int64, len(reqs))  # [n]
+    ids_in_plan = np.concatenate([p.decode_req_ids for p in step.partitions]).astype(np.int64)  # [n]
     order = np.argsort(ids, kind="stable")
     at = np.minimum(np.searchsorted(ids, ids_in_plan, sorter=order), len(ids) - 1)  # [n]
     row = order[at]  # [n] the policy's row of each planned request
@@ -64,7 +64,5 @@ def accepted_windows(step: ScheduledStep, reqs: list) -> tuple | None:
     if not keep.any():
         return None
     accepted = np.minimum(np.asarray(step.accepted_lens, np.int64) - 1, verify_len)  # [n] drafts accepted
-    sampled = np.fromiter((r.sampled for r in reqs), bool, len(reqs))
-    constrained = np.fromiter((r.constraint is not None for r in reqs), bool, len(reqs))
-    cls = request_class(sampled, constrained)
-    return surv[row[keep]], verify_len[keep], accepted[keep], cls[keep]
+    row = row[keep]
+    return surv[row], verify_len[keep], accepted[keep], classes[row]
