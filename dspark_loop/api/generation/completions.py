@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 
 from dspark_loop.api.context import ServingContext
@@ -21,6 +22,7 @@ from dspark_loop.api.generation.logprobs_format import LogprobsFormatter
 from dspark_loop.api.generation.sampling import check_completion_options, sampling_params
 from dspark_loop.api.generation.skeleton import Generation, GenerationRoute
 from dspark_loop.api.schemas import CompletionRequest
+from dspark_loop.api.sse import encode_json
 from dspark_loop.api.structured.output_format import OutputFormat, check_constrained_options, output_format
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput, TokenLogprob
 
@@ -93,7 +95,7 @@ class Completion(Generation):
             choice["token_ids"] = token_ids
         return choice, reason
 
-    def delta_chunks(self, out: RequestOutput, continuous: bool) -> tuple[list[dict], str | None]:
+    def delta_chunks(self, out: RequestOutput, continuous: bool) -> tuple[list[bytes], str | None]:
         reason = out.finish_reason if out.finished else None
         chunks = []
         if self.first_chunk and self.req.echo:
@@ -130,7 +132,14 @@ class Completion(Generation):
         first: bool,
         continuous: bool,
         logprobs: dict | None = None,
-    ) -> dict:
+    ) -> bytes:
+        if reason is None and stop_reason is None and logprobs is None and not continuous:
+            # NOTE: most chunks (text, maybe token ids, nothing else): pre-split bytes, no dict
+            if not self.req.return_token_ids:
+                return b"".join((self.plain_head, encode_json(text), self.plain_tail))
+            if not first:
+                ids = encode_json(token_ids)
+                return b"".join((self.plain_head, encode_json(text), self.plain_ids, ids, b"}]}\n\n"))
         choice = {
             "index": self.index,
             "text": text,
@@ -142,7 +151,16 @@ class Completion(Generation):
             if first:
                 choice["prompt_token_ids"] = self.prompt_ids
             choice["token_ids"] = list(token_ids)
-        return self.chunk_body(choice, continuous)
+        return self.chunk_event(choice, continuous)
+
+    # the bytes around a plain chunk's text (and token ids): chunk_event's for
+    # {"index": i, "text": t, "logprobs": None, "finish_reason": None, "stop_reason": None(, "token_ids": ids)}
+    @functools.cached_property
+    def plain_head(self) -> bytes:
+        return self.chunk_head + b'[{"index":%d,"text":' % self.index
+
+    plain_tail = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+    plain_ids = b',"logprobs":null,"finish_reason":null,"stop_reason":null,"token_ids":'
 
 
 class CompletionsRoute(GenerationRoute):
