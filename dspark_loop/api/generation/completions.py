@@ -96,6 +96,10 @@ class Completion(Generation):
         return choice, reason
 
     def delta_chunks(self, out: RequestOutput, continuous: bool) -> tuple[list[bytes], str | None]:
+        if self.pre_encoded and not (self.first_chunk or continuous or self.wants_logprobs):
+            events = self.plain_events(out)
+            if events is not None:
+                return events, None
         reason = out.finish_reason if out.finished else None
         chunks = []
         if self.first_chunk and self.req.echo:
@@ -133,13 +137,6 @@ class Completion(Generation):
         continuous: bool,
         logprobs: dict | None = None,
     ) -> bytes:
-        if reason is None and stop_reason is None and logprobs is None and not continuous:
-            # NOTE: most chunks (text, maybe token ids, nothing else): pre-split bytes, no dict
-            if not self.req.return_token_ids:
-                return b"".join((self.plain_head, encode_json(text), self.plain_tail))
-            if not first:
-                ids = encode_json(token_ids)
-                return b"".join((self.plain_head, encode_json(text), self.plain_ids, ids, b"}]}\n\n"))
         choice = {
             "index": self.index,
             "text": text,
@@ -152,6 +149,18 @@ class Completion(Generation):
                 choice["prompt_token_ids"] = self.prompt_ids
             choice["token_ids"] = list(token_ids)
         return self.chunk_event(choice, continuous)
+
+    def plain_events(self, out: RequestOutput) -> list[bytes] | None:
+        """NOTE: most chunks carry text (and token ids) and nothing else: pre-split bytes
+        around them, no dict (None: not such a chunk, build it whole)."""
+        if out.finished or out.stop_reason is not None:
+            return None
+        text, ids = out.new_text, out.new_token_ids
+        if not self.req.return_token_ids:
+            return [b"".join((self.plain_head, encode_json(text), self.plain_tail))] if text else []
+        if not ids:
+            return None
+        return [b"".join((self.plain_head, encode_json(text), self.plain_ids, encode_json(ids), b"}]}\n\n"))]
 
     # the bytes around a plain chunk's text (and token ids): chunk_event's for
     # {"index": i, "text": t, "logprobs": None, "finish_reason": None, "stop_reason": None(, "token_ids": ids)}

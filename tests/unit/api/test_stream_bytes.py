@@ -7,9 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 
-import pytest
-
-from dspark_loop.api.sse import SSEStream, frame
+from dspark_loop.api.sse import SSEStream
 from dspark_loop.engine.outputs import RequestOutput
 from tests.unit.api.fake_engine import FakeEngine
 from tests.unit.api.harness import MODEL, serving
@@ -79,12 +77,14 @@ class CountingStream(SSEStream):
         return wrote
 
 
-async def wire_bytes(monkeypatch, direct: bool) -> list[bytes]:
-    """Every body's response on one kept-alive connection, as raw bytes."""
+async def wire_bytes(monkeypatch, fast: bool) -> list[bytes]:
+    """Every body's response on one kept-alive connection, as raw bytes; fast: chunk events
+    pre-encoded and written straight to the transport, else dicts through aiohttp."""
     import dspark_loop.api.generation.choices as choices
     import dspark_loop.api.generation.skeleton as skeleton
 
-    monkeypatch.setattr(CountingStream, "direct_writes", direct)
+    monkeypatch.setattr(skeleton.Generation, "pre_encoded", fast)
+    monkeypatch.setattr(CountingStream, "direct_writes", fast)
     monkeypatch.setattr(skeleton, "SSEStream", CountingStream)
     monkeypatch.setattr(choices, "SSEStream", CountingStream)
     CountingStream.num_direct = 0
@@ -98,47 +98,17 @@ async def wire_bytes(monkeypatch, direct: bool) -> list[bytes]:
             assert await reader.read() == b""  # nothing after the last response, then closed
         finally:
             writer.close()
-    assert (CountingStream.num_direct > 0) == direct
+    assert (CountingStream.num_direct > 0) == fast
     return out
 
 
-async def test_the_direct_path_puts_the_same_bytes_on_the_wire_as_aiohttp(monkeypatch):
+async def test_the_fast_path_puts_the_same_bytes_on_the_wire_as_the_general_one(monkeypatch):
     """Every response (headers, chunked framing, each SSE event, [DONE], the last chunk) must
-    be byte-identical with the direct path on and off, for plain text, token ids, echo,
+    be byte-identical with the fast path (pre-encoded events, direct writes) and the general
+    one (a dict per chunk, msgspec, aiohttp's writer), for plain text, token ids, echo,
     continuous usage, logprobs, n > 1 and chat, all on one kept-alive connection."""
-    general = await wire_bytes(monkeypatch, direct=False)
-    direct = await wire_bytes(monkeypatch, direct=True)
+    general = await wire_bytes(monkeypatch, fast=False)
+    direct = await wire_bytes(monkeypatch, fast=True)
     for (path, body), g, d in zip(BODIES, general, direct):
         assert b"data: [DONE]\n\n" in d
         assert normalised(d) == normalised(g), (path, body)
-
-
-@pytest.mark.parametrize("body", [b for p, b in BODIES if p == "/v1/completions" and b.get("n") is None])
-async def test_every_chunk_event_equals_its_dict_encoded(monkeypatch, body):
-    """Each chunk event a Completion builds (the pre-split template or the envelope encoded
-    once) must equal sse.frame() of the dict it stands for: the envelope, the choice and,
-    with continuous usage, the usage so far."""
-    from dspark_loop.api.generation import completions
-
-    seen: list[tuple[bytes, bytes]] = []
-    original = completions.Completion.chunk
-
-    def checked(self, text, reason, stop_reason, token_ids, first, continuous, logprobs=None):
-        event = original(self, text, reason, stop_reason, token_ids, first, continuous, logprobs)
-        choice = {"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": reason}
-        choice["stop_reason"] = stop_reason
-        if self.req.return_token_ids:
-            if first:
-                choice["prompt_token_ids"] = self.prompt_ids
-            choice["token_ids"] = list(token_ids)
-        usage = {"usage": self.usage()} if continuous else {}
-        seen.append((event, frame({**self.envelope([choice], chunk=True), **usage})))
-        return event
-
-    monkeypatch.setattr(completions.Completion, "chunk", checked)
-    async with serving(FakeEngine(script=tricky_deltas)) as client:
-        r = await client.post("/v1/completions", json=body)
-        await r.read()
-    assert len(seen) >= len(TEXTS) - 1
-    for event, expected in seen:
-        assert event == expected
