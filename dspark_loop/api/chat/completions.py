@@ -89,11 +89,11 @@ class ChatCompletion(Generation):
         stop_reason=None,
         continuous: bool = False,
         logprobs: dict | None = None,
-    ) -> dict:
+    ) -> bytes:
         choice = {"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         if reason is not None:
             choice["stop_reason"] = stop_reason
-        return self.chunk_body(choice, continuous)
+        return self.chunk_event(choice, continuous)
 
     def feed(self, text: str) -> None:
         with malformed_as_output_error():
@@ -114,10 +114,10 @@ class ChatCompletion(Generation):
         }
         return choice, reason
 
-    def opening_chunks(self, continuous: bool) -> list[dict]:
+    def opening_chunks(self, continuous: bool) -> list[bytes]:
         return [self.chunk({"role": "assistant", "content": ""}, continuous=continuous)]
 
-    def delta_chunks(self, out: RequestOutput, continuous: bool) -> tuple[list[dict], str | None]:
+    def delta_chunks(self, out: RequestOutput, continuous: bool) -> tuple[list[bytes], str | None]:
         with malformed_as_output_error():
             delta = self.output.feed(out.new_text)
             tail = self.output.finish() if out.finished else None

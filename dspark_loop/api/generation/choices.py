@@ -107,8 +107,9 @@ async def _stream(ctx, request: web.Request, cs: Choices) -> web.StreamResponse:
         sse = SSEStream(request)
         await sse.start()
         for ch in cs.choices:
-            for chunk in ch.opening_chunks(continuous):
-                await sse.send(chunk)
+            for event in ch.opening_chunks(continuous):
+                if not sse.write_now(event):
+                    await sse.write(event)
         token_ids: dict[int, list[int]] = {id(ch): [] for ch in cs.choices}
         done = 0
         while True:
@@ -126,12 +127,13 @@ async def _stream(ctx, request: web.Request, cs: Choices) -> web.StreamResponse:
                     await sse.send_error(engine_failure(ctx, out).body())
                     break
                 try:
-                    chunks, _ = c.delta_chunks(out, continuous)
+                    events, _ = c.delta_chunks(out, continuous)
                 except OutputError as e:
                     await sse.send_error(e.api_error.body())
                     break
-                for chunk in chunks:
-                    await sse.send(chunk)
+                for event in events:
+                    if not sse.write_now(event):
+                        await sse.write(event)
                 c.finished_ok = out.finished
             c, out = await queue.get()
         extras = cs.extras()

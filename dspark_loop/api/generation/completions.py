@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 
 from dspark_loop.api.context import ServingContext
@@ -21,6 +22,7 @@ from dspark_loop.api.generation.logprobs_format import LogprobsFormatter
 from dspark_loop.api.generation.sampling import check_completion_options, sampling_params
 from dspark_loop.api.generation.skeleton import Generation, GenerationRoute
 from dspark_loop.api.schemas import CompletionRequest
+from dspark_loop.api.sse import encode_json
 from dspark_loop.api.structured.output_format import OutputFormat, check_constrained_options, output_format
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput, TokenLogprob
 
@@ -93,7 +95,11 @@ class Completion(Generation):
             choice["token_ids"] = token_ids
         return choice, reason
 
-    def delta_chunks(self, out: RequestOutput, continuous: bool) -> tuple[list[dict], str | None]:
+    def delta_chunks(self, out: RequestOutput, continuous: bool) -> tuple[list[bytes], str | None]:
+        if self.pre_encoded and not (self.first_chunk or continuous or self.wants_logprobs):
+            events = self.plain_events(out)
+            if events is not None:
+                return events, None
         reason = out.finish_reason if out.finished else None
         chunks = []
         if self.first_chunk and self.req.echo:
@@ -130,7 +136,7 @@ class Completion(Generation):
         first: bool,
         continuous: bool,
         logprobs: dict | None = None,
-    ) -> dict:
+    ) -> bytes:
         choice = {
             "index": self.index,
             "text": text,
@@ -142,7 +148,28 @@ class Completion(Generation):
             if first:
                 choice["prompt_token_ids"] = self.prompt_ids
             choice["token_ids"] = list(token_ids)
-        return self.chunk_body(choice, continuous)
+        return self.chunk_event(choice, continuous)
+
+    def plain_events(self, out: RequestOutput) -> list[bytes] | None:
+        """NOTE: most chunks carry text (and token ids) and nothing else: pre-split bytes
+        around them, no dict (None: not such a chunk, build it whole)."""
+        if out.finished or out.stop_reason is not None:
+            return None
+        text, ids = out.new_text, out.new_token_ids
+        if not self.req.return_token_ids:
+            return [b"".join((self.plain_head, encode_json(text), self.plain_tail))] if text else []
+        if not ids:
+            return None
+        return [b"".join((self.plain_head, encode_json(text), self.plain_ids, encode_json(ids), b"}]}\n\n"))]
+
+    # the bytes around a plain chunk's text (and token ids): chunk_event's for
+    # {"index": i, "text": t, "logprobs": None, "finish_reason": None, "stop_reason": None(, "token_ids": ids)}
+    @functools.cached_property
+    def plain_head(self) -> bytes:
+        return self.chunk_head + b'[{"index":%d,"text":' % self.index
+
+    plain_tail = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+    plain_ids = b',"logprobs":null,"finish_reason":null,"stop_reason":null,"token_ids":'
 
 
 class CompletionsRoute(GenerationRoute):

@@ -16,6 +16,7 @@ request and frees its pages.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 
@@ -24,7 +25,7 @@ from aiohttp import web
 from dspark_loop.api.context import ServingContext
 from dspark_loop.api.errors import ApiError
 from dspark_loop.api.schemas import GenerationFields, decode_body
-from dspark_loop.api.sse import SSEStream
+from dspark_loop.api.sse import SSEStream, encode_json, frame
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class Generation:
 
     object_name = "text_completion"
     chunk_object_name = "text_completion"
+    pre_encoded = True  # False: every chunk a dict encoded whole (the reference the tests compare with)
 
     def __init__(self, ctx: ServingContext, req: GenerationFields, prompt_ids: list[int], generate: GenerateRequest):
         self.ctx, self.req, self.generate = ctx, req, generate
@@ -96,12 +98,23 @@ class Generation:
             "choices": choices,
         }
 
-    def chunk_body(self, choice: dict, continuous: bool) -> dict:
-        """One SSE chunk holding choice (with running usage when asked)."""
-        body = self.envelope([choice], chunk=True)
+    @functools.cached_property
+    def chunk_head(self) -> bytes:
+        """The start of every chunk event of this stream, encoded once (the request's id is
+        final by the first chunk): b'data: {"id":..,"object":..,"created":..,"model":..,"choices":'."""
+        empty = encode_json(self.envelope([], chunk=True))
+        assert empty.endswith(b'"choices":[]}')
+        return b"data: " + empty[: -len(b"[]}")]
+
+    def chunk_event(self, choice: dict, continuous: bool) -> bytes:
+        """One SSE chunk event holding choice (with running usage when asked): the bytes of
+        sse.frame({**envelope([choice], chunk=True), "usage": usage()}), the envelope
+        encoded once per stream (chunk_head) instead of once per chunk."""
+        if not self.pre_encoded:
+            return frame({**self.envelope([choice], chunk=True), **({"usage": self.usage()} if continuous else {})})
         if continuous:
-            body["usage"] = self.usage()
-        return body
+            return b"".join((self.chunk_head, encode_json([choice]), b',"usage":', encode_json(self.usage()), b"}\n\n"))
+        return b"".join((self.chunk_head, encode_json([choice]), b"}\n\n"))
 
     def log_finished(self, reason: str | None) -> None:
         elapsed = time.monotonic() - self.start
@@ -127,11 +140,12 @@ class Generation:
         """(choices[0] of the JSON answer, the finish reason it reports)."""
         raise NotImplementedError
 
-    def opening_chunks(self, continuous: bool) -> list[dict]:
+    def opening_chunks(self, continuous: bool) -> list[bytes]:
+        """Chunk events (chunk_event) sent before the first delta's."""
         return []
 
-    def delta_chunks(self, out: RequestOutput, continuous: bool) -> tuple[list[dict], str | None]:
-        """(chunks to send for one delta, the finish reason once finished; may raise OutputError)."""
+    def delta_chunks(self, out: RequestOutput, continuous: bool) -> tuple[list[bytes], str | None]:
+        """(chunk events to send for one delta, the finish reason once finished; may raise OutputError)."""
         raise NotImplementedError
 
 
@@ -236,8 +250,9 @@ class GenerationRoute:
         await sse.start()
         reason = None
         try:
-            for chunk in g.opening_chunks(continuous):
-                await sse.send(chunk)
+            for event in g.opening_chunks(continuous):
+                if not sse.write_now(event):
+                    await sse.write(event)
             out, token_ids = first, []
             while out is not None:
                 token_ids.extend(out.new_token_ids)
@@ -247,13 +262,14 @@ class GenerationRoute:
                     await sse.send_error(engine_failure(self.ctx, out).body())
                     break
                 try:
-                    chunks, reason = g.delta_chunks(out, continuous)
+                    events, reason = g.delta_chunks(out, continuous)
                 except OutputError as e:
                     reason = e.log_reason
                     await sse.send_error(e.api_error.body())
                     break
-                for chunk in chunks:
-                    await sse.send(chunk)
+                for event in events:  # NOTE: write_now inlined first: every stream, every step
+                    if not sse.write_now(event):
+                        await sse.write(event)
                 if out.finished:
                     break
                 out = await anext(gen, None)
