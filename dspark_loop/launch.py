@@ -58,10 +58,15 @@ def make_mesh(cfg: ServerConfig) -> Mesh:
 
 
 def make_scheduler(
-    cfg: ServerConfig, model: ModelConfig, num_blocks: list[int], policy: VerifyPolicy | None = None
+    cfg: ServerConfig,
+    model: ModelConfig,
+    num_blocks: list[int],
+    policy: VerifyPolicy | None = None,
+    log_progress: bool = True,
 ) -> Scheduler:
     """policy: the verify policy (kept across mesh restarts, so a learned cost model is
-    too); None: a fresh one from the config."""
+    too); None: a fresh one from the config. log_progress False: a scheduler that serves
+    nobody (the start-up profile's) logs no DSpark progress line."""
     layout = CacheLayout.for_model(model, cfg.block_size)
     return Scheduler(
         layout,
@@ -72,6 +77,7 @@ def make_scheduler(
         long_prefill_token_threshold=cfg.long_prefill_token_threshold,
         max_model_len=cfg.max_model_len,
         eos_token_ids=model.eos_token_ids,
+        log_progress=log_progress,
         **scheduler_extra_kwargs(cfg, policy),
     )
 
@@ -127,7 +133,7 @@ def startup_profile(cfg: ServerConfig, model: ModelConfig, policy: VerifyPolicy)
     """prepare(mesh) for the supervisor: the policy's start-up cost table (verify_costs.py)."""
     assert isinstance(policy, AdaptiveVerify)  # profiles_at_startup: adaptive verification is on
     adaptive = policy
-    return lambda mesh: startup_costs(cfg, adaptive, mesh, lambda blocks, p: make_scheduler(cfg, model, blocks, p))
+    return lambda mesh: startup_costs(cfg, adaptive, mesh, lambda blocks, p: make_scheduler(cfg, model, blocks, p, log_progress=False))
 
 
 def adaptive_policy(cost_model: str | None, model: ModelConfig | None) -> AdaptiveVerify:

@@ -53,6 +53,7 @@ class Scheduler:
         spec_k: int = 0,
         enable_prefix_caching: bool = True,
         policy: VerifyPolicy | None = None,
+        log_progress: bool = True,
     ):
         if spec_k not in (0, DSPARK_K):
             raise ValueError(f"spec_k must be 0 or {DSPARK_K} (the verify tile is {DSPARK_K + 1} rows), got {spec_k}")
@@ -66,7 +67,7 @@ class Scheduler:
         ]
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunk_cap = min(MAX_CHUNK, max_num_batched_tokens, long_prefill_token_threshold or max_num_batched_tokens)
-        self.spec = SpecCounters()
+        self.spec = SpecCounters(log_progress=log_progress)  # False: the progress line is not logged
         self.max_model_len = max_model_len
         self.eos_token_ids = tuple(int(e) for e in eos_token_ids)
         self.spec_k = spec_k
@@ -155,10 +156,9 @@ class Scheduler:
 
     # ---- step 2 -----------------------------------------------------------------------
     def schedule(self, ahead: bool = False, defer_masks: bool = False) -> ScheduledStep:
-        """ahead: the caller may send this step before the previous one is answered (async
-        scheduling). defer_masks: the caller asks late_masks() for the masks of one-row
-        constrained requests once the plan is sent (StepPlan.masks_follow); False: every
-        mask is in the plan."""
+        """ahead: the caller may send this step before the previous one is answered (async scheduling).
+        defer_masks: the caller asks late_masks() for the masks of one-row constrained requests once
+        the plan is sent (StepPlan.masks_follow); False: every mask is in the plan."""
         # The phases, in order, a file each:
         #   step_start     where each running request's rows start (plan_pos)
         #   window_choice  K=7: the verify policy's windows and drafter skips; per partition:

@@ -37,6 +37,7 @@ class SpecCounters(VerifyCounts):
     num_drafter_skips: int = 0  # drafter passes a verify policy skipped (adaptive verification)
     num_verify_rows: int = 0  # decode rows of verifies (1 + l each)
     last_log_time: float = -LOG_INTERVAL_S
+    log_progress: bool = True  # False: a scheduler that serves nobody (the start-up profile's)
 
     @property
     def mean_accepted_len(self) -> float:
@@ -46,7 +47,7 @@ class SpecCounters(VerifyCounts):
         """Called after a step's verifies were counted: logs the progress line at the
         first verify, then at most every LOG_INTERVAL_S. NOTE: by time, not by count: at
         256 requests a count rule wrote a line per step."""
-        if not num_verifies:
+        if not num_verifies or not self.log_progress:
             return
         now = time.monotonic() if now is None else now
         if self.num_verify_steps == num_verifies or now - self.last_log_time >= LOG_INTERVAL_S:

@@ -22,3 +22,13 @@ def test_progress_line_at_the_first_verify_then_at_most_once_per_interval(caplog
     assert len(lines) == 2
     assert lines[0].startswith("DSpark speculation progress: requests=0 verifies=256 ")
     assert "verifies=51456 " in lines[1]
+
+
+def test_counters_of_a_scheduler_that_serves_nobody_log_no_progress_line(caplog):
+    """The start-up profile's scheduler counts its dummy verifies but must not log them as
+    the server's speculation progress."""
+    caplog.set_level(logging.INFO, logger="dspark_loop.engine.dspark")
+    spec = SpecCounters(log_progress=False)
+    spec.num_verify_steps += 256
+    spec.add_verifies(256, now=100.0)
+    assert spec.num_verify_steps == 256 and not caplog.records
