@@ -133,7 +133,11 @@ def startup_profile(cfg: ServerConfig, model: ModelConfig, policy: VerifyPolicy)
     """prepare(mesh) for the supervisor: the policy's start-up cost table (verify_costs.py)."""
     assert isinstance(policy, AdaptiveVerify)  # profiles_at_startup: adaptive verification is on
     adaptive = policy
-    return lambda mesh: startup_costs(cfg, adaptive, mesh, lambda blocks, p: make_scheduler(cfg, model, blocks, p, log_progress=False))
+
+    def new_scheduler(blocks: list[int], p) -> Scheduler:  # serves nobody: no progress line
+        return make_scheduler(cfg, model, blocks, p, log_progress=False)
+
+    return lambda mesh: startup_costs(cfg, adaptive, mesh, new_scheduler)
 
 
 def adaptive_policy(cost_model: str | None, model: ModelConfig | None) -> AdaptiveVerify:

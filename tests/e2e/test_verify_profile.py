@@ -28,8 +28,9 @@ def start(ckpt: str, cache_dir: str) -> ServerProcess:
 
 def test_a_sim_server_profiles_at_start_caches_it_and_the_next_start_reads_the_cache(sim_ckpt, tmp_path):
     """The first start must profile (its log says how many dummy steps, and no DSpark
-    progress line for its dummy requests) and write one cache file, serve a request and leave the pools full (no page of a dummy request kept); the
-    second start must read that file and profile nothing."""
+    progress line for its dummy requests) and write one cache file, serve a request and
+    leave the pools full (no page of a dummy request kept); the second start must read that
+    file and profile nothing."""
     cache_dir = str(tmp_path / "cache")
     first = start(sim_ckpt, cache_dir)
     try:
