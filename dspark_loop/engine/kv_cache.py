@@ -109,7 +109,7 @@ class PartitionCache:
                 limit = end
         pools = self.pools
         for f, n, _ in todo:
-            if n > len(pools[f]._free) + len(pools[f]._lru):
+            if n > pools[f].num_free:
                 return None
         grown = []
         for f, n, first in todo:
@@ -122,7 +122,7 @@ class PartitionCache:
         """Room for counts new pages per family, after taking the `shared` (hit) pages."""
         if shared is None:
             for pool, n in zip(self.pools, counts):
-                if n and n > len(pool._free) + len(pool._lru):
+                if n and n > pool.num_free:
                     return False
             return True
         return all(n + p.num_unowned(fp.block_ids) <= p.num_free for p, n, fp in zip(self.pools, counts, shared))
