@@ -5,8 +5,9 @@
         StepPlan --->  execute(plan.partitions[group])  --->  StepResult
         Shutdown --->  exit 0
 
-Every rank executes every step (the expert exchange is collective); only TP leaders send
-tokens. A frame that does not decode is logged and dropped. A failed step is answered
+Every rank executes every step (the expert exchange is collective); only TP leaders answer
+it (the host reads nothing else: a peer's collective would stall its leader's answer too).
+A frame that does not decode is logged and dropped. A failed step is answered
 with StepResult(error=...) and the process exits: the engine is dead anyway, and a rank
 left half-way through a collective cannot be trusted with the next one.
 """
@@ -180,7 +181,8 @@ class Rank:
                 log.exception("step %d failed", msg.step_id)
                 self.send(StepResult(msg.step_id, self.rank, error=summarize(exc), failed_at=failed_at))
                 return 1
-            self.send(result)
+            if self.is_leader:  # a peer answers only a failure (above)
+                self.send(result)
 
     def close(self) -> None:
         self.sock.close()

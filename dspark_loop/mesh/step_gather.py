@@ -1,4 +1,5 @@
-"""StepGather: one sent step's answers, a StepResult from every rank, as the TP leaders'.
+"""StepGather: one sent step's answers, a StepResult from every TP leader (a peer answers
+only a failure).
 
 Answers come in any order. With async scheduling two steps are in flight, so a fast rank's
 answer to the later step may arrive before a slow rank's answer to this one: it waits in
@@ -56,9 +57,10 @@ class StepGather:
         errors: list[StepResult] = []  # in arrival order
         trouble_since = None  # first error result, rank exit or lost node seen
         next_look = 0.0  # loop.time() of the next look at the rank processes and remote nodes
+        leaders = range(0, mesh.world_size, mesh.tp)
         for msg in self.ahead.pop(step_id, []):
             results[msg.rank] = msg
-        while len(results) < mesh.world_size:
+        while len(results) < len(leaders):
             mesh.raise_if_over()
             got = await mesh.recv(POLL_S if trouble_since is None else 0.02)
             if got is not None:
@@ -87,9 +89,9 @@ class StepGather:
             if trouble_since is not None and now - trouble_since >= TROUBLE_WINDOW_S:
                 await mesh.die(self.failure_reason(step_id, errors))
             if now >= deadline:
-                missing = sorted(set(range(mesh.world_size)) - set(results))
+                missing = sorted(set(leaders) - set(results))
                 await mesh.die(f"ranks {missing} did not answer step {step_id} within {mesh.step_timeout_s:g} s")
-        return [results[g * mesh.tp] for g in range(mesh.world_size // mesh.tp)]
+        return [results[r] for r in leaders]
 
     def failure_reason(self, step_id: int, errors: list[StepResult]) -> str:
         """A rank of this host killed by a signal, else a lost node, else the error of the rank
