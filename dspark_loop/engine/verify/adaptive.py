@@ -1,24 +1,17 @@
 """AdaptiveVerify: the one decision rule of adaptive verification (docs/architecture.md,
 "Adaptive verification (the rule)").
 
-Each step, over all decode requests, it takes the operating point that maximises expected
-decode tokens per second of step time, where a step's time is the busiest partition's,
-read from the cost table:
+Each step, over all decode requests, the better of two operating points in expected decode
+tokens per second of step time (the busiest partition's, read from the cost table):
 
     drafting   every request drafts; verify lengths l by Algorithm 1 (budget.solve_budget)
-               against the table's costs with a drafter pass; a request without drafts
-               now counts with its class's mean confidence (what it brings next step)
-    not        no drafter pass, one row each: R / cost(R requests, prompt rows, no pass)
+               against the costs with a drafter pass; a request without drafts counts
+               with its class's mean confidence (what it brings next step)
+    not        no drafter pass, one row each: R / cost(R requests, prompt rows, no pass);
+               the drafts already made are verified as far as they pay without a pass
 
-The better one is this step's choice: drafting runs the l it solved; not drafting
-verifies the drafts already made as far as they pay without a pass, and prompts that
-complete draft only while drafting wins. The table measures the cells that decide the
-argmax by running them: one step in `explore_every` of each shape (with or without
-prompt rows expected) runs a probe cell of its load and shape that has no fresh median
-yet (a pure function of the step counters and the table), with or without a start-up
-profile (a profile's cells are medians of 3 dummy steps: where two choices differ by less
-than the step noise, its reading alone can keep the rule off the better one for good). A step carrying a prompt chunk
-is a shape of its own in the table: a prefill dispatch may cost what no decode cell says.
+Prompts that complete draft only while drafting wins. The table measures the cells that
+decide the argmax by running them (probes, `_probe`).
 """
 
 from __future__ import annotations
@@ -109,11 +102,9 @@ class AdaptiveVerify:
 
     def _probe(self, n, prompt, shape: bool) -> tuple[bool, int] | None:
         """The probe this step runs, (drafting, window), or None: every `explore_every` steps
-        of its shape, the first probe cell unmeasured in the decode
-        cells and, with prompt rows, in the cell the step would be measured in (its busiest
-        partition's, table.observe): an unmeasured prompt cell reads from the decode cells.
-        The probe cells: the chain, K=0's step, and the two whole windows around the rule's
-        last choice with a pass (where the argmax is decided; cells between read linearly)."""
+        of its shape, the first of the chain, K=0's step and the two whole windows around the
+        last choice with a pass unmeasured in the decode cells (and, with prompt rows, near
+        the prompt cell the step lands in)."""
         if self.probing is not None:
             return self.probing
         if self.shape_steps[shape] % self.t.explore_every:
