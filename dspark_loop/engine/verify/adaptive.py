@@ -68,7 +68,8 @@ class AdaptiveVerify:
         n = np.bincount(partition, minlength=len(prompt))  # [P] decode requests; prompt [P] rows beside
         loads, shape = load_of(n), bool(prompt.any())  # [P]; the step's shape: a prompt chunk or not
         costs = np.stack([self.table.costs(int(b), self.step, shape) for b in loads])  # [P, 2, BINS]
-        probe = self._probe(n, prompt, shape)
+        drafting, lens, margin = self._decide(surv, cap, cls, partition, n, prompt, costs)
+        probe = self._probe(n, prompt, shape, drafting, margin)
         if probe is not None:
             self.drafting, window = probe
             lens = np.minimum(cap, window).astype(np.int32)
@@ -76,7 +77,7 @@ class AdaptiveVerify:
             # a window needs drafts: without them this step drafts and the probe runs next
             self.probing = probe if window and not cap.any() else None
         else:
-            self.drafting, lens = self._decide(surv, cap, cls, partition, n, prompt, costs)
+            self.drafting = drafting
             self.window = float(lens.sum() / max(int((cap > 0).sum()), 1)) if self.drafting else 0.0
         self.step += 1
         self.shape_steps[shape] += 1
@@ -86,31 +87,38 @@ class AdaptiveVerify:
         self.expected_tokens += R + float(surv[np.arange(DSPARK_K)[None, :] < lens[:, None]].sum())
         return VerifyChoice(lens, np.full(R, self.drafting), raw)
 
-    def _decide(self, surv, cap, cls, partition, n, prompt, costs) -> tuple[bool, np.ndarray]:
-        """The rule (module docstring): (drafting, verify lengths [R])."""
+    def _decide(self, surv, cap, cls, partition, n, prompt, costs) -> tuple[bool, np.ndarray, float]:
+        """The rule (module docstring): drafting, verify lengths [R], the better's rate / the other's."""
         R, idle, steady = len(cap), cap == 0, surv.copy()  # idle [R]: no drafts now, counted with its class's mean
         if idle.any():
             mean = self.acceptance.mean_conf[cls[idle]]  # [I, K]
             steady[idle] = self.acceptance.corrected(self.acceptance.raw(mean, np.full(len(mean), DSPARK_K)), cls[idle])
         on = solve(steady, np.where(idle, DSPARK_K, cap), partition, n, prompt, costs, 1)
         off_s = float(np.max(np.where(n > 0, CostTable.time(costs[:, 0], n, np.arange(len(n)), prompt), 0.0)))
-        if on.expected_tokens / on.step_s > R / off_s:
+        on_rate, off_rate = on.expected_tokens / on.step_s, R / off_s
+        margin = max(on_rate, off_rate) / max(min(on_rate, off_rate), 1e-12)
+        if on_rate > off_rate:
             if idle.any():
                 on = solve(surv, cap, partition, n, prompt, costs, 1)
-            return True, on.verify_len
-        return False, solve(surv, cap, partition, n, prompt, costs, 0).verify_len
+            return True, on.verify_len, margin
+        return False, solve(surv, cap, partition, n, prompt, costs, 0).verify_len, margin
 
-    def _probe(self, n, prompt, shape: bool) -> tuple[bool, int] | None:
+    def _probe(self, n, prompt, shape: bool, drafting: bool, margin: float) -> tuple[bool, int] | None:
         """The probe this step runs, (drafting, window), or None: every `explore_every` steps
         of its shape, the first of the chain, K=0's step and the two whole windows around the
         last choice with a pass unmeasured in the decode cells (and, with prompt rows, near
-        the prompt cell the step lands in)."""
+        the prompt cell the step lands in). With a start-up profile and the rule not drafting,
+        drafting cells only while `margin` < `probe_margin` (K=0's cell always: prompt steps
+        read from it)."""
         if self.probing is not None:
             return self.probing
         if self.shape_steps[shape] % self.t.explore_every:
             return None
+        passes = drafting or self.table.prior is None or margin < self.t.probe_margin  # drafting may win
         m = min(int(self.window), DSPARK_K - 1)  # the whole windows around the rule's last choice
         for d, j in ((True, DSPARK_K), (False, 0), (True, m), (True, m + 1)):
+            if d and not passes:
+                continue
             p = int(np.argmax(n * (1 + j) + prompt))  # the busiest partition: its cell is measured
             b = round(QUARTERS * (j + prompt[p] / n[p])) if n[p] else BINS  # the cell's rows
             decode, prompted = (self.table.measured(int(load_of(n[p])), self.step, s)[int(d)] for s in (False, True))
