@@ -1,24 +1,17 @@
 """AdaptiveVerify: the one decision rule of adaptive verification (docs/architecture.md,
 "Adaptive verification (the rule)").
 
-Each step, over all decode requests, it takes the operating point that maximises expected
-decode tokens per second of step time, where a step's time is the busiest partition's,
-read from the cost table:
+Each step, over all decode requests, the better of two operating points in expected decode
+tokens per second of step time (the busiest partition's, read from the cost table):
 
     drafting   every request drafts; verify lengths l by Algorithm 1 (budget.solve_budget)
-               against the table's costs with a drafter pass; a request without drafts
-               now counts with its class's mean confidence (what it brings next step)
-    not        no drafter pass, one row each: R / cost(R requests, prompt rows, no pass)
+               against the costs with a drafter pass; a request without drafts counts
+               with its class's mean confidence (what it brings next step)
+    not        no drafter pass, one row each: R / cost(R requests, prompt rows, no pass);
+               the drafts already made are verified as far as they pay without a pass
 
-The better one is this step's choice: drafting runs the l it solved; not drafting
-verifies the drafts already made as far as they pay without a pass, and prompts that
-complete draft only while drafting wins. The table measures the cells that decide the
-argmax by running them: one step in `explore_every` of each shape (with or without
-prompt rows expected) runs a probe cell of its load and shape that has no fresh median
-yet (a pure function of the step counters and the table), with or without a start-up
-profile (a profile's cells are medians of 3 dummy steps: where two choices differ by less
-than the step noise, its reading alone can keep the rule off the better one for good). A step carrying a prompt chunk
-is a shape of its own in the table: a prefill dispatch may cost what no decode cell says.
+Prompts that complete draft only while drafting wins. The table measures the cells that
+decide the argmax by running them (probes, `_probe`).
 """
 
 from __future__ import annotations
@@ -75,7 +68,8 @@ class AdaptiveVerify:
         n = np.bincount(partition, minlength=len(prompt))  # [P] decode requests; prompt [P] rows beside
         loads, shape = load_of(n), bool(prompt.any())  # [P]; the step's shape: a prompt chunk or not
         costs = np.stack([self.table.costs(int(b), self.step, shape) for b in loads])  # [P, 2, BINS]
-        probe = self._probe(n, prompt, shape)
+        drafting, lens, margin = self._decide(surv, cap, cls, partition, n, prompt, costs)
+        probe = self._probe(n, prompt, shape, drafting, margin)
         if probe is not None:
             self.drafting, window = probe
             lens = np.minimum(cap, window).astype(np.int32)
@@ -83,7 +77,7 @@ class AdaptiveVerify:
             # a window needs drafts: without them this step drafts and the probe runs next
             self.probing = probe if window and not cap.any() else None
         else:
-            self.drafting, lens = self._decide(surv, cap, cls, partition, n, prompt, costs)
+            self.drafting = drafting
             self.window = float(lens.sum() / max(int((cap > 0).sum()), 1)) if self.drafting else 0.0
         self.step += 1
         self.shape_steps[shape] += 1
@@ -93,33 +87,38 @@ class AdaptiveVerify:
         self.expected_tokens += R + float(surv[np.arange(DSPARK_K)[None, :] < lens[:, None]].sum())
         return VerifyChoice(lens, np.full(R, self.drafting), raw)
 
-    def _decide(self, surv, cap, cls, partition, n, prompt, costs) -> tuple[bool, np.ndarray]:
-        """The rule (module docstring): (drafting, verify lengths [R])."""
+    def _decide(self, surv, cap, cls, partition, n, prompt, costs) -> tuple[bool, np.ndarray, float]:
+        """The rule (module docstring): drafting, verify lengths [R], the better's rate / the other's."""
         R, idle, steady = len(cap), cap == 0, surv.copy()  # idle [R]: no drafts now, counted with its class's mean
         if idle.any():
             mean = self.acceptance.mean_conf[cls[idle]]  # [I, K]
             steady[idle] = self.acceptance.corrected(self.acceptance.raw(mean, np.full(len(mean), DSPARK_K)), cls[idle])
         on = solve(steady, np.where(idle, DSPARK_K, cap), partition, n, prompt, costs, 1)
         off_s = float(np.max(np.where(n > 0, CostTable.time(costs[:, 0], n, np.arange(len(n)), prompt), 0.0)))
-        if on.expected_tokens / on.step_s > R / off_s:
+        on_rate, off_rate = on.expected_tokens / on.step_s, R / off_s
+        margin = max(on_rate, off_rate) / max(min(on_rate, off_rate), 1e-12)
+        if on_rate > off_rate:
             if idle.any():
                 on = solve(surv, cap, partition, n, prompt, costs, 1)
-            return True, on.verify_len
-        return False, solve(surv, cap, partition, n, prompt, costs, 0).verify_len
+            return True, on.verify_len, margin
+        return False, solve(surv, cap, partition, n, prompt, costs, 0).verify_len, margin
 
-    def _probe(self, n, prompt, shape: bool) -> tuple[bool, int] | None:
+    def _probe(self, n, prompt, shape: bool, drafting: bool, margin: float) -> tuple[bool, int] | None:
         """The probe this step runs, (drafting, window), or None: every `explore_every` steps
-        of its shape, the first probe cell unmeasured in the decode
-        cells and, with prompt rows, in the cell the step would be measured in (its busiest
-        partition's, table.observe): an unmeasured prompt cell reads from the decode cells.
-        The probe cells: the chain, K=0's step, and the two whole windows around the rule's
-        last choice with a pass (where the argmax is decided; cells between read linearly)."""
+        of its shape, the first of the chain, K=0's step and the two whole windows around the
+        last choice with a pass unmeasured in the decode cells (and, with prompt rows, near
+        the prompt cell the step lands in). With a start-up profile and the rule not drafting,
+        drafting cells only while `margin` < `probe_margin` (K=0's cell always: prompt steps
+        read from it)."""
         if self.probing is not None:
             return self.probing
         if self.shape_steps[shape] % self.t.explore_every:
             return None
+        passes = drafting or self.table.prior is None or margin < self.t.probe_margin  # drafting may win
         m = min(int(self.window), DSPARK_K - 1)  # the whole windows around the rule's last choice
         for d, j in ((True, DSPARK_K), (False, 0), (True, m), (True, m + 1)):
+            if d and not passes:
+                continue
             p = int(np.argmax(n * (1 + j) + prompt))  # the busiest partition: its cell is measured
             b = round(QUARTERS * (j + prompt[p] / n[p])) if n[p] else BINS  # the cell's rows
             decode, prompted = (self.table.measured(int(load_of(n[p])), self.step, s)[int(d)] for s in (False, True))

@@ -3,19 +3,14 @@ Algorithm 1, confidence-scheduled verification), as a pure numpy function.
 
     survival  a[r, j] = prod_{i <= j} c[r, i]          (chance drafts 0..j all match)
     tokens    tau(l)  = sum_r (1 + sum_{j < l_r} a[r, j])
-    rows      B(l)    = sum_r (1 + l_r)
     step time T(l)    = max_p (base_s[p] + drafts_s(p, sum_{r in p} l_r))   (cost_table.py)
 
-We pick l maximising tau / T, i.e. tokens per second. Within a partition, for m verified
-drafts the best tau takes its m largest survivals, and since a[r, :] never increases along
-j those m slots are a contiguous prefix of every request: ranking the slots once by
-survival turns each partition into a staircase m = 0..n_p. A step time T then lets every
-partition verify its first m_p(T) slots (the most whose cost fits in T), so we evaluate
-tau / T at every breakpoint T = base_s[p] + drafts_s(p, m) and take the GLOBAL argmax, not
-the paper's first descent: with one partition and a linear cost the staircase is
-unimodal and both agree, but with several partitions, or a tile-quantised drafts_s (rows
-padded to tiles of 4 or 8), it is not. Ties rank by (request, position), independent of
-the values; among equal optima the larger T wins, so free rows verify the whole window.
+l maximises tau / T. Since a[r, :] never increases along j, ranking the slots once by
+survival turns each partition into a staircase of prefixes; every breakpoint T is
+evaluated and the GLOBAL argmax taken (with several partitions or a tiled drafts_s the
+staircase is not unimodal, so the paper's first descent would stop early). Ties rank by
+(request, position); among equal optima the larger T wins, so free rows verify the whole
+window.
 """
 
 from __future__ import annotations
@@ -26,7 +21,6 @@ from typing import NamedTuple
 import numpy as np
 
 SURVIVAL_BITS = 41  # survivals closer than 2^-40 rank as equal (by slot index): keys 0..2^40
-SURVIVAL_STEPS = 1 << (SURVIVAL_BITS - 1)
 
 
 class Budget(NamedTuple):
@@ -51,10 +45,9 @@ def solve_budget(
     drafts_s: Callable[[np.ndarray, np.ndarray], np.ndarray],
     partition: np.ndarray | None = None,
 ) -> Budget:
-    """surv [R, K] from survival(); cap [R] int in 0..K; base_s [P] (or a float: P = 1):
-    each partition's step time with no draft verified (> 0); drafts_s(p [M], m [M]) -> [M]:
-    the extra time of m verified drafts in partition p, non-decreasing in m, 0 at m = 0;
-    partition [R] int in 0..P-1 (None: all in partition 0)."""
+    """surv [R, K] from survival(); cap [R] in 0..K; base_s [P] (or a float): each partition's
+    step time with no draft verified (> 0); drafts_s(p [M], m [M]) -> [M]: the extra time of m
+    drafts in partition p, non-decreasing, 0 at 0; partition [R] in 0..P-1 (None: all 0)."""
     R, K = surv.shape
     base_s = np.maximum(np.atleast_1d(np.asarray(base_s, dtype=np.float64)), 1e-12)  # [P]
     P = len(base_s)
@@ -67,14 +60,11 @@ def solve_budget(
         slots = np.flatnonzero(np.arange(K)[None, :] < cap[:, None])  # [n] eligible, row-major (request, position)
         values, slot_part = flat[slots], partition[slots // K]  # [n] each
     n = len(slots)
-    # NOTE: one integer key per slot, unique, so sorting the keys themselves orders the
-    # slots (a stable float sort is ~3x slower, an argsort ~2x a sort): the partition,
-    # then survival on 40 bits, descending, then the row-major slot index (request,
-    # position) as the value-independent tie-break, which keeps every m-prefix of a
-    # partition's ranking a per-request prefix even where c = 1; the slot reads back
-    # from the low bits. Sorted, the slots line up partition by partition, best first within.
+    # one unique integer key per slot, sorted (~2x faster than an argsort): the partition,
+    # survival on 40 bits descending, then the slot index (request, position) as the tie-break
+    # that keeps every prefix of a partition's ranking a per-request prefix; slot = low bits
     index_bits = max(1, int(R * K - 1).bit_length())
-    quantised = np.rint((1.0 - values) * SURVIVAL_STEPS).astype(np.int64)  # [n] in 0..STEPS
+    quantised = np.rint((1.0 - values) * (1 << (SURVIVAL_BITS - 1))).astype(np.int64)  # [n] in 0..2^40
     keys = (quantised << index_bits) | slots
     part_shift = SURVIVAL_BITS + index_bits
     if P == 1:
@@ -88,11 +78,9 @@ def solve_budget(
         ranked, slot_part = slots[order], slot_part[order]
     counts = np.bincount(slot_part, minlength=P)  # [P]
     rank = np.arange(n) - (np.cumsum(counts) - counts)[slot_part]  # [n] rank within its partition
-    # Each slot's breakpoint: the step time at which its partition verifies it, base_s[p] +
-    # drafts_s(p, its rank in the partition + 1). A step time T verifies, in every partition,
-    # the slots whose breakpoint is <= T: a prefix of the partition's ranking (breakpoints
-    # never fall along it). So one stable sort of the breakpoints lines up every candidate
-    # T (P sorted runs: a stable sort merges them), and tau(T) is a running sum over it.
+    # each slot's breakpoint: the step time at which its partition verifies it; a step time T
+    # verifies the slots with breakpoints <= T (a prefix of each partition's ranking), so one
+    # stable sort of the breakpoints lines up every candidate T and tau(T) is a running sum
     breakpoint_s = base_s[slot_part] + drafts_s(slot_part, rank + 1)  # [n]
     ascending = np.argsort(breakpoint_s, kind="stable")  # [n]
     by_time = ranked[ascending]  # [n] slots, by step time

@@ -1,18 +1,10 @@
-"""What the rule believes about its drafts' acceptance: from the drafter's confidences to each
-draft's survival, the chance it and every draft before it are accepted.
+"""What the rule believes about its drafts' acceptance: each draft's survival, the chance
+it and every draft before it are accepted (docs/architecture.md, "What it measures").
 
-    known       confidences not known yet (NaN: drafts still in flight, planned one step
-                ahead) read as their class's mean confidence
+    known       confidences not known yet (NaN: drafts in flight) read as their class's mean
     calibrated  the checkpoint's per-position temperatures, c' = sigmoid(logit(c) / T_j)
-    survival    a[r, j] = prod_{i <= j} c'[r, i] (budget.survival), times the realised
-                acceptance ratio of the request's class at position j, at most 1 and
-                non-increasing along the window
-
-The ratio is realised over predicted acceptance per class (request_class: greedy or
-sampled, free or constrained) and position, summed over the verified slots of the latest
-steps: the drafter's head predicts a match with the greedy token, so sampled or
-grammar-masked requests accept less than their confidences say, and each class is
-corrected on its own so one does not cut another's windows.
+    survival    prod_{i <= j} c'[r, i] times the realised acceptance ratio of the request's
+                class (request_class) at position j, at most 1, non-increasing
 """
 
 from __future__ import annotations

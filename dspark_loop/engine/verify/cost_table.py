@@ -1,29 +1,20 @@
-"""The step-cost table: what one partition's decode step costs, by shape, as measured.
+"""The step-cost table: what one partition's decode step costs, by shape, as measured
+(docs/architecture.md, "What it measures").
 
 A cell is (load, rows, pass, prompt): load = round(log2 of the partition's decode requests),
-rows = the rows it computes beyond one per request (verified drafts and prompt rows), per
-request, in quarters (0, 1/4 ... MAX_EXTRA_ROWS), pass = whether a drafter pass runs, prompt
-= whether the step carries a prompt chunk (a shape of its own: a padded prefill dispatch
-costs what no count of rows says). Its cost is the median of its newest `cell_samples`
-step times younger than `horizon` decode steps (one robust statistic; no model, no fit).
-Reading a shape between windows interpolates linearly; costs are made monotone (more
-drafts, a pass, or a prompt chunk, never cheaper).
+rows = the rows it computes beyond one per request (verified drafts and prompt rows) per
+request, in quarters up to MAX_EXTRA_ROWS, pass = whether a drafter pass runs, prompt =
+whether the step carries a prompt chunk. Its cost is the median of its newest
+`cell_samples` step times younger than `horizon` decode steps; shapes between cells read
+linearly; costs are monotone (more rows, a pass, or a prompt chunk, never cheaper).
 
-A cell with fewer than `min_samples` fresh samples is unmeasured. It then reads as a prior
-when the table has one (a start-up profile of decode steps: `profile()`, or a file), scaled
-by the median ratio of the newest measured steps to that prior (the machine's drift);
-without a prior, between the measured rows of its pass (flat beyond them), or as the other
-pass's cost where its pass has none. A prompt step reads as the decode step of its rows
-plus one figure per load, the median excess of the measured prompt steps over theirs (a
-prompt cell's own median moves with the other partitions' chunks too). The rule
-measures the cells it needs by running them (AdaptiveVerify's probes). A decode cell whose
-newest samples moved by a factor `shift` from its older ones says the cost shape changed:
-the load's other cells are measured again.
-
-With two steps in flight the host plans and streams one step while the ranks compute the
-next: a step takes the slower of the two. The host's CPU per step (the median of its
-newest `cell_samples` at the load) is then a floor under every cell of the load: rows the
-ranks compute while the host is still busy are free.
+A cell with fewer than `min_samples` fresh samples is unmeasured: it reads as the prior (a
+start-up profile of decode steps) times the drift (the median ratio of the newest measured
+steps to the prior); without one, between the measured rows of its pass, or as the other
+pass's. A prompt step reads as the decode step of its rows plus the median excess of the
+measured prompt steps over theirs, per load. A decode cell whose newest samples moved by
+`shift` from its older ones marks the load's other cells unmeasured. The host's CPU per
+step (two steps in flight) is a floor under every cell of its load.
 """
 
 from __future__ import annotations
@@ -37,9 +28,8 @@ from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.verify.tunables import DEFAULT, VerifyTunables
 
 LOADS = 12  # load buckets: 1, 2, 4 ... 2048 decode requests per partition (log2, rounded)
-# extra rows per request are told apart by quarters (a tile boundary falls between 7 and
-# 7.25 rows at 64 requests: a prompt chunk of 16 rows beside full windows), up to two
-# windows' worth (prompt rows beside full windows); a step beyond is not measured
+# extra rows per request in quarters (a tile boundary falls between 7 and 7.25 rows at 64
+# requests), up to two windows' worth (prompt rows beside full windows); beyond: not measured
 QUARTERS = 4
 MAX_EXTRA_ROWS = 2 * DSPARK_K
 BINS = QUARTERS * MAX_EXTRA_ROWS + 1
@@ -59,8 +49,7 @@ def load_of(num_requests) -> np.ndarray:
 
 class CostTable:
     def __init__(self, prior: np.ndarray | None = None, tunables: VerifyTunables = DEFAULT):
-        """prior [LOADS, 2, BINS] seconds of decode steps (NaN: not profiled), or None: learned
-        from nothing. Cells are [LOADS, 4 = pass + 2 prompt, BINS]."""
+        """prior [LOADS, 2, BINS] seconds of decode steps (NaN: not profiled) or None."""
         self.t = tunables
         self.prior = None if prior is None else np.asarray(prior, np.float64)
         shape = (LOADS, 4, BINS, tunables.cell_samples)
@@ -156,8 +145,7 @@ class CostTable:
 
     def observe(self, num_requests: int, extra_rows: int, drafting: bool, step_s: float, step: int, prompt=False):
         """A decode step of the busiest partition: its requests, rows beyond one per request,
-        whether a drafter pass ran, its cost, the decode step counter, whether it carried a
-        prompt chunk."""
+        pass, cost, the decode step counter and whether it carried a prompt chunk."""
         j = int(round(QUARTERS * extra_rows / max(num_requests, 1)))
         if step_s <= 0 or num_requests <= 0 or j >= BINS:
             return
@@ -211,7 +199,6 @@ class CostTable:
         self.steps[cell][order[:k]] = steps[:k]
         self.num_shifts += 1
 
-    # ---- the start-up profile -----------------------------------------------------------
     @classmethod
     def profile(cls, step_s: Callable[[int, int, bool], float], max_requests: int, repeats: int = 5, **kw) -> CostTable:
         """A table whose prior is measured: step_s(requests, rows, drafting) -> seconds of a

@@ -1,26 +1,18 @@
-"""The seam between the scheduler and a verify policy: every call the scheduler makes.
+"""The seam between the scheduler and a verify policy (docs/architecture.md, "The seam").
 
-Once per step, over the decode requests of ALL partitions (the groups compute a step
-together; its time is the busiest group's), in plan order (partition by partition, each
-in admission order):
+Once per step, over the decode requests of ALL partitions in plan order (partition by
+partition, each in admission order):
 
     choose(conf, cap, partition, sampled, constrained, prompt_rows) -> VerifyChoice
-        conf [R, K] float   calibrated-to-be confidences of each request's pending drafts
-                            (0 without drafts; NaN: drafts in flight, not known yet)
-        cap [R] int 0..K    the most it may verify (0: no drafts, the position ceiling, a
-                            grammar; or the request's own max_draft_tokens)
-        partition [R] int   its partition; sampled [R] bool: temperature > 0;
-        constrained [R] bool: an output grammar masks its rows
-        prompt_rows [P] int the prompt rows each partition is expected to compute beside
-                            (windows.prompt_rows)
-    drafts_prompt(cls) -> bool
-        whether a prompt completing this step (request class cls, calibration.request_class)
-        runs its first drafter pass
-    observe(StepFeedback)   a finished step (only where `learns`)
-    stats() -> dict         for /metrics and the benchmarks
+        conf [R, K]     confidences of each request's pending drafts (0: none; NaN: in flight)
+        cap [R] 0..K    the most it may verify (0: no drafts, the position ceiling, a grammar)
+        partition [R]; sampled [R] bool: temperature > 0; constrained [R] bool: a grammar
+        prompt_rows [P] the prompt rows each partition is expected to compute beside
+    drafts_prompt(cls)  whether a prompt completing this step runs its first drafter pass
+    observe(StepFeedback), where `learns`; stats() for /metrics and the benchmarks
 
-`per_step` False: the scheduler plans the fixed chain without calling choose() (the hot
-path). Whatever a policy chooses, tokens are the same: it changes speed only.
+`per_step` False: the scheduler plans the fixed chain without calling choose(). Whatever a
+policy chooses, tokens are the same: it changes speed only.
 """
 
 from __future__ import annotations
@@ -47,11 +39,9 @@ class StepFeedback(NamedTuple):
     drafted: np.ndarray  # bool: a drafter pass ran
     step_s: float  # what the step cost the ranks (feedback.step_cost_s)
     tokens: int  # decode tokens appended
-    # the verifying requests' (raw survival [n, K], verify_len [n], accepted [n], class [n]),
-    # where choose() returned a survival; else None
+    # the verifying requests' (raw survival [n, K], verify_len [n], accepted [n], class [n]) or None
     windows: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
-    # the host's CPU per step where it runs beside the ranks (two steps in flight): the
-    # floor under every step's cost (the slower stage sets the pace); None in lockstep
+    # the host's CPU per step where it runs beside the ranks (two steps in flight); None in lockstep
     host_s: float | None = None
 
 

@@ -22,16 +22,20 @@ class VerifyTunables:
     # costs ~6 short steps per horizon (~0.5% of the steps at 1024).
     horizon: int = 1024
     # A cell whose newest min_samples steps' median is this factor off its older samples'
-    # median marks its load's other cells unmeasured: the cost shape changed, and the points
-    # the rule is not visiting must be measured again (a cheaper alternative would otherwise
-    # wait `horizon` steps). Above what noise alone shows: the sim's demo-cpu +-15% jitter
-    # reaches 1.15 / 0.85 = 1.35; at 1.25 it fired 1-2 times per 800 steps there for nothing,
-    # each re-probing the load (0.97x K=0 at 16 streams, T=0.8; 1.00x at 1.4).
+    # median marks its load's other cells unmeasured (the cost shape changed: the points not
+    # visited are measured again, not after `horizon`). Above what noise alone shows: the
+    # sim's demo-cpu +-15% jitter reaches 1.15 / 0.85 = 1.35 (at 1.25: 0.97x K=0 at 16
+    # streams, T=0.8, re-probing for nothing; 1.00x at 1.4).
     shift: float = 1.4
-    # Without a start-up profile, one decode step in this many runs an unmeasured probe
-    # cell of its load (a pure function of the step counter): at 4, a cold load has its
-    # 4 probe cells measured (3 steps each) within ~50 steps.
+    # One decode step in this many of each shape runs an unmeasured probe cell of its load
+    # (a pure function of the step counters): at 4, a cold load has its 4 probe cells
+    # measured (3 steps each) within ~50 steps.
     explore_every: int = 4
+    # With a start-up profile, while the rule does not draft, the drafting cells are probed
+    # only while the table reads drafting within this factor of K=0's step: beyond a profile
+    # cell's error (a median of 3 dummy steps) a probe cannot change the choice, and it pays
+    # a pass that verifies nothing (~2 K=0 steps on the demo's CPU).
+    probe_margin: float = 1.1
     # Each position's acceptance correction (realised over predicted survival, per request
     # class) forgets this share of its sums per step it is observed (~50 steps of memory),
     # and starts from `accept_prior` pseudo-slots at ratio 1.

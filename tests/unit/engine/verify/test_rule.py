@@ -8,6 +8,7 @@ from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.verify.adaptive import AdaptiveVerify
 from dspark_loop.engine.verify.cost_table import CostTable
 from dspark_loop.engine.verify.policy import StepFeedback
+from dspark_loop.engine.verify.tunables import VerifyTunables
 
 K = DSPARK_K
 
@@ -76,3 +77,20 @@ def test_without_a_profile_probes_run_on_a_fixed_schedule_until_the_cells_are_me
     probe_steps = [i for i in range(1, 160) if a[i][2] > a[i - 1][2]] + ([0] if a[0][2] else [])
     assert probe_steps and all(s % 4 == 0 for s in probe_steps)
     assert a[-1][2] == a[120][2]  # measured (each probe cell 3 steps): no more probes
+
+
+def test_with_a_profile_where_k0_clearly_wins_the_drafting_cells_are_not_probed():
+    """From a start-up profile where a drafter pass costs far more than its tokens bring, the
+    rule must never run a pass (a probe of a drafting cell would pay one that verifies
+    nothing); probing them whatever the margin (probe_margin infinite), it does."""
+
+    def passes(policy: AdaptiveVerify) -> int:
+        ran = 0
+        for _ in range(40):
+            choice = policy.choose(*batch(16, 0.5))
+            ran += bool(choice.draft_next.any())
+        return ran
+
+    dear = CostTable.profile(lambda n, rows, d: 0.01 * rows + 0.5 * d, 16)
+    assert passes(AdaptiveVerify(dear)) == 0
+    assert passes(AdaptiveVerify(dear, tunables=VerifyTunables(probe_margin=float("inf")))) > 0
