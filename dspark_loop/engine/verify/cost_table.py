@@ -174,7 +174,8 @@ class CostTable:
         load = int(load_of(num_requests))
         self.host[load, self.host_next[load] % self.t.cell_samples] = host_s
         self.host_next[load] += 1
-        floor = float(np.nanmedian(self.host[load])) if self.host_next[load] >= self.t.min_samples else 0.0
+        ring = [x for x in self.host[load].tolist() if x == x]
+        floor = _median(ring) if self.host_next[load] >= self.t.min_samples else 0.0
         if floor != self.host_floor[load]:
             self.host_floor[load] = floor
             self.cache.pop(load, None)

@@ -1,8 +1,7 @@
 """What a verify policy learns from a finished step (Scheduler.observe_step), as one
 StepFeedback. The step's cost: the busiest leader's work (StepResult.work_s), plus the
 host's CPU for the step in lockstep; with two steps in flight the work alone and the host's
-CPU beside it (StepFeedback.host_s). Without work times, the wall time.
-"""
+CPU beside it (StepFeedback.host_s). Without work times, the wall time."""
 
 from __future__ import annotations
 
