@@ -63,7 +63,6 @@ class SSEStream:
         self._transport: Any = None  # asyncio.Transport
         self._protocol: Any = None  # aiohttp's RequestHandler: writing_paused
         self._writer: Any = None  # aiohttp's StreamWriter: its byte counters
-        self._direct_high = 0  # = _high
         self._chunked = True
 
     async def start(self) -> None:
@@ -80,7 +79,7 @@ class SSEStream:
             raise ConnectionResetError("Cannot write to closing transport")
         data = b"%x\r\n%b\r\n" % (len(event), event) if self._chunked else event
         size = len(data)
-        if self._protocol.writing_paused or transport.get_write_buffer_size() + size > self._direct_high:
+        if self._protocol.writing_paused or transport.get_write_buffer_size() + size > self._high:
             return False
         transport.write(data)
         writer = self._writer
@@ -155,7 +154,6 @@ class SSEStream:
         ):
             return
         self._transport, self._protocol, self._writer = transport, self.request.protocol, writer
-        self._direct_high = self._high
         self._chunked = writer.chunked
 
 

@@ -68,8 +68,10 @@ class AdaptiveVerify:
         n = np.bincount(partition, minlength=len(prompt))  # [P] decode requests; prompt [P] rows beside
         loads, shape = load_of(n), bool(prompt.any())  # [P]; the step's shape: a prompt chunk or not
         costs = np.stack([self.table.costs(int(b), self.step, shape) for b in loads])  # [P, 2, BINS]
-        drafting, lens, margin = self._decide(surv, cap, cls, partition, n, prompt, costs)
-        probe = self._probe(n, prompt, shape, drafting, margin)
+        probe = self.probing  # a probe that waited for drafts runs now, whatever the rule says
+        if probe is None:
+            drafting, lens, margin = self._decide(surv, cap, cls, partition, n, prompt, costs)
+            probe = self._probe(n, prompt, shape, drafting, margin)
         if probe is not None:
             self.drafting, window = probe
             lens = np.minimum(cap, window).astype(np.int32)
@@ -110,8 +112,6 @@ class AdaptiveVerify:
         the prompt cell the step lands in). With a start-up profile and the rule not drafting,
         drafting cells only while `margin` < `probe_margin` (K=0's cell always: prompt steps
         read from it)."""
-        if self.probing is not None:
-            return self.probing
         if self.shape_steps[shape] % self.t.explore_every:
             return None
         passes = drafting or self.table.prior is None or margin < self.t.probe_margin  # drafting may win
