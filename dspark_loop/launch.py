@@ -17,18 +17,15 @@ from tokenizers import Tokenizer
 
 from dspark_loop.config.rank_config import rank_config
 from dspark_loop.config.server_config import ServerConfig
-from dspark_loop.config.startup_rules import has_confidence_head
 from dspark_loop.contract.cache_layout import CacheLayout
 from dspark_loop.contract.errors import MeshStartError
 from dspark_loop.contract.mesh_auth import resolve_secret
 from dspark_loop.contract.model_config import ModelConfig
-from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.scheduler import Scheduler
 from dspark_loop.engine.verify.adaptive import AdaptiveVerify
-from dspark_loop.engine.verify.cost_table import CostTable
-from dspark_loop.engine.verify.policy import FullVerify, VerifyPolicy
+from dspark_loop.engine.verify.policy import VerifyPolicy
 from dspark_loop.event_loop import loop_name
 from dspark_loop.mesh.mesh import Mesh
 from dspark_loop.mesh.nodes import MESH_PORT_OFFSET, NodeLayout, parse_host_port
@@ -38,6 +35,7 @@ from dspark_loop.observe.metrics import Metrics
 from dspark_loop.observe.tap_publisher import TapPublisher
 from dspark_loop.pending_engine import PendingEngine
 from dspark_loop.verify_costs import startup_costs
+from dspark_loop.verify_setup import profiles_at_startup, verify_policy
 
 log = logging.getLogger("dspark_loop")
 
@@ -103,32 +101,6 @@ def scheduler_extra_kwargs(cfg: ServerConfig, policy: VerifyPolicy | None = None
     }
 
 
-def adaptive_verification(cfg: ServerConfig) -> bool:
-    """--speculative-config enable_adaptive_verification; unset: on when K=7 and the
-    checkpoint's drafter has a confidence head."""
-    spec = cfg.speculative
-    if not spec.num_speculative_tokens:
-        return False
-    if spec.enable_adaptive_verification is not None:
-        return spec.enable_adaptive_verification
-    return has_confidence_head(cfg.model)
-
-
-def verify_policy(cfg: ServerConfig, model: ModelConfig | None = None) -> VerifyPolicy:
-    """AdaptiveVerify (with the start-up cost table when one is given, and the checkpoint's
-    per-position confidence temperatures, config.json dspark_confidence_temperatures, when
-    it has them) or the fixed chain."""
-    if not adaptive_verification(cfg):
-        return FullVerify()
-    return adaptive_policy(cfg.speculative.cost_model, model)
-
-
-def profiles_at_startup(cfg: ServerConfig) -> bool:
-    """Whether the server times dummy steps (or reads their cache) before serving: adaptive
-    verification without a cost_model file, --verify-profile not off (verify_costs.py)."""
-    return adaptive_verification(cfg) and not cfg.speculative.cost_model and cfg.verify_profile != "off"
-
-
 def startup_profile(cfg: ServerConfig, model: ModelConfig, policy: VerifyPolicy):
     """prepare(mesh) for the supervisor: the policy's start-up cost table (verify_costs.py)."""
     assert isinstance(policy, AdaptiveVerify)  # profiles_at_startup: adaptive verification is on
@@ -138,15 +110,6 @@ def startup_profile(cfg: ServerConfig, model: ModelConfig, policy: VerifyPolicy)
         return make_scheduler(cfg, model, blocks, p, log_progress=False)
 
     return lambda mesh: startup_costs(cfg, adaptive, mesh, new_scheduler)
-
-
-def adaptive_policy(cost_model: str | None, model: ModelConfig | None) -> AdaptiveVerify:
-    """AdaptiveVerify as the server builds it (also tools/bench/adaptive): the cost table's
-    prior from cost_model when given, the checkpoint's confidence temperatures when it has them."""
-    temps = model.raw.get("dspark_confidence_temperatures") if model is not None else None
-    if temps is not None and (len(temps) != DSPARK_K or min(temps) <= 0):
-        raise ValueError(f"config.json dspark_confidence_temperatures must be {DSPARK_K} positive numbers: {temps}")
-    return AdaptiveVerify(CostTable.from_file(cost_model) if cost_model else None, temperatures=temps)
 
 
 def load_tokenizer(model_dir: str) -> Tokenizer:

@@ -1,7 +1,7 @@
 """The cost table adaptive verification starts serving with (docs/architecture.md, "What it
 measures"; docs/deployment.md, "The verify cost profile"):
 
-    "cost_model": FILE      that file, as given (launch.adaptive_policy)
+    "cost_model": FILE      that file, as given (verify_setup.adaptive_policy)
     --verify-profile auto   the cache file of this run's key, else the start-up profile: dummy
                             decode steps through the ranks before serving
                             (engine/profile_driver.py), saved to the cache file

@@ -32,7 +32,7 @@ class SpeculativeConfig:
     method: str = "dspark"
     num_speculative_tokens: int = 0
     # K=7: choose verify lengths and drafter skips per request (engine/verify/adaptive.py);
-    # None: on when the drafter has a confidence head (launch.adaptive_verification)
+    # None: on when the drafter has a confidence head (verify_setup.adaptive_verification)
     enable_adaptive_verification: bool | None = None
     cost_model: str | None = None  # a start-up cost table (engine/verify/cost_table.py), JSON
 

@@ -10,8 +10,8 @@ import pytest
 
 from dspark_loop.config.cli import parse_args
 from dspark_loop.engine.verify.cost_table import CostTable
-from dspark_loop.launch import profiles_at_startup
 from dspark_loop.verify_costs import cache_path, profile_key, read_cached, write_cache
+from dspark_loop.verify_setup import profiles_at_startup
 from tests.unit.config.models import tiny_config_dict, write_checkpoint_stub
 
 K7 = ["--speculative-config", '{"num_speculative_tokens": 7}']

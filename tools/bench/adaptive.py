@@ -76,8 +76,8 @@ from dspark_loop.engine.loop import EngineLoop
 from dspark_loop.engine.observer import EngineObserver
 from dspark_loop.engine.outputs import GenerateRequest, SamplingParams
 from dspark_loop.engine.verify.adaptive import AdaptiveVerify
-from dspark_loop.launch import adaptive_policy
 from dspark_loop.mesh.mesh import Mesh
+from dspark_loop.verify_setup import adaptive_policy
 from dspark_testing.local_mesh import LocalMesh
 from dspark_testing.schedulers import model_scheduler
 from tools.bench import harness

@@ -41,7 +41,7 @@ from workers.model.moe import Gate
 from workers.weights import load_model
 
 K = DSPARK_K
-CONFIG_KEY = "dspark_confidence_temperatures"  # read by dspark_loop/launch.py verify_policy
+CONFIG_KEY = "dspark_confidence_temperatures"  # read by dspark_loop/verify_setup.py adaptive_policy
 POS_WEIGHTS = torch.exp(-torch.arange(K, dtype=torch.float32) / 4)  # [7] exp(-(k-1)/4)
 W_CE, W_L1, W_BCE = 0.1, 0.9, 1.0
 

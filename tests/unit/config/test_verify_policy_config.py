@@ -9,7 +9,7 @@ from dspark_loop.config.server_config import ServerConfig
 from dspark_loop.engine.verify.adaptive import AdaptiveVerify
 from dspark_loop.engine.verify.cost_table import CostTable
 from dspark_loop.engine.verify.policy import FullVerify
-from dspark_loop.launch import verify_policy
+from dspark_loop.verify_setup import verify_policy
 
 
 def config(tmp_path, spec: dict):

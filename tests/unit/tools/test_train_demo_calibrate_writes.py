@@ -9,7 +9,7 @@ import shutil
 
 from dspark_loop.config.default_model import DEMO_DIR, DEMO_MANIFEST
 from dspark_loop.contract.model_config import ModelConfig
-from dspark_loop.launch import adaptive_policy
+from dspark_loop.verify_setup import adaptive_policy
 from tools.train_demo.recalibrate import write_config, write_manifest
 from tools.train_demo.ship import file_entry
 
@@ -32,7 +32,7 @@ def copy_of_demo_configs(tmp_path) -> str:
 
 def test_written_temperatures_are_the_ones_the_server_policy_applies(tmp_path):
     """write_config must set config.json's dspark_confidence_temperatures so that the
-    server's AdaptiveVerify construction (launch.adaptive_policy) reads them back exactly,
+    server's AdaptiveVerify construction (verify_setup.adaptive_policy) reads them back exactly,
     and must leave every other config key as it was."""
     d = copy_of_demo_configs(tmp_path)
     before = load(os.path.join(d, "config.json"))
