@@ -2,7 +2,8 @@
 
 Deltas never contain broken UTF-8: a token that ends inside a multi-byte character
 contributes nothing until the character completes. Text that could still be the start of
-a stop string is held back until the next tokens decide it. Special tokens produce no text.
+a stop string is held back until the next tokens decide it. Special tokens produce no text
+unless asked for (skip_special_tokens=False: all; keep_special: those named).
 
 Two decoding paths, chosen once per tokenizer by TokenText:
 - byte-level BPE (DeepSeek's tokenizer): a table of the bytes of every token id and an
@@ -43,7 +44,7 @@ class TokenText:
         self.special_ids = frozenset(i for i, t in added.items() if t.special)
         self.special_text = {i: t.content for i, t in added.items() if t.special}
         self.token_bytes: list[bytes] | None = None  # id -> bytes, special tokens b""
-        self._with_special: list[bytes] | None = None
+        self._spelling: dict[frozenset[int], list[bytes]] = {}  # table_spelling's, by its ids
         decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
         kinds = [d.get("type") for d in decoder.get("decoders", [decoder])]
         if kinds == ["ByteLevel"]:
@@ -54,17 +55,17 @@ class TokenText:
     def byte_level(self) -> bool:
         return self.token_bytes is not None
 
-    @property
-    def bytes_with_special(self) -> list[bytes]:
-        """token_bytes with each special token as its text (skip_special_tokens=False)."""
-        if self._with_special is None:
+    def table_spelling(self, ids: frozenset[int]) -> list[bytes]:
+        """token_bytes with the special tokens `ids` as their text (built once per set)."""
+        table = self._spelling.get(ids)
+        if table is None:
             assert self.token_bytes is not None, "only a byte-level tokenizer has byte tables"
             table = list(self.token_bytes)
-            for i, content in self.special_text.items():
+            for i in ids:
                 if i < len(table):
-                    table[i] = content.encode("utf-8")
-            self._with_special = table
-        return self._with_special
+                    table[i] = self.special_text[i].encode("utf-8")
+            self._spelling[ids] = table
+        return table
 
     def _byte_table(self, tokenizer, added) -> list[bytes]:
         alphabet = byte_level_alphabet()
@@ -98,9 +99,12 @@ class Detokenizer:
         stop: list[str] | tuple[str, ...] = (),
         include_stop_str_in_output: bool = False,
         skip_special_tokens: bool = True,
+        keep_special: tuple[str, ...] = (),
     ):
         self._text = text
-        self._skip_special = skip_special_tokens
+        # special ids spelled as their text: all of them, or (skipping) those in keep_special
+        special = text.special_text
+        self._spelled = special if not skip_special_tokens else {i: t for i, t in special.items() if t in keep_special}
         self._stops = [s for s in stop if s]
         self._include_stop = include_stop_str_in_output
         self._stop_prefixes = {s[:k] for s in self._stops for k in range(1, len(s))}
@@ -113,7 +117,7 @@ class Detokenizer:
         self._table: list[bytes] = []  # id -> bytes (byte-level tokenizers)
         if text.token_bytes is not None:  # text.byte_level
             self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-            self._table = text.token_bytes if skip_special_tokens else text.bytes_with_special
+            self._table = text.table_spelling(frozenset(self._spelled)) if self._spelled else text.token_bytes
         else:
             self._ids: list[int] = []
             self._prefix_offset = 0
@@ -167,10 +171,10 @@ class Detokenizer:
 
     # ---- internals --------------------------------------------------------------------
     def _decode(self, token_id: int) -> str:
-        if not self._skip_special and token_id in self._text.special_text:
+        if self._spelled and token_id in self._spelled:
             # NOTE: chat output needs </think> and ｜DSML｜ as text to split reasoning and
             # tool calls; a special token never splits a character, so flushing is safe.
-            return self._flush() + self._text.special_text[token_id]
+            return self._flush() + self._spelled[token_id]
         if self._text.byte_level:
             # NOTE: _table, not token_bytes: the two differ only at special ids, handled above
             table = self._table

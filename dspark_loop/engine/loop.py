@@ -158,8 +158,9 @@ class EngineLoop:
         try:
             det = text = None
             if self.token_text is not None:
+                p = g.params
                 det = Detokenizer(
-                    self.token_text, g.params.stop, g.params.include_stop_str_in_output, g.params.skip_special_tokens
+                    self.token_text, p.stop, p.include_stop_str_in_output, p.skip_special_tokens, p.keep_special
                 )
             if det is not None and det.plain:
                 # NOTE: without stop strings the text cannot end the request: it is decoded

@@ -35,7 +35,9 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     seed: int | None = None  # the noise's seed (the API draws one when the client sent none)
-    skip_special_tokens: bool = True  # False: special tokens (</think>, ｜DSML｜) appear in text
+    skip_special_tokens: bool = True  # False: special tokens appear in text
+    # special tokens spelled in the text even when skipped: chat's parser markers (</think>, ｜DSML｜)
+    keep_special: tuple[str, ...] = ()
     knobs: SamplingKnobs = field(default_factory=SamplingKnobs)  # the default: greedy
     choice: int = 0  # n > 1: this choice's index (same seed, its own noise)
     logprobs: int = -1  # -1: none; N >= 0: each new token's logprob + the top N

@@ -21,7 +21,7 @@ import time
 from dspark_loop.api.chat.constraint import needs_constraint
 from dspark_loop.api.chat.output import ChatOutput
 from dspark_loop.api.chat.parse import ToolParseError
-from dspark_loop.api.chat.render import THINK_START, chat_options, render_messages
+from dspark_loop.api.chat.render import CHAT_MARKERS, THINK_START, chat_options, render_messages
 from dspark_loop.api.chat.schemas import ChatCompletionRequest
 from dspark_loop.api.chat.validate import ChatRequestError, validate_chat_request
 from dspark_loop.api.context import ServingContext
@@ -208,7 +208,7 @@ class ChatCompletionsRoute(GenerationRoute):
             default_max_tokens=ctx.max_model_len - len(prompt_ids),
             sampling_defaults=ctx.sampling_defaults,
         )
-        params = dataclasses.replace(params, skip_special_tokens=False)
+        params = dataclasses.replace(params, keep_special=CHAT_MARKERS)  # the parser reads them; other specials drop
         tools = [] if req.tool_choice == "none" else declared_tools(req)
         choices = []
         for j in range(req.n or 1):  # n > 1: one engine request per choice (its own noise)

@@ -23,6 +23,7 @@ THINK_END = "</think>"
 DSML = "｜DSML｜"
 TOOL_CALLS_START = f"<{DSML}tool_calls>"
 TOOL_CALLS_END = f"</{DSML}tool_calls>"
+CHAT_MARKERS = (THINK_START, THINK_END, DSML)  # special tokens the output parser reads as text
 INVOKE_END = f"</{DSML}invoke>"
 PARAMETER_END = f"</{DSML}parameter>"
 TOOL_RESULT_START = "<tool_result>"

@@ -1,5 +1,5 @@
 """ChatOutput: engine text -> OpenAI deltas and message; and the engine text it relies on
-(special tokens kept when skip_special_tokens is false)."""
+(the parser's markers kept as text, other special tokens dropped)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import pytest
 
 from dspark_loop.api.chat.output import ChatOutput
+from dspark_loop.api.chat.render import CHAT_MARKERS
 from dspark_loop.engine.detokenize import Detokenizer, TokenText
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
 
@@ -85,8 +86,8 @@ def test_a_cut_block_lists_no_call_and_keeps_the_engine_reason():
     assert "tool_calls" not in out.message() and out.finish_reason("stop") == "stop"
 
 
-def detok_text(ids: list[int], skip: bool) -> str:
-    det = Detokenizer(TokenText(tiny_tokenizer()), skip_special_tokens=skip)
+def detok_text(ids: list[int], skip: bool, keep: tuple[str, ...] = ()) -> str:
+    det = Detokenizer(TokenText(tiny_tokenizer()), skip_special_tokens=skip, keep_special=keep)
     for t in ids:
         det.add(t)
     return det.take_delta() + det.finish()
@@ -100,3 +101,16 @@ def test_detokenizer_keeps_special_tokens_as_text_only_when_asked():
     ids = tok.encode(text, add_special_tokens=False).ids
     assert detok_text(ids, skip=False) == text
     assert detok_text(ids, skip=True) == "a éb<tool_calls>"
+
+
+def test_chat_text_spells_the_parser_markers_and_drops_every_other_special_token():
+    """keep_special=CHAT_MARKERS (what the chat route asks for): </think> and ｜DSML｜ stay
+    as text for the parser, a placeholder or a turn marker the model wrote does not reach
+    the answer; the one-token path (add) and the plain path (feed) agree."""
+    tok = tiny_tokenizer()
+    text = f"a é</think>b<｜Assistant｜><{D}tool_calls><｜place▁holder▁no▁799｜>c"
+    ids = tok.encode(text, add_special_tokens=False).ids
+    want = f"a é</think>b<{D}tool_calls>c"
+    assert detok_text(ids, skip=True, keep=CHAT_MARKERS) == want
+    plain = Detokenizer(TokenText(tok), keep_special=CHAT_MARKERS)
+    assert plain.plain and plain.feed(ids) == want

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from dspark_loop.api.chat.render import CHAT_MARKERS
 from dspark_testing.tiny_tokenizer import tiny_tokenizer
 from tests.unit.api.harness import serving, sse_events
 from tests.unit.api.scripted import chat_engine
@@ -68,15 +69,15 @@ async def test_engine_receives_the_release_encoders_prompt_tokens(vector):
     assert out["usage"]["prompt_tokens"] == len(want)
 
 
-async def test_chat_asks_for_special_tokens_as_text_and_the_context_left_by_default():
+async def test_chat_asks_for_its_markers_as_text_and_the_context_left_by_default():
     """Without max_tokens a chat answer may run to the end of the context, and the engine
-    must keep special tokens in the text (the parser needs </think> and ｜DSML｜)."""
+    must spell the parser's markers (</think>, ｜DSML｜) in the text, and no other special token."""
     async with serving(chat_engine()) as client:
         status, out = await post(client, {"messages": HI})
         g = client.engine.requests[0]
     assert status == 200
     assert g.params.max_tokens == 4096 - len(g.prompt_token_ids)
-    assert g.params.skip_special_tokens is False
+    assert g.params.skip_special_tokens and g.params.keep_special == CHAT_MARKERS
     assert g.request_id.startswith("chatcmpl-") and out["id"] == g.request_id
 
 
