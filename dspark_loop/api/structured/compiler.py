@@ -17,7 +17,7 @@ from collections import OrderedDict
 
 import xgrammar as xg
 
-from dspark_loop.api.chat.render import EOS
+from dspark_loop.api.chat.render import CHAT_MARKERS, EOS
 from dspark_loop.engine.detokenize import byte_level_alphabet
 
 MAX_GRAMMARS = 256
@@ -26,8 +26,15 @@ _lock = threading.Lock()
 
 
 def vocab_bytes(tokenizer, vocab_size: int) -> list[bytes]:
-    """Each id's exact bytes: byte-level pieces decoded, added tokens as their text."""
-    added = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()}
+    """Each id's exact bytes: byte-level pieces decoded, added tokens as their text, except
+    special tokens that are neither EOS nor a chat marker: empty, which xgrammar never
+    matches (a grammar cannot put a placeholder or a turn marker inside a JSON string; the
+    answer's text would drop it)."""
+    spelled = (EOS, *CHAT_MARKERS)
+    added = {
+        i: t.content if not t.special or t.content in spelled else ""
+        for i, t in tokenizer.get_added_tokens_decoder().items()
+    }
     to_byte = byte_level_alphabet()
     out = [b""] * vocab_size
     for piece, i in tokenizer.get_vocab(with_added_tokens=False).items():

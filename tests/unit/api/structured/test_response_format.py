@@ -72,6 +72,22 @@ async def test_a_json_schema_grammar_admits_valid_documents_and_refuses_invalid_
     assert not walk(cs[3], '{"name": "Ann"}')
 
 
+async def test_a_json_string_never_takes_a_special_token_that_the_text_would_drop():
+    """Inside a JSON string any text is valid, but a placeholder or a turn marker is a
+    special token the answer's text drops: the grammar must refuse it (an ordinary token
+    it allows)."""
+    tok = tiny_tokenizer()
+    async with serving(chat_engine()) as client:
+        await client.post(
+            "/v1/chat/completions", json={"messages": HI, "response_format": SCHEMA_FORMAT, **NO_THINKING}
+        )
+        constraint = client.engine.requests[0].constraint
+    mask = constraint.allowed_token_mask(tok.encode('{"name": "', add_special_tokens=False).ids)
+    assert mask[tok.encode("A", add_special_tokens=False).ids[0]]
+    for special in ("<｜place▁holder▁no▁799｜>", "<｜Assistant｜>", "<｜User｜>"):
+        assert not mask[tok.token_to_id(special)], special
+
+
 async def test_completions_take_structured_outputs_and_response_format():
     """/v1/completions must constrain with structured_outputs.json and response_format."""
     async with serving(chat_engine()) as client:
