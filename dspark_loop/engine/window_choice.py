@@ -59,7 +59,7 @@ def choose_windows(
         raise ValueError(f"verify policy answered {len(verify_len)}/{len(draft_next)} choices for {n} requests")
     drafting = np.asarray(draft_next, bool) & w.may  # [R]
     # NOTE: map(setattr, ...) sets the fields without Python bytecode per request
-    deque(map(setattr, reqs, repeat("verify_len"), np.clip(verify_len, 0, cap).tolist()), 0)
+    deque(map(setattr, reqs, repeat("verify_len"), np.minimum(np.maximum(verify_len, 0), cap).tolist()), 0)
     deque(map(setattr, reqs, repeat("draft_next"), drafting.tolist()), 0)
     return not drafting.all()
 

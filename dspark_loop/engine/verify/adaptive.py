@@ -99,6 +99,8 @@ class AdaptiveVerify:
         off_s = float(np.max(np.where(n > 0, CostTable.time(costs[:, 0], n, np.arange(len(n)), prompt), 0.0)))
         on_rate, off_rate = on.expected_tokens / on.step_s, R / off_s
         margin = max(on_rate, off_rate) / max(min(on_rate, off_rate), 1e-12)
+        if not cap.any():  # no drafts to verify: either way Algorithm 1 has no slot to choose
+            return on_rate > off_rate, np.zeros(R, np.int32), margin
         if on_rate > off_rate:
             if idle.any():
                 on = solve(surv, cap, partition, n, prompt, costs, 1)

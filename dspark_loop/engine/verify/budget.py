@@ -33,9 +33,7 @@ class Budget(NamedTuple):
 def survival(conf: np.ndarray, cap: np.ndarray) -> np.ndarray:
     """a [R, K] float64: cumulative products of the clipped confidences, 0 beyond cap[r]."""
     conf = np.fmin(np.fmax(np.asarray(conf, dtype=np.float64), 0.0), 1.0)  # [R, K]; fmax: NaN -> 0
-    surv = np.cumprod(conf, axis=1)  # [R, K]
-    surv[np.arange(surv.shape[1])[None, :] >= np.asarray(cap)[:, None]] = 0.0
-    return surv
+    return np.cumprod(conf, axis=1) * (np.arange(conf.shape[1])[None, :] < np.asarray(cap)[:, None])  # [R, K]
 
 
 def solve_budget(
@@ -77,15 +75,15 @@ def solve_budget(
         order = np.lexsort((keys, slot_part))
         ranked, slot_part = slots[order], slot_part[order]
     counts = np.bincount(slot_part, minlength=P)  # [P]
-    rank = np.arange(n) - (np.cumsum(counts) - counts)[slot_part]  # [n] rank within its partition
+    rank = np.arange(1, n + 1) - np.repeat(np.cumsum(counts) - counts, counts)  # [n] 1 + rank within its partition
     # each slot's breakpoint: the step time at which its partition verifies it; a step time T
     # verifies the slots with breakpoints <= T (a prefix of each partition's ranking), so one
     # stable sort of the breakpoints lines up every candidate T and tau(T) is a running sum
-    breakpoint_s = base_s[slot_part] + drafts_s(slot_part, rank + 1)  # [n]
+    breakpoint_s = base_s[slot_part] + drafts_s(slot_part, rank)  # [n]
     ascending = np.argsort(breakpoint_s, kind="stable")  # [n]
-    by_time = ranked[ascending]  # [n] slots, by step time
-    t = np.append(breakpoint_s[ascending], np.inf)  # [n + 1] ascending, then a sentinel
-    tau = R + np.concatenate(([0.0], np.cumsum(flat[by_time])))  # [n + 1]: the first j slots
+    by_time = ranked.take(ascending)  # [n] slots, by step time
+    t = np.append(breakpoint_s.take(ascending), np.inf)  # [n + 1] ascending, then a sentinel
+    tau = R + np.concatenate(([0.0], np.cumsum(flat.take(by_time))))  # [n + 1]: the first j slots
     slowest = float(base_s.max())  # no step is shorter than the busiest partition's base
     first = int(np.searchsorted(t, slowest, side="right"))  # slots free at T = slowest
     # candidates: j = first (T = slowest), and every later j that ends a run of equal breakpoints
@@ -95,5 +93,5 @@ def solve_budget(
     c = len(j) - 1 - int(np.argmax(ratio[::-1]))  # the LAST maximum: more rows on a tie
     chosen = by_time[: j[c]]
     verify_len = np.bincount(chosen // K, minlength=R).astype(np.int32)  # [R]
-    gain = np.bincount(chosen // K, weights=flat[chosen], minlength=R)  # [R]
+    gain = np.bincount(chosen // K, weights=flat.take(chosen), minlength=R)  # [R]
     return Budget(verify_len, float(tau[j[c]]), float(times[c]), gain)

@@ -118,9 +118,9 @@ class CostTable:
                 c[:] = np.interp(j, j[known], c[known])
         cost = np.where(np.isnan(cost), cost[:, ::-1], cost)  # a pass row with nothing: the other's
         cost = np.where(np.isnan(cost), cost[::-1], cost)  # a prompt step with nothing: the decode step's
-        cost = np.nan_to_num(cost, nan=1.0)  # nothing measured at this load: every shape alike
+        cost = cost if np.isfinite(cost).all() else np.nan_to_num(cost, nan=1.0)  # nothing measured: all alike
         # a prompt step: the decode step of its rows plus the measured ones' median excess (module docstring)
-        cost[1] = cost[0] + (np.median((cost[1] - cost[0])[seen]) if seen.any() else 0.0)
+        cost[1] = cost[0] + (_median(excess) if (excess := (cost[1] - cost[0])[seen].tolist()) else 0.0)
         for axis in (2, 1, 0):  # more rows, a pass, a prompt chunk: never cheaper
             cost = np.maximum.accumulate(cost, axis=axis)
         return np.maximum(cost, self.host_floor[load])
@@ -135,13 +135,13 @@ class CostTable:
         """Seconds of steps of partitions part [M] computing extra_rows [M] beyond one row per
         request, from each partition's costs at one pass, rows [P, BINS] (costs()[pass] of
         its load), and its decode requests [P]; read linearly between cells."""
-        n = np.maximum(num_requests[part], 1)
-        j = np.clip(QUARTERS * np.asarray(extra_rows, np.float64) / n, 0.0, BINS - 1)
+        j = np.asarray(extra_rows, np.float64) * QUARTERS / np.maximum(num_requests[part], 1)  # [M]
+        j = np.minimum(np.maximum(j, 0.0), BINS - 1)  # NOTE: not np.clip, whose wrapper costs ~5 us a call
         lo = j.astype(np.int64)
         at = np.asarray(part) * BINS + lo  # [M] into rows.ravel()
         flat = rows.ravel()
-        a = flat[at]
-        return a + (flat[np.minimum(at + 1, at - lo + BINS - 1)] - a) * (j - lo)
+        a = flat.take(at)
+        return a + (flat.take(at + (lo < BINS - 1)) - a) * (j - lo)
 
     def observe(self, num_requests: int, extra_rows: int, drafting: bool, step_s: float, step: int, prompt=False):
         """A decode step of the busiest partition: its requests, rows beyond one per request,
