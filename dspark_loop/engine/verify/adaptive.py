@@ -20,7 +20,7 @@ import numpy as np
 
 from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.verify.budget import Budget, solve_budget
-from dspark_loop.engine.verify.calibration import CLASS_NAMES, AcceptCalibration, request_class
+from dspark_loop.engine.verify.calibration import AcceptCalibration, request_class
 from dspark_loop.engine.verify.cost_table import BINS, QUARTERS, CostTable, load_of
 from dspark_loop.engine.verify.policy import StepFeedback, VerifyChoice
 from dspark_loop.engine.verify.tunables import DEFAULT, VerifyTunables
@@ -61,11 +61,10 @@ class AdaptiveVerify:
     def choose(self, conf, cap, partition, sampled=None, constrained=None, prompt_rows=None) -> VerifyChoice:
         cap = np.asarray(cap, np.int32)  # [R]
         partition = np.asarray(partition, np.int64)  # [R]
-        R = len(cap)
-        in_flight = np.isnan(conf).any(axis=1)  # [R] planned ahead: its drafts' confidences not known yet
+        R, in_flight = len(cap), np.isnan(conf).any(axis=1)  # in_flight [R]: its drafts' confidences not known yet
         cls = request_class(np.zeros(R, bool) if sampled is None else sampled, constrained, in_flight)  # [R]
         self.ahead = bool(in_flight.any()) if cap.any() else self.ahead
-        raw = self.acceptance.raw(self.acceptance.known(conf), cap)  # [R, K]
+        raw = self.acceptance.raw(np.where(in_flight[:, None], 1.0, conf), cap)  # [R, K]: in flight, the ratio
         surv = self.acceptance.corrected(raw, cls)  # [R, K]
         prompt = np.zeros(int(partition.max()) + 1 if R else 1) if prompt_rows is None else np.asarray(prompt_rows)
         n = np.bincount(partition, minlength=len(prompt))  # [P] decode requests; prompt [P] rows beside
@@ -94,10 +93,10 @@ class AdaptiveVerify:
 
     def _decide(self, surv, cap, cls, partition, n, prompt, costs) -> tuple[bool, np.ndarray, float]:
         """The rule (module docstring): drafting, verify lengths [R], the better's rate / the other's."""
-        R, idle, steady = len(cap), cap == 0, surv.copy()  # idle [R]: no drafts now, counted with its class's mean
+        R, idle, steady = len(cap), cap == 0, surv.copy()  # idle [R]: no drafts now, counted as the last drafts were
         if idle.any():
-            like = cls[idle] + 4 * self.ahead  # [I] its next drafts as the last step's with drafts: in flight or not
-            mean = np.where(self.ahead, 1.0, self.acceptance.mean_conf[cls[idle]])  # [I, K]
+            like = cls[idle] + 4 * self.ahead  # [I] its next drafts as the last drafts: in flight or not
+            mean = np.tile(1.0 if self.ahead else self.acceptance.mean_conf, (len(like), 1))  # [I, K]
             steady[idle] = self.acceptance.corrected(self.acceptance.raw(mean, np.full(len(mean), DSPARK_K)), like)
         on = solve(steady, np.where(idle, DSPARK_K, cap), partition, n, prompt, costs, 1)
         off_s = float(np.max(np.where(n > 0, CostTable.time(costs[:, 0], n, np.arange(len(n)), prompt), 0.0)))
@@ -138,7 +137,7 @@ class AdaptiveVerify:
         if feedback.windows is not None:
             self.acceptance.observe(*feedback.windows)
         if feedback.drafts_conf is not None:
-            self.acceptance.observe_conf(*feedback.drafts_conf)
+            self.acceptance.observe_conf(feedback.drafts_conf)
         extra = feedback.drafts + feedback.prompt_rows  # [P] rows beyond one per decode request
         p = int(np.argmax(feedback.num_requests + extra))  # the busiest partition
         drafting = bool(feedback.drafted.any())
@@ -158,6 +157,6 @@ class AdaptiveVerify:
             "num_verified_drafts": self.num_verified,
             "num_available_drafts": self.num_capped,
             "expected_tokens": self.expected_tokens,
-            "accept_ratio": {c: ratio[i].tolist() for i, c in enumerate(CLASS_NAMES)},
+            "accept_ratio": ratio.tolist(),  # [class (calibration.request_class)][position]
             "cost_table": self.table.stats(),
         }

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dspark_loop.contract.protocol import as_f32, as_i32
+from dspark_loop.contract.protocol import DSPARK_K, as_f32
 from dspark_loop.engine.scheduled_step import ScheduledStep
 from dspark_loop.engine.verify.policy import StepFeedback, VerifyPolicy
 
@@ -28,9 +28,10 @@ def observe_step(
     prompt_rows = np.array([sum(n for _, n, _ in p.prefills) for p in parts], np.int64)
     drafted = np.array([len(r.draft_req_ids) > 0 for r in results], bool)
     num_reqs = int(num_requests.sum())
-    windows = drafts_conf = None
+    windows = None
+    made = [as_f32(r.draft_confidence) for r in results if len(r.draft_confidence)]
     if step.verify_survival is not None and num_reqs and num_reqs == len(step.accepted_lens):
-        windows, drafts_conf = accepted_windows(step), made_drafts(step, results)
+        windows = accepted_windows(step)
     feedback = StepFeedback(
         num_requests,
         drafts,
@@ -40,7 +41,7 @@ def observe_step(
         int(sum(step.accepted_lens)),
         windows,
         host_s if overlapped else None,
-        drafts_conf,
+        np.concatenate(made).reshape(-1, DSPARK_K) if made else None,
     )
     policy.observe(feedback)
 
@@ -64,19 +65,3 @@ def accepted_windows(step: ScheduledStep) -> tuple | None:
     accepted = np.minimum(np.asarray(step.accepted_lens, np.int64) - 1, verify_len)  # [n] drafts accepted
     row = row[keep]
     return surv[row], verify_len[keep], accepted[keep], classes[row]
-
-
-def made_drafts(step: ScheduledStep, results) -> tuple | None:
-    """The confidences of the drafts the step made for the requests the policy saw (their
-    next windows'), with their classes, matched by req_id."""
-    assert step.verify_survival is not None
-    ids, _, classes = step.verify_survival  # [R], [R, K], [R]
-    made = [(as_i32(r.draft_req_ids), as_f32(r.draft_confidence)) for r in results if len(r.draft_confidence)]
-    if not made or not len(ids):
-        return None
-    got = np.concatenate([i for i, _ in made]).astype(np.int64)  # [n]
-    conf = np.concatenate([c.reshape(len(i), -1) for i, c in made])  # [n, K]
-    order = np.argsort(ids, kind="stable")
-    row = order[np.minimum(np.searchsorted(ids, got, sorter=order), len(ids) - 1)]  # [n]
-    keep = ids[row] == got
-    return (conf[keep], classes[row[keep]]) if keep.any() else None

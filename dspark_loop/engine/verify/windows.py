@@ -6,8 +6,7 @@ read in one C-level pass over the running requests (operator.attrgetter):
                          its window fits under verify_limit, else 0)
     may [R]              its speculation is on (max_draft_tokens > 0)
     sampled, constrained [R]  temperature > 0; an output grammar masks its rows
-    unknown [R]          planned ahead: its drafts are the unanswered step's, confidences unknown
-                         (the conf table holds the drafts that step verifies, not these)
+    unknown [R]          planned ahead: its drafts are the unanswered step's, not the table's yet
     leases, req_ids [R]  its drafter lease (its row of the conf table) and req_id
     prompt_rows [P]      the prompt rows each partition is expected to compute beside: its
                          prefilling requests' next chunks and the queue heads its free seats
