@@ -38,7 +38,7 @@ class VerifyTunables:
     probe_margin: float = 1.1
     # Each position's acceptance correction (realised over predicted survival, per request
     # class) forgets this share of its sums per step it is observed (~50 steps of memory),
-    # and starts from `accept_prior` pseudo-slots at ratio 1.
+    # and starts from `accept_prior` pseudo-slots at the drafter's word (calibration.ratio).
     accept_decay: float = 0.02
     accept_prior: float = 2.0
     # Weight of a step in the drafts' mean confidence: the prior of windows in flight (planned
