@@ -246,14 +246,16 @@ def simulate(policy, sc: Scenario) -> Run:
         if step.is_empty:
             continue
         results, cost = device.run(step.plan)
+        decoding = [r for p in step.partitions for r in p.decode_reqs]
+        before = sum(len(r.output_ids) for r in decoding)
         sched.update(step, results)
         host = sc.host_s[0] + sc.host_s[1] * sum(len(p.decode_reqs) for p in step.partitions)
         if sched.observes_steps:
             sched.observe_step(step, results, cost, host, overlapped=bool(host))
         cost = max(cost, host)
         pending_s += cost
-        if step.accepted_lens:
-            run.tokens.append(sum(step.accepted_lens))
+        if step.accepted_lens:  # the tokens its decode requests got (not those the finish cut)
+            run.tokens.append(sum(len(r.output_ids) for r in decoding) - before)
             run.seconds.append(pending_s)
             pending_s = 0.0
     return run

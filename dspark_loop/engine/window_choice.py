@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import repeat
+from operator import attrgetter
 
 import numpy as np
 
@@ -39,7 +40,8 @@ def choose_windows(
     w = decode_windows(partitions, inflight >= 0, verify_limit, prefill)
     if w is None:
         return False
-    reqs, cap, n = w.reqs, w.cap, len(w.reqs)
+    reqs, n = w.reqs, len(w.reqs)
+    cap = np.minimum(w.cap, deliverable(reqs, inflight >= 0))  # [R]
     counts = np.bincount(w.partition, minlength=len(partitions)).tolist()
     ends = np.cumsum(counts).tolist()
     tables = [part.conf for part in partitions]
@@ -54,7 +56,7 @@ def choose_windows(
     choice = policy.choose(conf, cap, w.partition, w.sampled, w.constrained, w.prompt_rows)
     verify_len, draft_next, surv = choice
     if surv is not None:  # the policy learns acceptance: it gets this back in observe_step
-        step.verify_survival = (w.req_ids, surv, request_class(w.sampled, w.constrained))
+        step.verify_survival = (w.req_ids, surv, request_class(w.sampled, w.constrained, np.isnan(conf).any(axis=1)))
     if len(verify_len) != n or len(draft_next) != n:
         raise ValueError(f"verify policy answered {len(verify_len)}/{len(draft_next)} choices for {n} requests")
     drafting = np.asarray(draft_next, bool) & w.may  # [R]
@@ -62,6 +64,19 @@ def choose_windows(
     deque(map(setattr, reqs, repeat("verify_len"), np.minimum(np.maximum(verify_len, 0), cap).tolist()), 0)
     deque(map(setattr, reqs, repeat("draft_next"), drafting.tolist()), 0)
     return not drafting.all()
+
+
+def deliverable(reqs: list[Request], planned: bool) -> np.ndarray:
+    """[R] the most drafts each request can still turn into tokens: its tokens left to the
+    length limit, less the step's own token and (planned ahead, its row pending) the one
+    the unanswered step gives at least. A draft past that is accepted by the ranks and cut
+    by the finish: verifying it costs a row and delivers nothing."""
+    n = len(reqs)
+    left = np.fromiter(map(attrgetter("length_at"), reqs), np.int64, n)
+    left -= np.fromiter(map(len, map(attrgetter("output_ids"), reqs)), np.int64, n)
+    if planned:
+        left -= np.fromiter(map(attrgetter("plan_pending"), reqs), np.int64, n)
+    return np.maximum(left - 1, 0)
 
 
 def prompt_drafts(policy: VerifyPolicy, prefills: list[tuple[Request, int]]) -> None:

@@ -51,6 +51,7 @@ class AdaptiveVerify:
         self.drafting = True  # this step's decision (prompts completing draft while it holds)
         self.probing: tuple[bool, int] | None = None  # a probe waiting for drafts to verify
         self.window = float(DSPARK_K)  # drafts verified per request with drafts at the last choice
+        self.ahead = False  # the last step with drafts was planned ahead (its drafts in flight)
         self.num_probes = 0
         self.num_drafter_skips = 0
         self.num_verified = 0
@@ -60,9 +61,10 @@ class AdaptiveVerify:
     def choose(self, conf, cap, partition, sampled=None, constrained=None, prompt_rows=None) -> VerifyChoice:
         cap = np.asarray(cap, np.int32)  # [R]
         partition = np.asarray(partition, np.int64)  # [R]
-        R = len(cap)
-        cls = request_class(np.zeros(R, bool) if sampled is None else sampled, constrained)  # [R]
-        raw = self.acceptance.raw(self.acceptance.known(conf, cap, cls), cap)  # [R, K]
+        R, in_flight = len(cap), np.isnan(conf).any(axis=1)  # in_flight [R]: its drafts' confidences not known yet
+        cls = request_class(np.zeros(R, bool) if sampled is None else sampled, constrained, in_flight)  # [R]
+        self.ahead = bool(in_flight.any()) if cap.any() else self.ahead
+        raw = self.acceptance.raw(np.where(in_flight[:, None], 1.0, conf), cap)  # [R, K]: in flight, the ratio
         surv = self.acceptance.corrected(raw, cls)  # [R, K]
         prompt = np.zeros(int(partition.max()) + 1 if R else 1) if prompt_rows is None else np.asarray(prompt_rows)
         n = np.bincount(partition, minlength=len(prompt))  # [P] decode requests; prompt [P] rows beside
@@ -91,10 +93,11 @@ class AdaptiveVerify:
 
     def _decide(self, surv, cap, cls, partition, n, prompt, costs) -> tuple[bool, np.ndarray, float]:
         """The rule (module docstring): drafting, verify lengths [R], the better's rate / the other's."""
-        R, idle, steady = len(cap), cap == 0, surv.copy()  # idle [R]: no drafts now, counted with its class's mean
+        R, idle, steady = len(cap), cap == 0, surv.copy()  # idle [R]: no drafts now, counted as the last drafts were
         if idle.any():
-            mean = self.acceptance.mean_conf[cls[idle]]  # [I, K]
-            steady[idle] = self.acceptance.corrected(self.acceptance.raw(mean, np.full(len(mean), DSPARK_K)), cls[idle])
+            like = cls[idle] + 4 * self.ahead  # [I] its next drafts as the last drafts: in flight or not
+            mean = np.tile(1.0 if self.ahead else self.acceptance.mean_conf, (len(like), 1))  # [I, K]
+            steady[idle] = self.acceptance.corrected(self.acceptance.raw(mean, np.full(len(mean), DSPARK_K)), like)
         on = solve(steady, np.where(idle, DSPARK_K, cap), partition, n, prompt, costs, 1)
         off_s = float(np.max(np.where(n > 0, CostTable.time(costs[:, 0], n, np.arange(len(n)), prompt), 0.0)))
         on_rate, off_rate = on.expected_tokens / on.step_s, R / off_s
@@ -135,6 +138,8 @@ class AdaptiveVerify:
     def observe(self, feedback: StepFeedback) -> None:
         if feedback.windows is not None:
             self.acceptance.observe(*feedback.windows)
+        if feedback.drafts_conf is not None:
+            self.acceptance.observe_conf(feedback.drafts_conf)
         extra = feedback.drafts + feedback.prompt_rows  # [P] rows beyond one per decode request
         p = int(np.argmax(feedback.num_requests + extra))  # the busiest partition
         drafting = bool(feedback.drafted.any())
@@ -154,6 +159,6 @@ class AdaptiveVerify:
             "num_verified_drafts": self.num_verified,
             "num_available_drafts": self.num_capped,
             "expected_tokens": self.expected_tokens,
-            "accept_ratio": {c: ratio[i].tolist() for i, c in enumerate(("greedy", "sampled", "cgreedy", "csampled"))},
+            "accept_ratio": ratio.tolist(),  # [class (calibration.request_class)][position]
             "cost_table": self.table.stats(),
         }

@@ -1,7 +1,7 @@
 """What the rule believes about its drafts' acceptance: each draft's survival, the chance
 it and every draft before it are accepted (docs/architecture.md, "What it measures").
 
-    known       confidences not known yet (NaN: drafts in flight) read as their class's mean
+    in flight   confidences not known yet (NaN) read as 1: the class's ratio is its survival
     calibrated  the checkpoint's per-position temperatures, c' = sigmoid(logit(c) / T_j)
     survival    prod_{i <= j} c'[r, i] times the realised acceptance ratio of the request's
                 class (request_class) at position j, at most 1, non-increasing
@@ -15,13 +15,13 @@ from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.verify.budget import survival
 from dspark_loop.engine.verify.tunables import DEFAULT, VerifyTunables
 
-NUM_CLASSES = 4  # greedy, sampled, constrained greedy, constrained sampled (request_class)
+NUM_CLASSES = 8  # greedy, sampled, constrained greedy, constrained sampled; known or in flight
 
 
-def request_class(sampled, constrained=None) -> np.ndarray:
-    """[R] int64 class of each request: sampled [R] bool + 2 * constrained [R] bool."""
-    cls = np.asarray(sampled, np.int64)
-    return cls if constrained is None else cls + 2 * np.asarray(constrained, np.int64)
+def request_class(sampled, constrained=None, in_flight=None) -> np.ndarray:
+    """[R] int64: sampled [R] + 2 * constrained [R] + 4 * in_flight [R] (bools; in flight: conf NaN)."""
+    flags = [(f, i) for i, f in enumerate((sampled, constrained, in_flight)) if f is not None]
+    return sum((np.asarray(f, np.int64) << i for f, i in flags), np.zeros(np.shape(sampled), np.int64))
 
 
 class AcceptCalibration:
@@ -31,29 +31,19 @@ class AcceptCalibration:
         # [NUM_CLASSES, K] decayed sums over verified slots: predicted survival, drafts accepted
         self.predicted = np.zeros((NUM_CLASSES, DSPARK_K))
         self.realised = np.zeros((NUM_CLASSES, DSPARK_K))
-        self.mean_conf = np.full((NUM_CLASSES, DSPARK_K), 0.5)  # [NUM_CLASSES, K]
+        self.mean_conf = np.full(DSPARK_K, 0.5)  # [K] the drafts' mean confidence, every class
 
     @property
     def ratio(self) -> np.ndarray:
-        """[NUM_CLASSES, K] realised over predicted acceptance, per class and position."""
-        return (self.realised + self.t.accept_prior) / (self.predicted + self.t.accept_prior)
+        """[NUM_CLASSES, K] realised over predicted acceptance, from `accept_prior` slots at the drafter's
+        word: ratio 1, in flight (confidence 1: the ratio is the survival) its mean confidence's survival."""
+        prior = np.ones((NUM_CLASSES, DSPARK_K))
+        prior[4:] = self.raw(self.mean_conf[None, :], np.array([DSPARK_K]))
+        return (self.realised + self.t.accept_prior * prior) / (self.predicted + self.t.accept_prior)
 
-    def known(self, conf: np.ndarray, cap: np.ndarray, cls: np.ndarray) -> np.ndarray:
-        """conf [R, K] with unknown rows (NaN) read as their class's (cls [R]) mean
-        confidence, which the known full windows update."""
-        conf = np.array(conf, np.float64)  # [R, K]
-        unknown = np.isnan(conf).any(axis=1)  # [R]
-        full = ~unknown & (np.asarray(cap) >= DSPARK_K)  # [R]
-        if full.any():
-            k = cls[full]  # [F]
-            cell = (k[:, None] * DSPARK_K + np.arange(DSPARK_K)[None, :]).ravel()  # [F * K] (class, position)
-            sums = np.bincount(cell, conf[full].ravel(), NUM_CLASSES * DSPARK_K).reshape(NUM_CLASSES, DSPARK_K)
-            count = np.bincount(k, minlength=NUM_CLASSES)  # [NUM_CLASSES]
-            seen = count > 0
-            self.mean_conf[seen] += self.t.conf_ema * (sums[seen] / count[seen, None] - self.mean_conf[seen])
-        if unknown.any():
-            conf[unknown] = self.mean_conf[cls[unknown]]
-        return conf
+    def observe_conf(self, conf: np.ndarray) -> None:
+        """The confidences [n, K] of the drafts a finished step made: the mean moves by conf_ema."""
+        self.mean_conf += self.t.conf_ema * (np.mean(conf, axis=0) - self.mean_conf)
 
     def raw(self, conf: np.ndarray, cap: np.ndarray) -> np.ndarray:
         """[R, K] survival of the temperature-scaled confidences (what observe() compares)."""
@@ -72,11 +62,12 @@ class AcceptCalibration:
         j = np.arange(DSPARK_K)[None, :]
         verified = j < np.asarray(verify_len)[:, None]  # [n, K]
         hit = verified & (j < np.asarray(accepted)[:, None])  # [n, K]
-        cell = (np.asarray(cls, np.int64)[:, None] * DSPARK_K + j).ravel()  # [n * K] (class, position)
-        size = NUM_CLASSES * DSPARK_K
-        predicted = np.bincount(cell, np.where(verified, raw, 0.0).ravel(), size).reshape(NUM_CLASSES, DSPARK_K)
-        realised = np.bincount(cell, hit.ravel(), size).reshape(NUM_CLASSES, DSPARK_K)
-        seen = np.bincount(cell, verified.ravel(), size).reshape(NUM_CLASSES, DSPARK_K) > 0
-        keep = np.where(seen, 1.0 - self.t.accept_decay, 1.0)  # [NUM_CLASSES, K]
-        self.predicted = self.predicted * keep + predicted
-        self.realised = self.realised * keep + realised
+        keep = np.where(by_cell(cls, verified) > 0, 1.0 - self.t.accept_decay, 1.0)  # [NUM_CLASSES, K]
+        self.predicted = self.predicted * keep + by_cell(cls, np.where(verified, raw, 0.0))
+        self.realised = self.realised * keep + by_cell(cls, hit)
+
+
+def by_cell(cls, values) -> np.ndarray:
+    """[NUM_CLASSES, K] sums of values [n, K] per (class of cls [n], position)."""
+    cell = (np.asarray(cls, np.int64)[:, None] * DSPARK_K + np.arange(DSPARK_K)[None, :]).ravel()  # [n * K]
+    return np.bincount(cell, np.asarray(values, np.float64).ravel(), NUM_CLASSES * DSPARK_K).reshape(NUM_CLASSES, -1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dspark_loop.contract.protocol import DSPARK_K, as_f32
 from dspark_loop.engine.scheduled_step import ScheduledStep
 from dspark_loop.engine.verify.policy import StepFeedback, VerifyPolicy
 
@@ -28,6 +29,7 @@ def observe_step(
     drafted = np.array([len(r.draft_req_ids) > 0 for r in results], bool)
     num_reqs = int(num_requests.sum())
     windows = None
+    made = [as_f32(r.draft_confidence) for r in results if len(r.draft_confidence)]
     if step.verify_survival is not None and num_reqs and num_reqs == len(step.accepted_lens):
         windows = accepted_windows(step)
     feedback = StepFeedback(
@@ -39,6 +41,7 @@ def observe_step(
         int(sum(step.accepted_lens)),
         windows,
         host_s if overlapped else None,
+        np.concatenate(made).reshape(-1, DSPARK_K) if made else None,
     )
     policy.observe(feedback)
 

@@ -43,6 +43,8 @@ class StepFeedback(NamedTuple):
     windows: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
     # the host's CPU per step where it runs beside the ranks (two steps in flight); None in lockstep
     host_s: float | None = None
+    # the confidences [n, K] of the drafts it made (the next windows'), or None
+    drafts_conf: np.ndarray | None = None
 
 
 class VerifyPolicy(Protocol):

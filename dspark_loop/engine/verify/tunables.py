@@ -38,12 +38,11 @@ class VerifyTunables:
     probe_margin: float = 1.1
     # Each position's acceptance correction (realised over predicted survival, per request
     # class) forgets this share of its sums per step it is observed (~50 steps of memory),
-    # and starts from `accept_prior` pseudo-slots at ratio 1.
+    # and starts from `accept_prior` pseudo-slots at the drafter's word (calibration.ratio).
     accept_decay: float = 0.02
     accept_prior: float = 2.0
-    # Weight of a step in a class's mean confidence: what a request whose drafts are not
-    # known yet (planned one step ahead) or that has none (it may draft next) is expected
-    # to bring.
+    # Weight of a step in the drafts' mean confidence: the prior of windows in flight (planned
+    # one step ahead) and, in lockstep, what a request without drafts may bring next step.
     conf_ema: float = 0.05
 
 

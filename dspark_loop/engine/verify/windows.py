@@ -6,7 +6,7 @@ read in one C-level pass over the running requests (operator.attrgetter):
                          its window fits under verify_limit, else 0)
     may [R]              its speculation is on (max_draft_tokens > 0)
     sampled, constrained [R]  temperature > 0; an output grammar masks its rows
-    unknown [R]          planned ahead: its drafts are the unanswered step's, confidences unknown
+    unknown [R]          planned ahead: its drafts are the unanswered step's, not the table's yet
     leases, req_ids [R]  its drafter lease (its row of the conf table) and req_id
     prompt_rows [P]      the prompt rows each partition is expected to compute beside: its
                          prefilling requests' next chunks and the queue heads its free seats
@@ -92,7 +92,7 @@ def decode_windows(partitions, planned: bool, verify_limit: int, prefill=(0, 0, 
         may=m > 0,
         sampled=f[:, 4] != 0,
         constrained=np.fromiter(map(is_not, constraints, repeat(None)), bool, R),
-        unknown=a & d & ~h,
+        unknown=a & d,
         leases=lease,
         prompt_rows=np.array([prompt_rows(p, n, *prefill) for p, n in zip(partitions, prefill_rows)], np.int64),
         req_ids=f[:, 8],

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dspark_loop.contract.protocol import DSPARK_K
-from dspark_loop.engine.verify.calibration import AcceptCalibration
+from dspark_loop.engine.verify.calibration import AcceptCalibration, request_class
 
 K = DSPARK_K
 
@@ -54,13 +54,25 @@ def test_each_class_learns_its_own_acceptance():
     assert cal.ratio[2].tolist() == [1.0] * K and cal.ratio[3].tolist() == [1.0] * K
 
 
-def test_confidences_not_known_yet_read_as_their_class_mean():
-    """A NaN row (drafts in flight) must read as its class's running mean of known full
-    windows, not as 0."""
+def test_rows_in_flight_are_valued_by_what_windows_in_flight_accepted_not_by_stale_confidences():
+    """A row whose drafts are in flight (NaN) reads confidence 1, so its class's ratio is the
+    realised survival of the windows in flight; known windows of the same sampling, however
+    confident and however well accepted, must not move it."""
     cal = AcceptCalibration()
-    conf = np.full((2, K), 0.9)
+    greedy, in_flight = request_class([False]), request_class([False], None, [True])
+    assert in_flight.tolist() == [4]
+    observe(cal, np.full((1, K), 0.95), np.array([K]), greedy)  # known: all accepted
+    ones = np.ones((8, K))  # what AdaptiveVerify reads a NaN row as
+    observe(cal, ones, np.array([0, 0, 0, 0, 1, 1, 2, 3]), np.repeat(in_flight, 8))  # survival 1/2, 1/4, 1/8
+    surv = cal.corrected(cal.raw(ones[:1], np.array([K])), in_flight)
+    assert surv[0, :3] == pytest.approx([0.5, 0.25, 0.125], abs=0.03)
+
+
+def test_a_class_in_flight_starts_from_the_survival_of_the_drafts_mean_confidence():
+    """Before any window in flight is verified, its survival must be the drafter's word: the
+    survival of the mean confidence of the drafts that finished steps made, not 1."""
+    cal = AcceptCalibration()
     for _ in range(300):
-        cal.known(conf, np.full(2, K), np.zeros(2, np.int64))
-    conf[1] = np.nan
-    got = cal.known(conf, np.full(2, K), np.zeros(2, np.int64))
-    assert got[1] == pytest.approx(got[0], rel=0.01)
+        cal.observe_conf(np.full((2, K), 0.6))
+    surv = cal.corrected(cal.raw(np.ones((1, K)), np.array([K])), request_class([True], None, [True]))
+    assert surv[0].tolist() == pytest.approx(np.cumprod(np.full(K, 0.6)).tolist(), rel=0.01)
