@@ -119,6 +119,7 @@ class GenerationFields(Strict):
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool | None = None
     include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None  # false: special tokens appear in the text (as vLLM)
     seed: Seed | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None

@@ -104,6 +104,7 @@ def sampling_params(
         stop_token_ids=stop_ids,
         ignore_eos=defaults.ignore_eos if req.ignore_eos is None else req.ignore_eos,
         include_stop_str_in_output=bool(req.include_stop_str_in_output),
+        skip_special_tokens=req.skip_special_tokens is not False,
         seed=s.seed,
         knobs=s.knobs,
         logprobs=s.num_logprobs,

@@ -89,6 +89,19 @@ async def test_max_completion_tokens_and_stop_reach_the_engine():
     assert (p.max_tokens, p.stop, p.ignore_eos) == (7, ["x"], True)
 
 
+async def test_skip_special_tokens_false_keeps_every_special_token_and_true_only_the_markers():
+    """vLLM's skip_special_tokens: false spells every special token in the text, on both
+    routes; left out it is true, and chat still spells its parser's markers."""
+    async with serving(chat_engine()) as client:
+        await post(client, {"messages": HI, "skip_special_tokens": False})
+        await post(client, {"messages": HI})
+        r = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "skip_special_tokens": False})
+        assert r.status == 200, await r.text()
+        kept, default, completion = (g.params for g in client.engine.requests)
+    assert not kept.skip_special_tokens and not completion.skip_special_tokens
+    assert default.skip_special_tokens and default.keep_special == CHAT_MARKERS
+
+
 async def test_thinking_answer_splits_reasoning_from_content():
     """Text before </think> must come back as reasoning_content and reasoning; the rest as
     content; usage must carry the engine's cached prompt tokens."""
