@@ -122,6 +122,10 @@ class ChatCompletionRequest(GenerationFields, kw_only=True):
     structured_outputs: StructuredOutputs = None  # vLLM's: {"json": schema} | {"json_object": true}
     logprobs: bool | None = None
     top_logprobs: NumLogprobs | None = None
+    # OpenAI's account-side fields, accepted and ignored as `user` is: nothing is stored, one tier
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
 
     def format_fields(self) -> dict:
         """The fields validate.py / chat_options read, as the plain dict they expect."""

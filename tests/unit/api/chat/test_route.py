@@ -102,6 +102,18 @@ async def test_skip_special_tokens_false_keeps_every_special_token_and_true_only
     assert default.skip_special_tokens and default.keep_special == CHAT_MARKERS
 
 
+async def test_openai_account_fields_are_accepted_and_change_nothing():
+    """store, metadata and service_tier (what an OpenAI app may send) must not be a 400,
+    and the engine must get the same request as without them."""
+    async with serving(chat_engine()) as client:
+        plain = await post(client, {"messages": HI, "seed": 1})
+        extra = {"store": False, "metadata": {"app": "x"}, "service_tier": "auto"}
+        status, _ = await post(client, {"messages": HI, "seed": 1, **extra})
+        first, second = client.engine.requests
+    assert plain[0] == status == 200
+    assert first.params == second.params and first.prompt_token_ids == second.prompt_token_ids
+
+
 async def test_thinking_answer_splits_reasoning_from_content():
     """Text before </think> must come back as reasoning_content and reasoning; the rest as
     content; usage must carry the engine's cached prompt tokens."""
