@@ -97,6 +97,28 @@ def write_cache(table: CostTable, path: str, key: dict) -> bool:
         return False
 
 
+def progress_log(loads, after_s: float = PROGRESS_AFTER_S) -> Callable[[int], None]:
+    """progress(n) for a profile over `loads`: once it has run after_s, each finished load is
+    logged, the first time with what the wait is for and how to skip it."""
+    t0 = time.monotonic()
+    explained = False
+
+    def progress(n: int) -> None:
+        nonlocal explained
+        if time.monotonic() - t0 < after_s:
+            return
+        if not explained:
+            explained = True
+            log.info(
+                "verify profile: timing dummy steps at %s requests per partition for adaptive verification's "
+                "cost table (once per checkpoint, topology and backend: cached; --verify-profile off skips it)",
+                ",".join(map(str, sorted(loads, reverse=True))),
+            )
+        log.info("verify profile: %d requests per partition done (%.1f s)", n, time.monotonic() - t0)
+
+    return progress
+
+
 async def startup_costs(
     cfg: ServerConfig, policy: AdaptiveVerify, mesh, new_scheduler: Callable[[list[int], ProfilePolicy], Scheduler]
 ) -> None:
@@ -119,12 +141,8 @@ async def startup_costs(
     )
     loads = driver.loads()
 
-    def progress(n: int) -> None:
-        if time.monotonic() - t0 > PROGRESS_AFTER_S:
-            log.info("verify profile: %d requests per partition done (%.1f s)", n, time.monotonic() - t0)
-
     try:
-        await driver.run(loads, progress=progress)
+        await driver.run(loads, progress=progress_log(loads))
     except EngineDead as e:
         raise MeshStartError(f"the ranks failed during the start-up verify profile: {e}") from e
     except Exception:

@@ -4,13 +4,14 @@ profiles, the cache file's key and place, and what a cache file it may not use d
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
 
 from dspark_loop.config.cli import parse_args
 from dspark_loop.engine.verify.cost_table import CostTable
-from dspark_loop.verify_costs import cache_path, profile_key, read_cached, write_cache
+from dspark_loop.verify_costs import cache_path, profile_key, progress_log, read_cached, write_cache
 from dspark_loop.verify_setup import profiles_at_startup
 from tests.unit.config.models import tiny_config_dict, write_checkpoint_stub
 
@@ -81,3 +82,19 @@ def test_a_cached_table_loads_back_and_a_mismatched_or_broken_one_is_not_used(ck
     with open(path, "w") as f:
         f.write("{not json")
     assert read_cached(path, key) is None
+
+
+def test_a_slow_profile_says_once_what_it_waits_for_and_how_to_skip_it(caplog):
+    """Past its quiet time, the progress log must say once what the profile is and name
+    --verify-profile off, then log each finished load; within it, nothing."""
+    quiet = progress_log([1, 2, 4], after_s=3600)
+    with caplog.at_level(logging.INFO, logger="dspark_loop"):
+        quiet(4)
+        assert not caplog.records
+        slow = progress_log([1, 2, 4], after_s=0.0)
+        slow(4)
+        slow(2)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3 and "--verify-profile off" in lines[0] and "4,2,1 requests" in lines[0]
+    assert sum("--verify-profile off" in line for line in lines) == 1
+    assert lines[1].startswith("verify profile: 4 requests") and lines[2].startswith("verify profile: 2 requests")
