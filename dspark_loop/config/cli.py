@@ -12,6 +12,7 @@ import argparse
 import os
 from dataclasses import replace
 
+from dspark_loop.config.cli_compat import ALIASES, add_compat_flags
 from dspark_loop.config.cli_nodes import add_node_flags, node_fields
 from dspark_loop.config.cli_ops import add_ops_flags, ops_fields
 from dspark_loop.config.cli_sim import add_sim_flags, sim_fields
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     a = p.add_argument
     a(
         "--model",
+        *ALIASES["--model"],
         default=None,
         metavar="DIR",
         help="checkpoint directory (config.json, tokenizer.json, *.safetensors); default: the "
@@ -73,9 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
         "whatever device torch sees",
     )
     a("--devices", type=device_list, default=None, metavar="CSV", help="device ids, one per rank (default 0..ep-1)")
-    a("--dp", type=positive_int, default=None, help="TP groups (cache partitions)")
-    a("--tp", type=positive_int, default=None, help="ranks per TP group")
-    a("--ep", type=positive_int, default=None, help="ranks in all (= devices = dp*tp)")
+    a("--dp", *ALIASES["--dp"], type=positive_int, default=None, help="TP groups (cache partitions)")
+    a("--tp", *ALIASES["--tp"], type=positive_int, default=None, help="ranks per TP group")
+    a("--ep", *ALIASES["--ep"], type=positive_int, default=None, help="ranks in all (= devices = dp*tp)")
     a(
         "--dtype",
         choices=["auto", "bfloat16", "float32"],
@@ -198,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_node_flags(p)
     add_ops_flags(p)
     add_sim_flags(p)
+    add_compat_flags(p)
     return p
 
 
