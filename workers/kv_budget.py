@@ -26,6 +26,22 @@ def bytes_per_block(cfg: ModelConfig, layout: CacheLayout, itemsize: int) -> lis
     return out
 
 
+def budget_from_device(free: int, total: int, utilization: float) -> int:
+    """Bytes for the KV pools on an accelerator of `total` bytes with `free` left once the
+    weights (and the drafter) are loaded: `utilization` of it, less what is in use. What is
+    beyond `utilization` stays free for the step's activations."""
+    used = total - free
+    budget = int(utilization * total) - used
+    if budget <= 0:
+        gib = 1 << 30
+        raise ValueError(
+            f"--gpu-memory-utilization {utilization:g}: {used / gib:.1f} of the device's {total / gib:.1f} GiB "
+            "are in use once the weights are loaded, which leaves nothing for KV pages; raise it, or give "
+            "--kv-cache-memory or --num-blocks"
+        )
+    return budget
+
+
 def blocks_for_budget(
     cfg: ModelConfig, layout: CacheLayout, budget_bytes: int, itemsize: int, scratch_rows: int = SCRATCH_ROWS
 ) -> list[int]:

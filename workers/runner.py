@@ -24,6 +24,7 @@ from dspark_loop.contract.protocol import DSPARK_K, PartitionPlan, RankConfig, T
 from workers.backend import torch_dtype
 from workers.comm import Comm, LocalComm, ShardSpec
 from workers.drafter_runner import SpecRunner
+from workers.kv_budget import budget_from_device
 from workers.kv_pool import SCRATCH_ROWS, KVPool, blocks_for_budget
 from workers.late_masks import with_masks
 from workers.logit_masks import mask_logits, masked_argmax
@@ -105,10 +106,21 @@ class ModelRunner:
         self.cfg = ModelConfig.from_dir(model_dir)
         self.layout = CacheLayout.for_model(self.cfg, cfg.block_size)
         self.model = load_model(model_dir, self.cfg, self.shard, self.dtype, device, hadamard, quiet)
+        # DSpark (K=7): leases, rings and the drafter; K=0 loads and allocates none of it. Before
+        # the pools: sized from the device's memory, they get what the drafter leaves
+        self.spec: SpecRunner | None = None
+        if cfg.spec_k:
+            if cfg.spec_k != DSPARK_K:
+                raise ValueError(f"num_speculative_tokens must be 0 or {DSPARK_K}, got {cfg.spec_k}")
+            trunk = (self.model.embed, self.model.head)
+            self.spec = SpecRunner(self.cfg, cfg, self.shard, self.dtype, self.device, trunk, proposer)
         if cfg.num_blocks is None:
-            if cfg.kv_cache_memory is None:
-                raise ValueError("give num_blocks or kv_cache_memory")
-            blocks = blocks_for_budget(self.cfg, self.layout, cfg.kv_cache_memory, self.dtype, scratch_rows)
+            budget = cfg.kv_cache_memory
+            if budget is None:
+                if self.device.type == "cpu":
+                    raise ValueError("a CPU rank needs --kv-cache-memory or --num-blocks")
+                budget = budget_from_device(*device_memory(self.device), cfg.gpu_memory_utilization)
+            blocks = blocks_for_budget(self.cfg, self.layout, budget, self.dtype, scratch_rows)
         elif isinstance(cfg.num_blocks, int):
             blocks = [cfg.num_blocks] * len(self.layout.families)
         else:
@@ -118,13 +130,6 @@ class ModelRunner:
         dims = self.model.dims
         self.sampler = RankSampler(dims.vocab_offset, dims.vocab_size, self.device)
         self.last_logprobs: StepLogprobs | None = None
-        # DSpark (K=7): leases, rings and the drafter; K=0 loads and allocates none of it
-        self.spec: SpecRunner | None = None
-        if cfg.spec_k:
-            if cfg.spec_k != DSPARK_K:
-                raise ValueError(f"num_speculative_tokens must be 0 or {DSPARK_K}, got {cfg.spec_k}")
-            trunk = (self.model.embed, self.model.head)
-            self.spec = SpecRunner(self.cfg, cfg, self.shard, self.dtype, self.device, trunk, proposer)
 
     @property
     def num_blocks(self) -> list[int]:
@@ -195,3 +200,9 @@ class ModelRunner:
         """(req_ids int32 [n], drafts int32 [n, 7], confidence float32 [n, 7]) of the last
         execute, or None at K=0."""
         return None if self.spec is None else self.spec.take()
+
+
+def device_memory(device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes of an accelerator (torch.cuda / torch.npu's mem_get_info)."""
+    free, total = getattr(torch, device.type).mem_get_info(device)
+    return int(free), int(total)

@@ -21,6 +21,7 @@ from dspark_loop.config.flag_types import (
     byte_size,
     debug_tap,
     device_list,
+    fraction,
     port_number,
     positive_int,
     ring_heap,
@@ -184,6 +185,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="bytes per rank for KV pages, e.g. 512MiB (default 256MiB on cpu)",
     )
     a(
+        "--gpu-memory-utilization",
+        "--mem-fraction-static",
+        type=fraction,
+        default=ServerConfig.gpu_memory_utilization,
+        metavar="F",
+        help="accelerators without --kv-cache-memory: the share of each device's memory a rank may "
+        "use; KV pages get what is left of it once the weights are loaded (default 0.9)",
+    )
+    a(
         "--num-blocks",
         type=positive_int,
         default=None,
@@ -245,6 +255,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         log_level=ns.log_level,
         event_loop=ns.loop,
         kv_cache_memory=ns.kv_cache_memory,
+        gpu_memory_utilization=ns.gpu_memory_utilization,
         num_blocks=ns.num_blocks,
         debug_tap=ns.debug_tap,
         **node_fields(ns),

@@ -106,6 +106,13 @@ def positive_seconds(text: str) -> float:
     return float(text)
 
 
+def fraction(text: str) -> float:
+    """A share in (0, 1]."""
+    if not 0 < _finite(text) <= 1:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1] (got {text!r})")
+    return float(text)
+
+
 def seconds(text: str) -> float:
     """A number of seconds >= 0 (0 usually means: never)."""
     if not _finite(text) >= 0:

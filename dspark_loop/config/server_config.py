@@ -85,6 +85,9 @@ class ServerConfig:
     log_level: str = "info"
     event_loop: str = "auto"  # --loop: dspark_loop.event_loop.EVENT_LOOPS
     kv_cache_memory: int | None = None  # bytes per rank for KV pages
+    # an accelerator's share a rank may use (weights, KV pages); KV pages get what is left of
+    # it after loading, the rest is the activations' headroom (vLLM's --gpu-memory-utilization)
+    gpu_memory_utilization: float = 0.9
     num_blocks: int | None = None
     debug_tap: str | None = None
     nnodes: int = 1  # hosts in the run (nodes.py)

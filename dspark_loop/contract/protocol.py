@@ -107,6 +107,7 @@ class RankConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # that sizes its device runtime itself; the torch backends do not (workers/backend.py)
     ring_heap: tuple[int, ...] = DEFAULT_RING_HEAP  # bytes per scope depth
     weight_bank_size: int | None = None  # decoder layers with resident weight banks; None: all
+    gpu_memory_utilization: float = 0.9  # an accelerator's share for weights + KV (no kv_cache_memory)
 
     @property
     def num_groups(self) -> int:

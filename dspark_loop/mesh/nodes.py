@@ -31,6 +31,7 @@ NODE_LOCAL_FIELDS = (
     "parent_pid",
     "first_rank",
     "kv_cache_memory",
+    "gpu_memory_utilization",
     "num_blocks",
     "dist_timeout_s",
 )
