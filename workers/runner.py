@@ -203,6 +203,9 @@ class ModelRunner:
 
 
 def device_memory(device: torch.device) -> tuple[int, int]:
-    """(free, total) bytes of an accelerator (torch.cuda / torch.npu's mem_get_info)."""
-    free, total = getattr(torch, device.type).mem_get_info(device)
+    """(free, total) bytes of an accelerator (torch.cuda / torch.npu's mem_get_info), the
+    allocator's cached blocks (load-time temporaries) returned to the device first."""
+    module = getattr(torch, device.type)
+    module.empty_cache()
+    free, total = module.mem_get_info(device)
     return int(free), int(total)
