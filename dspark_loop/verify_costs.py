@@ -114,7 +114,9 @@ def progress_log(loads, after_s: float = PROGRESS_AFTER_S) -> Callable[[int], No
                 "cost table (once per checkpoint, topology and backend: cached; --verify-profile off skips it)",
                 ",".join(map(str, sorted(loads, reverse=True))),
             )
-        log.info("verify profile: %d requests per partition done (%.1f s)", n, time.monotonic() - t0)
+        log.info(
+            "verify profile: %d request%s per partition done (%.1f s)", n, "" if n == 1 else "s", time.monotonic() - t0
+        )
 
     return progress
 
