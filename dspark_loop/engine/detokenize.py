@@ -44,7 +44,8 @@ class TokenText:
         self.special_ids = frozenset(i for i, t in added.items() if t.special)
         self.special_text = {i: t.content for i, t in added.items() if t.special}
         self.token_bytes: list[bytes] | None = None  # id -> bytes, special tokens b""
-        self._spelling: dict[frozenset[int], list[bytes]] = {}  # table_spelling's, by its ids
+        # spelling()'s answers, by (skip_special_tokens, keep_special): built once, shared
+        self._spellings: dict[tuple[bool, frozenset[str]], tuple[dict[int, str], list[bytes]]] = {}
         decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
         kinds = [d.get("type") for d in decoder.get("decoders", [decoder])]
         if kinds == ["ByteLevel"]:
@@ -55,17 +56,24 @@ class TokenText:
     def byte_level(self) -> bool:
         return self.token_bytes is not None
 
-    def table_spelling(self, ids: frozenset[int]) -> list[bytes]:
-        """token_bytes with the special tokens `ids` as their text (built once per set)."""
-        table = self._spelling.get(ids)
-        if table is None:
-            assert self.token_bytes is not None, "only a byte-level tokenizer has byte tables"
-            table = list(self.token_bytes)
-            for i in ids:
-                if i < len(table):
-                    table[i] = self.special_text[i].encode("utf-8")
-            self._spelling[ids] = table
-        return table
+    def spelling(self, skip_special_tokens: bool, keep_special: tuple[str, ...]) -> tuple[dict[int, str], list[bytes]]:
+        """The special ids a request spells as their text (all of them; skipping, those in
+        keep_special) and, byte-level, the id -> bytes table that spells them (else []).
+        Built once per choice: a vocabulary can hold >100k special ids (placeholders), too
+        many to filter per request."""
+        key = (skip_special_tokens, frozenset(keep_special) if skip_special_tokens else frozenset())
+        got = self._spellings.get(key)
+        if got is None:
+            special = self.special_text
+            spelled = special if not skip_special_tokens else {i: t for i, t in special.items() if t in key[1]}
+            table: list[bytes] = []
+            if self.token_bytes is not None:
+                table = list(self.token_bytes) if spelled else self.token_bytes
+                for i, t in spelled.items():
+                    if i < len(table):
+                        table[i] = t.encode("utf-8")
+            got = self._spellings[key] = (spelled, table)
+        return got
 
     def _byte_table(self, tokenizer, added) -> list[bytes]:
         alphabet = byte_level_alphabet()
@@ -103,8 +111,7 @@ class Detokenizer:
     ):
         self._text = text
         # special ids spelled as their text: all of them, or (skipping) those in keep_special
-        special = text.special_text
-        self._spelled = special if not skip_special_tokens else {i: t for i, t in special.items() if t in keep_special}
+        self._spelled, table = text.spelling(skip_special_tokens, keep_special)
         self._stops = [s for s in stop if s]
         self._include_stop = include_stop_str_in_output
         self._stop_prefixes = {s[:k] for s in self._stops for k in range(1, len(s))}
@@ -114,10 +121,9 @@ class Detokenizer:
         self.stop_matched: str | None = None
         # plain: byte-level with no stop strings, so feed() decodes a whole list at once
         self.plain = text.byte_level and not self._stops
-        self._table: list[bytes] = []  # id -> bytes (byte-level tokenizers)
+        self._table = table  # id -> bytes (byte-level tokenizers)
         if text.token_bytes is not None:  # text.byte_level
             self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-            self._table = text.table_spelling(frozenset(self._spelled)) if self._spelled else text.token_bytes
         else:
             self._ids: list[int] = []
             self._prefix_offset = 0

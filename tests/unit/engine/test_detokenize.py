@@ -119,3 +119,30 @@ def test_feed_gives_the_text_of_add_and_take_delta_for_any_split():
 def test_stop_strings_make_a_detokenizer_walk_tokens():
     """A detokenizer with stop strings must not be plain: the engine walks its tokens."""
     assert not Detokenizer(token_text(), stop=["STOP"]).plain
+
+
+class CountingItems(dict):
+    """A special_text that counts the walks over it."""
+
+    walks = 0
+
+    def items(self):
+        self.walks += 1
+        return super().items()
+
+
+def test_a_requests_special_token_choice_is_worked_out_once_per_tokenizer_not_per_request():
+    """Flash's tokenizer has >100k special ids (placeholders): walking them for every new
+    request cost the host ~8 ms a request at admission. Requests making the same choice
+    (skip_special_tokens, keep_special) share what it spells."""
+    tt = TokenText(tiny_tokenizer())
+    tt.special_text = special = CountingItems(tt.special_text)
+    eos_text = tt.special_text[eos_id()]
+    dets = [Detokenizer(tt, keep_special=(eos_text,)) for _ in range(50)]
+    dets += [Detokenizer(tt) for _ in range(50)]
+    assert special.walks <= 2
+    for det in (dets[0], dets[-1], Detokenizer(tt, skip_special_tokens=False)):
+        assert feed(det, byte_tokens("a")) == ["a"]
+    spelled = Detokenizer(tt, keep_special=(eos_text,))
+    assert "".join(feed(spelled, [eos_id()] + byte_tokens("ok"))) == eos_text + "ok"
+    assert "".join(feed(dets[-1], [eos_id()] + byte_tokens("ok"))) == "ok"
