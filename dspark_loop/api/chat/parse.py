@@ -49,13 +49,19 @@ class ChatDelta:
 
 
 def _held_len(text: str, markers: tuple[str, ...]) -> int:
-    """Length of the longest tail of `text` that could still grow into one of `markers`."""
+    """Length of the longest tail of `text` that could still grow into one of `markers`.
+    Only a tail that starts with the marker's first character can (found with str.find:
+    most chunks hold none, and this runs for every chunk of every chat stream)."""
     best = 0
     for marker in markers:
-        for k in range(min(len(marker) - 1, len(text)), best, -1):
-            if marker.startswith(text[-k:]):
-                best = k
+        n = min(len(marker) - 1, len(text))
+        tail = text[len(text) - n :]
+        i = tail.find(marker[0])
+        while 0 <= i and n - i > best:
+            if marker.startswith(tail[i:]):
+                best = n - i
                 break
+            i = tail.find(marker[0], i + 1)
     return best
 
 

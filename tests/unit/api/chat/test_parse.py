@@ -187,3 +187,24 @@ def test_call_ids_look_like_openai_ids():
     """Generated ids must be call_ followed by hex and differ between calls."""
     ids = {new_call_id() for _ in range(100)}
     assert len(ids) == 100 and all(CALL_ID.match(i) for i in ids)
+
+
+def test_the_held_tail_is_the_longest_that_could_still_grow_into_a_marker():
+    """_held_len against its definition, on texts made of marker fragments (where the
+    candidate tails overlap) and plain text."""
+    from dspark_loop.api.chat.parse import _held_len
+    from dspark_loop.api.chat.render import DSML, EOS, TOOL_CALLS_START
+
+    markers = (EOS, "\n\n" + TOOL_CALLS_START, DSML, "<<a<<b")
+
+    def brute(text: str, ms) -> int:
+        return max(
+            (k for m in ms for k in range(1, min(len(m) - 1, len(text)) + 1) if m.startswith(text[-k:])), default=0
+        )
+
+    rng = random.Random(7)
+    pieces = [m[: rng.randrange(1, len(m))] for m in markers for _ in range(4)] + ["x", "<", "\n", "｜", "ab"]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 5)))
+        ms = tuple(rng.sample(markers, rng.randrange(1, len(markers) + 1)))
+        assert _held_len(text, ms) == brute(text, ms), (text, ms)
