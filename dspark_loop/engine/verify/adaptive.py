@@ -114,15 +114,14 @@ class AdaptiveVerify:
         """The probe this step runs, (drafting, window), or None: every `explore_every` steps
         of its shape, the first of the chain, K=0's step and the two whole windows around the
         last choice with a pass unmeasured in the decode cells (and, with prompt rows, near
-        the prompt cell the step lands in). With a start-up profile and the rule not drafting,
-        drafting cells only while `margin` < `probe_margin` (K=0's cell always: prompt steps
-        read from it)."""
+        the prompt cell the step lands in). With a start-up profile, the cells of the point the
+        rule did not choose only while `margin` < `probe_margin`."""
         if self.shape_steps[shape] % self.t.explore_every:
             return None
-        passes = drafting or self.table.prior is None or margin < self.t.probe_margin  # drafting may win
+        other = self.table.prior is None or margin < self.t.probe_margin  # the other point may win
         m = min(int(self.window), DSPARK_K - 1)  # the whole windows around the rule's last choice
         for d, j in ((True, DSPARK_K), (False, 0), (True, m), (True, m + 1)):
-            if d and not passes:
+            if d != drafting and not other:
                 continue
             p = int(np.argmax(n * (1 + j) + prompt))  # the busiest partition: its cell is measured
             b = round(QUARTERS * (j + prompt[p] / n[p])) if n[p] else BINS  # the cell's rows

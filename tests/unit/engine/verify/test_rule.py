@@ -94,3 +94,26 @@ def test_with_a_profile_where_k0_clearly_wins_the_drafting_cells_are_not_probed(
     dear = CostTable.profile(lambda n, rows, d: 0.01 * rows + 0.5 * d, 16)
     assert passes(AdaptiveVerify(dear)) == 0
     assert passes(AdaptiveVerify(dear, tunables=VerifyTunables(probe_margin=float("inf")))) > 0
+
+
+def test_with_a_profile_where_drafting_clearly_wins_k0s_cell_is_not_probed():
+    """The symmetric statement: from a start-up profile where drafting brings far more than
+    its pass and rows cost, the rule must always run a pass (a probe of K=0's cell skips one,
+    and the step after it verifies nothing); probing it whatever the margin, it does not."""
+
+    def step_s(n: int, rows: int, d: bool) -> float:
+        return 0.01 + 0.0001 * rows + 0.001 * d
+
+    def skips(policy: AdaptiveVerify) -> int:
+        skipped = 0
+        for _ in range(40):
+            choice = policy.choose(*batch(16, 0.8))
+            drafts, pass_ = int(choice.verify_len.sum()), bool(choice.draft_next.any())
+            skipped += not pass_
+            fb = StepFeedback(np.array([16]), np.array([drafts]), np.array([0]), np.array([pass_]), 0, 16)
+            policy.observe(fb._replace(step_s=step_s(16, 16 + drafts, pass_)))
+        return skipped
+
+    cheap = lambda: CostTable.profile(step_s, 16)  # noqa: E731
+    assert skips(AdaptiveVerify(cheap())) == 0
+    assert skips(AdaptiveVerify(cheap(), tunables=VerifyTunables(probe_margin=float("inf")))) > 0
