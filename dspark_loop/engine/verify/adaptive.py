@@ -115,12 +115,14 @@ class AdaptiveVerify:
         of its shape, the first of the chain, K=0's step and the two whole windows around the
         last choice with a pass unmeasured in the decode cells (and, with prompt rows, near
         the prompt cell the step lands in). With a start-up profile, the cells of the point the
-        rule did not choose only while `margin` < `probe_margin`."""
+        rule did not choose only while `margin` < `probe_margin`; beyond it, drafting, the zero
+        window's cell (a pass, no rows: Algorithm 1's base) in place of K=0's."""
         if self.shape_steps[shape] % self.t.explore_every:
             return None
         other = self.table.prior is None or margin < self.t.probe_margin  # the other point may win
         m = min(int(self.window), DSPARK_K - 1)  # the whole windows around the rule's last choice
-        for d, j in ((True, DSPARK_K), (False, 0), (True, m), (True, m + 1)):
+        zero = drafting and not other  # K=0's cell gives way to the zero window's (a pass, no rows)
+        for d, j in ((True, DSPARK_K), (zero, 0), (True, m), (True, m + 1)):
             if d != drafting and not other:
                 continue
             p = int(np.argmax(n * (1 + j) + prompt))  # the busiest partition: its cell is measured

@@ -31,10 +31,10 @@ class VerifyTunables:
     # (a pure function of the step counters): at 4, a cold load has its 4 probe cells
     # measured (3 steps each) within ~50 steps.
     explore_every: int = 4
-    # With a start-up profile, while the rule does not draft, the drafting cells are probed
-    # only while the table reads drafting within this factor of K=0's step: beyond a profile
-    # cell's error (a median of 3 dummy steps) a probe cannot change the choice, and it pays
-    # a pass that verifies nothing (~2 K=0 steps on the demo's CPU).
+    # With a start-up profile, the cells of the point the rule did not choose (drafting, or
+    # K=0's step) are probed only while the table reads the two within this factor: beyond a
+    # profile cell's error (a median of 3 dummy steps) a probe cannot change the choice, and
+    # it pays a step that verifies nothing (a pass: ~2 K=0 steps on the demo's CPU).
     probe_margin: float = 1.1
     # Each position's acceptance correction (realised over predicted survival, per request
     # class) forgets this share of its sums per step it is observed (~50 steps of memory),

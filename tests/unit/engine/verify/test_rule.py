@@ -96,24 +96,26 @@ def test_with_a_profile_where_k0_clearly_wins_the_drafting_cells_are_not_probed(
     assert passes(AdaptiveVerify(dear, tunables=VerifyTunables(probe_margin=float("inf")))) > 0
 
 
-def test_with_a_profile_where_drafting_clearly_wins_k0s_cell_is_not_probed():
+def test_with_a_profile_where_drafting_clearly_wins_k0s_cell_is_not_probed_but_the_zero_windows_is():
     """The symmetric statement: from a start-up profile where drafting brings far more than
     its pass and rows cost, the rule must always run a pass (a probe of K=0's cell skips one,
-    and the step after it verifies nothing); probing it whatever the margin, it does not."""
+    and the step after it verifies nothing), measuring the zero window's cell (a pass, no
+    rows: the base of every window's cost) in its place; probing K=0 whatever the margin, it
+    skips the pass."""
 
     def step_s(n: int, rows: int, d: bool) -> float:
         return 0.01 + 0.0001 * rows + 0.001 * d
 
-    def skips(policy: AdaptiveVerify) -> int:
-        skipped = 0
+    def run(policy: AdaptiveVerify) -> tuple[int, int]:
+        skipped = zero = 0
         for _ in range(40):
             choice = policy.choose(*batch(16, 0.8))
             drafts, pass_ = int(choice.verify_len.sum()), bool(choice.draft_next.any())
-            skipped += not pass_
+            skipped, zero = skipped + (not pass_), zero + (pass_ and not drafts)
             fb = StepFeedback(np.array([16]), np.array([drafts]), np.array([0]), np.array([pass_]), 0, 16)
             policy.observe(fb._replace(step_s=step_s(16, 16 + drafts, pass_)))
-        return skipped
+        return skipped, zero
 
     cheap = lambda: CostTable.profile(step_s, 16)  # noqa: E731
-    assert skips(AdaptiveVerify(cheap())) == 0
-    assert skips(AdaptiveVerify(cheap(), tunables=VerifyTunables(probe_margin=float("inf")))) > 0
+    assert run(AdaptiveVerify(cheap())) == (0, 3)  # min_samples steps measure the zero window's cell
+    assert run(AdaptiveVerify(cheap(), tunables=VerifyTunables(probe_margin=float("inf"))))[0] > 0
