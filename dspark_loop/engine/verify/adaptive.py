@@ -111,12 +111,11 @@ class AdaptiveVerify:
         return False, solve(surv, cap, partition, n, prompt, costs, 0).verify_len, margin
 
     def _probe(self, n, prompt, shape: bool, drafting: bool, margin: float) -> tuple[bool, int] | None:
-        """The probe this step runs, (drafting, window), or None: every `explore_every` steps
-        of its shape, the first of the chain, K=0's step and the two whole windows around the
-        last choice with a pass unmeasured in the decode cells (and, with prompt rows, near
-        the prompt cell the step lands in). With a start-up profile, the cells of the point the
-        rule did not choose only while `margin` < `probe_margin`; beyond it, drafting, the zero
-        window's cell (a pass, no rows: Algorithm 1's base) in place of K=0's."""
+        """The probe this step runs, (drafting, window), or None: every `explore_every` steps of
+        its shape, the first of the chain, K=0's step and the two whole windows around the last
+        choice with a pass unmeasured in the decode cells (with prompt rows, near the prompt cell
+        the step lands in). With a start-up profile, the other point's cells only while `margin` <
+        `probe_margin`; beyond it, drafting, the zero window's (Algorithm 1's base) for K=0's."""
         if self.shape_steps[shape] % self.t.explore_every:
             return None
         other = self.table.prior is None or margin < self.t.probe_margin  # the other point may win
