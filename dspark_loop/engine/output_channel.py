@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
+
 from dspark_loop.engine.outputs import RequestOutput
 
 
@@ -77,24 +79,19 @@ def deliver(channels: dict[str, OutputChannel], outputs: list[RequestOutput]) ->
 
 def merge_outputs(items: list[RequestOutput]) -> RequestOutput:
     """Consecutive deltas of one request as one: tokens, text and logprobs concatenated;
-    the totals and the finish from the last; prompt logprobs from the first that has them."""
-    last = items[-1]
-    logprobs = None
-    if any(o.logprobs is not None for o in items):
-        logprobs = [e for o in items for e in (o.logprobs or [])]
-    prompt_logprobs = next((o.prompt_logprobs for o in items if o.prompt_logprobs is not None), None)
-    return RequestOutput(
-        last.request_id,
-        [t for o in items for t in o.new_token_ids],
-        "".join(o.new_text for o in items),
-        last.finished,
-        last.finish_reason,
-        last.error,
-        last.num_prompt_tokens,
-        last.num_output_tokens,
-        last.num_cached_tokens,
-        last.stop_reason,
-        logprobs,
-        prompt_logprobs,
-        last.speculation,
+    the totals and the finish from the last; prompt logprobs from the first that has them.
+    One pass and a C-level copy of the last: a consumer that fell behind (short steps, many
+    streams) merges on most of its takes."""
+    ids: list[int] = []
+    texts: list[str] = []
+    logprobs = prompt_logprobs = None
+    for o in items:
+        ids += o.new_token_ids
+        texts.append(o.new_text)
+        if o.logprobs is not None:
+            logprobs = (logprobs or []) + o.logprobs
+        if prompt_logprobs is None:
+            prompt_logprobs = o.prompt_logprobs
+    return msgspec.structs.replace(
+        items[-1], new_token_ids=ids, new_text="".join(texts), logprobs=logprobs, prompt_logprobs=prompt_logprobs
     )
