@@ -89,7 +89,9 @@ def merge_outputs(items: list[RequestOutput]) -> RequestOutput:
         ids += o.new_token_ids
         texts.append(o.new_text)
         if o.logprobs is not None:
-            logprobs = (logprobs or []) + o.logprobs
+            if logprobs is None:
+                logprobs = []
+            logprobs += o.logprobs
         if prompt_logprobs is None:
             prompt_logprobs = o.prompt_logprobs
     return msgspec.structs.replace(
