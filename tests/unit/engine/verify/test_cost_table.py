@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dspark_loop.contract.protocol import DSPARK_K
-from dspark_loop.engine.verify.cost_table import QUARTERS, CostTable, load_of
+from dspark_loop.engine.verify.cost_table import QUARTERS, CostTable, load_bucket, load_of
 from dspark_loop.engine.verify.tunables import VerifyTunables
 
 
@@ -96,3 +96,32 @@ def test_the_hosts_cpu_per_step_is_a_floor_under_every_cell_of_its_load():
     cost = table.costs(int(load_of(64)), 3)[1]
     assert cost[0] == pytest.approx(0.010) and cost[QUARTERS * 7] == pytest.approx(0.012)
     assert table.costs(int(load_of(8)), 3)[1, 0] == pytest.approx(0.004)
+
+
+def test_measured_is_the_fresh_sample_count_and_costs_recompute_only_when_a_median_moves():
+    """`measured` must agree with its definition (at least min_samples samples younger than
+    the horizon) through random observations, aging and shifts; a sample that leaves every
+    median (and the drift) where it was must leave the costs as they were (the same array:
+    not computed again); one that moves a median must not."""
+    t = VerifyTunables(horizon=40)
+    table, rng = CostTable(tunables=t), np.random.default_rng(7)
+    for step in range(300):
+        n, extra, d = int(rng.choice([1, 3, 16, 60])), int(rng.integers(0, 8)), bool(rng.integers(2))
+        table.observe(n, n * extra // 2, d, float(rng.choice([0.01, 0.011, 0.02, 0.05])), step)
+        load = int(load_of(n))
+        fresh = (table.steps[load, :2] > step - t.horizon).sum(axis=2) >= t.min_samples
+        assert np.array_equal(table.measured(load, step), fresh)
+    steady = CostTable()
+    for i in range(5):
+        steady.observe(4, 0, False, 0.010, i)
+    before = steady.costs(2, 5)
+    steady.observe(4, 0, False, 0.010, 5)  # the median stays 0.010
+    assert np.shares_memory(steady.costs(2, 6), before)
+    for i in range(6, 10):  # 0.012 four times: 4 of the 8 newest, the median moves to 0.011
+        steady.observe(4, 0, False, 0.012, i)
+    assert not np.shares_memory(steady.costs(2, 10), before) and steady.costs(2, 10)[0, 0] == pytest.approx(0.011)
+
+
+def test_load_bucket_is_load_of_for_one_count():
+    counts = np.arange(0, 5000)
+    assert [load_bucket(int(c)) for c in counts] == load_of(counts).tolist()
