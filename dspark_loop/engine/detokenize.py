@@ -114,7 +114,7 @@ class Detokenizer:
         self._spelled, table = text.spelling(skip_special_tokens, keep_special)
         self._stops = [s for s in stop if s]
         self._include_stop = include_stop_str_in_output
-        self._stop_prefixes = {s[:k] for s in self._stops for k in range(1, len(s))}
+        self._stop_firsts = {s[0] for s in self._stops}
         self._max_hold = max((len(s) - 1 for s in self._stops), default=0)
         self._pending = ""  # decoded, not yet released
         self._held = 0  # trailing chars of _pending that may start a stop string
@@ -216,12 +216,16 @@ class Detokenizer:
         return True
 
     def _hold_len(self) -> int:
-        p = self._pending
+        """The longest tail of _pending that is a proper prefix of a stop string (held back:
+        the next tokens may complete it). Linear in the stop strings' length: a tail is
+        compared only where it starts with a stop string's first character."""
+        p, firsts = self._pending, self._stop_firsts
         for k in range(min(self._max_hold, len(p)), 0, -1):
-            if p[-k:] in self._stop_prefixes:
-                return k
+            if p[-k] in firsts:
+                tail = p[-k:]
+                if any(len(s) > k and s.startswith(tail) for s in self._stops):
+                    return k
         return 0
-
 
 def output_text(text: Detokenizer, out, include_stop_str_in_output: bool) -> str:
     """A plain request's text delta for out's tokens: a finishing EOS or stop id adds no

@@ -146,3 +146,37 @@ def test_a_requests_special_token_choice_is_worked_out_once_per_tokenizer_not_pe
     spelled = Detokenizer(tt, keep_special=(eos_text,))
     assert "".join(feed(spelled, [eos_id()] + byte_tokens("ok"))) == eos_text + "ok"
     assert "".join(feed(dets[-1], [eos_id()] + byte_tokens("ok"))) == "ok"
+
+
+def test_held_text_is_the_longest_tail_that_begins_a_stop_string():
+    """What add() holds back must be, by definition, the longest tail of the unreleased text
+    that is a proper prefix of some stop string, for any text and stop strings."""
+    import random
+
+    rng = random.Random(3)
+    for _ in range(300):
+        stops = ["".join(rng.choice("ab\n") for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(1, 3))]
+        text = "".join(rng.choice("ab\nc") for _ in range(rng.randint(0, 12)))
+        det = Detokenizer(token_text(), stop=stops)
+        for t in byte_tokens(text):
+            if det.add(t, check_stop=False) is not None:
+                break
+        held = max(
+            (k for k in range(1, len(text) + 1) for s in stops if len(s) > k and s.startswith(text[-k:])), default=0
+        )
+        assert det.take_delta() == text[: len(text) - held]
+
+
+def test_a_very_long_stop_string_costs_memory_linear_in_its_length():
+    """A client's 20,000-character stop string must cost the detokenizer about its own size,
+    not one copy per prefix (a 1 MB stop string once took the whole machine's memory)."""
+    import tracemalloc
+
+    stop = "ab" * 10_000
+    tracemalloc.start()
+    det = Detokenizer(token_text(), stop=[stop])
+    deltas = feed(det, byte_tokens("xabab"))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1_000_000
+    assert deltas == ["x", "", "", "", ""] and det.finish() == "abab"  # held: it may begin the stop
