@@ -6,16 +6,16 @@ import itertools
 import uuid
 
 from dspark_loop.api.errors import ApiError, model_not_found, not_ready
+from dspark_loop.api.gate import AdmissionGate
 from dspark_loop.api.generation.defaults import KEYS, sampling_defaults
 from dspark_loop.api.prompt import PromptEncoder
 from dspark_loop.config.server_config import GenerateDefaults
-from dspark_loop.engine.interfaces import EngineClient
 
 
 class ServingContext:
     def __init__(
         self,
-        engine: EngineClient,
+        engine: AdmissionGate,  # the engine as the routes see it
         encoder: PromptEncoder,
         model_name: str,
         defaults: GenerateDefaults,

@@ -2,6 +2,7 @@
 
     draining (SIGTERM)                   -> 503 server_shutting_down
     --max-queued-requests N already wait -> 503 server_overloaded + Retry-After
+    more choices (prompts x n) than N    -> 400 request_too_large (they queue at once)
     prompt + max_tokens can never fit    -> 400 request_too_large
     otherwise                            -> the engine's generate(), counted as active
 
@@ -78,16 +79,37 @@ class AdmissionGate:
             raise ApiError(503, "The server is shutting down and takes no new requests.", code="server_shutting_down")
         limit = self.max_queued_requests
         if limit is not None and self.engine.num_waiting >= limit:
-            self.num_rejected += 1
-            raise ApiError(
-                503,
-                f"The server is overloaded: {limit} requests already wait. Retry after {RETRY_AFTER_S} s.",
-                code="server_overloaded",
-                headers={"Retry-After": str(RETRY_AFTER_S)},
-            )
+            raise self._overloaded(limit)
         problem = self.engine.capacity_problem(len(g.prompt_token_ids), g.params.max_tokens)
         if problem is not None:
             raise ApiError(400, problem, param="max_tokens", code="request_too_large")
+
+    def check_choices(self, count: int, param: str) -> None:
+        """An answer of `count` choices (a batch of prompts x n) queues them in one step: more
+        than --max-queued-requests can never be admitted (400, naming `param`); more than the
+        queue has room for now is one 503 for the whole answer, before any of them queues."""
+        limit = self.max_queued_requests
+        if limit is None:
+            return
+        if count > limit:
+            raise ApiError(
+                400,
+                f"This request asks for {count} choices (prompts x n), more than the {limit} requests the "
+                f"server queues at once (--max-queued-requests); lower n or send fewer prompts per request.",
+                param=param,
+                code="request_too_large",
+            )
+        if self.engine.num_waiting + count > limit:
+            raise self._overloaded(limit)
+
+    def _overloaded(self, limit: int) -> ApiError:
+        self.num_rejected += 1
+        return ApiError(
+            503,
+            f"The server is overloaded: its queue of {limit} requests is full. Retry after {RETRY_AFTER_S} s.",
+            code="server_overloaded",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
 
     async def generate(self, g: GenerateRequest):
         self.check(g)

@@ -151,6 +151,7 @@ async def _stream(ctx, request: web.Request, cs: Choices) -> web.StreamResponse:
 
 
 async def run_choices(route, request: web.Request, cs: Choices) -> web.StreamResponse:
+    route.ctx.engine.check_choices(len(cs.choices), "n" if (cs.req.n or 1) > 1 else "prompt")
     for c in cs.choices:
         await route.prepare(c)  # a constrained chat request's grammar, per choice
     log.info(

@@ -113,3 +113,27 @@ async def test_the_gate_counts_active_requests_until_their_response_is_written()
         assert not await gate.wait_idle(0.01)
         await r.read()
         assert await gate.wait_idle(5) and gate.num_active == 0
+
+
+async def test_more_choices_than_the_queue_holds_is_a_400_and_a_full_queue_refuses_them_all():
+    """A batch of prompts or n > 1 queues every choice at once: more choices than
+    --max-queued-requests can never be admitted (400 naming n or prompt, not a 503 that a
+    retry cannot cure); more than the queue has room for now is one 503 for the whole
+    answer, with none of its choices queued."""
+    engine = FakeEngine()
+    async with serving(engine, max_queued_requests=2) as client:
+        for body, param in (({**BODY, "n": 6}, "n"), ({**BODY, "prompt": [[1], [2], [3]]}, "prompt")):
+            r = await client.post("/v1/completions", json=body)
+            err = (await r.json())["error"]
+            assert r.status == 400 and (err["param"], err["code"]) == (param, "request_too_large"), err
+        r = await client.post(
+            "/v1/chat/completions", json={"model": MODEL, "n": 3, "messages": [{"role": "user", "content": "hi"}]}
+        )
+        assert r.status == 400 and (await r.json())["error"]["param"] == "n"
+        engine.num_waiting = 1
+        r = await client.post("/v1/completions", json={**BODY, "n": 2})
+        assert r.status == 503 and (await r.json())["error"]["code"] == "server_overloaded"
+        assert engine.requests == []
+        engine.num_waiting = 0
+        r = await client.post("/v1/completions", json={**BODY, "n": 2})
+        assert r.status == 200 and len((await r.json())["choices"]) == 2
