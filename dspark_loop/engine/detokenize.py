@@ -227,6 +227,7 @@ class Detokenizer:
                     return k
         return 0
 
+
 def output_text(text: Detokenizer, out, include_stop_str_in_output: bool) -> str:
     """A plain request's text delta for out's tokens: a finishing EOS or stop id adds no
     text (unless include_stop_str_in_output), and the end flushes a broken character."""

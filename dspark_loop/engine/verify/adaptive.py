@@ -126,7 +126,9 @@ class AdaptiveVerify:
                 continue
             p = int(np.argmax(n * (1 + j) + prompt))  # the busiest partition: its cell is measured
             b = round(QUARTERS * (j + prompt[p] / n[p])) if n[p] else BINS  # the cell's rows
-            decode, prompted = (self.table.measured(load_bucket(int(n[p])), self.step, s)[int(d)] for s in (False, True))
+            decode, prompted = (
+                self.table.measured(load_bucket(int(n[p])), self.step, s)[int(d)] for s in (False, True)
+            )
             near = prompted[max(b - QUARTERS, 0) : b + QUARTERS + 1]  # prompt rows vary: within a row per request
             if b < BINS and not decode[QUARTERS * j] and not (shape and near.any()):
                 return d, j
