@@ -21,7 +21,7 @@ import numpy as np
 from dspark_loop.contract.protocol import DSPARK_K
 from dspark_loop.engine.verify.budget import Budget, solve_budget
 from dspark_loop.engine.verify.calibration import AcceptCalibration, request_class
-from dspark_loop.engine.verify.cost_table import BINS, QUARTERS, CostTable, load_bucket, load_of
+from dspark_loop.engine.verify.cost_table import BINS, QUARTERS, CostTable, load_of
 from dspark_loop.engine.verify.policy import StepFeedback, VerifyChoice
 from dspark_loop.engine.verify.tunables import DEFAULT, VerifyTunables
 
@@ -126,9 +126,7 @@ class AdaptiveVerify:
                 continue
             p = int(np.argmax(n * (1 + j) + prompt))  # the busiest partition: its cell is measured
             b = round(QUARTERS * (j + prompt[p] / n[p])) if n[p] else BINS  # the cell's rows
-            decode, prompted = (
-                self.table.measured(load_bucket(int(n[p])), self.step, s)[int(d)] for s in (False, True)
-            )
+            decode, prompted = (self.table.measured(int(load_of(n[p])), self.step, s)[int(d)] for s in (False, True))
             near = prompted[max(b - QUARTERS, 0) : b + QUARTERS + 1]  # prompt rows vary: within a row per request
             if b < BINS and not decode[QUARTERS * j] and not (shape and near.any()):
                 return d, j

@@ -58,9 +58,8 @@ def solve_budget(
         slots = np.flatnonzero(np.arange(K)[None, :] < cap[:, None])  # [n] eligible, row-major (request, position)
         values, slot_part = flat[slots], partition[slots // K]  # [n] each
     n = len(slots)
-    # one unique integer key per slot, sorted (~2x faster than an argsort): the partition,
-    # survival on 40 bits descending, then the slot index (request, position) as the tie-break
-    # that keeps every prefix of a partition's ranking a per-request prefix; slot = low bits
+    # one unique integer key per slot, sorted (~2x faster than an argsort): the partition, survival on 40
+    # bits descending, then the slot (request, position; low bits): ranking prefixes are per-request prefixes
     index_bits = max(1, int(R * K - 1).bit_length())
     quantised = np.rint((1.0 - values) * (1 << (SURVIVAL_BITS - 1))).astype(np.int64)  # [n] in 0..2^40
     keys = (quantised << index_bits) | slots
@@ -76,9 +75,8 @@ def solve_budget(
         ranked, slot_part = slots[order], slot_part[order]
     counts = np.bincount(slot_part, minlength=P)  # [P]
     rank = np.arange(1, n + 1) - np.repeat(np.cumsum(counts) - counts, counts)  # [n] 1 + rank within its partition
-    # each slot's breakpoint: the step time at which its partition verifies it; a step time T
-    # verifies the slots with breakpoints <= T (a prefix of each partition's ranking), so one
-    # stable sort of the breakpoints lines up every candidate T and tau(T) is a running sum
+    # each slot's breakpoint: the step time at which its partition verifies it; a step time T verifies
+    # those <= T (a prefix of each partition's ranking): one stable sort lines up every T, tau(T) a running sum
     breakpoint_s = base_s[slot_part] + drafts_s(slot_part, rank)  # [n]
     ascending = np.argsort(breakpoint_s, kind="stable")  # [n]
     by_time = ranked.take(ascending)  # [n] slots, by step time

@@ -20,12 +20,8 @@ NUM_CLASSES = 8  # greedy, sampled, constrained greedy, constrained sampled; kno
 
 def request_class(sampled, constrained=None, in_flight=None) -> np.ndarray:
     """[R] int64: sampled [R] + 2 * constrained [R] + 4 * in_flight [R] (bools; in flight: conf NaN)."""
-    cls = np.array(sampled, np.int64)
-    if constrained is not None:
-        cls |= np.asarray(constrained, np.int64) << 1
-    if in_flight is not None:
-        cls |= np.asarray(in_flight, np.int64) << 2
-    return cls
+    flags = [(f, i) for i, f in enumerate((sampled, constrained, in_flight)) if f is not None]
+    return sum((np.asarray(f, np.int64) << i for f, i in flags), np.zeros(np.shape(sampled), np.int64))
 
 
 class AcceptCalibration:
@@ -66,17 +62,12 @@ class AcceptCalibration:
         j = np.arange(DSPARK_K)[None, :]
         verified = j < np.asarray(verify_len)[:, None]  # [n, K]
         hit = verified & (j < np.asarray(accepted)[:, None])  # [n, K]
-        cell = cell_of(cls)
-        keep = np.where(by_cell(cell, verified) > 0, 1.0 - self.t.accept_decay, 1.0)  # [NUM_CLASSES, K]
-        self.predicted = self.predicted * keep + by_cell(cell, np.where(verified, raw, 0.0))
-        self.realised = self.realised * keep + by_cell(cell, hit)
+        keep = np.where(by_cell(cls, verified) > 0, 1.0 - self.t.accept_decay, 1.0)  # [NUM_CLASSES, K]
+        self.predicted = self.predicted * keep + by_cell(cls, np.where(verified, raw, 0.0))
+        self.realised = self.realised * keep + by_cell(cls, hit)
 
 
-def cell_of(cls) -> np.ndarray:
-    """[n * K] the (class, position) cell of each slot of requests of classes cls [n], row-major."""
-    return (np.asarray(cls, np.int64)[:, None] * DSPARK_K + np.arange(DSPARK_K)[None, :]).ravel()
-
-
-def by_cell(cell: np.ndarray, values) -> np.ndarray:
-    """[NUM_CLASSES, K] sums of values [n, K] per cell (cell_of of their classes)."""
+def by_cell(cls, values) -> np.ndarray:
+    """[NUM_CLASSES, K] sums of values [n, K] per (class of cls [n], position)."""
+    cell = (np.asarray(cls, np.int64)[:, None] * DSPARK_K + np.arange(DSPARK_K)[None, :]).ravel()  # [n * K]
     return np.bincount(cell, np.asarray(values, np.float64).ravel(), NUM_CLASSES * DSPARK_K).reshape(NUM_CLASSES, -1)

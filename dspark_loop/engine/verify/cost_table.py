@@ -20,7 +20,6 @@ step (two steps in flight) is a floor under every cell of its load.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 
 import numpy as np
@@ -34,7 +33,6 @@ LOADS = 12  # load buckets: 1, 2, 4 ... 2048 decode requests per partition (log2
 QUARTERS = 4
 MAX_EXTRA_ROWS = 2 * DSPARK_K
 BINS = QUARTERS * MAX_EXTRA_ROWS + 1
-_ROWS = np.arange(BINS)
 
 
 def _median(xs: list[float]) -> float:
@@ -43,25 +41,10 @@ def _median(xs: list[float]) -> float:
     return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
 
 
-def _fill(rows: np.ndarray) -> None:
-    """rows [2 passes, BINS] in place: a row's unmeasured cells read between its measured ones
-    (flat beyond); a row with nothing measured, the other pass's."""
-    for c in rows:
-        known = ~np.isnan(c)
-        if 0 < int(known.sum()) < BINS:
-            c[:] = np.interp(_ROWS, _ROWS[known], c[known])
-    rows[:] = np.where(np.isnan(rows), rows[::-1], rows)
-
-
 def load_of(num_requests) -> np.ndarray:
     """Load bucket(s) of a partition's decode request count(s)."""
     n = np.maximum(np.asarray(num_requests, np.float64), 1.0)
     return np.minimum(np.rint(np.log2(n)), LOADS - 1).astype(np.int64)
-
-
-def load_bucket(num_requests: int) -> int:
-    """load_of of one count, without numpy (log2 of an integer is never halfway between two)."""
-    return min(round(math.log2(max(num_requests, 1))), LOADS - 1)
 
 
 class CostTable:
@@ -78,9 +61,9 @@ class CostTable:
         self.num_samples = 0
         self.num_shifts = 0  # cost shape changes seen (_check_shift)
         self.drift = 1.0  # the median of `ratios` (1 before any)
-        # each cell's median of fresh samples (NaN: unmeasured), valid for the load's decode
-        # steps in [since, until): an observed cell is updated in place, a load whose oldest
-        # fresh sample ages out is computed again
+        # each cell's median of fresh samples (NaN: unmeasured), valid for the load's decode steps
+        # in [since, until): an observed cell is updated in place, the load computed again (_medians)
+        # once its oldest fresh sample ages out
         self.medians = np.full(shape[:3], np.nan)  # [LOADS, 4, BINS]
         self.since = np.zeros(LOADS, np.int64)
         self.until = np.full(LOADS, -(1 << 62), np.int64)
@@ -92,8 +75,7 @@ class CostTable:
     def costs(self, load: int, step: int, prompt: bool = False) -> np.ndarray:
         """[2, BINS] seconds of one load's cells (pass x rows) of steps with or without a
         prompt chunk, monotone, as of `step` (read only: kept until it changes)."""
-        if not self.since[load] <= step < self.until[load]:
-            self._medians(load, step)
+        self._medians(load, step)
         cost = self.cache.get(load)
         if cost is None:
             cost = self.cache[load] = self._costs(load)
@@ -101,6 +83,8 @@ class CostTable:
         return cost[int(prompt)]
 
     def _medians(self, load: int, step: int) -> None:
+        if self.since[load] <= step < self.until[load]:
+            return
         fresh = self.steps[load] > step - self.t.horizon  # [4, BINS, N]
         count = fresh.sum(axis=2)  # [4, BINS]
         ranked = np.sort(np.where(fresh, self.times[load], np.inf), axis=2)  # fresh first, ascending
@@ -113,31 +97,30 @@ class CostTable:
         self.cache.pop(load, None)
 
     def _cell_median(self, cell: tuple, step: int) -> bool:
-        """An observed cell's median, in place, where its load's medians are valid; whether
-        it changed (False where they are not valid: the next read computes them all)."""
+        """An observed cell's median, in place, where its load's medians are valid: whether it moved."""
         load = cell[0]
         if not self.since[load] <= step < self.until[load]:
-            return False
+            return False  # the next read computes the load's medians
         fresh = self.steps[cell] > step - self.t.horizon  # [N]
         times = self.times[cell][fresh].tolist()
-        old = float(self.medians[cell])
-        new = _median(times) if len(times) >= self.t.min_samples else math.nan
-        self.medians[cell] = new
+        old, self.medians[cell] = self.medians[cell], _median(times) if len(times) >= self.t.min_samples else np.nan
         self.until[load] = min(int(self.until[load]), int(self.steps[cell][fresh].min()) + self.t.horizon)
         self.since[load] = step
-        return new != old and not (new != new and old != old)  # NaN to NaN is no change
+        return not (old == self.medians[cell] or np.isnan(old) and np.isnan(self.medians[cell]))
 
     def _costs(self, load: int) -> np.ndarray:
         cost = self.medians[load].reshape(2, 2, BINS).copy()  # [prompt, pass, BINS]
         if self.prior is not None:
             cost[0] = np.where(np.isnan(cost[0]), self.prior[load] * self.drift, cost[0])
         seen = ~np.isnan(cost[1])  # [2, BINS] measured prompt steps
-        _fill(cost[0])
-        if np.isnan(cost[0]).any():  # a decode step with nothing: the prompt step's
-            _fill(cost[1])
-            cost[0] = np.where(np.isnan(cost[0]), cost[1], cost[0])
-        if not (np.isfinite(cost[0]).all() and np.isfinite(cost[1][seen]).all()):
-            cost = np.nan_to_num(cost, nan=1.0)  # nothing measured: all alike
+        j = np.arange(BINS)
+        for c in cost.reshape(4, BINS):  # unmeasured rows read between the measured ones (flat beyond)
+            known = ~np.isnan(c)
+            if known.any() and not known.all():
+                c[:] = np.interp(j, j[known], c[known])
+        cost = np.where(np.isnan(cost), cost[:, ::-1], cost)  # a pass row with nothing: the other's
+        cost = np.where(np.isnan(cost), cost[::-1], cost)  # a prompt step with nothing: the decode step's
+        cost = cost if np.isfinite(cost).all() else np.nan_to_num(cost, nan=1.0)  # nothing measured: all alike
         # a prompt step: the decode step of its rows plus the measured ones' median excess (module docstring)
         cost[1] = cost[0] + (_median(excess) if (excess := (cost[1] - cost[0])[seen].tolist()) else 0.0)
         for axis in (2, 1, 0):  # more rows, a pass, a prompt chunk: never cheaper
@@ -145,11 +128,9 @@ class CostTable:
         return np.maximum(cost, self.host_floor[load])
 
     def measured(self, load: int, step: int, prompt: bool = False) -> np.ndarray:
-        """[2, BINS] bool: the cells (pass x rows) the table has measured (fresh samples enough:
-        those with a median)."""
-        if not self.since[load] <= step < self.until[load]:
-            self._medians(load, step)
-        return ~np.isnan(self.medians[load, 2 * prompt : 2 * prompt + 2])
+        """[2, BINS] bool: the cells (pass x rows) the table has measured (fresh samples enough)."""
+        self._medians(load, step)
+        return ~np.isnan(self.medians[load, 2 * prompt : 2 * prompt + 2])  # a median: samples enough
 
     @staticmethod
     def time(rows: np.ndarray, num_requests: np.ndarray, part, extra_rows) -> np.ndarray:
@@ -170,7 +151,7 @@ class CostTable:
         j = int(round(QUARTERS * extra_rows / max(num_requests, 1)))
         if step_s <= 0 or num_requests <= 0 or j >= BINS:
             return
-        cell = (load_bucket(num_requests), int(drafting) + 2 * int(prompt), j)
+        cell = (int(load_of(num_requests)), int(drafting) + 2 * int(prompt), j)
         slot = cell + (int(self.next[cell]),)
         self.times[slot], self.steps[slot] = step_s, step
         self.next[cell] = (self.next[cell] + 1) % self.t.cell_samples
@@ -192,7 +173,7 @@ class CostTable:
         """The host's CPU for a step of the busiest partition's load, run beside the ranks'."""
         if host_s <= 0 or num_requests <= 0:
             return
-        load = load_bucket(num_requests)
+        load = int(load_of(num_requests))
         self.host[load, self.host_next[load] % self.t.cell_samples] = host_s
         self.host_next[load] += 1
         ring = [x for x in self.host[load].tolist() if x == x]

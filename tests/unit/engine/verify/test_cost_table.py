@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dspark_loop.contract.protocol import DSPARK_K
-from dspark_loop.engine.verify.cost_table import QUARTERS, CostTable, load_bucket, load_of
+from dspark_loop.engine.verify.cost_table import QUARTERS, CostTable, load_of
 from dspark_loop.engine.verify.tunables import VerifyTunables
 
 
@@ -120,8 +120,3 @@ def test_measured_is_the_fresh_sample_count_and_costs_recompute_only_when_a_medi
     for i in range(6, 10):  # 0.012 four times: 4 of the 8 newest, the median moves to 0.011
         steady.observe(4, 0, False, 0.012, i)
     assert not np.shares_memory(steady.costs(2, 10), before) and steady.costs(2, 10)[0, 0] == pytest.approx(0.011)
-
-
-def test_load_bucket_is_load_of_for_one_count():
-    counts = np.arange(0, 5000)
-    assert [load_bucket(int(c)) for c in counts] == load_of(counts).tolist()
