@@ -40,8 +40,9 @@ class ChatOutput:
 
     @property
     def tool_calls(self) -> list[dict]:
-        """The complete calls, in order (a call cut short by length is left out)."""
-        calls = self.parser.tool_calls[: self.parser.num_closed_calls]
+        """The calls, in order; one cut short (length, a stop string) as far as it was written,
+        as the stream sent it (finish_reason then keeps the engine's reason)."""
+        calls = self.parser.tool_calls
         return calls if self.max_calls is None else calls[: self.max_calls]
 
     @property

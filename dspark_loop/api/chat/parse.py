@@ -5,7 +5,9 @@ feed(text) + finish(), so a stream cut anywhere reassembles to exactly the whole
 
     reasoning ──</think>──> content ──\\n\\n<｜DSML｜tool_calls>──> calls ──> invoke ──> param
         └───────────<｜DSML｜tool_calls>──────────────┘          ^──────┴─────────┘
-    EOS ends the text anywhere; a block cut short (length, stop string) is incomplete,
+    EOS ends the text anywhere; a block cut short (length, stop string) is incomplete: its
+    calls stand as far as they were written, and a block cut before its first call's name
+    is returned as content (its raw text: the answer is never empty when tokens were made);
     a block of the wrong shape raises ToolParseError.
 """
 
@@ -78,6 +80,7 @@ class StreamingChatParser:
         self.num_closed_calls = 0  # calls whose </｜DSML｜invoke> has been read
         self.tool_calls_complete = True
         self.error: ToolParseError | None = None
+        self._block: list[str] | None = None  # the raw text of a block until its first call is named
 
     def feed(self, text: str) -> list[ChatDelta]:
         if self.error:
@@ -87,25 +90,32 @@ class StreamingChatParser:
         self._raw += text
         cut = self._raw.find(EOS)
         if cut >= 0:
-            self._buf += self._raw[:cut]
+            self._take(self._raw[:cut])
             self._raw, self._ended = "", True
         else:
             keep = _held_len(self._raw, (EOS,))
-            self._buf += self._raw[: len(self._raw) - keep]
+            self._take(self._raw[: len(self._raw) - keep])
             self._raw = self._raw[len(self._raw) - keep :]
         return self._run()
+
+    def _take(self, text: str) -> None:
+        self._buf += text
+        if self._block is not None:
+            self._block.append(text)
 
     def finish(self) -> list[ChatDelta]:
         if self.error:
             raise self.error
         if self._state != "done":  # after the block only EOS may come; a cut EOS is dropped
-            self._buf += self._raw
+            self._take(self._raw)
         self._raw = ""
         out = self._run()
         if self._state in ("reasoning", "content") and self._buf:
             out.append(ChatDelta(self._state, self._buf))
         elif self._state not in ("reasoning", "content", "done"):
             self.tool_calls_complete = False
+            if self._block is not None:  # cut before its first call's name: its raw text
+                out.append(ChatDelta("content", "".join(self._block)))
         self._buf = ""
         return out
 
@@ -157,7 +167,7 @@ class StreamingChatParser:
             if marker == TOOL_CALLS_START:
                 # NOTE: the "\n\n" before a tool block belongs to the block, not the text.
                 text = text[:-2] if text.endswith("\n\n") else text
-                self._state = "calls"
+                self._state, self._block = "calls", [marker, buf[pos + len(marker) :]]
             else:
                 self._state = "content"
             if text:
@@ -186,6 +196,7 @@ class StreamingChatParser:
                 self._fail("bad invoke name")
             call = {"id": self._call_id(), "type": "function", "function": {"name": name, "arguments": ""}}
             self.tool_calls.append(call)
+            self._block = None
             out.append(
                 ChatDelta(
                     "tool_call",

@@ -80,10 +80,24 @@ def test_single_call_mode_drops_later_calls_and_still_finishes_with_tool_calls()
     assert out.finish_reason("stop") == "tool_calls"
 
 
-def test_a_cut_block_lists_no_call_and_keeps_the_engine_reason():
-    """A block cut inside a call must leave the message without tool_calls."""
-    deltas, out = run(TEXT[: TEXT.index("</｜DSML｜invoke>")], [])
-    assert "tool_calls" not in out.message() and out.finish_reason("stop") == "stop"
+def test_a_cut_block_lists_its_call_as_far_as_written_and_keeps_the_engine_reason():
+    """A block cut inside a call must list the call as the stream sent it (its arguments cut
+    short) and keep the engine's finish reason; cut before the call's name, the block's raw
+    text is the content (never an empty answer), streamed and whole alike."""
+    cut = TEXT[: TEXT.index("</｜DSML｜invoke>")]
+    for step in (1, 7, len(cut)):
+        deltas, out = run(cut, list(range(step, len(cut), step)))
+        calls = out.message()["tool_calls"]
+        assert [c["function"]["name"] for c in calls] == ["f"]
+        assert calls[0]["function"]["arguments"] == '{"a": "x y", "b": [1, 2]'
+        assert joined(deltas)["calls"] == [{"name": "f", "arguments": calls[0]["function"]["arguments"]}]
+        assert out.finish_reason("stop") == "stop" and out.finish_reason("length") == "length"
+    nameless = TEXT[: TEXT.index('name="f"') + 7]  # cut inside the first call's name
+    block = nameless[nameless.index("<｜DSML｜tool_calls>") :]
+    for step in (1, 5, len(nameless)):
+        deltas, out = run(nameless, list(range(step, len(nameless), step)))
+        assert "tool_calls" not in out.message() and out.message()["content"] == "Sure." + block
+        assert joined(deltas)["content"] == "Sure." + block and out.finish_reason("stop") == "stop"
 
 
 def detok_text(ids: list[int], skip: bool, keep: tuple[str, ...] = ()) -> str:

@@ -106,11 +106,16 @@ def test_near_markers_that_never_complete_stay_text():
 
 @pytest.mark.parametrize("cut", [len(OPEN) - 1, len(OPEN) + 10, len(OPEN) + 60])
 def test_a_block_cut_short_is_incomplete_not_an_error(cut):
-    """A block cut by max_tokens or a stop string must parse, mark itself incomplete, and
-    keep finish_reason from saying tool_calls."""
+    """A block cut by max_tokens or a stop string must parse, mark itself incomplete, keep
+    finish_reason from saying tool_calls, and return what was written."""
     text = (OPEN + invoke("f", param("q", "some words", True)))[:cut]
     msg = parse_completion(text, start_in_reasoning=False)
-    assert not msg.tool_calls_complete and msg.tool_calls == []
+    assert not msg.tool_calls_complete
+    if cut > len(OPEN) + 30:  # inside the call: listed as far as written
+        assert [c["function"]["name"] for c in msg.tool_calls] == ["f"]
+        assert '{"q": "some words"}'.startswith(msg.tool_calls[0]["function"]["arguments"])
+    else:  # before the call's name: the block's raw text is the content
+        assert msg.tool_calls == [] and msg.content == text[2:]
     assert msg.finish_reason("stop") == "stop"
     assert msg.finish_reason("length") == "length"
 
@@ -124,11 +129,11 @@ def test_finish_reason_is_tool_calls_only_for_complete_calls_ending_on_stop():
 
 
 def test_a_complete_first_call_survives_a_cut_second_call():
-    """Closed invokes must be kept when a later one is cut short."""
+    """Closed invokes must be kept whole when a later one is cut short (listed as written)."""
     text = OPEN + invoke("now") + "\n" + invoke("f", param("q", "x", True))[:30]
     msg = parse_completion(text, start_in_reasoning=False)
-    assert [c["function"]["name"] for c in msg.tool_calls] == ["now"]
-    assert not msg.tool_calls_complete
+    assert [c["function"]["name"] for c in msg.tool_calls] == ["now", "f"]
+    assert msg.tool_calls[0]["function"]["arguments"] == "{}" and not msg.tool_calls_complete
 
 
 MALFORMED = {

@@ -153,13 +153,16 @@ async def test_tool_block_becomes_tool_calls_with_finish_reason_tool_calls():
     assert len({c["id"] for c in calls}) == 2
 
 
-async def test_a_block_cut_by_length_is_not_reported_as_tool_calls():
-    """A tool block cut short must finish "length" and list no incomplete call."""
+async def test_a_block_cut_by_length_finishes_length_with_its_call_as_written():
+    """A tool block cut short must finish "length" (not tool_calls) and list its call as far
+    as it was written, as a stream of it would have sent it."""
     text = block(invoke("Paris"))[:-30]
     async with serving(chat_engine(text, reason="length")) as client:
         _, out = await post(client, {"messages": HI, "tools": [WEATHER], **NO_THINKING})
     choice = out["choices"][0]
-    assert choice["finish_reason"] == "length" and "tool_calls" not in choice["message"]
+    calls = choice["message"]["tool_calls"]
+    assert choice["finish_reason"] == "length" and [c["function"]["name"] for c in calls] == ["get_weather"]
+    assert '{"city": "Paris"}'.startswith(calls[0]["function"]["arguments"])
 
 
 async def test_stream_opens_with_the_role_and_reassembles_to_the_whole_answer():
