@@ -2,6 +2,7 @@
 
     GET  /health              200 {"status":"ok"} | 503 not_ready | draining | restarting | dead
     GET  /v1/models           the served model (OpenAI list); 503 engine_not_ready while starting
+    GET  /v1/models/{id}      its card (OpenAI retrieve); 404 model_not_found for another id
     POST /v1/completions      completions.py
     POST /v1/chat/completions chat_completions.py
     POST /tokenize /detokenize tokenize.py
@@ -68,10 +69,10 @@ def create_app(
             return web.json_response({"status": "not_ready"}, status=503)
         return web.json_response({"status": "ok"})
 
-    async def models(request: web.Request) -> web.Response:
+    def model_card() -> dict:
         if not engine.ready and engine.dead_reason is None and engine.restarting is None:
             raise not_ready()  # still starting (errors.not_ready says why)
-        card = {
+        return {
             "id": name,
             "object": "model",
             "created": created,
@@ -81,10 +82,17 @@ def create_app(
             "max_model_len": engine.max_model_len,
             "permission": [],
         }
-        return web.json_response({"object": "list", "data": [card]})
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [model_card()]})
+
+    async def model(request: web.Request) -> web.Response:
+        ctx.check_model(request.match_info["model"])
+        return web.json_response(model_card())
 
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{model:.+}", model)  # OpenAI's retrieve (ids may hold a "/")
     app.router.add_post("/v1/completions", completions.handle)
     app.router.add_post("/v1/chat/completions", chat.handle)
     app.router.add_post("/tokenize", tokenize.tokenize)

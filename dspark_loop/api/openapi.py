@@ -12,6 +12,7 @@ context length): a body the document calls valid is refused only by one of them,
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -109,6 +110,7 @@ ROUTES = [
         (400, 401, 404, 413, 500, 503),
     ),
     ("get", "/v1/models", "The served model (503 while starting)", None, r.ModelList, None, (401, 503)),
+    ("get", "/v1/models/{model}", "The served model's card by its id", None, r.ModelCard, None, (401, 404, 503)),
     ("post", "/tokenize", "Prompt text to token ids", TokenizeRequest, r.TokenizeResponse, None, (400, 401, 404, 413)),
     ("post", "/detokenize", "Token ids to text", DetokenizeRequest, r.DetokenizeResponse, None, (400, 401, 404, 413)),
     ("get", "/health", "200 when serving; 503 while starting, draining or dead", None, r.HealthResponse, None, ()),
@@ -209,9 +211,11 @@ def openapi_document(
             ok["content"]["text/event-stream"] = {"schema": sse_event_schema(chunk)}
         op: dict[str, Any] = {
             "summary": summary,
-            "operationId": f"{method}_{path.strip('/').replace('/', '_').replace('.', '_')}",
+            "operationId": f"{method}_{re.sub(r'[^A-Za-z0-9]+', '_', path.strip('/'))}",
             "responses": {"200": ok},
         }
+        if "{model}" in path:
+            op["parameters"] = [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]
         for status in statuses:
             op["responses"][str(status)] = {**error, "description": ERRORS[status]}
         if 400 in statuses:

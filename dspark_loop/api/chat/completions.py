@@ -23,7 +23,7 @@ from dspark_loop.api.chat.output import ChatOutput
 from dspark_loop.api.chat.parse import ToolParseError
 from dspark_loop.api.chat.render import CHAT_MARKERS, THINK_START, chat_options, render_messages
 from dspark_loop.api.chat.schemas import ChatCompletionRequest
-from dspark_loop.api.chat.validate import ChatRequestError, validate_chat_request
+from dspark_loop.api.chat.validate import ChatRequestError, validate_chat_request, with_role_aliases
 from dspark_loop.api.context import ServingContext
 from dspark_loop.api.errors import ApiError, bad_request, unsupported
 from dspark_loop.api.generation.choices import Choices, run_choices
@@ -176,6 +176,7 @@ class ChatCompletionsRoute(GenerationRoute):
     def accept(self, body: bytes):
         ctx = self.ctx
         req = self.decode(body, ChatCompletionRequest)
+        req.messages = with_role_aliases(req.messages)
         fields = req.format_fields()
         try:
             warnings = validate_chat_request(fields)

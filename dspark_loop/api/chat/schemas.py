@@ -16,7 +16,7 @@ from typing import Annotated, Any, ClassVar
 import msgspec
 
 from dspark_loop.api.chat.render import EFFORT_ALIASES
-from dspark_loop.api.chat.validate import ROLES, TOOL_CHOICES, TOOL_NAME
+from dspark_loop.api.chat.validate import ROLE_ALIASES, ROLES, TOOL_CHOICES, TOOL_NAME
 from dspark_loop.api.schemas import GenerationFields, NumLogprobs, ResponseFormat, StructuredOutputs
 
 _NAME = {"type": "string", "pattern": f"^{TOOL_NAME.pattern}$"}
@@ -72,7 +72,11 @@ def _message(role: str) -> dict:
     return {"type": "object", "required": required + (["tool_call_id"] if role == "tool" else []), "properties": props}
 
 
-MESSAGES_SCHEMA = {"type": "array", "minItems": 1, "items": {"anyOf": [_message(role) for role in ROLES]}}
+MESSAGES_SCHEMA = {
+    "type": "array",
+    "minItems": 1,
+    "items": {"anyOf": [_message(role) for role in (*ROLES, *ROLE_ALIASES)]},
+}
 TOOL_CHOICE_SCHEMA = {
     "anyOf": [
         {"enum": list(TOOL_CHOICES)},

@@ -29,6 +29,19 @@ PARAM_NAME = re.compile(r'[^"<>\n]+')
 CONTROL_MARKERS = (BOS, EOS, USER, ASSISTANT, THINK_START, THINK_END, DSML)
 SPECIAL_TOKEN = re.compile(r"<｜[^<>｜]{1,64}｜>")  # any DeepSeek special-token spelling
 ROLES = ("system", "user", "assistant", "tool")
+ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for system instructions (o1 and later)
+
+
+def with_role_aliases(messages):
+    """messages with each aliased role (ROLE_ALIASES) under the role it names; anything else as given."""
+    if not isinstance(messages, list):
+        return messages
+    return [
+        {**m, "role": ROLE_ALIASES[m["role"]]} if isinstance(m, dict) and m.get("role") in ROLE_ALIASES else m
+        for m in messages
+    ]
+
+
 TOOL_CHOICES = ("none", "auto", "required")
 
 
@@ -195,7 +208,8 @@ def validate_chat_request(body: dict) -> list[str]:
         p = f"messages[{i}]"
         if not isinstance(msg, dict) or msg.get("role") not in ROLES:
             role = msg.get("role") if isinstance(msg, dict) else None
-            raise ChatRequestError(f"`{p}.role` {role!r} must be one of {', '.join(ROLES)}.", f"{p}.role")
+            names = ", ".join((*ROLES, *ROLE_ALIASES))
+            raise ChatRequestError(f"`{p}.role` {role!r} must be one of {names}.", f"{p}.role")
         role = msg["role"]
         if msg.get("tool_calls") and role != "assistant":
             raise ChatRequestError(f"`{p}` has tool_calls but only assistant messages may.", f"{p}.tool_calls")

@@ -50,6 +50,19 @@ async def test_models_lists_the_served_name_and_context():
         assert r.status == 200
 
 
+async def test_a_model_is_retrieved_by_its_id_and_another_id_is_a_404():
+    """GET /v1/models/{id} (the openai client's models.retrieve) must answer the listing's
+    card for the served id, ids with a "/" included, and 404 model_not_found for another."""
+    for served in ("dsv4-flash", "deepseek-ai/DeepSeek-V4-Flash"):
+        async with serving(served_model_name=served) as client:
+            listed = (await (await client.get("/v1/models")).json())["data"][0]
+            r = await client.get(f"/v1/models/{served}")
+            assert r.status == 200 and await r.json() == listed
+            r = await client.get("/v1/models/other")
+            err = (await r.json())["error"]
+            assert r.status == 404 and err["code"] == "model_not_found" and "other" in err["message"]
+
+
 async def test_tokenize_matches_what_completions_send_and_detokenize_round_trips():
     """/tokenize with special tokens must give the completion's prompt ids (BOS first);
     /detokenize of those ids must give the BOS text plus the original text."""

@@ -69,6 +69,21 @@ async def test_engine_receives_the_release_encoders_prompt_tokens(vector):
     assert out["usage"]["prompt_tokens"] == len(want)
 
 
+async def test_a_developer_message_is_a_system_message():
+    """OpenAI's `developer` role (what current clients send for instructions) must render as
+    the system turn it names; an unknown role is a 400 that lists developer among the roles."""
+    prompts = []
+    for role in ("system", "developer"):
+        async with serving(chat_engine()) as client:
+            status, out = await post(client, {"messages": [{"role": role, "content": "Be brief."}, *HI]})
+            assert status == 200, out
+            prompts.append(client.engine.requests[0].prompt_token_ids)
+    assert prompts[0] == prompts[1]
+    async with serving(chat_engine()) as client:
+        status, out = await post(client, {"messages": [{"role": "critic", "content": "x"}, *HI]})
+    assert status == 400 and out["error"]["param"] == "messages[0].role" and "developer" in out["error"]["message"]
+
+
 async def test_chat_asks_for_its_markers_as_text_and_the_context_left_by_default():
     """Without max_tokens a chat answer may run to the end of the context, and the engine
     must spell the parser's markers (</think>, ｜DSML｜) in the text, and no other special token."""
