@@ -189,7 +189,7 @@ class DetokenizeRequest(Strict, kw_only=True):
 
 
 _PATH = re.compile(r" - at `\$\.([A-Za-z0-9_]+)[^`]*`$")
-_UNKNOWN = re.compile(r"unknown field `([^`]+)`")
+_UNKNOWN = re.compile(r"unknown field `([^`]+)`(?: - at `\$\.([^`]+)`)?")
 _MISSING = re.compile(r"missing required field `([^`]+)`")
 
 
@@ -204,10 +204,11 @@ def decode_body(body: bytes, kind: type):
         if error := bound_error(kind, msg, body):
             raise error from None
         if m := _UNKNOWN.search(msg):
+            param = f"{m.group(2)}.{m.group(1)}" if m.group(2) else m.group(1)  # nested: its whole path
             raise ApiError(
                 400,
-                f"Unknown parameter `{m.group(1)}`: this server does not accept it.",
-                param=m.group(1),
+                f"Unknown parameter `{param}`: this server does not accept it.",
+                param=param,
                 code="unknown_parameter",
             ) from None
         if m := _MISSING.search(msg):

@@ -81,9 +81,11 @@ def content_text(content, param: str, *, required: bool) -> str:
         raise ChatRequestError(f"`{param}` must be a string or a list of text parts.", param)
     texts = []
     for j, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+        if not isinstance(part, dict) or part.get("type") != "text":
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
             raise ChatRequestError(f"`{param}[{j}]` has type {kind!r}; only text parts are supported.", f"{param}[{j}]")
+        if not isinstance(part.get("text"), str):
+            raise ChatRequestError(f"`{param}[{j}].text` must be a string (a text part's text).", f"{param}[{j}].text")
         texts.append(part["text"])
     return "".join(texts)
 

@@ -40,7 +40,7 @@ async def test_max_draft_tokens_reaches_the_engine_and_defaults_to_k(path, body)
         ({"max_draft_tokens": 8}, "speculation.max_draft_tokens"),
         ({"max_draft_tokens": -1}, "speculation.max_draft_tokens"),
         ({"max_draft_tokens": "all"}, "speculation"),
-        ({"drafts": 3}, "drafts"),
+        ({"drafts": 3}, "speculation.drafts"),
     ],
 )
 async def test_bad_speculation_values_are_a_400_naming_the_field(path, body, spec, param):

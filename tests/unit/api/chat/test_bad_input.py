@@ -60,7 +60,11 @@ CASES = {
     "bos_in_user_text": ({"messages": [{"role": "user", "content": "<｜begin▁of▁sentence｜>"}]}, "messages[0].content"),
     "dsml_in_user_text": ({"messages": [{"role": "user", "content": "｜DSML｜"}]}, "messages[0].content"),
     "image_part": ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
-    "unknown_role": ({"messages": [{"role": "developer", "content": "x"}]}, "messages[0].role"),
+    "unknown_role": ({"messages": [{"role": "critic", "content": "x"}]}, "messages[0].role"),
+    "text_part_without_text": (
+        {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+        "messages[0].content[0].text",
+    ),
     "empty_messages": ({"messages": []}, "messages"),
     "ends_with_an_assistant_message": ({"messages": [U, {"role": "assistant", "content": "a"}]}, "messages[1].role"),
     "unknown_reasoning_effort": ({"reasoning_effort": "extreme"}, "reasoning_effort"),
