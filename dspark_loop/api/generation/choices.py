@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from aiohttp import web
 
@@ -161,6 +162,20 @@ async def run_choices(route, request: web.Request, cs: Choices) -> web.StreamRes
         cs.choices[0].generate.params.max_tokens,
         bool(cs.req.stream),
     )
-    if cs.req.stream:
-        return await _stream(route.ctx, request, cs)
-    return await _whole(route.ctx, cs)
+    start, outcome = time.monotonic(), "failed"
+    try:
+        answer = await (_stream(route.ctx, request, cs) if cs.req.stream else _whole(route.ctx, cs))
+        outcome = "answered"
+        return answer
+    except asyncio.CancelledError:  # the client went away (aiohttp handler_cancellation)
+        outcome = "client disconnected"
+        raise
+    finally:
+        log.info(
+            "request %s finished: %s, %d choices, output_tokens=%d latency=%.3fs",
+            cs.request_id,
+            outcome,
+            len(cs.choices),
+            sum(c.num_output_tokens for c in cs.choices),
+            time.monotonic() - start,
+        )

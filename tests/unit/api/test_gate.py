@@ -137,3 +137,14 @@ async def test_more_choices_than_the_queue_holds_is_a_400_and_a_full_queue_refus
         engine.num_waiting = 0
         r = await client.post("/v1/completions", json={**BODY, "n": 2})
         assert r.status == 200 and len((await r.json())["choices"]) == 2
+
+
+async def test_an_answer_of_several_choices_logs_its_end_once(caplog):
+    """A request of several choices must log how it ended (as a one-choice request does):
+    answered, with its choices and tokens."""
+    caplog.set_level("INFO", logger="dspark_loop.api.generation.choices")
+    async with serving(FakeEngine()) as client:
+        r = await client.post("/v1/completions", json={**BODY, "n": 3})
+        assert r.status == 200
+    ends = [rec.getMessage() for rec in caplog.records if " finished: " in rec.getMessage()]
+    assert len(ends) == 1 and "finished: answered, 3 choices" in ends[0]
