@@ -2,7 +2,8 @@
 
     /v1/completions   {"tokens": [str], "token_logprobs": [float | null],
                        "top_logprobs": [{str: float} | null], "text_offset": [int]}
-                      (echo: the prompt's tokens first; its first token has null entries)
+                      (echo: the prompt's tokens first; its first token has null entries;
+                      top_logprobs: the `logprobs` likeliest and the sampled token, as OpenAI)
     /v1/chat          {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token",
                        "logprob", "bytes"}]}]}
 
@@ -46,6 +47,7 @@ class LogprobsFormatter:
             top: dict[str, float] = {}
             for tid, lp in e.top:
                 top.setdefault(self.token_text(tid), _lp(lp))
+            top.setdefault(text, lps[-1])  # the sampled token's too (OpenAI: up to logprobs + 1 entries)
             tops.append(top)
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 

@@ -8,7 +8,8 @@ TEXT = {1: "Hel", 2: "lo", 3: " world", 4: "!"}
 
 def test_completion_logprobs_list_tokens_offsets_and_top_dicts_with_a_null_first_prompt_token():
     """Echoed prompt: the first token has null logprob and top; offsets accumulate the token
-    strings; top entries keep their order; -inf is written as -9999.0."""
+    strings; top entries keep their order, then the sampled token where it is not among them
+    (OpenAI: up to logprobs + 1 entries); -inf is written as -9999.0."""
     f = LogprobsFormatter(TEXT.__getitem__)
     out = f.completion(
         [
@@ -21,7 +22,7 @@ def test_completion_logprobs_list_tokens_offsets_and_top_dicts_with_a_null_first
     assert out == {
         "tokens": ["Hel", "lo", " world"],
         "token_logprobs": [None, -0.5, FLOOR],
-        "top_logprobs": [None, {"lo": -0.5, "!": -1.0}, {"lo": -0.1}],
+        "top_logprobs": [None, {"lo": -0.5, "!": -1.0}, {"lo": -0.1, " world": FLOOR}],
         "text_offset": [0, 3, 5],
     }
 
