@@ -7,6 +7,7 @@ are small (enums, bounded numbers) and validity is asserted where finish_reason 
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
@@ -169,6 +170,17 @@ def test_json_object_gives_a_json_object(servers):
     for a in outs:
         if a.finish_reason == "stop":
             assert isinstance(json.loads(a.message.content), dict)
+
+
+def test_choice_and_regex_answers_match_and_k7_equals_k0(servers):
+    """structured_outputs choice must answer exactly one of its strings and regex a text the
+    pattern matches whenever it stops, the same at K=7 as at K=0."""
+    choice, pattern = ["cat", "dog", "a fish"], "[A-Z][a-z]{2,6}( [0-9]{1,3})?"
+    for so, ok in (({"choice": choice}, lambda t: t in choice), ({"regex": pattern}, re.compile(pattern).fullmatch)):
+        answers = {k: ask_all(servers[k], QUESTIONS, extra_body={"structured_outputs": so}) for k in (0, 7)}
+        got = {k: [(a.message.content, a.finish_reason) for a in answers[k]] for k in (0, 7)}
+        assert got[7] == got[0]
+        assert all(ok(text) for text, reason in got[0] if reason == "stop") and any(r == "stop" for _, r in got[0])
 
 
 @pytest.mark.parametrize(

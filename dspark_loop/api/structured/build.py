@@ -42,17 +42,22 @@ def format_constraint(tokenizer, fmt, *, start_in_reasoning: bool, vocab_size: i
     from dspark_loop.api.chat.render import EOS, THINK_END
 
     compiler, gc = _xgrammar(fmt.param)
-    key = ("json_schema", compiler.canonical(fmt.schema), fmt.strict_mode)
+
+    def build(c):
+        if fmt.regex is not None:
+            return c.compile_regex(fmt.regex)
+        return c.compile_json_schema(json.dumps(fmt.schema), any_whitespace=False, strict_mode=fmt.strict_mode)
+
+    if fmt.regex is not None:
+        key: tuple = ("regex", fmt.regex)
+    else:
+        key = ("json_schema", compiler.canonical(fmt.schema), fmt.strict_mode)
     try:
-        compiled = compiler.compile_cached(
-            tokenizer,
-            vocab_size,
-            key,
-            lambda c: c.compile_json_schema(json.dumps(fmt.schema), any_whitespace=False, strict_mode=fmt.strict_mode),
-        )
-    except (ValueError, RuntimeError) as e:  # xgrammar refused the schema
+        compiled = compiler.compile_cached(tokenizer, vocab_size, key, build)
+    except (ValueError, RuntimeError) as e:  # xgrammar refused the schema or pattern
+        what = "pattern" if fmt.regex is not None else "schema"
         raise bad_request(
-            f"The schema cannot be compiled for constrained decoding: {_first_line(e)}.", fmt.param, "invalid_schema"
+            f"The {what} cannot be compiled for constrained decoding: {_first_line(e)}.", fmt.param, f"invalid_{what}"
         ) from None
     eos = _special(tokenizer, EOS)
     # NOTE: no EOS while reasoning: the document comes after </think>, and must come.

@@ -1,11 +1,13 @@
-"""OutputFormat: what a request asked its output to be (a JSON object, or a JSON schema).
+"""OutputFormat: what a request asked its output to be (a JSON object, a JSON schema, a
+regular expression or one of several strings).
 
-Two spellings, one meaning:
+Two spellings:
 - OpenAI's `response_format`: {"type": "text"} (nothing), {"type": "json_object"}, or
   {"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}};
 - vLLM's `structured_outputs` (its current name; the older `guided_json` was removed in
-  vLLM 0.12 and is not accepted here): {"json": schema (object or JSON text)} or
-  {"json_object": true}. Its other kinds (regex, choice, grammar, structural_tag) are a 400.
+  vLLM 0.12 and is not accepted here): {"json": schema (object or JSON text)},
+  {"json_object": true}, {"regex": pattern} or {"choice": [strings]} (the output is exactly
+  one of them). Its other kinds (grammar, structural_tag) are a 400.
 
 Everything here is cheap and runs in accept(): a bad field is a 400 naming it before any
 compute; the grammar itself is compiled later, off the loop (constraint.py).
@@ -22,6 +24,8 @@ from dspark_loop.api.structured.schema_support import UnsupportedSchema, check_s
 from dspark_loop.api.structured.schema_validity import InvalidSchema, check_is_schema
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+KINDS = ("json", "json_object", "regex", "choice")  # structured_outputs' kinds served here
+REGEX_META = frozenset("\\^$.|?*+()[]{}/")
 ANY_OBJECT = {"type": "object"}
 
 
@@ -30,6 +34,7 @@ class OutputFormat:
     schema: dict  # the JSON schema the output must match ({"type": "object"} for json_object)
     param: str  # the request field that asked (named by later 400s)
     strict_mode: bool = True  # no properties beyond the schema's (json_object: any)
+    regex: str | None = None  # instead of the schema: the whole output matches this pattern
 
 
 def output_format(response_format, structured_outputs=None) -> OutputFormat | None:
@@ -71,13 +76,24 @@ def _structured_outputs(so) -> OutputFormat:
         raise bad_request("structured_outputs must be an object.", "structured_outputs")
     given = [k for k, v in so.items() if v is not None and v is not False]
     for key in given:
-        if key not in ("json", "json_object"):
+        if key not in KINDS:
             raise unsupported(
                 f"structured_outputs.{key}",
-                f"structured_outputs.{key} is not supported by this server (json and json_object are).",
+                f"structured_outputs.{key} is not supported by this server ({', '.join(KINDS)} are).",
             )
     if len(given) != 1:
-        raise bad_request("structured_outputs must set exactly one of json, json_object.", "structured_outputs")
+        raise bad_request(f"structured_outputs must set exactly one of {', '.join(KINDS)}.", "structured_outputs")
+    if given[0] == "regex":
+        if not isinstance(so["regex"], str) or not so["regex"]:
+            raise bad_request("structured_outputs.regex must be a non-empty string.", "structured_outputs.regex")
+        return OutputFormat({}, "structured_outputs.regex", regex=so["regex"])
+    if given[0] == "choice":
+        options = so["choice"]
+        if not isinstance(options, list) or not options or not all(isinstance(o, str) and o for o in options):
+            raise bad_request(
+                "structured_outputs.choice must be a non-empty list of non-empty strings.", "structured_outputs.choice"
+            )
+        return OutputFormat({}, "structured_outputs.choice", regex="|".join(map(regex_literal, options)))
     if given[0] == "json_object":
         if so["json_object"] is not True:
             raise bad_request("structured_outputs.json_object must be true.", "structured_outputs.json_object")
@@ -89,6 +105,12 @@ def _structured_outputs(so) -> OutputFormat:
         except (ValueError, RecursionError) as e:  # RecursionError: nested too deeply to read
             raise bad_request(f"structured_outputs.json is not JSON: {e}.", "structured_outputs.json") from None
     return _checked(schema, "structured_outputs.json")
+
+
+def regex_literal(text: str) -> str:
+    """A pattern matching exactly `text`: each regex metacharacter escaped, nothing else (the
+    grammar compiler reads ECMA-262 patterns, which refuse escapes of ordinary characters)."""
+    return "".join("\\" + c if c in REGEX_META else c for c in text)
 
 
 def _checked(schema, param: str) -> OutputFormat:

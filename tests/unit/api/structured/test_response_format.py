@@ -72,6 +72,26 @@ async def test_a_json_schema_grammar_admits_valid_documents_and_refuses_invalid_
     assert not walk(cs[3], '{"name": "Ann"}')
 
 
+async def test_regex_and_choice_grammars_admit_exactly_their_texts():
+    """structured_outputs regex must admit exactly the texts the pattern matches, and choice
+    exactly one of its strings (punctuation in a choice is literal), on both routes."""
+    odd = "a.b*(c)|d?"
+    cases = [
+        ({"regex": "[a-z]+-[0-9]{2}"}, ["ab-12", "x-00"], ["ab-1", "AB-12", "ab-123"]),
+        ({"choice": ["yes", "no", odd]}, ["yes", "no", odd], ["maybe", "yesno", "a", "abc", ""]),
+    ]
+    async with serving(chat_engine()) as client:
+        for so, good, bad in cases:
+            for route, body in (
+                ("/v1/chat/completions", {"messages": HI, **NO_THINKING}),
+                ("/v1/completions", {"prompt": "hi"}),
+            ):
+                for text in good + bad:
+                    r = await client.post(route, json={**body, "max_tokens": 4, "structured_outputs": so})
+                    assert r.status == 200, await r.text()
+                    assert walk(client.engine.requests[-1].constraint, text) == (text in good), (so, route, text)
+
+
 async def test_a_json_string_never_takes_a_special_token_that_the_text_would_drop():
     """Inside a JSON string any text is valid, but a placeholder or a turn marker is a
     special token the answer's text drops: the grammar must refuse it (an ordinary token
@@ -121,7 +141,12 @@ BAD = [
         },
         "response_format.json_schema.schema",
     ),
-    ({"structured_outputs": {"regex": "a+"}}, "structured_outputs.regex"),
+    ({"structured_outputs": {"grammar": "root ::= 'a'"}}, "structured_outputs.grammar"),
+    ({"structured_outputs": {"regex": "(["}}, "structured_outputs.regex"),
+    ({"structured_outputs": {"regex": ""}}, "structured_outputs.regex"),
+    ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
+    ({"structured_outputs": {"choice": ["a", 5]}}, "structured_outputs.choice"),
+    ({"structured_outputs": {"choice": ["a"], "regex": "a"}}, "structured_outputs"),
     ({"structured_outputs": {"json": "{not json"}}, "structured_outputs.json"),
     ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos"),
 ]
