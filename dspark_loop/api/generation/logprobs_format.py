@@ -47,7 +47,7 @@ class LogprobsFormatter:
             top: dict[str, float] = {}
             for tid, lp in e.top:
                 top.setdefault(self.token_text(tid), _lp(lp))
-            top.setdefault(text, lps[-1])  # the sampled token's too (OpenAI: up to logprobs + 1 entries)
+            top.setdefault(text, _lp(e.logprob))  # the sampled token's too (OpenAI: up to logprobs + 1 entries)
             tops.append(top)
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
