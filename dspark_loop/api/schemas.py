@@ -41,7 +41,10 @@ RESPONSE_FORMAT_DOC = (
     'OpenAI\'s output format: {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
     '"json_schema": {"name", "schema", "strict"}} (decoding is constrained by the schema)'
 )
-STRUCTURED_OUTPUTS_DOC = 'vLLM\'s structured outputs: {"json": schema} or {"json_object": true}'
+STRUCTURED_OUTPUTS_DOC = (
+    'vLLM\'s structured outputs: {"json": schema}, {"json_object": true}, {"regex": pattern} or '
+    '{"choice": [strings]}'
+)
 # NOTE: what output_format.py takes, stated whole: decoded as Any (msgspec would publish its
 # own object-or-null for a dict) and checked there; that a schema is a valid JSON Schema the
 # grammar can enforce is checked beyond these (openapi.BEYOND_SCHEMA)
@@ -79,6 +82,18 @@ STRUCTURED_OUTPUTS_SCHEMA = {
             "type": "object",
             "required": ["json_object"],
             "properties": {"json_object": {"const": True}, "json": _OFF},
+            "additionalProperties": _OFF,
+        },
+        {
+            "type": "object",
+            "required": ["regex"],
+            "properties": {"regex": {"type": "string", "minLength": 1}},
+            "additionalProperties": _OFF,
+        },
+        {
+            "type": "object",
+            "required": ["choice"],
+            "properties": {"choice": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}}},
             "additionalProperties": _OFF,
         },
         {"type": "null"},
@@ -165,7 +180,7 @@ class CompletionRequest(GenerationFields, kw_only=True):
     logprobs: NumLogprobs | None = None  # top entries per token; with echo: the prompt's too
     suffix: Refused | None = None
     response_format: ResponseFormat = None  # text | json_object | json_schema (api/structured/)
-    structured_outputs: StructuredOutputs = None  # vLLM's: {"json": schema} | {"json_object": true}
+    structured_outputs: StructuredOutputs = None  # vLLM's: json | json_object | regex | choice
 
 
 class TokenizeRequest(Strict):

@@ -151,6 +151,13 @@ FORMAT_BODIES = [
     {"structured_outputs": {"json_object": True}},
     {"structured_outputs": {"json_object": 1}},
     {"structured_outputs": {"regex": "a+"}},
+    {"structured_outputs": {"regex": ""}},
+    {"structured_outputs": {"regex": "a+", "json_object": False}},
+    {"structured_outputs": {"choice": ["yes", "no"]}},
+    {"structured_outputs": {"choice": []}},
+    {"structured_outputs": {"choice": ["a", 5]}},
+    {"structured_outputs": {"choice": ["a"], "regex": "a"}},
+    {"structured_outputs": {"grammar": "root ::= 'a'"}},
     {"structured_outputs": {"json": 5}},
 ]
 
