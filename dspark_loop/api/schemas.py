@@ -42,8 +42,7 @@ RESPONSE_FORMAT_DOC = (
     '"json_schema": {"name", "schema", "strict"}} (decoding is constrained by the schema)'
 )
 STRUCTURED_OUTPUTS_DOC = (
-    'vLLM\'s structured outputs: {"json": schema}, {"json_object": true}, {"regex": pattern} or '
-    '{"choice": [strings]}'
+    'vLLM\'s structured outputs: {"json": schema}, {"json_object": true}, {"regex": pattern} or {"choice": [strings]}'
 )
 # NOTE: what output_format.py takes, stated whole: decoded as Any (msgspec would publish its
 # own object-or-null for a dict) and checked there; that a schema is a valid JSON Schema the
