@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import uuid
 
-from dspark_loop.api.errors import ApiError, model_not_found, not_ready
+from dspark_loop.api.errors import ApiError, context_length_exceeded, model_not_found, not_ready
 from dspark_loop.api.gate import AdmissionGate
 from dspark_loop.api.generation.defaults import KEYS, sampling_defaults
 from dspark_loop.api.prompt import PromptEncoder
@@ -61,13 +61,5 @@ class ServingContext:
             raise not_ready()
 
     def check_context(self, prompt_len: int) -> None:
-        limit = self.max_model_len
-        if prompt_len >= limit:
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {limit} tokens, but "
-                f"the prompt has {prompt_len} tokens; it must be shorter than "
-                f"{limit} to leave room for at least one output token.",
-                param="prompt",
-                code="context_length_exceeded",
-            )
+        if prompt_len >= self.max_model_len:
+            raise context_length_exceeded(prompt_len, self.max_model_len)

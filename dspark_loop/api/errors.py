@@ -76,6 +76,16 @@ def not_ready() -> ApiError:
     )
 
 
+def context_length_exceeded(prompt_len: int, limit: int) -> ApiError:
+    return ApiError(
+        400,
+        f"This model's maximum context length is {limit} tokens, but the prompt has {prompt_len} tokens; "
+        f"it must be shorter than {limit} to leave room for at least one output token.",
+        param="prompt",
+        code="context_length_exceeded",
+    )
+
+
 def model_not_found(model: str) -> ApiError:
     return ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
 

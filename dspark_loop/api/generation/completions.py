@@ -176,7 +176,7 @@ class CompletionsRoute(GenerationRoute):
     def accept(self, body: bytes):
         ctx = self.ctx
         req = self.decode(body, CompletionRequest)
-        prompts = ctx.encoder.completion_prompts(req.prompt)
+        prompts = ctx.encoder.completion_prompts(req.prompt, ctx.max_model_len)
         for ids, _ in prompts:
             ctx.check_context(len(ids))
         check_completion_options(req)
