@@ -58,6 +58,7 @@ CASES = [
     ("stop wrong type", {**OK, "stop": 5}, 400, "stop", ["stop"]),
     ("stop list of numbers", {**OK, "stop": ["a", 5]}, 400, "stop", ["stop"]),
     ("stop empty string", {**OK, "stop": ""}, 400, "stop", ["empty"]),
+    ("stop too many strings", {**OK, "stop": [f"s{i}" for i in range(65)]}, 400, "stop", ["<= 64"]),
     ("stream wrong type", {**OK, "stream": "yes"}, 400, "stream", ["bool"]),
     ("stream_options unknown key", {**OK, "stream": True, "stream_options": {"x": 1}}, 400, "stream_options.x", ["x"]),
     ("speculation unknown key", {**OK, "speculation": {"bogus": 1}}, 400, "speculation.bogus", ["speculation.bogus"]),
