@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from workers.runtime_sizing import log_unused
+
 log = logging.getLogger("workers.backend")
 DIST_BACKENDS = {"cpu": "gloo", "npu": "hccl", "cuda": "nccl"}
 
@@ -72,16 +74,8 @@ class Backend:
 
     def size_runtime(self, ring_heap: tuple[int, ...], weight_bank_size: int | None, quiet: bool = False) -> None:
         """Apply the run's runtime sizing; quiet: do not log (one rank per node says it)."""
-        if quiet:
-            return
-        heap = ",".join(str(n) for n in ring_heap)
-        banks = "all" if weight_bank_size is None else weight_bank_size
-        log.info(
-            "the %s backend sizes device memory through torch: --ring-heap %s and --weight-bank-size %s are not used",
-            self.name,
-            heap,
-            banks,
-        )
+        if not quiet:
+            log_unused(log, self.name, "sizes device memory through torch", ring_heap, weight_bank_size)
 
     def work_clock(self) -> Callable[[], float]:
         """The clock a rank times its share of a step with (StepResult.work_s), for the

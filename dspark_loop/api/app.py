@@ -24,7 +24,7 @@ from aiohttp import web
 from dspark_loop.api.auth import api_key_middleware
 from dspark_loop.api.chat.completions import ChatCompletionsRoute
 from dspark_loop.api.context import ServingContext
-from dspark_loop.api.errors import error_middleware, not_ready
+from dspark_loop.api.errors import error_middleware, not_ready, retry_after
 from dspark_loop.api.gate import AdmissionGate
 from dspark_loop.api.generation.completions import CompletionsRoute
 from dspark_loop.api.openapi import openapi_document
@@ -63,10 +63,12 @@ def create_app(
             return web.json_response({"status": "draining"}, status=503)
         if engine.dead_reason is not None:
             return web.json_response({"status": "dead", "reason": engine.dead_reason}, status=503)
-        if engine.restarting is not None:
-            return web.json_response({"status": "restarting", "reason": engine.restarting}, status=503)
+        if engine.restarting is not None:  # both pass: a client may retry after the header's seconds
+            return web.json_response(
+                {"status": "restarting", "reason": engine.restarting}, status=503, headers=retry_after()
+            )
         if not engine.ready:
-            return web.json_response({"status": "not_ready"}, status=503)
+            return web.json_response({"status": "not_ready"}, status=503, headers=retry_after())
         return web.json_response({"status": "ok"})
 
     def model_card() -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import uuid
 
-from dspark_loop.api.errors import ApiError, context_length_exceeded, model_not_found, not_ready
+from dspark_loop.api.errors import ApiError, context_length_exceeded, model_not_found, not_ready, retry_after
 from dspark_loop.api.gate import AdmissionGate
 from dspark_loop.api.generation.defaults import KEYS, sampling_defaults
 from dspark_loop.api.prompt import PromptEncoder
@@ -55,7 +55,7 @@ class ServingContext:
                 503,
                 "The ranks are restarting after a failure; retry shortly.",
                 code="engine_restarting",
-                headers={"Retry-After": "1"},
+                headers=retry_after(),
             )
         if not self.engine.ready:
             raise not_ready()

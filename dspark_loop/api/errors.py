@@ -27,6 +27,9 @@ ERROR_TYPES = {
 }
 
 
+RETRY_AFTER_S = 1  # what a 503 that will pass (starting, restarting, overloaded) asks a client to wait
+
+
 class ApiError(Exception):
     def __init__(
         self,
@@ -71,9 +74,7 @@ def not_ready() -> ApiError:
     NOTE: /v1/models too: a client that polls it until 200 and then sends (a common start-up
     script) got this 503 for its first request while the ranks still loaded. smg reads
     /v1/models only after /health answers 200, so routers are not affected."""
-    return ApiError(
-        503, "The engine is not ready yet; retry shortly.", code="engine_not_ready", headers={"Retry-After": "1"}
-    )
+    return ApiError(503, "The engine is not ready yet; retry shortly.", code="engine_not_ready", headers=retry_after())
 
 
 def context_length_exceeded(prompt_len: int, limit: int) -> ApiError:
@@ -84,6 +85,10 @@ def context_length_exceeded(prompt_len: int, limit: int) -> ApiError:
         param="prompt",
         code="context_length_exceeded",
     )
+
+
+def retry_after() -> dict[str, str]:
+    return {"Retry-After": str(RETRY_AFTER_S)}
 
 
 def model_not_found(model: str) -> ApiError:

@@ -18,13 +18,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from dspark_loop.api.errors import ApiError
+from dspark_loop.api.errors import RETRY_AFTER_S, ApiError, retry_after
 from dspark_loop.engine.interfaces import EngineClient
 from dspark_loop.engine.outputs import GenerateRequest
 
 log = logging.getLogger(__name__)
-
-RETRY_AFTER_S = 1  # what an overloaded server asks a client to wait before retrying
 
 
 class AdmissionGate:
@@ -108,7 +106,7 @@ class AdmissionGate:
             503,
             f"The server is overloaded: its queue of {limit} requests is full. Retry after {RETRY_AFTER_S} s.",
             code="server_overloaded",
-            headers={"Retry-After": str(RETRY_AFTER_S)},
+            headers=retry_after(),
         )
 
     async def generate(self, g: GenerateRequest):

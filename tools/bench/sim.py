@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import threading
 
@@ -75,14 +74,14 @@ def steady(traces: list, n: int) -> dict:
 
 
 def table(flash_dir: str, ctx: int, counts: list[int]) -> None:
+    from dspark_loop.config.default_model import DEMO_DIR
     from dspark_loop.contract.model_config import ModelConfig
     from workers.sim.cost import CostModel, GroupLoad
     from workers.sim.profile import load_profile, shipped_profiles
 
-    demo = os.path.join(os.path.dirname(__file__), "..", "dspark_loop", "demo")
     for name in shipped_profiles():
         p = load_profile(name)
-        model_dir, world, tp = (demo, 1, 1) if name == "demo-cpu" else (flash_dir, 16, 4)
+        model_dir, world, tp = (DEMO_DIR, 1, 1) if name == "demo-cpu" else (flash_dir, 16, 4)
         model = ModelConfig.from_dir(model_dir)
         for k in (0, 7):
             cost = CostModel(p, model, world, tp, k)

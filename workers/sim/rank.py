@@ -11,11 +11,15 @@ drafts or placeholder records. Of 16 ranks at tp 4, 12 do no token work.
 
 from __future__ import annotations
 
+import logging
 import time
 
 from dspark_loop.contract.protocol import DEFAULT_RUNNER, StepPlan, StepResult
 from workers.late_masks import LateMasks
 from workers.rank import Rank, load_runner_class
+from workers.runtime_sizing import log_unused
+
+log = logging.getLogger(__name__)
 
 SIM_RUNNER = "workers.sim.runner:SimRunner"
 
@@ -25,6 +29,9 @@ class SimRank(Rank):
         spec = SIM_RUNNER if self.cfg.runner == DEFAULT_RUNNER else self.cfg.runner
         self.runner = load_runner_class(spec)(self.cfg, None, None, "sim")
         self.work_clock = self.runner.device_clock
+        if self.rank == self.cfg.first_rank:
+            how = "models device memory from its profile (weights, reserved_bytes)"
+            log_unused(log, "sim", how, self.cfg.ring_heap, self.cfg.weight_bank_size)
         # a test's own runner computes on every rank, as it would on a device
         self.follows = not self.is_leader and spec == SIM_RUNNER
 

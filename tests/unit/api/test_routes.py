@@ -14,6 +14,7 @@ async def test_health_is_503_until_ready_ok_while_ready_and_503_with_reason_afte
     async with serving(engine) as client:
         r = await client.get("/health")
         assert (r.status, await r.json()) == (503, {"status": "not_ready"})
+        assert r.headers["Retry-After"] == "1"  # as /v1/models and the generation routes say
         engine.ready = True
         r = await client.get("/health")
         assert (r.status, await r.json()) == (200, {"status": "ok"})

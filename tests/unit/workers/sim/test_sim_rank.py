@@ -14,7 +14,7 @@ from workers.sim.rank import SimRank
 assert rank_class("sim") is SimRank
 cfg = RankConfig(model=sys.argv[1], backend="sim", spec_k=7, num_leases=4)
 rank = SimRank.__new__(SimRank)
-rank.cfg, rank.is_leader = cfg, True
+rank.rank, rank.cfg, rank.is_leader = 0, cfg, True
 rank.load()
 print(rank.runner.num_blocks, "torch" in sys.modules)
 """
@@ -50,6 +50,19 @@ def sim_rank(ckpt: str, rank: int, frames: list[bytes]):
     r.sock, r.samples = FrameQueue(frames), LastSamples()
     r.load()
     return r
+
+
+def test_a_sim_node_says_once_that_it_does_not_use_the_runtime_sizing(sim_ckpt, caplog):
+    """--ring-heap and --weight-bank-size run as written on the sim: its node's first rank
+    says, once, that the profile sizes memory instead (as a torch backend says it does)."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="workers.sim.rank")
+    sim_rank(sim_ckpt, 0, [])
+    sim_rank(sim_ckpt, 1, [])
+    lines = [r.getMessage() for r in caplog.records if r.name == "workers.sim.rank"]
+    assert len(lines) == 1 and "the sim backend" in lines[0] and "--ring-heap" in lines[0]
+    assert "--weight-bank-size all" in lines[0] and "not used" in lines[0]
 
 
 def test_a_sim_rank_that_is_not_a_tp_leader_answers_the_steps_time_without_tokens(sim_ckpt):
