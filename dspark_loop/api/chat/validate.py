@@ -37,7 +37,9 @@ def with_role_aliases(messages):
     if not isinstance(messages, list):
         return messages
     return [
-        {**m, "role": ROLE_ALIASES[m["role"]]} if isinstance(m, dict) and m.get("role") in ROLE_ALIASES else m
+        {**m, "role": ROLE_ALIASES[m["role"]]}
+        if isinstance(m, dict) and isinstance(m.get("role"), str) and m["role"] in ROLE_ALIASES
+        else m
         for m in messages
     ]
 

@@ -61,6 +61,8 @@ CASES = {
     "dsml_in_user_text": ({"messages": [{"role": "user", "content": "｜DSML｜"}]}, "messages[0].content"),
     "image_part": ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
     "unknown_role": ({"messages": [{"role": "critic", "content": "x"}]}, "messages[0].role"),
+    "role_not_a_string": ({"messages": [{"role": {}, "content": None}]}, "messages[0].role"),
+    "role_a_list": ({"messages": [{"role": ["user"], "content": "x"}]}, "messages[0].role"),
     "text_part_without_text": (
         {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
         "messages[0].content[0].text",
