@@ -12,7 +12,7 @@ from dspark_loop.api.errors import ApiError, bad_request, context_length_exceede
 
 BOS_TEXT = "<｜begin▁of▁sentence｜>"
 # Texts at least this long are tokenised with the GIL released (encode_batch): a long prompt is
-# accepted in a worker thread (skeleton.BIG_BODY_BYTES), and `encode` holds the GIL throughout,
+# accepted in a worker thread (limits.BIG_BODY_BYTES), and `encode` holds the GIL throughout,
 # so a 1 MB prompt stalled every other request's stream for ~0.6 s. Below it `encode` is cheaper.
 GIL_FREE_CHARS = 16_384
 

@@ -20,7 +20,7 @@ import msgspec
 
 from dspark_loop.api.bounds import bound_error
 from dspark_loop.api.errors import ApiError
-from dspark_loop.api.limits import MAX_LOGPROBS, MAX_N, SEED_RANGE
+from dspark_loop.api.limits import MAX_LOGPROBS, MAX_N, MAX_STOP_STRINGS, SEED_RANGE
 
 TOKEN_ID = "TokenId"  # the schema title openapi.py bounds by the served vocabulary
 OUTPUT_LEN = "OutputLength"  # ... and these by the served context (max_model_len - 1)
@@ -35,10 +35,6 @@ NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 # and enforced by sampling_ranges.sampling_fields.
 Seed = Annotated[int, msgspec.Meta(ge=SEED_RANGE[0], extra_json_schema={"maximum": SEED_RANGE[1] - 1})]
 NumLogprobs = Annotated[int, msgspec.Meta(ge=0, le=MAX_LOGPROBS)]
-# Each generated token is searched for every stop string, on the event loop (~0.1 us a string
-# a token): 64 keep a request's search near its share of the host's ~1 ms step at 256
-# requests; 10,000 strings took 1 ms a token, a whole step's budget for one request.
-MAX_STOP_STRINGS = 64
 Refused = Annotated[str, msgspec.Meta(max_length=0)]  # any non-empty value is unsupported
 
 RESPONSE_FORMAT_DOC = (

@@ -24,12 +24,12 @@ from aiohttp import web
 
 from dspark_loop.api.context import ServingContext
 from dspark_loop.api.errors import ApiError
+from dspark_loop.api.limits import BIG_BODY_BYTES
 from dspark_loop.api.schemas import GenerationFields, decode_body
 from dspark_loop.api.sse import SSEStream, encode_json, frame
 from dspark_loop.engine.outputs import GenerateRequest, RequestOutput
 
 log = logging.getLogger(__name__)
-BIG_BODY_BYTES = 64 * 1024
 OK_REASONS = ("stop", "length")
 
 

@@ -79,6 +79,9 @@ async def test_tokenize_matches_what_completions_send_and_detokenize_round_trips
         assert back == {"prompt": text}
         with_bos = await (await client.post("/detokenize", json={"tokens": tok["tokens"]})).json()
         assert with_bos["prompt"] == tiny_tokenizer().id_to_token(0) + text
+        long = "def f(x):\n    return x  # héllo\n" * 4000  # ~130 KB: tokenised off the event loop
+        r = await client.post("/tokenize", json={"text": long, "add_special_tokens": False})
+        assert (await r.json())["tokens"] == tiny_tokenizer().encode(long, add_special_tokens=False).ids
 
 
 async def test_tokenize_routes_reject_bad_bodies():
