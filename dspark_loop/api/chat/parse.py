@@ -166,8 +166,9 @@ class StreamingChatParser:
             text = buf[:pos]
             if marker == TOOL_CALLS_START:
                 # NOTE: the "\n\n" before a tool block belongs to the block, not the text.
-                text = text[:-2] if text.endswith("\n\n") else text
-                self._state, self._block = "calls", [marker, buf[pos + len(marker) :]]
+                lead = "\n\n" if text.endswith("\n\n") else ""
+                text = text[: len(text) - len(lead)]
+                self._state, self._block = "calls", [lead, marker, buf[pos + len(marker) :]]
             else:
                 self._state = "content"
             if text:
