@@ -6,6 +6,8 @@ never adds it); token-id prompts are taken as given, each id checked against the
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from dspark_loop.api.errors import ApiError, bad_request, context_length_exceeded
@@ -28,6 +30,11 @@ class PromptEncoder:
             bos_token_id = tokenizer.token_to_id(BOS_TEXT)
         self.bos_token_id = bos_token_id
         self.vocab_size = vocab_size
+
+    @functools.cached_property
+    def special_ids(self) -> frozenset[int]:
+        """The tokenizer's special tokens (an answer skipping them does not spell them)."""
+        return frozenset(i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special)
 
     def encode_text(self, text: str, add_bos: bool = True) -> list[int]:
         if len(text) >= GIL_FREE_CHARS:

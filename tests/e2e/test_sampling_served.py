@@ -160,3 +160,21 @@ async def test_chat_n_choices_with_logprobs_stream_and_whole_agree(server4, http
     for c in choices:
         m = c["message"]
         assert text[c["index"]] == (m.get("content") or "") + (m.get("reasoning_content") or "")
+
+
+def test_echoed_text_offsets_index_the_returned_text(server4):
+    """With echo and logprobs on a text prompt, each token's text_offset must point at it in
+    the returned text; a token the text does not spell (the BOS the server prepends, a special
+    token the answer skips) starts where the next one does and adds no length."""
+    status, out = server4.post(
+        "/v1/completions",
+        {"prompt": "def add(a, b):", "max_tokens": 4, "echo": True, "logprobs": 1, "temperature": 0},
+    )
+    assert status == 200, out
+    text, lp = out["choices"][0]["text"], out["choices"][0]["logprobs"]
+    assert text.startswith("def add(a, b):") and lp["text_offset"][:2] == [0, 0]
+    offsets = lp["text_offset"] + [len(text)]
+    for i, tok in enumerate(lp["tokens"]):
+        if "\ufffd" not in tok:  # a piece of a character spells as U+FFFD, not as the text
+            off = offsets[i]
+            assert text[off : off + len(tok)] == tok or offsets[i + 1] == off, (tok, off, text)

@@ -75,11 +75,19 @@ class Completion(Generation):
         """The entries not sent yet up to `end`, formatted (text offsets run on)."""
         if not self.wants_logprobs:
             return None
-        out = self.formatter.completion(self.logprobs[self.sent : end], self.text_offset)
-        if out["tokens"]:
-            self.text_offset = out["text_offset"][-1] + len(out["tokens"][-1])
+        entries = self.logprobs[self.sent : end]
+        in_text = [self._in_text(self.sent + i, e.token_id) for i, e in enumerate(entries)]
+        out, self.text_offset = self.formatter.completion(entries, self.text_offset, in_text)
         self.sent = end
         return out
+
+    def _in_text(self, k: int, token_id: int) -> bool:
+        """Whether the answer's text spells entry k (the echoed prompt's entries first): not
+        the BOS the server prepended to a text prompt, nor a special token the output skips."""
+        echoed = len(self.prompt_ids) if self.req.echo else 0
+        if k < echoed:
+            return not (k == 0 and self.prompt_text is not None and token_id == self.ctx.encoder.bos_token_id)
+        return not (self.generate.params.skip_special_tokens and token_id in self.ctx.encoder.special_ids)
 
     def whole_choice(self, reason: str, last: RequestOutput, token_ids: list[int]) -> tuple[dict, str]:
         text = "".join(self.texts)

@@ -28,17 +28,22 @@ class LogprobsFormatter:
     def __init__(self, token_text) -> None:
         self.token_text = token_text  # id -> str
 
-    def completion(self, entries: list[TokenLogprob], text_offset: int = 0) -> dict:
-        """entries: one per token; text_offset: where the first one starts in the answer's text."""
+    def completion(
+        self, entries: list[TokenLogprob], text_offset: int = 0, in_text: list[bool] | None = None
+    ) -> tuple[dict, int]:
+        """entries: one per token; text_offset: where the first one starts in the answer's text;
+        in_text: per entry, whether the answer's text spells it (not the BOS prepended to a text
+        prompt, nor a special token the text skips: such an entry starts where the next does).
+        Returns (the dict, where the next entry starts)."""
         tokens: list[str] = []
         lps: list[float | None] = []
         tops: list[dict[str, float] | None] = []
         offsets: list[int] = []
-        for e in entries:
+        for i, e in enumerate(entries):
             offsets.append(text_offset)
             text = self.token_text(e.token_id)
             tokens.append(text)
-            text_offset += len(text)
+            text_offset += len(text) if in_text is None or in_text[i] else 0
             if e.logprob is None:
                 lps.append(None)
                 tops.append(None)
@@ -49,7 +54,7 @@ class LogprobsFormatter:
                 top.setdefault(self.token_text(tid), _lp(lp))
             top.setdefault(text, _lp(e.logprob))  # the sampled token's too (OpenAI: up to logprobs + 1 entries)
             tops.append(top)
-        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}, text_offset
 
     def chat(self, entries: list[TokenLogprob]) -> dict:
         def one(tid: int, lp: float) -> dict:

@@ -11,7 +11,7 @@ def test_completion_logprobs_list_tokens_offsets_and_top_dicts_with_a_null_first
     strings; top entries keep their order, then the sampled token where it is not among them
     (OpenAI: up to logprobs + 1 entries); -inf is written as -9999.0."""
     f = LogprobsFormatter(TEXT.__getitem__)
-    out = f.completion(
+    out, _ = f.completion(
         [
             TokenLogprob(1, None),
             TokenLogprob(2, -0.5, [(2, -0.5), (4, -1.0)]),
