@@ -183,26 +183,18 @@ class CompletionRequest(GenerationFields, kw_only=True):
 
 
 class TokenizeRequest(Strict):
-    # exactly one of prompt, text (an alias) and messages (vLLM's chat form)
+    # exactly one of prompt and text (an alias), as a string
     SCHEMA_RULES: ClassVar[dict] = {
         "oneOf": [
             {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
             {"required": ["text"], "properties": {"text": {"type": "string"}}},
-            {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
         ]
     }
     model: str | None = None
     prompt: str | None = None
     text: str | None = None  # alias of prompt
-    add_special_tokens: bool = True  # text only: BOS first, as /v1/completions prepends it
+    add_special_tokens: bool = True
     return_token_strs: bool | None = None
-    # the chat form: the ids /v1/chat/completions computes for these (checked as it checks them)
-    messages: Any = None
-    tools: Any = None
-    tool_choice: Any = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    reasoning_effort: str | None = None
-    thinking: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(Strict, kw_only=True):

@@ -172,35 +172,28 @@ def declared_tools(req: ChatCompletionRequest) -> list[dict]:
     return tools
 
 
-def chat_prompt(ctx, req: ChatCompletionRequest) -> tuple[str, list[int]]:
-    """The prompt of a chat request, (text, ids): its messages and chat fields checked (a 400
-    naming the field), rendered in DeepSeek-V4's chat format and tokenised (/tokenize's chat
-    form gives the same ids)."""
-    req.messages = with_role_aliases(req.messages)
-    fields = req.format_fields()
-    try:
-        warnings = validate_chat_request(fields)
-        thinking, effort = chat_options(fields, ctx.chat_template_kwargs)
-    except ChatRequestError as e:
-        raise bad_request(e.message, e.param) from None
-    except ValueError as e:
-        raise bad_request(str(e), "reasoning_effort") from None
-    for w in warnings:
-        log.debug("chat request: %s", w)
-    check_chat_options(req)
-    # NOTE: tool_choice "none" leaves the request's tools out of the prompt: the model
-    # cannot call what it was not shown, and the answer is plain text as OpenAI promises.
-    tools = None if req.tool_choice == "none" else req.tools
-    prompt_text = render_messages(req.messages, tools=tools, thinking=thinking, reasoning_effort=effort)
-    return prompt_text, ctx.encoder.encode_text(prompt_text, add_bos=False)
-
-
 class ChatCompletionsRoute(GenerationRoute):
     def accept(self, body: bytes):
         ctx = self.ctx
         req = self.decode(body, ChatCompletionRequest)
-        prompt_text, prompt_ids = chat_prompt(ctx, req)
+        req.messages = with_role_aliases(req.messages)
+        fields = req.format_fields()
+        try:
+            warnings = validate_chat_request(fields)
+            thinking, effort = chat_options(fields, ctx.chat_template_kwargs)
+        except ChatRequestError as e:
+            raise bad_request(e.message, e.param) from None
+        except ValueError as e:
+            raise bad_request(str(e), "reasoning_effort") from None
+        for w in warnings:
+            log.debug("chat request: %s", w)
+        check_chat_options(req)
         fmt = output_format(req.response_format, req.structured_outputs)
+        # NOTE: tool_choice "none" leaves the request's tools out of the prompt: the model
+        # cannot call what it was not shown, and the answer is plain text as OpenAI promises.
+        tools = None if req.tool_choice == "none" else req.tools
+        prompt_text = render_messages(req.messages, tools=tools, thinking=thinking, reasoning_effort=effort)
+        prompt_ids = ctx.encoder.encode_text(prompt_text, add_bos=False)
         try:
             ctx.check_context(len(prompt_ids))
         except ApiError as e:

@@ -67,7 +67,7 @@ async def test_security_is_declared_only_on_keyed_routes_of_a_keyed_server():
 async def test_the_bodies_every_route_refuses_when_empty_have_their_fields_required():
     """`{}` is refused by /v1/completions, /v1/chat/completions, /tokenize and /detokenize,
     so the document must not call it valid: prompt, messages and tokens are required, and
-    /tokenize needs exactly one of prompt, text and messages."""
+    /tokenize needs exactly one of prompt and text."""
     async with serving() as client:
         doc = await (await client.get("/openapi.json")).json()
         for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
@@ -77,7 +77,7 @@ async def test_the_bodies_every_route_refuses_when_empty_have_their_fields_requi
     assert "messages" in schemas["ChatCompletionRequest"]["required"]
     assert schemas["ChatCompletionRequest"]["properties"]["messages"]["minItems"] == 1
     assert schemas["DetokenizeRequest"]["required"] == ["tokens"]
-    assert [rule["required"] for rule in schemas["TokenizeRequest"]["oneOf"]] == [["prompt"], ["text"], ["messages"]]
+    assert [rule["required"] for rule in schemas["TokenizeRequest"]["oneOf"]] == [["prompt"], ["text"]]
 
 
 async def test_token_ids_are_bounded_by_the_served_vocabulary():

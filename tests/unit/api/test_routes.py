@@ -144,27 +144,3 @@ async def test_an_unexpected_exception_is_a_json_500_and_the_server_keeps_servin
         assert logged and "scheduler bug at /secret/path" in str(logged[0].exc_info[1])
         engine.script = FakeEngine().script
         assert (await client.post("/v1/completions", json={"prompt": "x"})).status == 200
-
-
-async def test_tokenize_in_chat_form_gives_the_ids_the_chat_route_sends():
-    """/tokenize with `messages` (vLLM's chat form) must give exactly the prompt ids
-    /v1/chat/completions sends for the same messages, tools and chat fields; bad messages are
-    the chat route's 400s; the two forms do not mix."""
-    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
-    chat = {
-        "messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}],
-        "tools": [weather],
-        "chat_template_kwargs": {"thinking": False},
-    }
-    async with serving(FakeEngine(max_model_len=4096), max_model_len=4096) as client:
-        tok = await (await client.post("/tokenize", json=chat)).json()
-        r = await client.post("/v1/chat/completions", json={**chat, "max_tokens": 1})
-        assert r.status == 200, await r.text()
-        assert tok["tokens"] == client.engine.requests[0].prompt_token_ids and tok["count"] == len(tok["tokens"])
-        for body, param in (
-            ({"messages": [{"role": "critic", "content": "x"}]}, "messages[0].role"),
-            ({"messages": [{"role": "user", "content": "x"}], "prompt": "x"}, "prompt"),
-            ({"prompt": "x", "tools": [weather]}, "tools"),
-        ):
-            r = await client.post("/tokenize", json=body)
-            assert r.status == 400 and (await r.json())["error"]["param"] == param, await r.text()
