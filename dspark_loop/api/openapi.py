@@ -53,6 +53,7 @@ _GENERATION_RULES = [
     ("max_tokens|max_completion_tokens", "the prompt's tokens plus max_tokens beyond max_model_len"),
     ("min_tokens", "min_tokens above max_tokens"),
     ("best_of", "best_of other than n"),
+    ("n|prompt", "more choices (prompts x n) than the server queues at once (--max-queued-requests)"),
 ]
 # NOTE: JSON Schema cannot tell 1 from 1.0 (one number); the decoder reads an integer field
 # only as written without a fraction or exponent. (message regex, rule), for every route.
