@@ -6,11 +6,10 @@ never adds it); token-id prompts are taken as given, each id checked against the
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from dspark_loop.api.errors import ApiError, bad_request, context_length_exceeded
+from dspark_loop.engine.detokenize import special_token_ids
 
 BOS_TEXT = "<｜begin▁of▁sentence｜>"
 # Texts at least this long are tokenised with the GIL released (encode_batch): a long prompt is
@@ -31,10 +30,10 @@ class PromptEncoder:
         self.bos_token_id = bos_token_id
         self.vocab_size = vocab_size
 
-    @functools.cached_property
+    @property
     def special_ids(self) -> frozenset[int]:
         """The tokenizer's special tokens (an answer skipping them does not spell them)."""
-        return frozenset(i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special)
+        return special_token_ids(self.tokenizer)
 
     def encode_text(self, text: str, add_bos: bool = True) -> list[int]:
         if len(text) >= GIL_FREE_CHARS:

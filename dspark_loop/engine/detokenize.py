@@ -35,13 +35,20 @@ def byte_level_alphabet() -> dict[str, int]:
     return {c: b for b, c in chars.items()}
 
 
+@functools.lru_cache(maxsize=4)
+def special_token_ids(tokenizer) -> frozenset[int]:
+    """A tokenizer's special ids (>100k for Flash: placeholders), worked out once per tokenizer
+    for the engine's text (TokenText) and the API's logprob offsets alike."""
+    return frozenset(i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special)
+
+
 class TokenText:
     """What a tokenizer's ids read as; built once per tokenizer and shared."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         added = tokenizer.get_added_tokens_decoder()  # {id: AddedToken}
-        self.special_ids = frozenset(i for i, t in added.items() if t.special)
+        self.special_ids = special_token_ids(tokenizer)
         self.special_text = {i: t.content for i, t in added.items() if t.special}
         self.token_bytes: list[bytes] | None = None  # id -> bytes, special tokens b""
         # spelling()'s answers, by (skip_special_tokens, keep_special): built once, shared
