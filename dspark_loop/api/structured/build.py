@@ -42,20 +42,22 @@ def format_constraint(tokenizer, fmt, *, start_in_reasoning: bool, vocab_size: i
     from dspark_loop.api.chat.render import EOS, THINK_END
 
     compiler, gc = _xgrammar(fmt.param)
-
-    def build(c):
-        if fmt.regex is not None:
-            return c.compile_regex(fmt.regex)
-        return c.compile_json_schema(json.dumps(fmt.schema), any_whitespace=False, strict_mode=fmt.strict_mode)
-
+    key: tuple  # the compiled grammar's cache key
     if fmt.regex is not None:
-        key: tuple = ("regex", fmt.regex)
+        what, key = "pattern", ("regex", fmt.regex)
+
+        def build(c):
+            return c.compile_regex(fmt.regex)
+
     else:
-        key = ("json_schema", compiler.canonical(fmt.schema), fmt.strict_mode)
+        what, key = "schema", ("json_schema", compiler.canonical(fmt.schema), fmt.strict_mode)
+
+        def build(c):
+            return c.compile_json_schema(json.dumps(fmt.schema), any_whitespace=False, strict_mode=fmt.strict_mode)
+
     try:
         compiled = compiler.compile_cached(tokenizer, vocab_size, key, build)
     except (ValueError, RuntimeError) as e:  # xgrammar refused the schema or pattern
-        what = "pattern" if fmt.regex is not None else "schema"
         raise bad_request(
             f"The {what} cannot be compiled for constrained decoding: {_first_line(e)}.", fmt.param, f"invalid_{what}"
         ) from None
